@@ -1,0 +1,9 @@
+-- luacheck configuration. The Lua layer stays in the subset shared by Lua 5.4 and LuaJIT 2.1.
+std = 'lua54'
+cache = true
+max_line_length = 120
+files['spec/**/*.lua'] = { std = '+busted' }
+files['.busted'] = { std = 'lua54' }
+ignore = { '212/_.*' }
+-- `unpack` is read only where `table.unpack` is missing (LuaJIT).
+read_globals = { 'unpack' }

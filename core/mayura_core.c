@@ -1,0 +1,199 @@
+/*
+** mayura_core.c: the mayura.core Lua module.
+**
+** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
+** processes, files, HTTP through libcurl, JSON through cJSON and base64.
+** It has no opinion about limits, permissions or providers: it checks its
+** arguments and returns results. Every piece is included here so that the
+** module is one translation unit and only luaopen_mayura_core is exported.
+*/
+#include "mc.h"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <luv/luv.h>
+#pragma GCC diagnostic pop
+
+#include "b64.c"
+#include "json.c"
+#include "proc.c"
+#include "fs.c"
+#include "http.c"
+#include "chan.c"
+
+#define MAYURA_VERSION "0.1.0"
+
+/* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
+static int mc_run_depth = 0;
+
+/* {======================================================
+** The shared loop
+** =======================================================*/
+
+/*
+** luv's event callbacks are called through this in place of luv's default,
+** which ends the process on an error: here an error is reported and the
+** loop goes on.
+*/
+static int mc_luv_pcall(lua_State *L, int nargs, int nresult, int flags) {
+    int base = lua_gettop(L) - nargs;
+    int rc;
+    lua_pushcfunction(L, mc_traceback);
+    lua_insert(L, base);
+    rc = lua_pcall(L, nargs, nresult, base);
+    if (rc != LUA_OK) {
+        if ((flags & LUVF_CALLBACK_NOERRMSG) == 0) {
+            fprintf(stderr, "mayura: error in a loop callback: %s\n",
+                    lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
+            fflush(stderr);
+        }
+        lua_pop(L, 1);
+        lua_remove(L, base);
+        return -rc;
+    }
+    lua_remove(L, base);
+    return nresult == LUA_MULTRET ? lua_gettop(L) - base + 1 : nresult;
+}
+
+/* Whether a loop run is under way (ours or luv's uv.run). */
+static int mc_loop_busy(lua_State *L) {
+    luv_ctx_t *ctx;
+    if (mc_run_depth > 0) return 1;
+    lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
+    ctx = (luv_ctx_t *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return ctx != NULL && ctx->mode != -1;
+}
+
+/* core.run_once(): runs the loop once, waiting for one event; returns whether anything is still pending. */
+static int l_run_once(lua_State *L) {
+    uv_loop_t *loop = mc_loop(L);
+    int alive;
+    if (mc_loop_busy(L))
+        return mc_raise(L, "INVALID_INPUT", "the loop is already running: wait from inside a task (mayura.run)");
+    mc_run_depth++;
+    alive = uv_run(loop, UV_RUN_ONCE);
+    mc_run_depth--;
+    lua_pushboolean(L, alive != 0);
+    return 1;
+}
+
+/* core.run(): runs the loop until nothing is pending. */
+static int l_run(lua_State *L) {
+    uv_loop_t *loop = mc_loop(L);
+    if (mc_loop_busy(L))
+        return mc_raise(L, "INVALID_INPUT", "the loop is already running");
+    mc_run_depth++;
+    uv_run(loop, UV_RUN_DEFAULT);
+    mc_run_depth--;
+    return 0;
+}
+
+/* core.loop_running(): whether the loop is being run now (a waiting call must then yield). */
+static int l_loop_running(lua_State *L) {
+    lua_pushboolean(L, mc_loop_busy(L));
+    return 1;
+}
+
+/* core.alive(): whether the loop has active handles or requests. */
+static int l_alive(lua_State *L) {
+    lua_pushboolean(L, uv_loop_alive(mc_loop(L)) != 0);
+    return 1;
+}
+
+/* core.hrtime_ms(): a monotonic clock in milliseconds (fractional). */
+static int l_hrtime_ms(lua_State *L) {
+    lua_pushnumber(L, mc_ms(uv_hrtime()));
+    return 1;
+}
+
+/* core.now_ms(): wall-clock time in milliseconds since the epoch. */
+static int l_now_ms(lua_State *L) {
+    uv_timeval64_t tv;
+    if (uv_gettimeofday(&tv) != 0) return mc_raise(L, "SANDBOX_ERROR", "no clock");
+    lua_pushinteger(L, (lua_Integer)tv.tv_sec * 1000 + tv.tv_usec / 1000);
+    return 1;
+}
+
+/* Error metatable: __tostring gives "CODE: message". */
+static int l_error_tostring(lua_State *L) {
+    const char *code, *msg;
+    lua_getfield(L, 1, "code");
+    lua_getfield(L, 1, "message");
+    code = lua_tostring(L, -2);
+    msg = lua_tostring(L, -1);
+    lua_pushfstring(L, "%s: %s", code ? code : "ERROR", msg ? msg : "");
+    return 1;
+}
+
+/*
+** Finds the loop: one a host program put in the registry before loading the
+** core, or luv's (required here), so the core and luv always share one loop.
+*/
+static void mc_setup_loop(lua_State *L) {
+    luv_ctx_t *ctx;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
+    if (lua_touserdata(L, -1) != NULL) { lua_pop(L, 1); return; }
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "luv");
+    lua_call(L, 1, 1);
+    /*
+    ** luv's loop is owned by its module: when the module is dropped and
+    ** collected (a test runner that unloads modules between files does
+    ** this) its finalizer closes every handle on the loop, ours included.
+    ** The registry keeps the first module alive for as long as the state.
+    */
+    lua_setfield(L, LUA_REGISTRYINDEX, "mayura.core.luv");
+    lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
+    ctx = (luv_ctx_t *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (ctx == NULL || ctx->loop == NULL) luaL_error(L, "mayura.core: luv has no loop");
+    if (ctx->cb_pcall == luv_cfpcall) ctx->cb_pcall = mc_luv_pcall;
+    lua_pushlightuserdata(L, ctx->loop);
+    lua_setfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
+}
+
+/* }====================================================== */
+
+static const luaL_Reg core_funcs[] = {
+    {"run_once", l_run_once},
+    {"run", l_run},
+    {"loop_running", l_loop_running},
+    {"alive", l_alive},
+    {"hrtime_ms", l_hrtime_ms},
+    {"now_ms", l_now_ms},
+    {NULL, NULL}
+};
+
+__attribute__((visibility("default"))) int luaopen_mayura_core(lua_State *L);
+
+int luaopen_mayura_core(lua_State *L) {
+#ifdef MC_NO_RIDX_MAINTHREAD
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+    if (lua_isnil(L, -1)) {
+        lua_pushthread(L);
+        lua_setfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+    }
+    lua_pop(L, 1);
+#endif
+    if (luaL_newmetatable(L, MC_ERROR_MT)) {
+        lua_pushcfunction(L, l_error_tostring);
+        lua_setfield(L, -2, "__tostring");
+    }
+    lua_pop(L, 1);
+    mc_setup_loop(L);
+
+    luaL_newlib(L, core_funcs);
+    luaL_getmetatable(L, MC_ERROR_MT);
+    lua_setfield(L, -2, "error_mt");
+    lua_pushstring(L, MAYURA_VERSION);
+    lua_setfield(L, -2, "version");
+    mc_open_b64(L);
+    mc_open_json(L);
+    mc_open_proc(L);
+    mc_open_fs(L);
+    mc_open_http(L);
+    mc_open_chan(L);
+    return 1;
+}

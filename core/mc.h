@@ -1,0 +1,259 @@
+/*
+** mc.h: shared helpers of the mayura.core C module.
+**
+** The core is one translation unit (core/mayura_core.c includes every
+** piece), so every function here and in the pieces is static and only
+** luaopen_mayura_core is exported.
+**
+** Conventions every piece follows:
+**  - Misuse (a wrong type, an unknown option key, NUL in a path, an absurd
+**    number) raises a coded error table at once: mc_raise(L, "INVALID_INPUT", ...).
+**  - Expected failures of asynchronous work reach the callback as
+**    cb(nil, err), success as cb(result); err is a coded error table.
+**  - Error tables share one metatable (registry key MC_ERROR_MT) whose
+**    __tostring gives "CODE: message"; the Lua layer uses the same one.
+**  - Callbacks run on the main thread through mc_call, which catches and
+**    reports errors: an error in a callback never ends the process.
+*/
+#ifndef MAYURA_MC_H
+#define MAYURA_MC_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+#include "compat.h"
+
+/* Helpers a piece may or may not use. */
+#define MC_FN static __attribute__((unused))
+
+#define MC_ERROR_MT "mayura.error"
+#define MC_LOOP_KEY "mayura.core.loop"
+#define MC_MAIN_KEY "mayura.core.main"
+
+/* 2^53: the largest integer every JSON peer holds exactly. */
+#define MC_MAX_SAFE_INT 9007199254740992LL
+
+/* {======================================================
+** Errors
+** =======================================================*/
+
+/* Pushes a new error table { code = code, message = msg } with the shared metatable. */
+MC_FN void mc_push_error(lua_State *L, const char *code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, code);
+    lua_setfield(L, -2, "code");
+    lua_pushstring(L, msg);
+    lua_setfield(L, -2, "message");
+    luaL_getmetatable(L, MC_ERROR_MT);
+    lua_setmetatable(L, -2);
+}
+
+/* Raises a coded error table. Never returns. */
+MC_FN int mc_raise(lua_State *L, const char *code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    mc_push_error(L, code, "%s", msg);
+    return lua_error(L);
+}
+
+/* Pushes nil and an error table; returns 2 for `return mc_fail(...)`. */
+MC_FN int mc_fail(lua_State *L, const char *code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    lua_pushnil(L);
+    mc_push_error(L, code, "%s", msg);
+    return 2;
+}
+
+/* Adds field `name` = string `value` to the error table on top of the stack. */
+MC_FN void mc_error_field(lua_State *L, const char *name, const char *value) {
+    lua_pushstring(L, value);
+    lua_setfield(L, -2, name);
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Argument checks
+** =======================================================*/
+
+/* A string argument or field with no NUL byte and at most maxlen bytes. */
+MC_FN const char *mc_check_path(lua_State *L, int idx, const char *what) {
+    size_t len;
+    const char *s;
+    if (lua_type(L, idx) != LUA_TSTRING)
+        mc_raise(L, "INVALID_INPUT", "%s must be a string", what);
+    s = lua_tolstring(L, idx, &len);
+    if (len == 0) mc_raise(L, "INVALID_INPUT", "%s is empty", what);
+    if (strlen(s) != len) mc_raise(L, "INVALID_INPUT", "%s contains a NUL byte", what);
+    if (len >= PATH_MAX) mc_raise(L, "INVALID_INPUT", "%s is longer than %d bytes", what, PATH_MAX - 1);
+    return s;
+}
+
+/*
+** Refuses keys of the options table at idx that are not in `allowed`
+** (a NULL-terminated list), so a misspelt option is an error, not a no-op.
+*/
+MC_FN void mc_check_keys(lua_State *L, int idx, const char *const allowed[]) {
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        int ok = 0;
+        lua_pop(L, 1);
+        if (lua_type(L, -1) == LUA_TSTRING) {
+            const char *k = lua_tostring(L, -1);
+            const char *const *a;
+            for (a = allowed; *a != NULL; a++)
+                if (strcmp(*a, k) == 0) { ok = 1; break; }
+            if (!ok) mc_raise(L, "INVALID_INPUT", "unknown option '%s'", k);
+        } else {
+            mc_raise(L, "INVALID_INPUT", "option keys must be strings");
+        }
+    }
+}
+
+/* Integer option `key` of the table at idx within [lo, hi], or def when absent. */
+MC_FN lua_Integer mc_opt_int(lua_State *L, int idx, const char *key, lua_Integer def,
+                              lua_Integer lo, lua_Integer hi) {
+    lua_Integer v = def;
+    lua_getfield(L, idx, key);
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isinteger(L, -1)) {
+            if (lua_type(L, -1) == LUA_TNUMBER) {
+                lua_Number n = lua_tonumber(L, -1);
+                if (n != n || n < (lua_Number)lo || n > (lua_Number)hi || n != (lua_Number)(lua_Integer)n)
+                    mc_raise(L, "INVALID_INPUT", "option '%s' must be a whole number from %lld to %lld",
+                             key, (long long)lo, (long long)hi);
+                v = (lua_Integer)n;
+            } else {
+                mc_raise(L, "INVALID_INPUT", "option '%s' must be a number", key);
+            }
+        } else {
+            v = lua_tointeger(L, -1);
+        }
+        if (v < lo || v > hi)
+            mc_raise(L, "INVALID_INPUT", "option '%s' must be from %lld to %lld", key,
+                     (long long)lo, (long long)hi);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Boolean option `key`, or def when absent. */
+MC_FN int mc_opt_bool(lua_State *L, int idx, const char *key, int def) {
+    int v = def;
+    lua_getfield(L, idx, key);
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TBOOLEAN)
+            mc_raise(L, "INVALID_INPUT", "option '%s' must be a boolean", key);
+        v = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* String option `key` (NUL allowed, length in *len), or NULL when absent. Stays valid while the table lives. */
+MC_FN const char *mc_opt_lstr(lua_State *L, int idx, const char *key, size_t *len) {
+    const char *s = NULL;
+    lua_getfield(L, idx, key);
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            mc_raise(L, "INVALID_INPUT", "option '%s' must be a string", key);
+        s = lua_tolstring(L, -1, len);
+    }
+    lua_pop(L, 1);
+    return s;
+}
+
+/* Function option `key`: returns a registry ref, or LUA_NOREF when absent. */
+MC_FN int mc_opt_func_ref(lua_State *L, int idx, const char *key) {
+    lua_getfield(L, idx, key);
+    if (lua_isnil(L, -1)) { lua_pop(L, 1); return LUA_NOREF; }
+    if (lua_type(L, -1) != LUA_TFUNCTION)
+        mc_raise(L, "INVALID_INPUT", "option '%s' must be a function", key);
+    return luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Loop and callbacks
+** =======================================================*/
+
+/* The libuv loop shared with luv (set up by luaopen_mayura_core). */
+MC_FN uv_loop_t *mc_loop(lua_State *L) {
+    uv_loop_t *loop;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
+    loop = (uv_loop_t *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (loop == NULL) mc_raise(L, "INVALID_INPUT", "mayura.core is not initialised");
+    return loop;
+}
+
+/* The main thread of L's state: loop callbacks run there, never in a coroutine that may be dead. */
+MC_FN lua_State *mc_main(lua_State *L) {
+    lua_State *M;
+#ifdef MC_NO_RIDX_MAINTHREAD
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+#else
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+#endif
+    M = lua_tothread(L, -1);
+    lua_pop(L, 1);
+    return M != NULL ? M : L;
+}
+
+MC_FN int mc_traceback(lua_State *L) {
+    const char *msg = NULL;
+    if (lua_type(L, 1) == LUA_TSTRING) msg = lua_tostring(L, 1);
+    else if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) msg = lua_tostring(L, -1);
+    if (msg == NULL) msg = "(error object is not a string)";
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/*
+** Calls the function below nargs arguments on L's stack in protected mode,
+** discarding results. An error is printed with a traceback to stderr and the
+** process goes on. Returns 0 on success, -1 on error.
+*/
+MC_FN int mc_call(lua_State *L, int nargs) {
+    int base = lua_gettop(L) - nargs;
+    int rc;
+    lua_pushcfunction(L, mc_traceback);
+    lua_insert(L, base);
+    rc = lua_pcall(L, nargs, 0, base);
+    if (rc != LUA_OK) {
+        fprintf(stderr, "mayura: error in a loop callback: %s\n",
+                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
+        fflush(stderr);
+        lua_pop(L, 1);
+    }
+    lua_remove(L, base);
+    return rc == LUA_OK ? 0 : -1;
+}
+
+/* Milliseconds from a uv_hrtime() difference. */
+MC_FN double mc_ms(uint64_t ns) { return (double)ns / 1e6; }
+
+/* }====================================================== */
+
+#endif

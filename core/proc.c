@@ -1,0 +1,696 @@
+/*
+** proc.c: processes for mayura.core.
+**
+** core.spawn(opts, cb) runs an argv (never a shell) on the shared loop with
+** a cwd, an environment, standard input, a timeout and a cancel. stdout and
+** stderr are each kept up to a byte cap (the rest is read and dropped, so
+** host memory stays bounded whatever the command prints).
+**
+** Every command runs as the leader of a new session and process group, and
+** carries a tag in its environment (MAYURA_TREE). When it ends normally,
+** what it started keeps running (a server started with setsid, say); the
+** result waits at most drain_ms for such a process to let go of the output
+** pipes. At a timeout or a cancel, every process of its group and every
+** process carrying its tag is killed, in passes until none is left, so a
+** double fork or a setsid does not escape.
+*/
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define PROC_MT "mayura.process"
+#define PROC_TAG_VAR "MAYURA_TREE"
+#define PROC_READ_CHUNK 65536
+#define PROC_MAX_PASSES 64
+
+typedef struct proc_stream {
+    uv_pipe_t pipe;
+    char *data;          /* kept bytes, up to cap */
+    size_t len, size;    /* kept length, allocated size */
+    size_t cap;
+    int truncated;
+    int open;            /* the read side is still open */
+    struct mc_proc *owner;
+} proc_stream;
+
+typedef struct mc_proc {
+    lua_State *L;        /* main thread; NULL once the state is closing */
+    uv_process_t process;
+    uv_timer_t timer;    /* timeout, then grace, then drain */
+    uv_pipe_t in;
+    uv_write_t write_req;
+    uv_shutdown_t shutdown_req;
+    proc_stream out, err;
+    int cb_ref, self_ref, stdin_ref;
+    int handles;         /* uv handles not yet closed */
+    int exited, finished, timed_out, cancelled, killing;
+    int64_t exit_status;
+    int term_signal;
+    pid_t pid;
+    uint64_t started, ended;
+    uint64_t kill_grace_ms, drain_ms;
+    char tag[128];
+    char scratch[PROC_READ_CHUNK];
+} mc_proc;
+
+typedef struct { mc_proc *p; } proc_box;
+
+static void proc_finish(mc_proc *p);
+
+/* {======================================================
+** Killing a tree
+** =======================================================*/
+
+/*
+** Whether /proc/<pid>/environ holds the variable in needle, given as
+** "\0NAME=value\0" (nlen bytes): the buffer starts with a NUL so that the
+** first variable matches too, and keeps a tail so that a match split
+** across two reads is seen.
+*/
+static int proc_environ_has(pid_t pid, const char *needle, size_t nlen) {
+    char path[64], buf[16384];
+    size_t have = 1;
+    int fd, found = 0;
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    buf[0] = '\0';
+    for (;;) {
+        ssize_t n = read(fd, buf + have, sizeof buf - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        have += (size_t)n;
+        if (memmem(buf, have, needle, nlen) != NULL) { found = 1; break; }
+        if (have >= nlen) {
+            memmove(buf, buf + have - (nlen - 1), nlen - 1);
+            have = nlen - 1;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+/* A process's state letter from /proc/<pid>/stat, or 0. */
+static char proc_state(pid_t pid) {
+    char path[64], buf[512], *rp;
+    int fd;
+    ssize_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    rp = strrchr(buf, ')');
+    if (rp == NULL || rp[1] == '\0' || rp[2] == '\0') return 0;
+    return rp[2];
+}
+
+/*
+** Sends sig to the process group and to every live process carrying the tag.
+** Returns how many tagged processes were signalled.
+*/
+static int proc_signal_tree(mc_proc *p, int sig) {
+    char needle[96];
+    size_t nlen;
+    DIR *d;
+    struct dirent *e;
+    int hits = 0;
+    pid_t self = getpid();
+    if (p->pid > 0) kill(-p->pid, sig);
+    /* "\0NAME=tag\0": snprintf writes the final NUL, the first one is put by hand */
+    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s", PROC_TAG_VAR, p->tag) + 2;
+    needle[0] = '\0';
+    d = opendir("/proc");
+    if (d == NULL) return 0;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long v;
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        v = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || v <= 0 || (pid_t)v == self) continue;
+        if (!proc_environ_has((pid_t)v, needle, nlen)) continue;
+        if (proc_state((pid_t)v) == 'Z') continue;
+        kill((pid_t)v, sig);
+        hits++;
+    }
+    closedir(d);
+    return hits;
+}
+
+/* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
+static void proc_kill_tree(mc_proc *p) {
+    int pass;
+    for (pass = 0; pass < PROC_MAX_PASSES; pass++)
+        if (proc_signal_tree(p, SIGKILL) == 0) break;
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Handles
+** =======================================================*/
+
+static void proc_free_if_done(mc_proc *p) {
+    if (p->handles > 0 || !p->finished) return;
+    free(p->out.data);
+    free(p->err.data);
+    free(p);
+}
+
+static void proc_on_close(uv_handle_t *h) {
+    mc_proc *p = (mc_proc *)h->data;
+    p->handles--;
+    proc_free_if_done(p);
+}
+
+static void proc_close(mc_proc *p, uv_handle_t *h) {
+    (void)p;   /* kept for symmetry: every close counts against p->handles */
+    if (!uv_is_closing(h)) uv_close(h, proc_on_close);
+}
+
+static void proc_stream_close(proc_stream *s) {
+    if (s->open) {
+        s->open = 0;
+        uv_read_stop((uv_stream_t *)&s->pipe);
+    }
+}
+
+/* Reads land in one scratch buffer per process; proc_keep copies what the cap allows. */
+static void proc_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    mc_proc *p = (mc_proc *)h->data;
+    (void)suggested;
+    buf->base = p->scratch;
+    buf->len = sizeof p->scratch;
+}
+
+static void proc_keep(proc_stream *s, const char *data, size_t n) {
+    size_t room, take;
+    if (s->len >= s->cap) { if (n > 0) s->truncated = 1; return; }
+    room = s->cap - s->len;
+    take = n < room ? n : room;
+    if (take < n) s->truncated = 1;
+    if (s->len + take > s->size) {
+        size_t want = s->size ? s->size : 4096;
+        char *nd;
+        while (want < s->len + take) want *= 2;
+        if (want > s->cap) want = s->cap;
+        nd = (char *)realloc(s->data, want);
+        if (nd == NULL) { s->truncated = 1; return; }   /* keep what we have */
+        s->data = nd;
+        s->size = want;
+    }
+    memcpy(s->data + s->len, data, take);
+    s->len += take;
+}
+
+static void proc_check_done(mc_proc *p) {
+    if (p->finished || !p->exited) return;
+    if (!p->out.open && !p->err.open) proc_finish(p);
+}
+
+static void proc_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+    mc_proc *p = (mc_proc *)stream->data;
+    proc_stream *s = (uv_pipe_t *)stream == &p->out.pipe ? &p->out : &p->err;
+    if (nread > 0) {
+        proc_keep(s, buf->base, (size_t)nread);
+    } else if (nread < 0) {
+        proc_stream_close(s);
+        proc_check_done(p);
+    }
+}
+
+static void proc_on_timer(uv_timer_t *t);
+
+/* The command's own process has ended. */
+static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
+    mc_proc *p = (mc_proc *)h->data;
+    p->exited = 1;
+    p->ended = uv_hrtime();
+    p->exit_status = status;
+    p->term_signal = sig;
+    /* A timeout or cancel ends all it started; after a normal end what it left running stays. */
+    if (p->timed_out || p->cancelled) proc_kill_tree(p);
+    uv_timer_stop(&p->timer);
+    if (p->out.open || p->err.open) {
+        /* a process that left the group may still hold the pipes: wait a little, then stop reading */
+        p->killing = 3;
+        uv_timer_start(&p->timer, proc_on_timer, p->drain_ms, 0);
+    }
+    proc_check_done(p);
+}
+
+static void proc_begin_kill(mc_proc *p) {
+    if (p->exited) return;
+    if (p->kill_grace_ms > 0 && p->killing == 0) {
+        proc_signal_tree(p, SIGTERM);
+        p->killing = 1;
+        uv_timer_stop(&p->timer);
+        uv_timer_start(&p->timer, proc_on_timer, p->kill_grace_ms, 0);
+        return;
+    }
+    p->killing = 2;
+    proc_kill_tree(p);
+}
+
+static void proc_on_timer(uv_timer_t *t) {
+    mc_proc *p = (mc_proc *)t->data;
+    if (p->killing == 3) {          /* drain over */
+        proc_stream_close(&p->out);
+        proc_stream_close(&p->err);
+        proc_check_done(p);
+        return;
+    }
+    if (p->killing == 1) {          /* grace over */
+        p->killing = 2;
+        proc_kill_tree(p);
+        return;
+    }
+    p->timed_out = 1;               /* timeout */
+    proc_begin_kill(p);
+}
+
+static void proc_on_shutdown(uv_shutdown_t *req, int status) {
+    mc_proc *p = (mc_proc *)req->data;
+    (void)status;
+    proc_close(p, (uv_handle_t *)&p->in);
+}
+
+static void proc_on_write(uv_write_t *req, int status) {
+    mc_proc *p = (mc_proc *)req->data;
+    if (p->L != NULL && p->stdin_ref != LUA_NOREF) {
+        luaL_unref(p->L, LUA_REGISTRYINDEX, p->stdin_ref);
+        p->stdin_ref = LUA_NOREF;
+    }
+    if (status < 0 || uv_is_closing((uv_handle_t *)&p->in)) {
+        proc_close(p, (uv_handle_t *)&p->in);
+        return;
+    }
+    p->shutdown_req.data = p;
+    if (uv_shutdown(&p->shutdown_req, (uv_stream_t *)&p->in, proc_on_shutdown) != 0)
+        proc_close(p, (uv_handle_t *)&p->in);
+}
+
+/* }====================================================== */
+
+/* Pushes the result table and calls the Lua callback once; closes every handle. */
+static void proc_finish(mc_proc *p) {
+    lua_State *L = p->L;
+    p->finished = 1;
+    uv_timer_stop(&p->timer);
+    proc_close(p, (uv_handle_t *)&p->timer);
+    proc_close(p, (uv_handle_t *)&p->process);
+    proc_close(p, (uv_handle_t *)&p->out.pipe);
+    proc_close(p, (uv_handle_t *)&p->err.pipe);
+    proc_close(p, (uv_handle_t *)&p->in);
+    if (L != NULL) {
+        int cb = p->cb_ref, self = p->self_ref;
+        p->cb_ref = LUA_NOREF;
+        p->self_ref = LUA_NOREF;
+        if (p->stdin_ref != LUA_NOREF) {
+            luaL_unref(L, LUA_REGISTRYINDEX, p->stdin_ref);
+            p->stdin_ref = LUA_NOREF;
+        }
+        lua_rawgeti(L, LUA_REGISTRYINDEX, cb);
+        luaL_unref(L, LUA_REGISTRYINDEX, cb);
+        lua_createtable(L, 0, 12);
+        if (!p->timed_out && !p->cancelled && p->term_signal == 0) {
+            lua_pushinteger(L, (lua_Integer)p->exit_status);
+            lua_setfield(L, -2, "exit_code");
+        }
+        if (p->term_signal != 0) {
+            lua_pushinteger(L, p->term_signal);
+            lua_setfield(L, -2, "signal");
+        }
+        lua_pushlstring(L, p->out.data ? p->out.data : "", p->out.len);
+        lua_setfield(L, -2, "stdout");
+        lua_pushlstring(L, p->err.data ? p->err.data : "", p->err.len);
+        lua_setfield(L, -2, "stderr");
+        lua_pushboolean(L, p->out.truncated);
+        lua_setfield(L, -2, "stdout_truncated");
+        lua_pushboolean(L, p->err.truncated);
+        lua_setfield(L, -2, "stderr_truncated");
+        lua_pushboolean(L, p->out.truncated || p->err.truncated);
+        lua_setfield(L, -2, "truncated");
+        lua_pushboolean(L, p->timed_out);
+        lua_setfield(L, -2, "timed_out");
+        lua_pushboolean(L, p->cancelled);
+        lua_setfield(L, -2, "cancelled");
+        lua_pushinteger(L, (lua_Integer)((p->ended - p->started) / 1000000u));
+        lua_setfield(L, -2, "duration_ms");
+        lua_pushinteger(L, p->pid);
+        lua_setfield(L, -2, "pid");
+        /* the result is built: free the buffers now, not when the handles close */
+        free(p->out.data);
+        free(p->err.data);
+        p->out.data = p->err.data = NULL;
+        /* unanchor before the call, so a callback error cannot keep the box alive */
+        if (self != LUA_NOREF) {
+            lua_rawgeti(L, LUA_REGISTRYINDEX, self);
+            if (lua_touserdata(L, -1) != NULL) ((proc_box *)lua_touserdata(L, -1))->p = NULL;
+            lua_pop(L, 1);
+            luaL_unref(L, LUA_REGISTRYINDEX, self);
+        }
+        mc_call(L, 1);
+    }
+    proc_free_if_done(p);
+}
+
+/* {======================================================
+** Lua API
+** =======================================================*/
+
+static const char *const proc_keys[] = {
+    "argv", "cwd", "env", "stdin", "timeout_ms", "max_output_bytes",
+    "kill_grace_ms", "drain_ms", "fds", NULL
+};
+
+#define PROC_MAX_FDS 8
+
+/*
+** Builds the NULL-terminated environment: the env table (or the inherited
+** one) plus the tag. Pushes an anchor table that keeps the strings alive
+** and the pointer array (a userdata); both stay on the stack until spawned.
+*/
+static char **proc_build_env(lua_State *L, int opts, const char *tagvar) {
+    size_t n = 0, i = 0;
+    char **envp;
+    int t, anchor;
+    lua_newtable(L);
+    anchor = lua_gettop(L);
+    lua_getfield(L, opts, "env");
+    t = lua_gettop(L);
+    if (lua_isnil(L, t)) {
+        extern char **environ;
+        char **e;
+        for (e = environ; *e != NULL; e++) n++;
+        envp = (char **)lua_newuserdatauv(L, (n + 2) * sizeof(char *), 0);
+        for (e = environ; *e != NULL; e++)
+            if (strncmp(*e, PROC_TAG_VAR "=", sizeof PROC_TAG_VAR) != 0) envp[i++] = *e;
+    } else {
+        if (lua_type(L, t) != LUA_TTABLE) mc_raise(L, "INVALID_INPUT", "option 'env' must be a table");
+        lua_pushnil(L);
+        while (lua_next(L, t) != 0) { n++; lua_pop(L, 1); }
+        envp = (char **)lua_newuserdatauv(L, (n + 2) * sizeof(char *), 0);
+        lua_pushnil(L);
+        while (lua_next(L, t) != 0) {
+            size_t kl, vl;
+            const char *k, *v;
+            if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+                mc_raise(L, "INVALID_INPUT", "env names and values must be strings");
+            k = lua_tolstring(L, -2, &kl);
+            v = lua_tolstring(L, -1, &vl);
+            if (kl == 0 || strlen(k) != kl || strchr(k, '=') != NULL)
+                mc_raise(L, "INVALID_INPUT", "env name '%s' is not valid", k);
+            if (strlen(v) != vl) mc_raise(L, "INVALID_INPUT", "env value of '%s' contains a NUL byte", k);
+            if (strcmp(k, PROC_TAG_VAR) != 0) {
+                lua_pushfstring(L, "%s=%s", k, v);
+                envp[i++] = (char *)lua_tostring(L, -1);
+                lua_rawseti(L, anchor, (lua_Integer)i);
+            }
+            lua_pop(L, 1);
+        }
+    }
+    envp[i++] = (char *)tagvar;
+    envp[i] = NULL;
+    return envp;
+}
+
+/*
+** core.spawn(opts, cb) -> process, or nil, err when the program cannot be
+** started (err.code 'SPAWN_FAILED', err.errno e.g. 'ENOENT').
+*/
+static int l_spawn(lua_State *L) {
+    static unsigned long counter = 0;
+    uv_loop_t *loop = mc_loop(L);
+    uv_process_options_t o;
+    uv_stdio_container_t stdio[3 + PROC_MAX_FDS];
+    int nfds = 0, fdv[PROC_MAX_FDS];
+    char **args, **envp, tagvar[128];
+    size_t argc, i, stdin_len = 0;
+    const char *stdin_data, *cwd = NULL;
+    lua_Integer timeout_ms, max_out, grace, drain;
+    mc_proc *p;
+    proc_box *box;
+    int rc, top;
+
+    if (lua_type(L, 1) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "spawn expects an options table");
+    if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "spawn expects a callback");
+    mc_check_keys(L, 1, proc_keys);
+    timeout_ms = mc_opt_int(L, 1, "timeout_ms", 0, 0, (lua_Integer)1 << 40);
+    max_out = mc_opt_int(L, 1, "max_output_bytes", 1 << 20, 0, (lua_Integer)1 << 40);
+    grace = mc_opt_int(L, 1, "kill_grace_ms", 0, 0, 3600000);
+    drain = mc_opt_int(L, 1, "drain_ms", 100, 0, 3600000);
+    stdin_data = mc_opt_lstr(L, 1, "stdin", &stdin_len);
+
+    lua_getfield(L, 1, "cwd");
+    if (!lua_isnil(L, -1)) cwd = mc_check_path(L, -1, "cwd");
+    lua_pop(L, 1);
+
+    lua_getfield(L, 1, "argv");
+    if (lua_type(L, -1) != LUA_TTABLE) mc_raise(L, "INVALID_INPUT", "option 'argv' must be a list of strings");
+    argc = lua_rawlen(L, -1);
+    if (argc == 0) mc_raise(L, "INVALID_INPUT", "option 'argv' is empty");
+    if (argc > 65536) mc_raise(L, "INVALID_INPUT", "option 'argv' is too long");
+    args = (char **)lua_newuserdatauv(L, (argc + 1) * sizeof(char *), 0);
+    for (i = 0; i < argc; i++) {
+        size_t l;
+        lua_rawgeti(L, -2, (lua_Integer)i + 1);
+        if (lua_type(L, -1) != LUA_TSTRING)
+            mc_raise(L, "INVALID_INPUT", "argv[%d] must be a string", (int)i + 1);
+        args[i] = (char *)lua_tolstring(L, -1, &l);
+        if (strlen(args[i]) != l) mc_raise(L, "INVALID_INPUT", "argv[%d] contains a NUL byte", (int)i + 1);
+        if (i == 0 && l == 0) mc_raise(L, "INVALID_INPUT", "argv[1] is empty");
+        lua_pop(L, 1);   /* the string stays alive in the argv table */
+    }
+    args[argc] = NULL;
+
+    snprintf(tagvar, sizeof tagvar, "%s=%ld.%lu.%llu", PROC_TAG_VAR, (long)getpid(), ++counter,
+             (unsigned long long)uv_hrtime());
+    /* fds = { a, b, ... }: host descriptors the command inherits as 3, 4, ... */
+    lua_getfield(L, 1, "fds");
+    if (!lua_isnil(L, -1)) {
+        int k;
+        if (lua_type(L, -1) != LUA_TTABLE) mc_raise(L, "INVALID_INPUT", "option 'fds' must be a list of descriptors");
+        nfds = (int)lua_rawlen(L, -1);
+        if (nfds > PROC_MAX_FDS) mc_raise(L, "INVALID_INPUT", "option 'fds' has more than %d entries", PROC_MAX_FDS);
+        for (k = 0; k < nfds; k++) {
+            lua_Integer fd;
+            lua_rawgeti(L, -1, k + 1);
+            fd = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
+            if (fd < 0 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)
+                mc_raise(L, "INVALID_INPUT", "fds[%d] is not an open descriptor", k + 1);
+            fdv[k] = (int)fd;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+
+    top = lua_gettop(L);
+    envp = proc_build_env(L, 1, tagvar);
+
+    p = (mc_proc *)calloc(1, sizeof *p);
+    if (p == NULL) return mc_raise(L, "SANDBOX_ERROR", "out of memory");
+    snprintf(p->tag, sizeof p->tag, "%s", tagvar + sizeof PROC_TAG_VAR);
+    p->L = mc_main(L);
+    p->cb_ref = p->self_ref = p->stdin_ref = LUA_NOREF;
+    p->out.cap = p->err.cap = (size_t)max_out;
+    p->kill_grace_ms = (uint64_t)grace;
+    p->drain_ms = (uint64_t)drain;
+
+    uv_pipe_init(loop, &p->out.pipe, 0);
+    uv_pipe_init(loop, &p->err.pipe, 0);
+    uv_pipe_init(loop, &p->in, 0);
+    uv_timer_init(loop, &p->timer);
+    p->handles = 4;
+    p->out.pipe.data = p->err.pipe.data = p->in.data = p->timer.data = p->process.data = p;
+
+    memset(&o, 0, sizeof o);
+    stdio[0].flags = stdin_data != NULL ? (uv_stdio_flags)(UV_CREATE_PIPE | UV_READABLE_PIPE) : UV_IGNORE;
+    stdio[0].data.stream = (uv_stream_t *)&p->in;
+    stdio[1].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
+    stdio[1].data.stream = (uv_stream_t *)&p->out.pipe;
+    stdio[2].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
+    stdio[2].data.stream = (uv_stream_t *)&p->err.pipe;
+    o.exit_cb = proc_on_exit;
+    o.file = args[0];
+    o.args = args;
+    o.env = envp;
+    o.cwd = cwd;
+    o.flags = UV_PROCESS_DETACHED;   /* setsid: the command leads its own group */
+    for (i = 0; i < (size_t)nfds; i++) {
+        stdio[3 + i].flags = UV_INHERIT_FD;
+        stdio[3 + i].data.fd = fdv[i];
+    }
+    o.stdio_count = 3 + nfds;
+    o.stdio = stdio;
+
+    p->started = uv_hrtime();
+    rc = uv_spawn(loop, &p->process, &o);
+    lua_settop(L, top);
+    if (rc != 0) {
+        /* the process handle must still be closed after a failed spawn */
+        p->finished = 1;
+        p->L = NULL;
+        p->handles++;
+        proc_close(p, (uv_handle_t *)&p->process);
+        proc_close(p, (uv_handle_t *)&p->timer);
+        proc_close(p, (uv_handle_t *)&p->out.pipe);
+        proc_close(p, (uv_handle_t *)&p->err.pipe);
+        proc_close(p, (uv_handle_t *)&p->in);
+        lua_pushnil(L);
+        mc_push_error(L, "SPAWN_FAILED", "cannot start '%s': %s", args[0], uv_strerror(rc));
+        mc_error_field(L, "errno", uv_err_name(rc));
+        return 2;
+    }
+    p->handles++;   /* the process handle */
+    p->pid = p->process.pid;
+    p->out.open = p->err.open = 1;
+    uv_read_start((uv_stream_t *)&p->out.pipe, proc_alloc, proc_read);
+    uv_read_start((uv_stream_t *)&p->err.pipe, proc_alloc, proc_read);
+
+    box = (proc_box *)lua_newuserdatauv(L, sizeof *box, 0);
+    box->p = p;
+    luaL_setmetatable(L, PROC_MT);
+    lua_pushvalue(L, -1);
+    p->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_pushvalue(L, 2);
+    p->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+
+    if (stdin_data != NULL) {
+        uv_buf_t b = uv_buf_init((char *)stdin_data, (unsigned int)stdin_len);
+        lua_getfield(L, 1, "stdin");
+        p->stdin_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* keeps the bytes alive while written */
+        p->write_req.data = p;
+        if (stdin_len > UINT_MAX || uv_write(&p->write_req, (uv_stream_t *)&p->in, &b, 1, proc_on_write) != 0) {
+            luaL_unref(L, LUA_REGISTRYINDEX, p->stdin_ref);
+            p->stdin_ref = LUA_NOREF;
+            proc_close(p, (uv_handle_t *)&p->in);
+        }
+    } else {
+        proc_close(p, (uv_handle_t *)&p->in);
+    }
+    if (timeout_ms > 0) uv_timer_start(&p->timer, proc_on_timer, (uint64_t)timeout_ms, 0);
+    return 1;
+}
+
+static mc_proc *proc_get(lua_State *L) {
+    proc_box *box = (proc_box *)luaL_checkudata(L, 1, PROC_MT);
+    return box->p;
+}
+
+/* process:cancel(): stops the command and everything it started; the result says cancelled. */
+static int l_proc_cancel(lua_State *L) {
+    mc_proc *p = proc_get(L);
+    if (p == NULL || p->finished || p->exited || p->cancelled) { lua_pushboolean(L, 0); return 1; }
+    p->cancelled = 1;
+    uv_timer_stop(&p->timer);
+    proc_begin_kill(p);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* process:kill(sig): sends a signal (a number, default SIGTERM) to the command's process group. */
+static int l_proc_kill(lua_State *L) {
+    mc_proc *p = proc_get(L);
+    int sig = (int)luaL_optinteger(L, 2, SIGTERM);
+    if (sig < 0 || sig > 64) return mc_raise(L, "INVALID_INPUT", "signal %d is not valid", sig);
+    if (p == NULL || p->exited) { lua_pushboolean(L, 0); return 1; }
+    lua_pushboolean(L, kill(-p->pid, sig) == 0);
+    return 1;
+}
+
+static int l_proc_index_pid(lua_State *L) {
+    mc_proc *p = proc_get(L);
+    if (p == NULL) lua_pushnil(L);
+    else lua_pushinteger(L, p->pid);
+    return 1;
+}
+
+static int l_proc_running(lua_State *L) {
+    mc_proc *p = proc_get(L);
+    lua_pushboolean(L, p != NULL && !p->finished);
+    return 1;
+}
+
+static int l_proc_tostring(lua_State *L) {
+    mc_proc *p = proc_get(L);
+    if (p == NULL) lua_pushstring(L, PROC_MT " (ended)");
+    else lua_pushfstring(L, PROC_MT " (pid %d)", (int)p->pid);
+    return 1;
+}
+
+/*
+** Only reached while the state closes (a running process is anchored): the
+** command is stopped, and no callback may reach the closing state.
+*/
+static int l_proc_gc(lua_State *L) {
+    proc_box *box = (proc_box *)luaL_checkudata(L, 1, PROC_MT);
+    mc_proc *p = box->p;
+    if (p == NULL) return 0;
+    box->p = NULL;
+    p->L = NULL;
+    if (!p->exited) proc_kill_tree(p);
+    p->finished = 1;
+    proc_close(p, (uv_handle_t *)&p->timer);
+    proc_close(p, (uv_handle_t *)&p->process);
+    proc_close(p, (uv_handle_t *)&p->out.pipe);
+    proc_close(p, (uv_handle_t *)&p->err.pipe);
+    proc_close(p, (uv_handle_t *)&p->in);
+    return 0;
+}
+
+/*
+** core.socketpair() -> fd_a, fd_b: a connected pair of unix stream sockets,
+** close-on-exec (a command gets one through spawn's fds, which clears it).
+*/
+static int l_socketpair(lua_State *L) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return mc_fail(L, "IO_ERROR", "socketpair: %s", strerror(errno));
+    lua_pushinteger(L, sv[0]);
+    lua_pushinteger(L, sv[1]);
+    return 2;
+}
+
+/* core.close_fd(fd): closes a descriptor from socketpair. */
+static int l_close_fd(lua_State *L) {
+    lua_Integer fd = luaL_checkinteger(L, 1);
+    if (fd < 3 || fd > INT_MAX) return mc_raise(L, "INVALID_INPUT", "not a descriptor the core handed out");
+    lua_pushboolean(L, close((int)fd) == 0);
+    return 1;
+}
+
+static const luaL_Reg proc_methods[] = {
+    {"cancel", l_proc_cancel},
+    {"kill", l_proc_kill},
+    {"pid", l_proc_index_pid},
+    {"running", l_proc_running},
+    {NULL, NULL}
+};
+
+static void mc_open_proc(lua_State *L) {
+    if (luaL_newmetatable(L, PROC_MT)) {
+        luaL_newlib(L, proc_methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_proc_gc);
+        lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, l_proc_tostring);
+        lua_setfield(L, -2, "__tostring");
+    }
+    lua_pop(L, 1);
+    /* A command that closes its stdin early must not end the host with SIGPIPE. */
+    signal(SIGPIPE, SIG_IGN);
+    lua_pushcfunction(L, l_spawn);
+    lua_setfield(L, -2, "spawn");
+    lua_pushcfunction(L, l_socketpair);
+    lua_setfield(L, -2, "socketpair");
+    lua_pushcfunction(L, l_close_fd);
+    lua_setfield(L, -2, "close_fd");
+}
+
+/* }====================================================== */

@@ -1,0 +1,203 @@
+--- mayura._task: tasks on the shared loop, and the one way to wait.
+--
+-- A task is a coroutine started by `run`. A waiting call (`await`) yields
+-- inside a task and is resumed by the loop; called from plain top-level
+-- code, it runs the loop itself until its work is done, so a short script
+-- needs no ceremony. Calling it from a loop callback that is not a task is
+-- refused, since the loop cannot be run from inside itself.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+
+local unpack = table.unpack or unpack  -- luacheck: ignore 143
+
+local M = {}
+
+local tasks = setmetatable({}, { __mode = 'k' })   -- coroutine -> task
+
+local function pack(...)
+  return { n = select('#', ...), ... }
+end
+
+local Task = {}
+Task.__index = Task
+
+local function report(task)
+  io.stderr:write('mayura: a task failed: ', task.traceback, '\n')
+end
+
+local function finish(task, ok, ...)
+  task.done = true
+  task.ok = ok
+  if ok then
+    task.results = pack(...)
+  else
+    local err = ...
+    task.error = err
+    local msg = type(err) == 'string' and err or tostring(err)
+    task.traceback = debug.traceback(task.co, msg)
+  end
+  tasks[task.co] = nil
+  local joiners = task.joiners
+  task.joiners = nil
+  if not ok and not task.main and not task.observed then
+    -- nobody waits yet: report it unless someone joins before the next turn of the loop
+    local uv = require('luv')
+    local timer = uv.new_timer()
+    timer:start(0, 0, function()
+      timer:close()
+      if not task.observed then report(task) end
+    end)
+  end
+  if joiners then
+    for _, resume in ipairs(joiners) do resume() end
+  end
+end
+
+local function step(task, ...)
+  local co = task.co
+  local res = pack(coroutine.resume(co, ...))
+  if coroutine.status(co) == 'dead' then
+    finish(task, unpack(res, 1, res.n))
+  end
+end
+
+--- Whether the running coroutine is a task.
+function M.in_task()
+  local co = coroutine.running()
+  return co ~= nil and tasks[co] ~= nil
+end
+
+--- Waits for asynchronous work. `start(done)` begins it and arranges for
+-- `done(...)` to be called once; `await` returns what `done` was given.
+function M.await(start)
+  local co = coroutine.running()
+  local task = co and tasks[co]
+  if task then
+    local fired, early, waiting = false, nil, false
+    start(function(...)
+      if fired then return end
+      fired = true
+      if waiting then step(task, ...) else early = pack(...) end
+    end)
+    if fired then return unpack(early, 1, early.n) end
+    waiting = true
+    return coroutine.yield()
+  end
+  if core.loop_running() then
+    errors.raise('INVALID_INPUT',
+      'a waiting call made from a loop callback must run inside a task (mayura.run)', nil, 2)
+  end
+  local done, res = false, nil
+  start(function(...)
+    if done then return end
+    done = true
+    res = pack(...)
+  end)
+  while not done do
+    if not core.run_once() and not done then
+      errors.raise('INTERNAL', 'waiting for work that nothing on the loop will finish', nil, 2)
+    end
+  end
+  return unpack(res, 1, res.n)
+end
+
+--- Starts `fn(...)` as a task and returns it. Its first steps run at once,
+-- up to its first wait.
+function M.spawn(fn, ...)
+  if type(fn) ~= 'function' then
+    errors.raise('INVALID_INPUT', 'run expects a function', nil, 2)
+  end
+  local task = setmetatable({ co = coroutine.create(fn), done = false }, Task)
+  tasks[task.co] = task
+  step(task, ...)
+  return task
+end
+
+--- Waits for the task to end; returns its results or raises its error.
+function Task:wait()
+  self.observed = true
+  if not self.done then
+    M.await(function(done)
+      if self.done then return done() end
+      self.joiners = self.joiners or {}
+      table.insert(self.joiners, done)
+    end)
+  end
+  if self.ok then return unpack(self.results, 1, self.results.n) end
+  error(self.error, 0)
+end
+
+--- Runs `fn(...)` as a task. From plain top-level code it runs the loop
+-- until the task ends and returns its results (raising its error); from a
+-- task or a loop callback it returns the running task, whose `:wait()`
+-- joins it.
+function M.run(fn, ...)
+  local task = M.spawn(fn, ...)
+  if M.in_task() or core.loop_running() then return task end
+  return task:wait()
+end
+
+--- The host program's entry: runs the script's chunk as the main task to
+-- its end; an error is raised as its traceback.
+function M.main(chunk, ...)
+  local task = setmetatable({ co = coroutine.create(chunk), done = false, main = true }, Task)
+  tasks[task.co] = task
+  step(task, ...)
+  while not task.done do
+    if not core.run_once() and not task.done then
+      error('the script waits for work that nothing on the loop will finish', 0)
+    end
+  end
+  if not task.ok then error(task.traceback, 0) end
+end
+
+--- Waits `ms` milliseconds without blocking the loop.
+function M.sleep(ms)
+  local uv = require('luv')
+  M.await(function(done)
+    local timer = uv.new_timer()
+    timer:start(ms, 0, function()
+      timer:close()
+      done()
+    end)
+  end)
+end
+
+local Token = {}
+Token.__index = Token
+
+--- A cancel token: `token:cancel()`, `token.cancelled`, `token:on_cancel(fn)`.
+function M.cancel_token()
+  return setmetatable({ cancelled = false, handlers = {} }, Token)
+end
+
+--- Cancels: sets `cancelled` and calls every handler once. Again does nothing.
+function Token:cancel(reason)
+  if self.cancelled then return end
+  self.cancelled = true
+  self.reason = reason
+  local handlers = self.handlers
+  self.handlers = {}
+  for _, fn in pairs(handlers) do
+    local ok, err = pcall(fn, reason)
+    if not ok then io.stderr:write('mayura: a cancel handler failed: ', tostring(err), '\n') end
+  end
+end
+
+--- Calls `fn` when cancelled (at once when already cancelled); returns a function that removes it.
+function Token:on_cancel(fn)
+  if self.cancelled then
+    fn(self.reason)
+    return function() end
+  end
+  local key = {}
+  self.handlers[key] = fn
+  return function() self.handlers[key] = nil end
+end
+
+--- Whether `v` is a cancel token.
+function M.is_token(v)
+  return getmetatable(v) == Token
+end
+
+return M

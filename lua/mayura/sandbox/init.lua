@@ -1,0 +1,628 @@
+--- mayura.sandbox: the sandbox pool, and what providers and tools share.
+--
+-- `create_sandboxes(provider, options)` holds every sandbox of a provider to
+-- the same limits. The pool checks every path, size and option before it
+-- calls the provider, and everything the provider returns before the caller
+-- sees it; a provider call that takes longer than `call_timeout_ms` fails
+-- with SANDBOX_ERROR reason `timeout`; after its lifetime or release every
+-- call on a sandbox fails with SANDBOX_ERROR reason `gone`.
+--
+-- A provider is a table (see docs/providers.md):
+--   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
+--     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
+-- and a backend has `id`, `exec(argv, opts)`, `read_file(path, opts)`,
+-- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
+-- `url(port)`, `release()` and optionally `desktop`.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local task = require('mayura._task')
+local check = require('mayura._check')
+
+local M = {}
+
+M.is_error = errors.is
+
+local MIB = 1048576
+local NETWORK_KINDS = { none = true, all = true, allowlist = true }
+local MAX_PATH = 4096
+local MAX_ARGV_BYTES = 1048576
+local MAX_ENV_BYTES = 1048576
+local ENTRY_TYPES = { file = true, directory = true, symlink = true, other = true }
+
+local function gone(message)
+  return errors.sandbox('gone', message or 'the sandbox is gone')
+end
+
+-- {======================================================
+-- Paths
+-- =======================================================
+
+--- Normalizes a sandbox path: absolute, or relative to `workdir`; `.` and
+-- `..` are folded lexically (inside the sandbox's own root, so `..` cannot
+-- leave it). Raises INVALID_INPUT for a path that is not a usable string.
+function M.normalize_path(path, workdir, what)
+  what = what or 'path'
+  if type(path) ~= 'string' then errors.raise('INVALID_INPUT', what .. ' must be a string', nil, 3) end
+  if path == '' then errors.raise('INVALID_INPUT', what .. ' is empty', nil, 3) end
+  if path:find('\0', 1, true) then errors.raise('INVALID_INPUT', what .. ' contains a NUL byte', nil, 3) end
+  if #path > MAX_PATH then
+    errors.raise('INVALID_INPUT', what .. ' is longer than ' .. MAX_PATH .. ' bytes', nil, 3)
+  end
+  if path:sub(1, 1) ~= '/' then path = workdir .. '/' .. path end
+  local parts = {}
+  for part in path:gmatch('[^/]+') do
+    if part == '..' then
+      if #parts > 0 then table.remove(parts) end
+    elseif part ~= '.' then
+      parts[#parts + 1] = part
+    end
+  end
+  return '/' .. table.concat(parts, '/')
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Checking options
+-- =======================================================
+
+local function check_network_request(network)
+  if network == nil then return 'none', 'none' end
+  if network == 'none' or network == 'all' then return network, network end
+  if type(network) == 'table' then
+    check.keys(network, { allow = true }, 'network', 'INVALID_INPUT', 4)
+    local allow = network.allow
+    if type(allow) ~= 'table' or #allow == 0 then
+      errors.raise('INVALID_INPUT', 'network.allow must be a non-empty list of domains', nil, 4)
+    end
+    local copy = {}
+    for i, domain in ipairs(allow) do
+      if type(domain) ~= 'string' or #domain > 253 or not domain:match('^%*?%.?[%w][%w%.%-]*$')
+        or domain:find('..', 1, true) then
+        errors.raise('INVALID_INPUT', 'network.allow[' .. i .. '] is not a domain', nil, 4)
+      end
+      copy[i] = domain:lower()
+    end
+    return 'allowlist', { allow = copy }
+  end
+  errors.raise('INVALID_INPUT', "network must be 'none', 'all' or { allow = { ... } }", nil, 4)
+end
+
+local function check_env(env, level)
+  if env == nil then return nil end
+  if type(env) ~= 'table' then errors.raise('INVALID_INPUT', 'env must be a table of strings', nil, level) end
+  local copy, total = {}, 0
+  for k, v in pairs(env) do
+    if type(k) ~= 'string' or not k:match('^[%a_][%w_]*$') then
+      errors.raise('INVALID_INPUT', 'env name ' .. tostring(k) .. ' is not valid', nil, level)
+    end
+    if type(v) ~= 'string' then errors.raise('INVALID_INPUT', 'env ' .. k .. ' must be a string', nil, level) end
+    if v:find('\0', 1, true) then errors.raise('INVALID_INPUT', 'env ' .. k .. ' contains a NUL byte', nil, level) end
+    total = total + #k + #v + 2
+    copy[k] = v
+  end
+  if total > MAX_ENV_BYTES then errors.raise('INVALID_INPUT', 'env is larger than 1 MiB', nil, level) end
+  return copy
+end
+
+local function check_labels(labels, level)
+  if labels == nil then return {} end
+  if type(labels) ~= 'table' then errors.raise('INVALID_INPUT', 'labels must be a table of strings', nil, level) end
+  local copy = {}
+  for k, v in pairs(labels) do
+    if type(k) ~= 'string' or #k == 0 or #k > 63 or type(v) ~= 'string' or #v > 256
+      or k:find('%z') or v:find('%z') then
+      errors.raise('INVALID_INPUT', 'labels must map names (1..63 bytes) to strings (at most 256 bytes)', nil, level)
+    end
+    copy[k] = v
+  end
+  return copy
+end
+
+local function check_argv(argv)
+  if type(argv) ~= 'table' or #argv == 0 then
+    errors.raise('INVALID_INPUT', 'command must be a non-empty list of strings', nil, 3)
+  end
+  local total, copy = 0, {}
+  for k in pairs(argv) do
+    if not check.is_int(k) or k < 1 or k > #argv then
+      errors.raise('INVALID_INPUT', 'command must be a list of strings', nil, 3)
+    end
+  end
+  for i, a in ipairs(argv) do
+    if type(a) ~= 'string' then errors.raise('INVALID_INPUT', 'command[' .. i .. '] must be a string', nil, 3) end
+    if a:find('\0', 1, true) then errors.raise('INVALID_INPUT', 'command[' .. i .. '] contains a NUL byte', nil, 3) end
+    total = total + #a + 1
+    copy[i] = a
+  end
+  if copy[1] == '' then errors.raise('INVALID_INPUT', 'the program name is empty', nil, 3) end
+  if total > MAX_ARGV_BYTES then errors.raise('INVALID_INPUT', 'command is larger than 1 MiB', nil, 3) end
+  return copy
+end
+
+local function copy_features(f)
+  f = f or {}
+  local net = {}
+  for i, k in ipairs(f.network or {}) do net[i] = k end
+  return { stdin = f.stdin == true, ports = f.ports == true, desktop = f.desktop == true, network = net }
+end
+
+local function has(list, v)
+  for _, x in ipairs(list) do if x == v then return true end end
+  return false
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Calls with a deadline
+-- =======================================================
+
+--- Runs `fn()` as a task and waits for it at most `ms`; past that raises
+-- SANDBOX_ERROR reason `timeout` (the call goes on, its result unused).
+local function task_pack(...)
+  return { n = select('#', ...), ... }
+end
+
+local function with_deadline(ms, fn, on_late)
+  local uv = require('luv')
+  local res = task_pack(task.await(function(done)
+    local finished = false
+    local timer = uv.new_timer()
+    timer:start(ms, 0, function()
+      timer:close()
+      if finished then return end
+      finished = true
+      done(false, errors.sandbox('timeout', 'the provider did not answer within ' .. ms .. ' ms'))
+    end)
+    task.spawn(function()
+      local r = task_pack(pcall(fn))
+      if finished then
+        if on_late then on_late(r) end
+        return
+      end
+      finished = true
+      if not timer:is_closing() then timer:stop(); timer:close() end
+      done(check.unpack(r, 1, r.n))
+    end)
+  end))
+  if not res[1] then error(res[2], 0) end
+  return check.unpack(res, 2, res.n)
+end
+
+-- Provider failures keep their coded shape; anything else becomes SANDBOX_ERROR reason `failed`,
+-- without the provider's own text.
+local function provider_error(err)
+  if errors.is(err) then
+    if getmetatable(err) == nil then setmetatable(err, errors.mt) end
+    return err
+  end
+  return errors.sandbox('failed', 'the provider failed')
+end
+
+local function bad_reply(what)
+  return errors.sandbox('failed', 'the provider returned an invalid ' .. what)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- A sandbox
+-- =======================================================
+
+local Sandbox = {}
+Sandbox.__index = Sandbox
+
+local function alive(self)
+  if self._released then error(gone('the sandbox was released'), 3) end
+  if core.hrtime_ms() >= self._expires_at then
+    self._pool:_expire(self)
+    error(gone('the sandbox reached the end of its lifetime'), 3)
+  end
+end
+
+-- Calls backend[name] within the pool's call timeout, mapping failures.
+function Sandbox:_call(ms, name, ...)
+  local backend, args, n = self._backend, { ... }, select('#', ...)
+  local ok, res = pcall(with_deadline, ms, function()
+    return backend[name](backend, check.unpack(args, 1, n))
+  end)
+  if not ok then
+    local err = provider_error(res)
+    if errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone' then self._gone = true end
+    if self._released or core.hrtime_ms() >= self._expires_at then err = gone() end
+    error(err, 0)
+  end
+  return res
+end
+
+local exec_keys = { cwd = true, env = true, stdin = true, timeout_ms = true, signal = true }
+
+--- Runs a command: `{ exit_code, stdout, stderr, truncated, duration_ms, timed_out }`.
+function Sandbox:exec(command, opts)
+  local pool = self._pool
+  local argv = check_argv(command)
+  opts = opts == nil and {} or opts
+  check.keys(opts, exec_keys, 'exec options', 'INVALID_INPUT', 3)
+  local o = {}
+  if opts.cwd ~= nil then o.cwd = M.normalize_path(opts.cwd, self._workdir, 'cwd') end
+  o.env = check_env(opts.env, 3)
+  if opts.stdin ~= nil then
+    if type(opts.stdin) ~= 'string' then errors.raise('INVALID_INPUT', 'stdin must be a string', nil, 2) end
+    if not self.features.stdin then
+      errors.raise('INVALID_INPUT', 'this provider does not support standard input', nil, 2)
+    end
+    if #opts.stdin > pool.max_file_bytes then
+      errors.raise('LIMIT_EXCEEDED', 'stdin is larger than max_file_bytes (' .. pool.max_file_bytes .. ')', nil, 2)
+    end
+    o.stdin = opts.stdin
+  end
+  local timeout = opts.timeout_ms
+  if timeout == nil then timeout = pool.exec_timeout_ms end
+  check.int(timeout, 'timeout_ms', 1, nil, 'INVALID_INPUT', 3)
+  if timeout > pool.max_exec_timeout_ms then
+    errors.raise('LIMIT_EXCEEDED', 'timeout_ms is above max_exec_timeout_ms (' .. pool.max_exec_timeout_ms .. ')',
+      nil, 2)
+  end
+  o.timeout_ms = timeout
+  o.max_output_bytes = pool.max_output_bytes
+  local token = opts.signal
+  if token ~= nil and not task.is_token(token) then
+    errors.raise('INVALID_INPUT', 'signal must be a cancel token (mayura.cancel_token())', nil, 2)
+  end
+  o.signal = token
+  alive(self)
+  if token and token.cancelled then errors.raise('CANCELLED', 'cancelled before it started', nil, 2) end
+  -- the provider stops the command at its timeout; the pool waits a call timeout more at most
+  local res = self:_call(timeout + pool.call_timeout_ms, 'exec', argv, o)
+  if token and token.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 2) end
+  if type(res) ~= 'table' then error(bad_reply('exec result'), 2) end
+  local out = {
+    exit_code = res.exit_code,
+    stdout = res.stdout or '',
+    stderr = res.stderr or '',
+    truncated = res.truncated == true,
+    duration_ms = res.duration_ms,
+    timed_out = res.timed_out == true,
+  }
+  if type(out.stdout) ~= 'string' or type(out.stderr) ~= 'string'
+    or (out.exit_code ~= nil and not check.is_int(out.exit_code))
+    or (not out.timed_out and out.exit_code == nil and res.signal == nil) then
+    error(bad_reply('exec result'), 2)
+  end
+  if out.timed_out then out.exit_code = nil end
+  if res.signal ~= nil then out.signal = res.signal end
+  if res.oom_killed then out.oom_killed = true end
+  local cap = pool.max_output_bytes
+  if #out.stdout > cap then out.stdout = out.stdout:sub(1, cap); out.truncated = true end
+  if #out.stderr > cap then out.stderr = out.stderr:sub(1, cap); out.truncated = true end
+  if type(out.duration_ms) ~= 'number' or out.duration_ms < 0 then out.duration_ms = 0 end
+  out.duration_ms = math.floor(out.duration_ms)
+  return out
+end
+
+--- The file's bytes, or nil when there is none. `max_bytes` refuses larger files.
+function Sandbox:read_file(path, opts)
+  local pool = self._pool
+  local p = M.normalize_path(path, self._workdir)
+  opts = opts == nil and {} or opts
+  check.keys(opts, { max_bytes = true }, 'read_file options', 'INVALID_INPUT', 3)
+  local max = opts.max_bytes
+  if max == nil then max = pool.max_file_bytes end
+  check.int(max, 'max_bytes', 0, nil, 'INVALID_INPUT', 3)
+  if max > pool.max_file_bytes then max = pool.max_file_bytes end
+  alive(self)
+  local data = self:_call(pool.call_timeout_ms, 'read_file', p, { max_bytes = max })
+  if data == nil then return nil end
+  if type(data) ~= 'string' then error(bad_reply('file'), 2) end
+  if #data > max then errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes (' .. max .. ')', nil, 2) end
+  return data
+end
+
+--- Writes text or bytes, creating directories and replacing any file there.
+function Sandbox:write_file(path, data)
+  local pool = self._pool
+  local p = M.normalize_path(path, self._workdir)
+  if type(data) ~= 'string' then errors.raise('INVALID_INPUT', 'data must be a string', nil, 2) end
+  if #data > pool.max_file_bytes then
+    errors.raise('LIMIT_EXCEEDED', 'data is larger than max_file_bytes (' .. pool.max_file_bytes .. ')', nil, 2)
+  end
+  alive(self)
+  self:_call(pool.call_timeout_ms, 'write_file', p, data)
+end
+
+--- The directory's entries `{ name, type, size, modified }`, or nil when there is none.
+function Sandbox:list_files(path)
+  local pool = self._pool
+  local p = M.normalize_path(path == nil and '.' or path, self._workdir)
+  alive(self)
+  local entries = self:_call(pool.call_timeout_ms, 'list_files', p)
+  if entries == nil then return nil end
+  if type(entries) ~= 'table' then error(bad_reply('listing'), 2) end
+  local out = {}
+  for i, e in ipairs(entries) do
+    if type(e) ~= 'table' or type(e.name) ~= 'string' or e.name == '' or e.name:find('[/%z]')
+      or not ENTRY_TYPES[e.type] or not check.is_int(e.size) or e.size < 0
+      or not check.is_int(e.modified) then
+      error(bad_reply('listing'), 2)
+    end
+    out[i] = { name = e.name, type = e.type, size = e.size, modified = e.modified }
+  end
+  return out
+end
+
+--- Removes a file; a directory with what is in it needs `{ recursive = true }`.
+function Sandbox:remove_file(path, opts)
+  local pool = self._pool
+  local p = M.normalize_path(path, self._workdir)
+  opts = opts == nil and {} or opts
+  check.keys(opts, { recursive = true }, 'remove_file options', 'INVALID_INPUT', 3)
+  if opts.recursive ~= nil and type(opts.recursive) ~= 'boolean' then
+    errors.raise('INVALID_INPUT', 'recursive must be a boolean', nil, 2)
+  end
+  if p == '/' then errors.raise('INVALID_INPUT', 'refusing to remove /', nil, 2) end
+  alive(self)
+  self:_call(pool.call_timeout_ms, 'remove_file', p, { recursive = opts.recursive == true })
+end
+
+--- The URL serving one of the `ports` the sandbox was created with.
+function Sandbox:url(port)
+  check.int(port, 'port', 1, 65535, 'INVALID_INPUT', 3)
+  if not self._ports[port] then
+    errors.raise('INVALID_INPUT', 'port ' .. port .. ' is not one of the ports the sandbox was created with', nil, 2)
+  end
+  alive(self)
+  local url = self:_call(self._pool.call_timeout_ms, 'url', port)
+  if type(url) ~= 'string' or not url:match('^https?://') then error(bad_reply('URL'), 2) end
+  return url
+end
+
+--- Ends the sandbox. Releasing again does nothing.
+function Sandbox:release()
+  if self._released then return end
+  self._released = true
+  self._pool:_forget(self)
+  local backend = self._backend
+  pcall(with_deadline, self._pool.call_timeout_ms, function() backend:release() end)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The pool
+-- =======================================================
+
+local Pool = {}
+Pool.__index = Pool
+
+local pool_keys = {
+  max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
+  max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
+  labels = true,
+}
+
+--- Holds every sandbox from `provider` to the same limits.
+function M.create_sandboxes(provider, options)
+  if type(provider) ~= 'table' or type(provider.create) ~= 'function' then
+    errors.raise('INVALID_CONFIG', 'provider must be a sandbox provider (a table with create)', nil, 2)
+  end
+  if type(options) ~= 'table' then
+    errors.raise('INVALID_CONFIG', 'options with max_sandboxes and max_lifetime_ms are required', nil, 2)
+  end
+  check.keys(options, pool_keys, 'create_sandboxes options', 'INVALID_CONFIG', 3)
+  if options.max_sandboxes == nil then errors.raise('INVALID_CONFIG', 'max_sandboxes is required', nil, 2) end
+  if options.max_lifetime_ms == nil then errors.raise('INVALID_CONFIG', 'max_lifetime_ms is required', nil, 2) end
+  local C = 'INVALID_CONFIG'
+  check.int(options.max_sandboxes, 'max_sandboxes', 1, 100000, C, 3)
+  check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, 366 * 86400000, C, 3)
+  local provider_max = provider.max_lifetime_ms
+  if check.is_int(provider_max) and options.max_lifetime_ms > provider_max then
+    errors.raise(C, 'max_lifetime_ms is above the provider\'s (' .. provider_max .. ')', nil, 2)
+  end
+  local network = options.network
+  if network == nil then network = { 'none' } end
+  if type(network) ~= 'table' or #network == 0 then
+    errors.raise(C, "network must be a list of kinds ('none', 'all', 'allowlist')", nil, 2)
+  end
+  local kinds = {}
+  for i, k in ipairs(network) do
+    if not NETWORK_KINDS[k] then errors.raise(C, 'network[' .. i .. '] is not a network kind', nil, 2) end
+    kinds[k] = true
+  end
+  local self = setmetatable({
+    provider = provider,
+    max_sandboxes = options.max_sandboxes,
+    max_lifetime_ms = options.max_lifetime_ms,
+    network = kinds,
+    exec_timeout_ms = check.int(options.exec_timeout_ms, 'exec_timeout_ms', 1, nil, C, 3, 60000),
+    max_exec_timeout_ms = check.int(options.max_exec_timeout_ms, 'max_exec_timeout_ms', 1, nil, C, 3, 1800000),
+    max_output_bytes = check.int(options.max_output_bytes, 'max_output_bytes', 0, 1024 * MIB, C, 3, MIB),
+    max_file_bytes = check.int(options.max_file_bytes, 'max_file_bytes', 0, 512 * MIB, C, 3, 16 * MIB),
+    call_timeout_ms = check.int(options.call_timeout_ms, 'call_timeout_ms', 1, nil, C, 3, 120000),
+    labels = check_labels(options.labels, 3),
+    workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
+    _alive = {},
+    _count = 0,
+    _closed = false,
+  }, Pool)
+  if self.exec_timeout_ms > self.max_exec_timeout_ms then
+    if options.exec_timeout_ms ~= nil then
+      errors.raise(C, 'exec_timeout_ms is above max_exec_timeout_ms', nil, 2)
+    end
+    self.exec_timeout_ms = self.max_exec_timeout_ms   -- the default never passes the cap
+  end
+  return self
+end
+
+local create_keys = {
+  lifetime_ms = true, network = true, env = true, ports = true, cpus = true, memory_mib = true,
+  image = true, labels = true,
+}
+
+--- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels }`.
+function Pool:create(options)
+  if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
+  if type(options) ~= 'table' then errors.raise('INVALID_INPUT', 'options with lifetime_ms are required', nil, 2) end
+  check.keys(options, create_keys, 'create options', 'INVALID_INPUT', 3)
+  if options.lifetime_ms == nil then errors.raise('INVALID_INPUT', 'lifetime_ms is required', nil, 2) end
+  check.int(options.lifetime_ms, 'lifetime_ms', 1, nil, 'INVALID_INPUT', 3)
+  if options.lifetime_ms > self.max_lifetime_ms then
+    errors.raise('LIMIT_EXCEEDED', 'lifetime_ms is above max_lifetime_ms (' .. self.max_lifetime_ms .. ')', nil, 2)
+  end
+  local features = copy_features(self.provider.features)
+  local kind, network = check_network_request(options.network)
+  if not self.network[kind] then
+    errors.raise('PERMISSION_DENIED', "network '" .. kind .. "' is not allowed by this pool", nil, 2)
+  end
+  if not has(features.network, kind) then
+    errors.raise('INVALID_INPUT', "this provider cannot give network '" .. kind .. "'", nil, 2)
+  end
+  local spec = {
+    lifetime_ms = options.lifetime_ms,
+    network = network,
+    env = check_env(options.env, 3),
+  }
+  local ports = {}
+  if options.ports ~= nil then
+    if type(options.ports) ~= 'table' then errors.raise('INVALID_INPUT', 'ports must be a list', nil, 2) end
+    if not features.ports and #options.ports > 0 then
+      errors.raise('INVALID_INPUT', 'this provider does not serve ports', nil, 2)
+    end
+    if #options.ports > 64 then errors.raise('INVALID_INPUT', 'at most 64 ports', nil, 2) end
+    spec.ports = {}
+    for i, port in ipairs(options.ports) do
+      check.int(port, 'ports[' .. i .. ']', 1, 65535, 'INVALID_INPUT', 3)
+      if not ports[port] then
+        ports[port] = true
+        spec.ports[#spec.ports + 1] = port
+      end
+    end
+  end
+  if options.cpus ~= nil then
+    if type(options.cpus) ~= 'number' or options.cpus ~= options.cpus or options.cpus <= 0 or options.cpus > 1024 then
+      errors.raise('INVALID_INPUT', 'cpus must be a number above 0', nil, 2)
+    end
+    spec.cpus = options.cpus
+  end
+  if options.memory_mib ~= nil then
+    spec.memory_mib = check.int(options.memory_mib, 'memory_mib', 1, 16 * 1048576, 'INVALID_INPUT', 3)
+  end
+  if options.image ~= nil then
+    if type(options.image) ~= 'string' or options.image == '' or #options.image > 1024
+      or options.image:find('%z') then
+      errors.raise('INVALID_INPUT', 'image must be a non-empty string', nil, 2)
+    end
+    spec.image = options.image
+  end
+  local labels = check_labels(options.labels, 3)
+  spec.labels = {}
+  for k, v in pairs(self.labels) do spec.labels[k] = v end
+  for k, v in pairs(labels) do spec.labels[k] = v end
+
+  if self._count >= self.max_sandboxes then
+    errors.raise('LIMIT_EXCEEDED', 'max_sandboxes (' .. self.max_sandboxes .. ') are alive', nil, 2)
+  end
+  self._count = self._count + 1
+  local started = core.hrtime_ms()
+  local provider = self.provider
+  local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
+    return provider:create(spec)
+  end, function(late)
+    -- created after the pool gave up on it: release it at once
+    if late[1] and type(late[2]) == 'table' and late[2].release then pcall(late[2].release, late[2]) end
+  end)
+  if not ok then
+    self._count = self._count - 1
+    error(provider_error(backend), 2)
+  end
+  if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then
+    self._count = self._count - 1
+    error(bad_reply('backend'), 2)
+  end
+  if self._closed then
+    self._count = self._count - 1
+    pcall(backend.release, backend)
+    error(errors.sandbox('closed', 'the pool was closed'), 2)
+  end
+  local sandbox = setmetatable({
+    id = type(backend.id) == 'string' and backend.id or ('sandbox-' .. tostring(started)),
+    features = features,
+    desktop = features.desktop and backend.desktop or nil,
+    _pool = self,
+    _backend = backend,
+    _workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
+    _ports = ports,
+    _expires_at = started + options.lifetime_ms,
+    _released = false,
+  }, Sandbox)
+  self._alive[sandbox] = true
+  self:_arm(sandbox, options.lifetime_ms)
+  return sandbox
+end
+
+-- Ends the sandbox from the pool's side at its lifetime (the provider ends it too, on its own).
+function Pool:_arm(sandbox, ms)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  sandbox._timer = timer
+  timer:start(ms, 0, function()
+    timer:close()
+    sandbox._timer = nil
+    if not sandbox._released then task.spawn(function() self:_expire(sandbox) end) end
+  end)
+  timer:unref()   -- a sandbox alone does not keep a script running
+end
+
+function Pool._expire(_, sandbox)
+  if sandbox._released then return end
+  sandbox:release()
+end
+
+function Pool:_forget(sandbox)
+  if self._alive[sandbox] then
+    self._alive[sandbox] = nil
+    self._count = self._count - 1
+  end
+  if sandbox._timer and not sandbox._timer:is_closing() then
+    sandbox._timer:stop()
+    sandbox._timer:close()
+    sandbox._timer = nil
+  end
+end
+
+--- How many sandboxes are alive or being created.
+function Pool:count()
+  return self._count
+end
+
+--- Releases every sandbox still alive and refuses new ones.
+function Pool:close()
+  self._closed = true
+  local list = {}
+  for sb in pairs(self._alive) do list[#list + 1] = sb end
+  local tasks = {}
+  for i, sb in ipairs(list) do tasks[i] = task.spawn(function() sb:release() end) end
+  for _, t in ipairs(tasks) do pcall(t.wait, t) end
+end
+
+-- }======================================================
+
+--- Maps an HTTP status to a SandboxError: 401/403 authentication, 404 not_found,
+-- 409 conflict, 408/504 timeout, 429 rate_limited, other 5xx unavailable, else failed.
+function M.sandbox_http_failure(status)
+  local reason
+  if status == 401 or status == 403 then reason = 'authentication'
+  elseif status == 404 then reason = 'not_found'
+  elseif status == 409 then reason = 'conflict'
+  elseif status == 408 or status == 504 then reason = 'timeout'
+  elseif status == 429 then reason = 'rate_limited'
+  elseif type(status) == 'number' and status >= 500 and status <= 599 then reason = 'unavailable'
+  else reason = 'failed' end
+  local e = errors.sandbox(reason, 'the provider answered HTTP ' .. tostring(status))
+  e.status = status
+  return e
+end
+
+M.with_deadline = with_deadline
+
+return M

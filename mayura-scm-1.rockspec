@@ -1,0 +1,25 @@
+rockspec_format = '3.0'
+package = 'mayura'
+version = 'scm-1'
+source = { url = 'git+https://example.invalid/mayura.git' }
+description = {
+  summary = 'Isolated Linux sandboxes for AI agents, with permissions, limits and budgets.',
+  detailed = [[
+A C core (one event loop shared with luv, processes, files, HTTP through
+libcurl, JSON through cJSON, Linux namespaces) under a Lua layer: the sandbox
+pool, providers, tools, permissions, hooks and the agent runtime.]],
+  license = 'MIT',
+}
+dependencies = { 'lua >= 5.1', 'luv' }
+external_dependencies = {
+  CURL = { header = 'curl/curl.h' },
+  UV = { header = 'uv.h' },
+  CJSON = { header = 'cjson/cJSON.h' },
+}
+build = {
+  type = 'make',
+  build_variables = { CFLAGS = '$(CFLAGS)', LUA = '$(LUA)' },
+  install_variables = { PREFIX = '$(PREFIX)', LUADIR = '$(LUADIR)', LIBDIR = '$(LIBDIR)' },
+}
+test_dependencies = { 'busted' }
+test = { type = 'busted' }

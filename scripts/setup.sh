@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs the Debian packages mayura needs when any is missing; does nothing
+# when all are there. Idempotent; needs root (or sudo) only when installing.
+set -eu
+
+PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev lua-luv lua-luv-dev libuv1-dev \
+libcjson-dev libcurl4-openssl-dev lua-busted lua-check bubblewrap valgrind curl"
+
+missing=""
+for p in $PACKAGES; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -n "$missing" ]; then
+    echo "setup: installing$missing"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+            echo "setup: missing packages:$missing (run as root to install them)" >&2
+            exit 1
+        fi
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    # shellcheck disable=SC2086
+    $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi

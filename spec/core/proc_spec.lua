@@ -1,0 +1,201 @@
+-- core.spawn and mayura.process: processes, caps, timeouts, cancels, trees.
+local core = require('mayura.core')
+local process = require('mayura.process')
+local mayura = require('mayura')
+local util = require('support.util')
+
+local function spawn(opts)
+  return util.wait(function(done)
+    local p, err = core.spawn(opts, done)
+    if not p then done(nil, err) end
+  end)
+end
+
+local function raises_code(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok)
+  assert.are.equal('table', type(err), tostring(err))
+  assert.are.equal(code, err.code, tostring(err.message))
+  return err
+end
+
+describe('core.spawn', function()
+  describe('failure modes', function()
+    it('refuses bad arguments with INVALID_INPUT and starts nothing', function()
+      local cb = function() error('must not be called') end
+      raises_code('INVALID_INPUT', core.spawn, nil, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' } }, nil)
+      raises_code('INVALID_INPUT', core.spawn, { argv = {} }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = 'true' }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true', 3 } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'tr\0ue' } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { '' } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, bogus = 1 }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, timeout_ms = -1 }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, timeout_ms = 1.5 }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, max_output_bytes = 'x' }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, env = { A = 1 } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, env = { ['A=B'] = 'x' } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, env = { A = 'x\0y' } }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, cwd = '/tmp\0x' }, cb)
+      raises_code('INVALID_INPUT', core.spawn, { argv = { 'true' }, stdin = 42 }, cb)
+    end)
+
+    it('reports a missing program or cwd as SPAWN_FAILED with its errno', function()
+      local res, err = spawn({ argv = { '/no/such/program' } })
+      assert.is_nil(res)
+      assert.are.equal('SPAWN_FAILED', err.code)
+      assert.are.equal('ENOENT', err.errno)
+      assert.matches('^SPAWN_FAILED: ', tostring(err))
+      res, err = spawn({ argv = { 'true' }, cwd = '/no/such/dir' })
+      assert.is_nil(res)
+      assert.are.equal('SPAWN_FAILED', err.code)
+    end)
+
+    it('raises CANCELLED through mayura.process for a token cancelled before the start', function()
+      local token = mayura.cancel_token()
+      token:cancel()
+      raises_code('CANCELLED', process.run, { 'true' }, { signal = token })
+      raises_code('INVALID_INPUT', process.run, { 'true' }, { signal = {} })
+      raises_code('INVALID_INPUT', process.run, { 'true' }, { nope = true })
+    end)
+  end)
+
+  it('gives the exit code, both streams and the duration', function()
+    local r = spawn({ argv = { 'sh', '-c', 'printf out; printf err >&2; exit 7' } })
+    assert.are.equal(7, r.exit_code)
+    assert.are.equal('out', r.stdout)
+    assert.are.equal('err', r.stderr)
+    assert.is_false(r.truncated)
+    assert.is_false(r.timed_out)
+    assert.is_true(math.type(r.duration_ms) == 'integer')
+  end)
+
+  it('runs an argv without a shell', function()
+    local r = spawn({ argv = { 'echo', '$HOME; rm -rf /', '*' } })
+    assert.are.equal('$HOME; rm -rf / *\n', r.stdout)
+  end)
+
+  it('reports a signal and no exit code for a command killed by one', function()
+    local r = spawn({ argv = { 'sh', '-c', 'kill -9 $$' } })
+    assert.is_nil(r.exit_code)
+    assert.are.equal(9, r.signal)
+  end)
+
+  it('passes exactly the env given, and the cwd', function()
+    local r = spawn({ argv = { 'sh', '-c', 'echo "$FOO|$HOME"; pwd' }, env = { FOO = 'bar baz' }, cwd = '/usr' })
+    assert.are.equal('bar baz|\n/usr\n', r.stdout)
+  end)
+
+  it('keeps at most max_output_bytes of a 200 MiB flood, with bounded host memory', function()
+    local before = util.rss_kib()
+    local r = spawn({
+      argv = { 'sh', '-c', 'head -c 209715200 /dev/zero; head -c 209715200 /dev/zero >&2' },
+      max_output_bytes = 1048576,
+    })
+    assert.are.equal(0, r.exit_code)
+    assert.are.equal(1048576, #r.stdout)
+    assert.are.equal(1048576, #r.stderr)
+    assert.is_true(r.truncated and r.stdout_truncated and r.stderr_truncated)
+    assert.is_true(util.rss_kib() - before < 64 * 1024, 'host RSS grew by more than 64 MiB')
+  end)
+
+  it('keeps output at exactly the cap without calling it truncated', function()
+    local r = spawn({ argv = { 'head', '-c', '1000', '/dev/zero' }, max_output_bytes = 1000 })
+    assert.are.equal(1000, #r.stdout)
+    assert.is_false(r.truncated)
+    r = spawn({ argv = { 'head', '-c', '1001', '/dev/zero' }, max_output_bytes = 1000 })
+    assert.are.equal(1000, #r.stdout)
+    assert.is_true(r.truncated)
+  end)
+
+  it('feeds standard input larger than the pipe buffer', function()
+    local data = {}
+    for i = 1, 4 * 1024 * 16 do data[i] = string.format('%015d\n', i) end
+    data = table.concat(data)   -- 4 MiB
+    local r = spawn({ argv = { 'cat' }, stdin = data, max_output_bytes = 8 * 1048576 })
+    assert.are.equal(#data, #r.stdout)
+    assert.are.equal(data, r.stdout)
+  end)
+
+  it('survives a command that never reads its large stdin', function()
+    local r = spawn({ argv = { 'true' }, stdin = string.rep('x', 4 * 1048576) })
+    assert.are.equal(0, r.exit_code)
+  end)
+
+  it('stops a command that ignores SIGTERM at its timeout', function()
+    local r = spawn({ argv = { 'sh', '-c', 'trap "" TERM; sleep 30' }, timeout_ms = 200, kill_grace_ms = 100 })
+    assert.is_true(r.timed_out)
+    assert.is_nil(r.exit_code)
+    assert.is_true(r.duration_ms < 10000)
+  end)
+
+  it('stops every process a timed-out command started, grandchildren and setsid included', function()
+    local r = spawn({
+      argv = { 'sh', '-c', '(sleep 4711 &); setsid sleep 4712 >/dev/null 2>&1 </dev/null & sleep 4713 & sleep 4714' },
+      timeout_ms = 300,
+    })
+    assert.is_true(r.timed_out)
+    for _, n in ipairs({ '4711', '4712', '4713', '4714' }) do
+      assert.is_true(util.eventually(function() return #util.procs_matching('sleep ' .. n) == 0 end),
+        'sleep ' .. n .. ' outlived the timeout')
+    end
+  end)
+
+  it('lets a setsid process outlive a command that ended normally', function()
+    local r = spawn({ argv = { 'sh', '-c', 'setsid sleep 4721 >/dev/null 2>&1 </dev/null & echo done' } })
+    assert.are.equal(0, r.exit_code)
+    assert.are.equal('done\n', r.stdout)
+    assert.is_true(util.eventually(function() return #util.procs_matching('sleep 4721') == 1 end))
+    util.kill_matching('sleep 4721')
+  end)
+
+  it('does not wait forever for a setsid process that keeps the output pipe', function()
+    local r = spawn({ argv = { 'sh', '-c', 'setsid sleep 4731 & echo hi' }, drain_ms = 50 })
+    assert.are.equal('hi\n', r.stdout)
+    util.kill_matching('sleep 4731')
+  end)
+
+  it('cancels a command and its tree, and mayura.process raises CANCELLED', function()
+    local token = mayura.cancel_token()
+    local uv = require('luv')
+    local timer = uv.new_timer()
+    timer:start(150, 0, function() timer:close(); token:cancel() end)
+    local err = raises_code('CANCELLED', process.run,
+      { 'sh', '-c', 'setsid sleep 4741 >/dev/null 2>&1 </dev/null & sleep 4742' }, { signal = token })
+    assert.matches('cancelled', err.message)
+    assert.is_true(util.eventually(function()
+      return #util.procs_matching('sleep 4741') == 0 and #util.procs_matching('sleep 4742') == 0
+    end))
+  end)
+
+  it('cancel after the end does nothing', function()
+    local proc
+    local r = util.wait(function(done) proc = core.spawn({ argv = { 'true' } }, done) end)
+    assert.are.equal(0, r.exit_code)
+    assert.is_false(proc:cancel())
+    assert.is_false(proc:running())
+  end)
+
+  it('runs 200 processes at once on one loop', function()
+    local results, pending = {}, 200
+    for i = 1, 200 do
+      assert(core.spawn({ argv = { 'sh', '-c', 'echo $0', tostring(i) } }, function(r)
+        results[i] = r.stdout
+        pending = pending - 1
+      end))
+    end
+    while pending > 0 do core.run_once() end
+    for i = 1, 200 do assert.are.equal(i .. '\n', results[i]) end
+  end)
+
+  it('keeps going when a callback raises', function()
+    local stderr = io.stderr
+    util.wait(function(done)
+      core.spawn({ argv = { 'true' } }, function() done(); error('callback failure on purpose') end)
+    end)
+    local r = spawn({ argv = { 'echo', 'still here' } })
+    assert.are.equal('still here\n', r.stdout)
+    assert.are.equal(stderr, io.stderr)
+  end)
+end)

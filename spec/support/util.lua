@@ -1,0 +1,77 @@
+--- Helpers shared by the specs: waiting on callbacks, finding processes, temp dirs.
+local core = require('mayura.core')
+
+local M = {}
+
+--- Waits for a callback-style call: `start(done)`; returns what `done` got.
+function M.wait(start)
+  local done, a, b = false, nil, nil
+  start(function(x, y)
+    done = true
+    a, b = x, y
+  end)
+  while not done do core.run_once() end
+  return a, b
+end
+
+--- The pids of live (not zombie) processes whose command line contains `needle`.
+function M.procs_matching(needle)
+  local found = {}
+  local ls = io.popen('ls /proc')
+  for name in ls:lines() do
+    if name:match('^%d+$') then
+      local f = io.open('/proc/' .. name .. '/cmdline', 'rb')
+      if f then
+        local cmd = (f:read('a') or ''):gsub('%z', ' ')
+        f:close()
+        local st = io.open('/proc/' .. name .. '/stat', 'r')
+        local stat = st and st:read('a') or ''
+        if st then st:close() end
+        local state = stat:match('%) (%a)')
+        if cmd:find(needle, 1, true) and state ~= 'Z' then table.insert(found, tonumber(name)) end
+      end
+    end
+  end
+  ls:close()
+  return found
+end
+
+--- Kills every process whose command line contains `needle`.
+function M.kill_matching(needle)
+  for _, pid in ipairs(M.procs_matching(needle)) do os.execute('kill -9 ' .. pid .. ' 2>/dev/null') end
+end
+
+--- The resident set size of this process, in KiB.
+function M.rss_kib()
+  local f = assert(io.open('/proc/self/status'))
+  local s = f:read('a')
+  f:close()
+  return tonumber(s:match('VmRSS:%s*(%d+)'))
+end
+
+--- A fresh temporary directory; remove it with M.rmdir.
+function M.tmpdir()
+  local p = io.popen('mktemp -d /tmp/mayura-spec-XXXXXX')
+  local dir = p:read('l')
+  p:close()
+  return dir
+end
+
+function M.rmdir(dir)
+  assert(dir:match('^/tmp/mayura%-spec%-'))
+  os.execute("rm -rf '" .. dir .. "'")
+end
+
+--- Polls `pred()` up to `ms` milliseconds while running the loop; returns its last value.
+function M.eventually(pred, ms)
+  local uv = require('luv')
+  local deadline = uv.hrtime() / 1e6 + (ms or 2000)
+  local v = pred()
+  while not v and uv.hrtime() / 1e6 < deadline do
+    os.execute('sleep 0.02')
+    v = pred()
+  end
+  return v
+end
+
+return M
