@@ -13,7 +13,7 @@ PKG_CONFIG ?= pkg-config
 PREFIX     ?= /usr/local
 LUADIR     ?= $(PREFIX)/share/lua/5.4
 LIBDIR     ?= $(PREFIX)/lib/lua/5.4
-BUSTED     ?= $(LUA) /usr/bin/busted
+BUSTED     ?= $(LUA) spec/runner.lua
 
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
@@ -56,6 +56,7 @@ $(ASAN_SO): $(CORE_DEP)
 # Installs the Debian packages the project needs when any is missing; does nothing otherwise.
 setup:
 	@sh scripts/setup.sh
+	@sh scripts/docker-setup.sh
 
 test: setup
 	@$(MAKE) --no-print-directory all
@@ -82,6 +83,9 @@ lint:
 
 bench: all
 	$(HOST) bench/core.lua
+	$(HOST) bench/sandbox.lua
+	$(HOST) bench/runtime.lua
+	$(HOST) bench/docker.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
@@ -90,6 +94,8 @@ install: all
 	cp -R tools/mayura/. $(DESTDIR)$(LUADIR)/mayura/
 	install -m 755 $(SO) $(DESTDIR)$(LIBDIR)/mayura/core.so
 	install -m 755 $(HOST) $(DESTDIR)$(PREFIX)/bin/mayura
+	install -d $(DESTDIR)$(PREFIX)/lib/mayura
+	install -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent
 
 clean:
 	rm -rf build

@@ -1,2 +1,1695 @@
-/* agent.c: the in-sandbox agent; written next. */
-int main(void) { return 0; }
+/*
+** agent.c: mayura-agent, the in-sandbox agent.
+**
+** A small static program put in every sandbox as its PID 1. It serves
+** exec and file operations to the host over a unix stream socket, framed
+** as in core/wire.h: a command costs a fork+exec and a socket round trip,
+** file operations run in the sandbox's own mount view, a command's whole
+** tree is stopped reliably, and the sandbox ends at its lifetime when the
+** agent exits (PID 1 of a pid namespace takes everything with it).
+**
+**   mayura-agent (--fd N | --listen PATH) --lifetime-ms MS [--workdir DIR]
+**
+** One thread, one poll(2) loop, SIGCHLD through a signalfd; every socket
+** and pipe non-blocking. File operations run synchronously in the loop:
+** they are short, and nothing in them waits on another process.
+*/
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/wire.h"
+
+#define AGENT_VERSION "1"
+#define TAG_VAR "MAYURA_EXEC"
+#define READ_CHUNK 65536
+#define MAX_PASSES 64
+#define DEFAULT_MAX_OUTPUT (1u << 20)
+#define MAX_OUTPUT_LIMIT ((int64_t)WIRE_MAX_FRAME / 2 - 65536)
+#define MAX_MS ((int64_t)1 << 40)
+#define BASE_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+extern char **environ;
+
+/* {======================================================
+** State
+** =======================================================*/
+
+typedef struct outq {
+    struct outq *next;
+    unsigned char *data;
+    size_t len, off;
+} outq;
+
+typedef struct conn {
+    struct conn *next;
+    int fd;
+    int dead;                 /* closed; freed at the end of the loop turn */
+    int pidx;                 /* its slot in this turn's pollfd array, or -1 */
+    unsigned char *in;        /* bytes of the frame(s) being received */
+    size_t in_len, in_size;
+    outq *head, *tail;
+} conn;
+
+typedef struct stream {
+    int fd;                   /* -1 once closed */
+    unsigned char *data;
+    size_t len, size, cap;
+    int truncated;
+} stream;
+
+enum { K_NONE, K_GRACE, K_KILLED, K_DRAIN };
+
+typedef struct exec {
+    struct exec *next;
+    conn *c;                  /* NULL once its connection closed: no reply then */
+    uint32_t id;
+    pid_t pid;
+    char tag[80];             /* value of MAYURA_EXEC */
+    stream out, err;
+    int in_fd;
+    unsigned char *in_data;
+    size_t in_len, in_off;
+    int exited, status;
+    int timed_out, cancelled, killing;
+    int64_t started, ended;   /* ms, CLOCK_MONOTONIC */
+    int64_t deadline;         /* ms, 0 = none: timeout, grace or drain by `killing` */
+    int64_t grace_ms, drain_ms;
+    int pi_out, pi_err, pi_in; /* slots in this turn's pollfd array, or -1 */
+} exec;
+
+static conn *conns;
+static exec *execs;
+static int listen_fd = -1;
+static int sig_fd = -1;
+static char *workdir;
+static char **setup_env;      /* "NAME=value" strings from setup */
+static size_t setup_n;
+static int64_t lifetime_end;
+static int fd_mode;           /* serving one connection: its end ends the agent */
+static int shutting_down;
+static char tag_prefix[48];   /* unique to this agent: every tag starts with it */
+static unsigned long tag_counter;
+static unsigned char scratch[READ_CHUNK];
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void set_nonblock(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static const struct { int e; const char *name; } errno_names[] = {
+    {EPERM, "EPERM"}, {ENOENT, "ENOENT"}, {ESRCH, "ESRCH"}, {EINTR, "EINTR"}, {EIO, "EIO"},
+    {ENXIO, "ENXIO"}, {E2BIG, "E2BIG"}, {ENOEXEC, "ENOEXEC"}, {EBADF, "EBADF"},
+    {ECHILD, "ECHILD"}, {EAGAIN, "EAGAIN"}, {ENOMEM, "ENOMEM"}, {EACCES, "EACCES"},
+    {EFAULT, "EFAULT"}, {EBUSY, "EBUSY"}, {EEXIST, "EEXIST"}, {EXDEV, "EXDEV"},
+    {ENODEV, "ENODEV"}, {ENOTDIR, "ENOTDIR"}, {EISDIR, "EISDIR"}, {EINVAL, "EINVAL"},
+    {ENFILE, "ENFILE"}, {EMFILE, "EMFILE"}, {ETXTBSY, "ETXTBSY"}, {EFBIG, "EFBIG"},
+    {ENOSPC, "ENOSPC"}, {ESPIPE, "ESPIPE"}, {EROFS, "EROFS"}, {EMLINK, "EMLINK"},
+    {EPIPE, "EPIPE"}, {ENAMETOOLONG, "ENAMETOOLONG"}, {ENOTEMPTY, "ENOTEMPTY"},
+    {ELOOP, "ELOOP"}, {EOVERFLOW, "EOVERFLOW"}, {EDQUOT, "EDQUOT"}, {ESTALE, "ESTALE"},
+    {EOPNOTSUPP, "EOPNOTSUPP"}, {ENOSYS, "ENOSYS"}, {EILSEQ, "EILSEQ"},
+};
+
+static const char *errno_name(int e) {
+    size_t i;
+    for (i = 0; i < sizeof errno_names / sizeof errno_names[0]; i++)
+        if (errno_names[i].e == e) return errno_names[i].name;
+    return "EIO";
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Connections: output queue and replies
+** =======================================================*/
+
+static void conn_close(conn *c);
+
+/* Writes what the socket takes now; closes the connection on an error. */
+static void conn_flush(conn *c) {
+    while (c->head != NULL && !c->dead) {
+        outq *q = c->head;
+        ssize_t n = write(c->fd, q->data + q->off, q->len - q->off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            conn_close(c);
+            return;
+        }
+        q->off += (size_t)n;
+        if (q->off == q->len) {
+            c->head = q->next;
+            if (c->head == NULL) c->tail = NULL;
+            free(q->data);
+            free(q);
+        }
+    }
+}
+
+/* Queues a built frame (takes b->data) and tries to send it at once. */
+static void conn_send(conn *c, wire_buf *b) {
+    outq *q;
+    if (c == NULL || c->dead || wire_end(b) != 0) { free(b->data); b->data = NULL; return; }
+    q = (outq *)calloc(1, sizeof *q);
+    if (q == NULL) { free(b->data); b->data = NULL; conn_close(c); return; }
+    q->data = b->data;
+    q->len = b->len;
+    b->data = NULL;
+    if (c->tail != NULL) c->tail->next = q;
+    else c->head = q;
+    c->tail = q;
+    conn_flush(c);
+}
+
+static void reply_error(conn *c, uint32_t id, const char *code, const char *fmt, ...) {
+    wire_buf b = {0};
+    char msg[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    wire_begin(&b, id);
+    wire_add_str(&b, "error", code);
+    wire_add_str(&b, "message", msg);
+    conn_send(c, &b);
+}
+
+static void reply_errno(conn *c, uint32_t id, int e, const char *what) {
+    reply_error(c, id, errno_name(e), "%s: %s", what, strerror(e));
+}
+
+/* Sends a built reply, or 'too_large' when it could not be built (past the frame limit, or no memory). */
+static void reply_send(conn *c, uint32_t id, wire_buf *b) {
+    if (wire_end(b) != 0) {
+        free(b->data);
+        b->data = NULL;
+        reply_error(c, id, "too_large", "the reply does not fit in a frame");
+        return;
+    }
+    conn_send(c, b);
+}
+
+static void reply_ok(conn *c, uint32_t id, const char *key) {
+    wire_buf b = {0};
+    wire_begin(&b, id);
+    wire_add_bool(&b, key, 1);
+    conn_send(c, &b);
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Killing a tree (the same semantics as core/proc.c on the host)
+** =======================================================*/
+
+/* Whether /proc/<pid>/environ holds needle ("\0NAME=value" plus "\0" or "."), read in pieces. */
+static int environ_has(pid_t pid, const char *needle, size_t nlen) {
+    char path[64], buf[16384];
+    size_t have = 1;
+    int fd, found = 0;
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    buf[0] = '\0';   /* so that the first variable matches "\0NAME=" too */
+    for (;;) {
+        ssize_t n = read(fd, buf + have, sizeof buf - have);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        have += (size_t)n;
+        if (memmem(buf, have, needle, nlen) != NULL) { found = 1; break; }
+        /* keep a tail so that a match split across two reads is seen */
+        if (have >= nlen) {
+            memmove(buf, buf + have - (nlen - 1), nlen - 1);
+            have = nlen - 1;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+static int is_zombie(pid_t pid) {
+    char path[64], buf[512], *rp;
+    int fd;
+    ssize_t n;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    buf[n] = '\0';
+    rp = strrchr(buf, ')');
+    return rp == NULL || rp[1] == '\0' || rp[2] == 'Z';
+}
+
+/* Signals every live process whose environment holds needle; returns how many. */
+static int signal_tagged(const char *needle, size_t nlen, int sig) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    pid_t self = getpid();
+    int hits = 0;
+    if (d == NULL) return 0;
+    while ((e = readdir(d)) != NULL) {
+        char *end;
+        long v;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        v = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || v <= 0 || (pid_t)v == self) continue;
+        if (!environ_has((pid_t)v, needle, nlen) || is_zombie((pid_t)v)) continue;
+        kill((pid_t)v, sig);
+        hits++;
+    }
+    closedir(d);
+    return hits;
+}
+
+/* The group and every process carrying the exec's tag. */
+static int signal_tree(exec *x, int sig) {
+    char needle[128];
+    size_t nlen;
+    if (x->pid > 0) {
+        kill(-x->pid, sig);
+        /* before its setsid the child is not a group leader yet: reach it by pid too */
+        if (!x->exited) kill(x->pid, sig);
+    }
+    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s", TAG_VAR, x->tag) + 2;
+    needle[0] = '\0';
+    return signal_tagged(needle, nlen, sig);
+}
+
+/* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
+static void kill_tree(exec *x) {
+    int pass;
+    for (pass = 0; pass < MAX_PASSES; pass++)
+        if (signal_tree(x, SIGKILL) == 0) break;
+}
+
+/* Before exiting: every tree, and every process still carrying any tag of this agent. */
+static void kill_everything(void) {
+    char needle[96];
+    size_t nlen;
+    exec *x;
+    int pass;
+    for (x = execs; x != NULL; x = x->next) {
+        if (x->pid > 0) kill(-x->pid, SIGKILL);
+        if (x->pid > 0 && !x->exited) kill(x->pid, SIGKILL);
+    }
+    /* "\0MAYURA_EXEC=<prefix>.": also processes that outlived a command's normal end */
+    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s.", TAG_VAR, tag_prefix) + 1;
+    needle[0] = '\0';
+    for (pass = 0; pass < MAX_PASSES; pass++)
+        if (signal_tagged(needle, nlen, SIGKILL) == 0) break;
+}
+
+static void agent_exit(void) {
+    kill_everything();
+    if (listen_fd >= 0) close(listen_fd);
+    exit(0);
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Exec
+** =======================================================*/
+
+static void stream_close(stream *s) {
+    if (s->fd >= 0) { close(s->fd); s->fd = -1; }
+}
+
+static void stdin_close(exec *x) {
+    if (x->in_fd >= 0) { close(x->in_fd); x->in_fd = -1; }
+    free(x->in_data);
+    x->in_data = NULL;
+}
+
+/* Reads what the pipe has now; keeps up to the cap and drops the rest. */
+static void stream_read(stream *s) {
+    while (s->fd >= 0) {
+        ssize_t n;
+        if (s->len < s->cap) {
+            size_t want = s->len + READ_CHUNK < s->cap ? s->len + READ_CHUNK : s->cap;
+            if (want > s->size) {
+                size_t ns = s->size ? s->size : 16384;
+                unsigned char *nd;
+                while (ns < want) ns *= 2;
+                if (ns > s->cap) ns = s->cap;
+                nd = (unsigned char *)realloc(s->data, ns);
+                if (nd == NULL) { s->cap = s->len; continue; }   /* keep what we have */
+                s->data = nd;
+                s->size = ns;
+            }
+            n = read(s->fd, s->data + s->len, s->size - s->len);
+            if (n > 0) s->len += (size_t)n;
+        } else {
+            n = read(s->fd, scratch, sizeof scratch);
+            if (n > 0) s->truncated = 1;
+        }
+        if (n == 0) { stream_close(s); return; }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) stream_close(s);
+            return;
+        }
+    }
+}
+
+static void stdin_write(exec *x) {
+    while (x->in_fd >= 0 && x->in_off < x->in_len) {
+        ssize_t n = write(x->in_fd, x->in_data + x->in_off, x->in_len - x->in_off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            break;   /* EPIPE: the command stopped reading */
+        }
+        x->in_off += (size_t)n;
+    }
+    stdin_close(x);
+}
+
+static void exec_begin_kill(exec *x, int64_t now) {
+    if (x->exited) return;
+    if (x->grace_ms > 0 && x->killing == K_NONE) {
+        signal_tree(x, SIGTERM);
+        x->killing = K_GRACE;
+        x->deadline = now + x->grace_ms;
+        return;
+    }
+    x->killing = K_KILLED;
+    x->deadline = 0;
+    kill_tree(x);
+}
+
+/*
+** What a command leaves in its process group after a normal end is killed
+** SETTLE_MS later, not at once: a child that is about to move to a session
+** of its own (`setsid server &`) may not have done so yet when the command
+** returns, and must not be caught in between. A fork that fails for want of
+** processes kills the waiting groups at once.
+*/
+#define SETTLE_MS 500
+#define MAX_LEFTOVERS 256
+
+static struct { pid_t pgid; int64_t at; } leftovers[MAX_LEFTOVERS];
+static int nleftovers = 0;
+
+/* Kills the groups whose time has come (all of them with until = INT64_MAX). */
+static void leftovers_run(int64_t until) {
+    int i, j = 0;
+    for (i = 0; i < nleftovers; i++) {
+        if (leftovers[i].at <= until) kill(-leftovers[i].pgid, SIGKILL);
+        else leftovers[j++] = leftovers[i];
+    }
+    nleftovers = j;
+}
+
+static void leftovers_add(pid_t pgid, int64_t now) {
+    if (nleftovers == MAX_LEFTOVERS) {   /* full: the oldest goes now */
+        kill(-leftovers[0].pgid, SIGKILL);
+        memmove(leftovers, leftovers + 1, (MAX_LEFTOVERS - 1) * sizeof leftovers[0]);
+        nleftovers--;
+    }
+    leftovers[nleftovers].pgid = pgid;
+    leftovers[nleftovers].at = now + SETTLE_MS;
+    nleftovers++;
+}
+
+/* The command's own process ended (reaped). */
+static void exec_exited(exec *x, int status, int64_t now) {
+    x->exited = 1;
+    x->status = status;
+    x->ended = now;
+    /* a timeout or cancel ends all it started; what is left of its group ends a little later */
+    if (x->timed_out || x->cancelled) kill_tree(x);
+    else leftovers_add(x->pid, now);
+    stream_read(&x->out);
+    stream_read(&x->err);
+    x->deadline = 0;
+    if (x->out.fd >= 0 || x->err.fd >= 0) {
+        /* a process that left the group may still hold the pipes: wait a little, then stop */
+        if (x->drain_ms > 0) {
+            x->killing = K_DRAIN;
+            x->deadline = now + x->drain_ms;
+        } else {
+            stream_close(&x->out);
+            stream_close(&x->err);
+        }
+    }
+}
+
+static void exec_free(exec *x) {
+    exec **pp;
+    for (pp = &execs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == x) { *pp = x->next; break; }
+    stream_close(&x->out);
+    stream_close(&x->err);
+    stdin_close(x);
+    free(x->out.data);
+    free(x->err.data);
+    free(x);
+}
+
+static void exec_reply(exec *x) {
+    wire_buf b = {0};
+    if (x->c == NULL) return;
+    wire_begin(&b, x->id);
+    if (!x->timed_out && !x->cancelled && WIFEXITED(x->status))
+        wire_add_int(&b, "exit_code", WEXITSTATUS(x->status));
+    if (WIFSIGNALED(x->status)) wire_add_int(&b, "signal", WTERMSIG(x->status));
+    wire_add_bytes(&b, "stdout", x->out.data, x->out.len);
+    wire_add_bytes(&b, "stderr", x->err.data, x->err.len);
+    wire_add_bool(&b, "stdout_truncated", x->out.truncated);
+    wire_add_bool(&b, "stderr_truncated", x->err.truncated);
+    wire_add_bool(&b, "timed_out", x->timed_out);
+    wire_add_bool(&b, "cancelled", x->cancelled);
+    wire_add_int(&b, "duration_ms", x->ended - x->started);
+    reply_send(x->c, x->id, &b);
+}
+
+/* Replies and frees every exec that is over: exited and both pipes done. */
+static void exec_sweep(void) {
+    exec *x = execs, *next;
+    for (; x != NULL; x = next) {
+        next = x->next;
+        if (!x->exited || x->out.fd >= 0 || x->err.fd >= 0) continue;
+        exec_reply(x);
+        exec_free(x);
+    }
+}
+
+static void exec_timer(exec *x, int64_t now) {
+    if (x->deadline == 0 || now < x->deadline) return;
+    x->deadline = 0;
+    switch (x->killing) {
+    case K_DRAIN:
+        stream_read(&x->out);
+        stream_read(&x->err);
+        stream_close(&x->out);
+        stream_close(&x->err);
+        break;
+    case K_GRACE:
+        x->killing = K_KILLED;
+        kill_tree(x);
+        break;
+    default:
+        x->timed_out = 1;
+        exec_begin_kill(x, now);
+        break;
+    }
+}
+
+/* Reaps every child that ended: the commands, and when PID 1 every orphan too. */
+static void reap(void) {
+    struct signalfd_siginfo si;
+    int64_t now = now_ms();
+    while (read(sig_fd, &si, sizeof si) > 0) {}
+    for (;;) {
+        int status;
+        exec *x;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        for (x = execs; x != NULL; x = x->next)
+            if (x->pid == pid && !x->exited) { exec_exited(x, status, now); break; }
+    }
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Request fields
+** =======================================================*/
+
+/* Missing fields give def; a field of the wrong type is refused. Return 0 or -1. */
+static int field_bytes(const wire_msg *m, const char *key, const unsigned char **p, size_t *len) {
+    const wire_field *f = wire_find(m, key);
+    if (f == NULL) return 0;
+    if (f->type != WIRE_BYTES) return -1;
+    *p = f->val;
+    *len = f->len;
+    return 0;
+}
+
+static int field_int(const wire_msg *m, const char *key, int64_t *v, int64_t lo, int64_t hi) {
+    const wire_field *f = wire_find(m, key);
+    int64_t x;
+    if (f == NULL) return 0;
+    if (f->type != WIRE_INT) return -1;
+    x = wire_get_i64(f->val);
+    if (x < lo || x > hi) return -1;
+    *v = x;
+    return 0;
+}
+
+static int field_bool(const wire_msg *m, const char *key, int *v) {
+    const wire_field *f = wire_find(m, key);
+    if (f == NULL) return 0;
+    if (f->type != WIRE_BOOL) return -1;
+    *v = f->val[0];
+    return 0;
+}
+
+/* A NUL-free copy of bytes, or NULL (no memory, or a NUL inside). */
+static char *dup_cstr(const unsigned char *p, size_t len) {
+    char *s;
+    if (memchr(p, '\0', len) != NULL) return NULL;
+    s = (char *)malloc(len + 1);
+    if (s == NULL) return NULL;
+    memcpy(s, p, len);
+    s[len] = '\0';
+    return s;
+}
+
+/*
+** A request path as a C string: relative paths are relative to the workdir,
+** "" is the workdir itself. Returns NULL with *err set: EINVAL for a NUL
+** inside, ENAMETOOLONG, ENOMEM.
+*/
+static char *request_path(const unsigned char *p, size_t len, int *err) {
+    size_t wl = strlen(workdir);
+    char *s;
+    if (memchr(p, '\0', len) != NULL) { *err = EINVAL; return NULL; }
+    if (len > 0 && p[0] == '/') {
+        if (len >= PATH_MAX) { *err = ENAMETOOLONG; return NULL; }
+        s = dup_cstr(p, len);
+    } else {
+        if (wl + 1 + len >= PATH_MAX) { *err = ENAMETOOLONG; return NULL; }
+        s = (char *)malloc(wl + len + 2);
+        if (s != NULL) {
+            memcpy(s, workdir, wl);
+            s[wl] = '/';
+            memcpy(s + wl + 1, p, len);
+            s[wl + 1 + len] = '\0';
+        }
+    }
+    if (s == NULL) *err = ENOMEM;
+    return s;
+}
+
+/* The "path" field, resolved; on failure the reply is sent and NULL returned. */
+static char *path_field(conn *c, const wire_msg *m) {
+    const wire_field *f = wire_find(m, "path");
+    char *s;
+    int e = 0;
+    if (f == NULL || f->type != WIRE_BYTES) {
+        reply_error(c, m->id, "invalid", "field 'path' is missing or not bytes");
+        return NULL;
+    }
+    s = request_path(f->val, f->len, &e);
+    if (s == NULL) {
+        if (e == EINVAL) reply_error(c, m->id, "invalid", "field 'path' contains a NUL byte");
+        else reply_errno(c, m->id, e, "path");
+    }
+    return s;
+}
+
+/* {------------------------------------------------------
+** Environments: a list of "NAME=value" where a later name replaces an earlier one
+** -------------------------------------------------------*/
+
+typedef struct envlist {
+    char **v;
+    size_t n, cap;
+} envlist;
+
+static void env_free(envlist *e) {
+    size_t i;
+    for (i = 0; i < e->n; i++) free(e->v[i]);
+    free(e->v);
+    e->v = NULL;
+    e->n = e->cap = 0;
+}
+
+/* Adds (takes) s; returns 0 or -1 when out of memory (s is freed then). */
+static int env_put(envlist *e, char *s) {
+    size_t i, nl = (size_t)(strchr(s, '=') - s);
+    for (i = 0; i < e->n; i++)
+        if (strncmp(e->v[i], s, nl + 1) == 0) { free(e->v[i]); e->v[i] = s; return 0; }
+    if (e->n + 2 > e->cap) {
+        size_t nc = e->cap ? e->cap * 2 : 16;
+        char **nv = (char **)realloc(e->v, nc * sizeof *nv);
+        if (nv == NULL) { free(s); return -1; }
+        e->v = nv;
+        e->cap = nc;
+    }
+    e->v[e->n++] = s;
+    e->v[e->n] = NULL;
+    return 0;
+}
+
+static int env_put_str(envlist *e, const char *s) {
+    char *d = strdup(s);
+    if (d == NULL) return -1;
+    return env_put(e, d);
+}
+
+/*
+** Adds the pairs of a WIRE_MAP field. Returns 0, -1 when a name or value
+** is not valid (empty name, '=' in a name, NUL anywhere), -2 out of memory.
+** The tag variable cannot be set this way.
+*/
+static int env_put_map(envlist *e, const wire_field *f) {
+    size_t off = 0, kl, vl;
+    const unsigned char *k, *v;
+    while (wire_next_item(f, &off, &k, &kl)) {
+        char *s;
+        if (!wire_next_item(f, &off, &v, &vl)) return -1;
+        if (kl == 0 || memchr(k, '=', kl) != NULL || memchr(k, '\0', kl) != NULL ||
+            memchr(v, '\0', vl) != NULL)
+            return -1;
+        if (kl == sizeof TAG_VAR - 1 && memcmp(k, TAG_VAR, kl) == 0) continue;
+        s = (char *)malloc(kl + vl + 2);
+        if (s == NULL) return -2;
+        memcpy(s, k, kl);
+        s[kl] = '=';
+        memcpy(s + kl + 1, v, vl);
+        s[kl + 1 + vl] = '\0';
+        if (env_put(e, s) != 0) return -2;
+    }
+    return 0;
+}
+
+/* }------------------------------------------------------ */
+
+/* }====================================================== */
+
+/* {======================================================
+** Requests
+** =======================================================*/
+
+static void op_hello(conn *c, const wire_msg *m) {
+    wire_buf b = {0};
+    wire_begin(&b, m->id);
+    wire_add_str(&b, "version", AGENT_VERSION);
+    wire_add_int(&b, "pid", getpid());
+    wire_add_int(&b, "uid", getuid());
+    conn_send(c, &b);
+}
+
+static void op_setup(conn *c, const wire_msg *m) {
+    const wire_field *fe = wire_find(m, "env");
+    const wire_field *fw = wire_find(m, "workdir");
+    envlist e = {0};
+    char *wd = NULL;
+    size_t i;
+    int rc;
+    if (fe != NULL && fe->type != WIRE_MAP) {
+        reply_error(c, m->id, "invalid", "field 'env' must be a map");
+        return;
+    }
+    if (fw != NULL) {
+        int err = 0;
+        if (fw->type != WIRE_BYTES || fw->len == 0) {
+            reply_error(c, m->id, "invalid", "field 'workdir' must be non-empty bytes");
+            return;
+        }
+        wd = request_path(fw->val, fw->len, &err);
+        if (wd == NULL) {
+            if (err == EINVAL) reply_error(c, m->id, "invalid", "field 'workdir' contains a NUL byte");
+            else reply_errno(c, m->id, err, "workdir");
+            return;
+        }
+    }
+    for (i = 0; i < setup_n; i++)
+        if (env_put_str(&e, setup_env[i]) != 0) goto nomem;
+    if (fe != NULL) {
+        rc = env_put_map(&e, fe);
+        if (rc == -1) {
+            env_free(&e);
+            free(wd);
+            reply_error(c, m->id, "invalid", "field 'env' has a name or value that is not valid");
+            return;
+        }
+        if (rc != 0) goto nomem;
+    }
+    for (i = 0; i < setup_n; i++) free(setup_env[i]);
+    free(setup_env);
+    setup_env = e.v;
+    setup_n = e.n;
+    if (wd != NULL) {
+        free(workdir);
+        workdir = wd;
+        if (chdir(workdir) != 0) { /* it may be made later; commands chdir for themselves */ }
+    }
+    reply_ok(c, m->id, "ok");
+    return;
+nomem:
+    env_free(&e);
+    free(wd);
+    reply_errno(c, m->id, ENOMEM, "setup");
+}
+
+/* The child between fork and exec: never returns. */
+static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd) {
+    sigset_t none;
+    int sig;
+    char msg[512];
+    int e, n;
+    setsid();
+    /* the launcher may shield the agent from the OOM killer; its commands get no such shield */
+    {
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            if (write(fd, "0\n", 2) < 0) {}
+            close(fd);
+        }
+    }
+    for (sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (in_fd < 0) {
+        in_fd = open("/dev/null", O_RDONLY);
+        if (in_fd < 0) {
+            int p[2];   /* no /dev/null in the image: an empty pipe reads as EOF too */
+            if (pipe(p) == 0) { close(p[1]); in_fd = p[0]; }
+        }
+    }
+    /* move the sources above 2 first, so that one dup2 cannot clobber another's source */
+    if (in_fd >= 0 && in_fd < 3) in_fd = fcntl(in_fd, F_DUPFD, 3);
+    if (out_fd < 3) out_fd = fcntl(out_fd, F_DUPFD, 3);
+    if (err_fd < 3) err_fd = fcntl(err_fd, F_DUPFD, 3);
+    if (in_fd >= 0) dup2(in_fd, 0);
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    if (chdir(cwd) != 0) {
+        e = errno;
+        n = snprintf(msg, sizeof msg, "mayura-agent: %s: %s\n", cwd, strerror(e));
+        if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {}
+        _exit(126);
+    }
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
+        int fd, maxfd = (int)sysconf(_SC_OPEN_MAX);
+        if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
+        for (fd = 3; fd < maxfd; fd++) close(fd);
+    }
+    /* execvpe looks PATH up in the caller's environment: make it the command's */
+    environ = envp;
+    execvpe(argv[0], argv, envp);
+    e = errno;
+    n = snprintf(msg, sizeof msg, "mayura-agent: %s: %s\n", argv[0], strerror(e));
+    if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {}
+    _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
+}
+
+static void op_exec(conn *c, const wire_msg *m) {
+    const wire_field *fa = wire_find(m, "argv");
+    const wire_field *fe = wire_find(m, "env");
+    const unsigned char *cwdp = NULL, *inp = NULL;
+    size_t cwdl = 0, inl = 0, argc = 0, off = 0, i, il;
+    const unsigned char *item;
+    int64_t timeout = 0, max_out = DEFAULT_MAX_OUTPUT, grace = 0, drain = 100;
+    char **argv = NULL, *cwd = NULL, home[PATH_MAX + 8];
+    envlist env = {0};
+    int has_stdin, po[2] = {-1, -1}, pe[2] = {-1, -1}, pi[2] = {-1, -1}, rc;
+    struct stat st;
+    exec *x = NULL;
+    pid_t pid;
+
+    if (fa == NULL || fa->type != WIRE_STRS) {
+        reply_error(c, m->id, "invalid", "field 'argv' is missing or not a list of strings");
+        return;
+    }
+    while (wire_next_item(fa, &off, &item, &il)) {
+        if (memchr(item, '\0', il) != NULL || (argc == 0 && il == 0)) {
+            reply_error(c, m->id, "invalid", "field 'argv' has an empty program or a NUL byte");
+            return;
+        }
+        argc++;
+    }
+    if (argc == 0) { reply_error(c, m->id, "invalid", "field 'argv' is empty"); return; }
+    if (field_bytes(m, "cwd", &cwdp, &cwdl) != 0) { reply_error(c, m->id, "invalid", "field 'cwd' must be bytes"); return; }
+    has_stdin = wire_find(m, "stdin") != NULL;
+    if (field_bytes(m, "stdin", &inp, &inl) != 0) { reply_error(c, m->id, "invalid", "field 'stdin' must be bytes"); return; }
+    if (field_int(m, "timeout_ms", &timeout, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'timeout_ms' must be an int from 0"); return; }
+    if (field_int(m, "max_output_bytes", &max_out, 0, MAX_OUTPUT_LIMIT) != 0) { reply_error(c, m->id, "invalid", "field 'max_output_bytes' is out of range"); return; }
+    if (field_int(m, "kill_grace_ms", &grace, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'kill_grace_ms' must be an int from 0"); return; }
+    if (field_int(m, "drain_ms", &drain, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'drain_ms' must be an int from 0"); return; }
+    if (fe != NULL && fe->type != WIRE_MAP) { reply_error(c, m->id, "invalid", "field 'env' must be a map"); return; }
+
+    /* the cwd must be a directory before anything runs */
+    if (cwdp != NULL && cwdl > 0) {
+        int err = 0;
+        cwd = request_path(cwdp, cwdl, &err);
+        if (cwd == NULL) {
+            if (err == EINVAL) reply_error(c, m->id, "invalid", "field 'cwd' contains a NUL byte");
+            else reply_errno(c, m->id, err, "cwd");
+            return;
+        }
+    } else if ((cwd = strdup(workdir)) == NULL) {
+        reply_errno(c, m->id, ENOMEM, "exec");
+        return;
+    }
+    if (stat(cwd, &st) != 0) { reply_errno(c, m->id, errno, "cwd"); goto done; }
+    if (!S_ISDIR(st.st_mode)) { reply_errno(c, m->id, ENOTDIR, "cwd"); goto done; }
+
+    x = (exec *)calloc(1, sizeof *x);
+    argv = (char **)calloc(argc + 1, sizeof *argv);
+    if (x == NULL || argv == NULL) goto nomem;
+    x->in_fd = x->out.fd = x->err.fd = -1;
+    x->pi_out = x->pi_err = x->pi_in = -1;
+    off = 0;
+    for (i = 0; wire_next_item(fa, &off, &item, &il); i++)
+        if ((argv[i] = dup_cstr(item, il)) == NULL) goto nomem;
+
+    /* base, then setup's, then the exec's (later wins), then the tag */
+    snprintf(x->tag, sizeof x->tag, "%s.%lu", tag_prefix, ++tag_counter);
+    snprintf(home, sizeof home, "HOME=%s", workdir);
+    if (env_put_str(&env, BASE_PATH) != 0 || env_put_str(&env, home) != 0 ||
+        env_put_str(&env, "LANG=C.UTF-8") != 0)
+        goto nomem;
+    for (i = 0; i < setup_n; i++)
+        if (env_put_str(&env, setup_env[i]) != 0) goto nomem;
+    if (fe != NULL) {
+        rc = env_put_map(&env, fe);
+        if (rc == -1) { reply_error(c, m->id, "invalid", "field 'env' has a name or value that is not valid"); goto done; }
+        if (rc != 0) goto nomem;
+    }
+    {
+        char tagvar[128];
+        snprintf(tagvar, sizeof tagvar, "%s=%s", TAG_VAR, x->tag);
+        if (env_put_str(&env, tagvar) != 0) goto nomem;
+    }
+    if (has_stdin && inl > 0) {
+        x->in_data = (unsigned char *)malloc(inl);
+        if (x->in_data == NULL) goto nomem;
+        memcpy(x->in_data, inp, inl);
+        x->in_len = inl;
+    }
+
+    /* the agent's ends are close-on-exec and non-blocking; the child's get dup2'd to 0..2 */
+    if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0 || (has_stdin && pipe2(pi, O_CLOEXEC) != 0)) {
+        reply_errno(c, m->id, errno, "pipe");
+        goto done;
+    }
+    x->started = now_ms();
+    pid = fork();
+    if (pid < 0 && errno == EAGAIN && nleftovers > 0) {
+        /* out of processes: end what earlier commands left behind, then try once more */
+        leftovers_run(INT64_MAX);
+        reap();
+        pid = fork();
+    }
+    if (pid < 0) { reply_errno(c, m->id, errno, "fork"); goto done; }
+    if (pid == 0) child_run(argv, env.v, cwd, pi[0], po[1], pe[1]);
+
+    close(po[1]);
+    close(pe[1]);
+    if (pi[0] >= 0) close(pi[0]);
+    x->c = c;
+    x->id = m->id;
+    x->pid = pid;
+    x->out.fd = po[0];
+    x->err.fd = pe[0];
+    x->out.cap = x->err.cap = (size_t)max_out;
+    x->in_fd = pi[1];
+    set_nonblock(x->out.fd);
+    set_nonblock(x->err.fd);
+    if (x->in_fd >= 0) {
+        set_nonblock(x->in_fd);
+        stdin_write(x);
+    }
+    x->grace_ms = grace;
+    x->drain_ms = drain;
+    if (timeout > 0) x->deadline = x->started + timeout;
+    x->next = execs;
+    execs = x;
+    x = NULL;
+    po[0] = pe[0] = pi[1] = -1;
+    goto done;
+nomem:
+    reply_errno(c, m->id, ENOMEM, "exec");
+done:
+    if (po[0] >= 0) { close(po[0]); close(po[1]); }
+    if (pe[0] >= 0) { close(pe[0]); close(pe[1]); }
+    if (pi[1] >= 0) { close(pi[0]); close(pi[1]); }
+    if (x != NULL) { free(x->in_data); free(x); }
+    if (argv != NULL) {
+        for (i = 0; i < argc; i++) free(argv[i]);
+        free(argv);
+    }
+    env_free(&env);
+    free(cwd);
+}
+
+static void op_cancel(conn *c, const wire_msg *m) {
+    int64_t target = -1;
+    exec *x;
+    if (wire_find(m, "target") == NULL || field_int(m, "target", &target, 0, UINT32_MAX) != 0) {
+        reply_error(c, m->id, "invalid", "field 'target' is missing or not an id");
+        return;
+    }
+    for (x = execs; x != NULL; x = x->next) {
+        if (x->c != c || x->id != (uint32_t)target || x->exited || x->cancelled || x->timed_out) continue;
+        x->cancelled = 1;
+        x->deadline = 0;
+        exec_begin_kill(x, now_ms());
+        break;
+    }
+    reply_ok(c, m->id, "ok");
+}
+
+/* {------------------------------------------------------
+** File operations
+** -------------------------------------------------------*/
+
+static void op_read(conn *c, const wire_msg *m) {
+    int64_t max = (int64_t)WIRE_MAX_FRAME - 4096;
+    char *path;
+    int fd, fl, e = 0;
+    struct stat st;
+    wire_buf b = {0};
+    size_t at, len = 0, limit;
+    if (field_int(m, "max_bytes", &max, 0, (int64_t)WIRE_MAX_FRAME - 4096) != 0) {
+        reply_error(c, m->id, "invalid", "field 'max_bytes' is out of range");
+        return;
+    }
+    if ((path = path_field(c, m)) == NULL) return;
+    /* O_NONBLOCK: opening a fifo with no writer must not hang; it is refused below */
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    free(path);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR) reply_ok(c, m->id, "missing");
+        else reply_errno(c, m->id, errno, "open");
+        return;
+    }
+    if (fstat(fd, &st) != 0) { reply_errno(c, m->id, errno, "fstat"); close(fd); return; }
+    if (S_ISDIR(st.st_mode)) { reply_error(c, m->id, "is_directory", "is a directory"); close(fd); return; }
+    if (!S_ISREG(st.st_mode)) { reply_error(c, m->id, "not_regular", "not a regular file"); close(fd); return; }
+    limit = (size_t)max;
+    if ((uint64_t)st.st_size > (uint64_t)limit) {
+        reply_error(c, m->id, "too_large", "the file is larger than %zu bytes", limit);
+        close(fd);
+        return;
+    }
+    if ((fl = fcntl(fd, F_GETFL)) >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    /* read straight into the reply; the data field's length is filled in at the end */
+    wire_begin(&b, m->id);
+    at = wire_open_list(&b, "data", WIRE_BYTES);
+    if (wire_reserve(&b, (size_t)st.st_size + 1) != 0) e = ENOMEM;
+    /* at most limit + 1 bytes: one byte more than allowed says the file grew since fstat */
+    while (e == 0 && len <= limit) {
+        size_t room;
+        ssize_t n;
+        if (b.len == b.size) {
+            size_t more = len < 65536 ? 65536 : len;
+            if (more > limit + 1 - len) more = limit + 1 - len;
+            if (wire_reserve(&b, more) != 0) { e = ENOMEM; break; }
+        }
+        room = b.size - b.len;
+        if (room > limit + 1 - len) room = limit + 1 - len;
+        n = read(fd, b.data + b.len, room);
+        if (n < 0) {
+            if (errno != EINTR) e = errno;
+            continue;
+        }
+        if (n == 0) break;
+        b.len += (size_t)n;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (e != 0) {
+        free(b.data);
+        reply_errno(c, m->id, e, "read");
+    } else if (len > limit) {
+        free(b.data);
+        reply_error(c, m->id, "too_large", "the file is larger than %zu bytes", limit);
+    } else {
+        wire_close_list(&b, at);
+        reply_send(c, m->id, &b);
+    }
+}
+
+/* Whether path names a directory (following symlinks). */
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* mkdir -p of p (a scratch copy, modified and restored). Returns 0 or an errno. */
+static int mkdir_p(char *p) {
+    char *s;
+    size_t len = strlen(p);
+    while (len > 1 && p[len - 1] == '/') p[--len] = '\0';
+    if (mkdir(p, 0755) == 0) return 0;
+    if (errno == EEXIST) return is_dir(p) ? 0 : ENOTDIR;
+    if (errno != ENOENT) return errno;
+    /* make each prefix in turn; existing ones fail with EEXIST */
+    for (s = p + 1; *s != '\0'; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) { int e = errno; *s = '/'; return e; }
+        if (!is_dir(p)) { *s = '/'; return ENOTDIR; }
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) return errno;
+    return is_dir(p) ? 0 : ENOTDIR;
+}
+
+/* "<dir>/.<base>.mayura-XXXXXX" beside path; NULL when out of memory. */
+static char *temp_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash != NULL ? (size_t)(slash - path) + 1 : 0;
+    const char *base = path + dl;
+    size_t bl = strlen(base);
+    char *t;
+    if (bl > 100) bl = 100;   /* stay under NAME_MAX */
+    t = (char *)malloc(dl + bl + 16);
+    if (t == NULL) return NULL;
+    memcpy(t, path, dl);
+    t[dl] = '.';
+    memcpy(t + dl + 1, base, bl);
+    memcpy(t + dl + 1 + bl, ".mayura-XXXXXX", 15);
+    return t;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t len) {
+    while (len > 0) {
+        ssize_t n = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (n == 0) return EIO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void op_write(conn *c, const wire_msg *m) {
+    const unsigned char *data = NULL;
+    size_t dlen = 0, pl;
+    int64_t mode = 0644;
+    char *path, *tmp;
+    int fd, e = 0;
+    if (wire_find(m, "data") == NULL || field_bytes(m, "data", &data, &dlen) != 0) {
+        reply_error(c, m->id, "invalid", "field 'data' is missing or not bytes");
+        return;
+    }
+    if (field_int(m, "mode", &mode, 0, 07777) != 0) {
+        reply_error(c, m->id, "invalid", "field 'mode' must be an int from 0 to 07777");
+        return;
+    }
+    if ((path = path_field(c, m)) == NULL) return;
+    pl = strlen(path);
+    if (pl > 0 && path[pl - 1] == '/') {   /* a file name cannot end with a slash */
+        free(path);
+        reply_errno(c, m->id, EISDIR, "write");
+        return;
+    }
+    if ((tmp = temp_name(path)) == NULL) { free(path); reply_errno(c, m->id, ENOMEM, "write"); return; }
+    fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        /* parents are made only when the first try says they are missing */
+        char *slash = strrchr(path, '/');
+        if (slash != NULL && slash != path) {
+            *slash = '\0';
+            e = mkdir_p(path);
+            *slash = '/';
+        }
+        if (e == 0) {
+            free(tmp);
+            if ((tmp = temp_name(path)) == NULL) { free(path); reply_errno(c, m->id, ENOMEM, "write"); return; }
+            fd = mkostemp(tmp, O_CLOEXEC);
+        } else {
+            errno = e;
+        }
+    }
+    if (fd < 0) {
+        e = errno;
+        free(tmp);
+        free(path);
+        reply_errno(c, m->id, e, "write");
+        return;
+    }
+    e = write_all(fd, data, dlen);
+    if (e == 0 && fchmod(fd, (mode_t)mode) != 0) e = errno;
+    if (close(fd) != 0 && e == 0 && errno != EINTR) e = errno;
+    if (e == 0 && rename(tmp, path) != 0) e = errno;
+    if (e != 0) unlink(tmp);
+    free(tmp);
+    free(path);
+    if (e != 0) reply_errno(c, m->id, e, "write");
+    else reply_ok(c, m->id, "ok");
+}
+
+typedef struct entry {
+    char *name;
+    const char *type;
+    int64_t size, mtime;
+} entry;
+
+static int entry_cmp(const void *a, const void *b) {
+    return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
+}
+
+static const char *type_name(mode_t md) {
+    if (S_ISREG(md)) return "file";
+    if (S_ISDIR(md)) return "directory";
+    if (S_ISLNK(md)) return "symlink";
+    return "other";
+}
+
+static void op_list(conn *c, const wire_msg *m) {
+    char *path;
+    int fd, e = 0;
+    DIR *d;
+    struct dirent *de;
+    struct stat st;
+    entry *ents = NULL;
+    size_t n = 0, cap = 0, i, at;
+    wire_buf b = {0};
+    if ((path = path_field(c, m)) == NULL) return;
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        e = errno;
+        if (e == ENOENT) reply_ok(c, m->id, "missing");
+        else if (e == ENOTDIR && stat(path, &st) == 0) reply_error(c, m->id, "not_directory", "not a directory");
+        else if (e == ENOTDIR) reply_ok(c, m->id, "missing");   /* a file in the middle of the path */
+        else reply_errno(c, m->id, e, "open");
+        free(path);
+        return;
+    }
+    free(path);
+    if ((d = fdopendir(fd)) == NULL) { reply_errno(c, m->id, errno, "opendir"); close(fd); return; }
+    for (;;) {
+        errno = 0;
+        de = readdir(d);
+        if (de == NULL) { e = errno; break; }
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno == ENOENT) continue;   /* removed since readdir */
+            e = errno;
+            break;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            entry *ne = (entry *)realloc(ents, nc * sizeof *ne);
+            if (ne == NULL) { e = ENOMEM; break; }
+            ents = ne;
+            cap = nc;
+        }
+        if ((ents[n].name = strdup(de->d_name)) == NULL) { e = ENOMEM; break; }
+        ents[n].type = type_name(st.st_mode);
+        ents[n].size = (int64_t)st.st_size;
+        ents[n].mtime = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+        n++;
+    }
+    closedir(d);
+    if (e != 0) {
+        reply_errno(c, m->id, e, "list");
+    } else {
+        if (n > 1) qsort(ents, n, sizeof *ents, entry_cmp);
+        wire_begin(&b, m->id);
+        at = wire_open_list(&b, "names", WIRE_STRS);
+        for (i = 0; i < n; i++) wire_item(&b, ents[i].name, strlen(ents[i].name));
+        wire_close_list(&b, at);
+        at = wire_open_list(&b, "types", WIRE_STRS);
+        for (i = 0; i < n; i++) wire_item(&b, ents[i].type, strlen(ents[i].type));
+        wire_close_list(&b, at);
+        at = wire_open_list(&b, "sizes", WIRE_INTS);
+        for (i = 0; i < n; i++) wire_int_item(&b, ents[i].size);
+        wire_close_list(&b, at);
+        at = wire_open_list(&b, "modified", WIRE_INTS);
+        for (i = 0; i < n; i++) wire_int_item(&b, ents[i].mtime);
+        wire_close_list(&b, at);
+        reply_send(c, m->id, &b);
+    }
+    for (i = 0; i < n; i++) free(ents[i].name);
+    free(ents);
+}
+
+static int remove_at(int dfd, const char *name, int isdir);
+
+/* Empties the directory dfd (taken: closed here). Returns 0 or an errno. */
+static int remove_tree(int dfd) {
+    DIR *d = fdopendir(dfd);
+    struct dirent *de;
+    int e = 0;
+    if (d == NULL) { e = errno; close(dfd); return e; }
+    for (;;) {
+        int isdir;
+        errno = 0;
+        de = readdir(d);
+        if (de == NULL) { e = errno; break; }
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        if (de->d_type == DT_UNKNOWN) {
+            struct stat st;
+            if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+                if (errno == ENOENT) continue;
+                e = errno;
+                break;
+            }
+            isdir = S_ISDIR(st.st_mode);
+        } else {
+            isdir = de->d_type == DT_DIR;
+        }
+        if ((e = remove_at(dirfd(d), de->d_name, isdir)) != 0) break;
+    }
+    closedir(d);
+    return e;
+}
+
+/*
+** Removes entry name of dfd and, for a directory, all in it. A directory is
+** opened with O_NOFOLLOW: one swapped for a symlink since is unlinked as a
+** link, so nothing outside is ever walked.
+*/
+static int remove_at(int dfd, const char *name, int isdir) {
+    int sub, e, tries;
+    if (!isdir) {
+        if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
+        if (errno != EISDIR && errno != EPERM) return errno;
+    }
+    for (tries = 0; tries < 3; tries++) {
+        sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        if (sub < 0) {
+            if (errno == ENOENT) return 0;
+            if (errno == ENOTDIR || errno == ELOOP)
+                return unlinkat(dfd, name, 0) == 0 || errno == ENOENT ? 0 : errno;
+            return errno;
+        }
+        if ((e = remove_tree(sub)) != 0) return e;
+        if (unlinkat(dfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT) return 0;
+        /* an entry readdir skipped, or one made meanwhile: walk again */
+        if (errno != ENOTEMPTY && errno != EEXIST) return errno;
+    }
+    return ENOTEMPTY;
+}
+
+static void op_remove(conn *c, const wire_msg *m) {
+    int recursive = 0, e = 0;
+    char *path, *slash;
+    size_t len;
+    struct stat st;
+    wire_buf b = {0};
+    if (field_bool(m, "recursive", &recursive) != 0) {
+        reply_error(c, m->id, "invalid", "field 'recursive' must be a bool");
+        return;
+    }
+    if ((path = path_field(c, m)) == NULL) return;
+    len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') path[--len] = '\0';
+    slash = strrchr(path, '/');
+    if (slash != NULL && (strcmp(slash, "/.") == 0 || strcmp(slash, "/..") == 0)) {
+        free(path);
+        reply_error(c, m->id, "invalid", "field 'path' must not end in . or ..");
+        return;
+    }
+    if (lstat(path, &st) != 0) {
+        e = errno;
+        free(path);
+        if (e == ENOENT || e == ENOTDIR) {
+            wire_begin(&b, m->id);
+            wire_add_bool(&b, "removed", 0);
+            conn_send(c, &b);
+        } else {
+            reply_errno(c, m->id, e, "lstat");
+        }
+        return;
+    }
+    if (strcmp(path, "/") == 0) { free(path); reply_errno(c, m->id, EBUSY, "remove"); return; }
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlink(path) != 0 && errno != ENOENT) e = errno;
+    } else if (!recursive) {
+        if (rmdir(path) != 0 && errno != ENOENT) e = errno == EEXIST ? ENOTEMPTY : errno;
+    } else {
+        /* the walk starts from the parent's descriptor, so the last component is never followed */
+        int dfd;
+        slash = strrchr(path, '/');
+        if (slash == path) dfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        else {
+            *slash = '\0';
+            dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            *slash = '/';
+        }
+        if (dfd < 0) e = errno;
+        else {
+            e = remove_at(dfd, slash + 1, 1);
+            close(dfd);
+        }
+    }
+    free(path);
+    if (e != 0) { reply_errno(c, m->id, e, "remove"); return; }
+    wire_begin(&b, m->id);
+    wire_add_bool(&b, "removed", 1);
+    conn_send(c, &b);
+}
+
+/* }------------------------------------------------------ */
+
+static void dispatch(conn *c, const wire_msg *m) {
+    const wire_field *f = wire_find(m, "op");
+    static const struct { const char *name; void (*fn)(conn *, const wire_msg *); } ops[] = {
+        {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel},
+        {"read", op_read}, {"write", op_write}, {"list", op_list}, {"remove", op_remove},
+    };
+    size_t i;
+    if (f == NULL || f->type != WIRE_BYTES) {
+        reply_error(c, m->id, "invalid", "field 'op' is missing or not bytes");
+        return;
+    }
+    if (f->len == 4 && memcmp(f->val, "ping", 4) == 0) { reply_ok(c, m->id, "ok"); return; }
+    if (f->len == 8 && memcmp(f->val, "shutdown", 8) == 0) {
+        reply_ok(c, m->id, "ok");
+        shutting_down = 1;
+        return;
+    }
+    for (i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strlen(ops[i].name) == f->len && memcmp(ops[i].name, f->val, f->len) == 0) {
+            ops[i].fn(c, m);
+            return;
+        }
+    reply_error(c, m->id, "invalid", "unknown op");
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Connections: reading
+** =======================================================*/
+
+static void conn_close(conn *c) {
+    exec *x;
+    outq *q;
+    if (c->dead) return;
+    c->dead = 1;
+    close(c->fd);
+    c->fd = -1;
+    while ((q = c->head) != NULL) {
+        c->head = q->next;
+        free(q->data);
+        free(q);
+    }
+    c->tail = NULL;
+    /* c->in is freed by conn_sweep: a request being handled may still point into it */
+    /* the host is gone: what it started is cancelled, with nobody to tell */
+    for (x = execs; x != NULL; x = x->next) {
+        if (x->c != c) continue;
+        x->c = NULL;
+        if (!x->exited) {
+            x->cancelled = 1;
+            x->killing = K_KILLED;
+            x->deadline = 0;
+            kill_tree(x);
+        }
+    }
+    if (fd_mode) agent_exit();
+}
+
+/* Reads what the socket has; handles every complete frame. */
+static void conn_read(conn *c) {
+    for (;;) {
+        size_t off = 0, room;
+        ssize_t n;
+        if (c->in_size - c->in_len < READ_CHUNK) {
+            /* grow as bytes arrive, never to a declared length at once */
+            size_t ns = c->in_size ? c->in_size * 2 : READ_CHUNK * 2;
+            unsigned char *nb = (unsigned char *)realloc(c->in, ns);
+            if (nb == NULL) { conn_close(c); return; }
+            c->in = nb;
+            c->in_size = ns;
+        }
+        room = c->in_size - c->in_len;
+        n = read(c->fd, c->in + c->in_len, room);
+        if (n == 0) { conn_close(c); return; }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) conn_close(c);
+            return;
+        }
+        c->in_len += (size_t)n;
+        while (!c->dead && c->in_len - off >= 4) {
+            uint32_t flen = wire_get_u32(c->in + off);
+            wire_msg msg;
+            if (flen < 4 || flen > WIRE_MAX_FRAME) { conn_close(c); return; }
+            if (c->in_len - off - 4 < flen) break;
+            if (wire_parse(c->in + off + 4, flen, &msg) != 0) { conn_close(c); return; }
+            dispatch(c, &msg);
+            off += 4 + (size_t)flen;
+        }
+        if (c->dead) return;
+        if (off > 0) {
+            memmove(c->in, c->in + off, c->in_len - off);
+            c->in_len -= off;
+            /* a big frame is done: give its buffer back */
+            if (c->in_size > 4 * READ_CHUNK && c->in_len < READ_CHUNK) {
+                unsigned char *nb = (unsigned char *)realloc(c->in, 2 * READ_CHUNK);
+                if (nb != NULL) { c->in = nb; c->in_size = 2 * READ_CHUNK; }
+            }
+        }
+        if ((size_t)n < room) return;   /* drained for now; poll says when more comes */
+    }
+}
+
+static conn *conn_new(int fd) {
+    conn *c = (conn *)calloc(1, sizeof *c);
+    if (c == NULL) { close(fd); return NULL; }
+    c->fd = fd;
+    c->pidx = -1;
+    c->next = conns;
+    conns = c;
+    return c;
+}
+
+static void conn_sweep(void) {
+    conn **pp = &conns;
+    while (*pp != NULL) {
+        conn *c = *pp;
+        if (c->dead) { *pp = c->next; free(c->in); free(c); }
+        else pp = &c->next;
+    }
+}
+
+static void accept_all(void) {
+    for (;;) {
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            return;   /* EAGAIN, or out of descriptors: try again at the next turn */
+        }
+        conn_new(fd);
+    }
+}
+
+/* }====================================================== */
+
+/* {======================================================
+** Main loop
+** =======================================================*/
+
+static void usage(const char *msg) {
+    fprintf(stderr, "mayura-agent: %s\n"
+            "usage: mayura-agent (--fd N | --listen PATH) --lifetime-ms MS [--workdir DIR]\n", msg);
+    exit(2);
+}
+
+static long long parse_num(const char *s, const char *what) {
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0' || end == s || v < 0) {
+        fprintf(stderr, "mayura-agent: %s must be a whole number from 0\n", what);
+        exit(2);
+    }
+    return v;
+}
+
+static int open_listener(const char *path) {
+    struct sockaddr_un sa;
+    mode_t old;
+    int fd;
+    if (strlen(path) >= sizeof sa.sun_path) usage("--listen path is too long");
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) { perror("mayura-agent: socket"); exit(1); }
+    unlink(path);
+    old = umask(0177);   /* the socket is made 0600 */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) { perror("mayura-agent: bind"); exit(1); }
+    umask(old);
+    if (listen(fd, 128) != 0) { perror("mayura-agent: listen"); exit(1); }
+    return fd;
+}
+
+/* After a shutdown request: the replies go out (for a second at most), then everything ends. */
+static void finish_shutdown(void) {
+    int64_t end = now_ms() + 1000;
+    kill_everything();
+    for (;;) {
+        struct pollfd pf[64];
+        nfds_t n = 0;
+        conn *c;
+        int64_t left = end - now_ms();
+        for (c = conns; c != NULL && n < 64; c = c->next)
+            if (!c->dead && c->head != NULL) {
+                pf[n].fd = c->fd;
+                pf[n].events = POLLOUT;
+                n++;
+            }
+        if (n == 0 || left <= 0) break;
+        if (poll(pf, n, (int)left) < 0 && errno != EINTR) break;
+        fd_mode = 0;   /* a write error closes that connection, not the agent mid-loop */
+        for (c = conns; c != NULL; c = c->next)
+            if (!c->dead && c->head != NULL) conn_flush(c);
+    }
+    agent_exit();
+}
+
+int main(int argc, char **argv) {
+    const char *listen_path = NULL, *wd = "/workspace";
+    long long fd = -1, lifetime = -1;
+    struct pollfd *pfs = NULL;
+    size_t pfcap = 0;
+    sigset_t chld;
+    struct timespec ts;
+    int i;
+
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (i + 1 >= argc) usage("missing value");
+        if (strcmp(a, "--fd") == 0) fd = parse_num(argv[++i], "--fd");
+        else if (strcmp(a, "--listen") == 0) listen_path = argv[++i];
+        else if (strcmp(a, "--lifetime-ms") == 0) lifetime = parse_num(argv[++i], "--lifetime-ms");
+        else if (strcmp(a, "--workdir") == 0) wd = argv[++i];
+        else usage("unknown argument");
+    }
+    if ((fd >= 0) == (listen_path != NULL)) usage("give exactly one of --fd and --listen");
+    if (lifetime <= 0) usage("--lifetime-ms is required and must be above 0");
+    if (lifetime > MAX_MS) lifetime = MAX_MS;
+    if (wd[0] == '\0' || strlen(wd) >= PATH_MAX) usage("--workdir is not valid");
+    if (fd >= 0 && (fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)) usage("--fd is not an open descriptor");
+
+    /* same-uid code in the sandbox must not ptrace the agent or read its memory */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */
+    umask(022);
+    /* 0..2 stay taken (PID 1 may start without them), so pipes never land there */
+    for (i = 0; i < 3; i++)
+        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0) {
+            int p[2];
+            if (pipe(p) != 0) exit(1);
+        }
+    if (wd[0] == '/') {
+        workdir = strdup(wd);
+    } else {
+        char cwd[PATH_MAX];
+        if (getcwd(cwd, sizeof cwd) == NULL) usage("cannot resolve a relative --workdir");
+        workdir = (char *)malloc(strlen(cwd) + strlen(wd) + 2);
+        if (workdir != NULL) sprintf(workdir, "%s/%s", cwd, wd);
+    }
+    if (workdir == NULL) exit(1);
+    if (chdir(workdir) != 0) { /* commands chdir for themselves; a missing cwd is reported per exec */ }
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lifetime_end = now_ms() + lifetime;
+    snprintf(tag_prefix, sizeof tag_prefix, "%ld.%lld", (long)getpid(),
+             (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    sig_fd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sig_fd < 0) { perror("mayura-agent: signalfd"); exit(1); }
+
+    if (fd >= 0) {
+        fd_mode = 1;
+        fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+        set_nonblock((int)fd);
+        if (conn_new((int)fd) == NULL) exit(1);
+    } else {
+        listen_fd = open_listener(listen_path);
+    }
+    reap();   /* children this process may have inherited before the signalfd */
+
+    for (;;) {
+        size_t n = 0, need = 2;
+        int64_t now = now_ms(), wake = lifetime_end;
+        int timeout, rc, listen_idx = -1;
+        conn *c;
+        exec *x;
+
+        if (now >= lifetime_end) agent_exit();
+        for (c = conns; c != NULL; c = c->next) need++;
+        for (x = execs; x != NULL; x = x->next) need += 3;
+        if (need > pfcap) {
+            struct pollfd *np = (struct pollfd *)realloc(pfs, need * 2 * sizeof *np);
+            if (np == NULL) agent_exit();
+            pfs = np;
+            pfcap = need * 2;
+        }
+#define SLOT(fd_, ev_) (pfs[n].fd = (fd_), pfs[n].events = (short)(ev_), pfs[n].revents = 0, (int)n++)
+        SLOT(sig_fd, POLLIN);
+        if (listen_fd >= 0) listen_idx = SLOT(listen_fd, POLLIN);
+        for (c = conns; c != NULL; c = c->next)
+            c->pidx = c->dead ? -1 : SLOT(c->fd, POLLIN | (c->head != NULL ? POLLOUT : 0));
+        for (x = execs; x != NULL; x = x->next) {
+            x->pi_out = x->out.fd >= 0 ? SLOT(x->out.fd, POLLIN) : -1;
+            x->pi_err = x->err.fd >= 0 ? SLOT(x->err.fd, POLLIN) : -1;
+            x->pi_in = x->in_fd >= 0 ? SLOT(x->in_fd, POLLOUT) : -1;
+            if (x->deadline != 0 && x->deadline < wake) wake = x->deadline;
+        }
+        {
+            int k;
+            for (k = 0; k < nleftovers; k++)
+                if (leftovers[k].at < wake) wake = leftovers[k].at;
+        }
+#undef SLOT
+        timeout = wake <= now ? 0 : (wake - now > 1000000 ? 1000000 : (int)(wake - now));
+        rc = poll(pfs, (nfds_t)n, timeout);
+        if (rc < 0 && errno != EINTR) agent_exit();
+
+        if (rc > 0) {
+            if (pfs[0].revents != 0) reap();
+            for (c = conns; c != NULL; c = c->next) {
+                short ev;
+                if (c->pidx < 0 || c->dead || (ev = pfs[c->pidx].revents) == 0) continue;
+                if (ev & POLLOUT) conn_flush(c);
+                if (!c->dead && (ev & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
+                if (shutting_down) finish_shutdown();
+            }
+            /* execs started during this turn have no slots yet (-1) */
+            for (x = execs; x != NULL; x = x->next) {
+                if (x->pi_out >= 0 && pfs[x->pi_out].revents != 0) stream_read(&x->out);
+                if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(&x->err);
+                if (x->pi_in >= 0 && pfs[x->pi_in].revents != 0) stdin_write(x);
+            }
+            if (listen_idx >= 0 && pfs[listen_idx].revents != 0) accept_all();
+        }
+        now = now_ms();
+        leftovers_run(now);
+        for (x = execs; x != NULL; x = x->next) exec_timer(x, now);
+        exec_sweep();
+        conn_sweep();
+    }
+}
+
+/* }====================================================== */

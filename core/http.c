@@ -4,7 +4,8 @@
 **
 ** curl says which sockets to watch (one uv_poll_t each) and when to wake it
 ** (one uv_timer_t); readiness goes back through curl_multi_socket_action.
-** No threads of ours and never the blocking easy API.
+** No threads of ours and never the blocking easy API. One CURLM per Lua
+** state, made on first use and kept in the registry.
 **
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
@@ -604,8 +605,13 @@ static int mc_http_on_timer(CURLM *multi, long timeout_ms, void *userp) {
     mc_http_multi *m = (mc_http_multi *)userp;
     (void)multi;
     if (m->loop_gone || m->closed) return 0;
-    if (timeout_ms < 0) uv_timer_stop(m->timer);
-    else uv_timer_start(m->timer, mc_http_on_timeout, (uint64_t)timeout_ms, 0);
+    if (timeout_ms < 0) {
+        uv_timer_stop(m->timer);
+    } else {
+        /* curl counts from now; the loop's cached time may be old if Lua ran long since */
+        uv_update_time(m->loop);
+        uv_timer_start(m->timer, mc_http_on_timeout, (uint64_t)timeout_ms, 0);
+    }
     return 0;
 }
 

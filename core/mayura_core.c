@@ -71,8 +71,14 @@ static int l_run_once(lua_State *L) {
     int alive;
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running: wait from inside a task (mayura.run)");
+    /*
+    ** UV_RUN_ONCE runs the timers already due and then may block in poll
+    ** although one of them ended the wait: when something is due now, run
+    ** without blocking, and the caller looks at its condition again.
+    */
+    uv_update_time(loop);
     mc_run_depth++;
-    alive = uv_run(loop, UV_RUN_ONCE);
+    alive = uv_run(loop, uv_backend_timeout(loop) == 0 ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     mc_run_depth--;
     lua_pushboolean(L, alive != 0);
     return 1;

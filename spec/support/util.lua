@@ -68,7 +68,11 @@ function M.eventually(pred, ms)
   local deadline = uv.hrtime() / 1e6 + (ms or 2000)
   local v = pred()
   while not v and uv.hrtime() / 1e6 < deadline do
-    os.execute('sleep 0.02')
+    -- sleep 20 ms on the loop, so callbacks (a process ending, say) still run meanwhile
+    M.wait(function(done)
+      local t = uv.new_timer()
+      t:start(20, 0, function() t:close(); done() end)
+    end)
     v = pred()
   end
   return v

@@ -625,4 +625,14 @@ end
 
 M.with_deadline = with_deadline
 
+--- Tools that let an agent work in a sandbox (mayura.sandbox.tools).
+function M.sandbox_tools(source, options)
+  return require('mayura.sandbox.tools').sandbox_tools(source, options)
+end
+
+--- A sandbox for each run, created the first time one of its tools needs it (mayura.sandbox.per_run).
+function M.sandbox_per_run(sandboxes, options)
+  return require('mayura.sandbox.per_run').sandbox_per_run(sandboxes, options)
+end
+
 return M

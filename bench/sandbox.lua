@@ -1,0 +1,69 @@
+--- Benchmark of the local provider, not a test: medians and ratios measured in one run.
+--
+--   build/mayura bench/sandbox.lua [N]
+--
+-- exec of `true` in a local sandbox against a fork+exec of `true` on the host
+-- (core.spawn), against a one-shot `bwrap ... true`, and against `docker exec`
+-- when a Docker daemon answers; create+release of a sandbox.
+local sandbox = require('mayura.sandbox')
+local local_provider = require('mayura.sandbox.local')
+local process = require('mayura.process')
+local uv = require('luv')
+
+local N = tonumber(arg and arg[1]) or 200
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  if n % 2 == 1 then return xs[(n + 1) / 2] end
+  return (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+local function measure(fn, n)
+  n = n or N
+  for _ = 1, 3 do fn() end
+  local xs = {}
+  for i = 1, n do
+    local t0 = uv.hrtime()
+    fn()
+    xs[i] = (uv.hrtime() - t0) / 1e6
+  end
+  return median(xs)
+end
+
+local provider = local_provider.local_sandboxes()
+local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 600000 })
+local sb = pool:create({ lifetime_ms = 600000 })
+
+local results = {}
+local function add(name, ms) results[#results + 1] = { name, ms } end
+
+local host = measure(function() assert(process.run({ '/bin/true' }).exit_code == 0) end)
+add('host fork+exec true (core.spawn)', host)
+local exec = measure(function() assert(sb:exec({ 'true' }).exit_code == 0) end)
+add('local sandbox exec true', exec)
+local bwrap = measure(function()
+  assert(process.run({ 'bwrap', '--ro-bind', '/', '/', '--unshare-all', '--die-with-parent', '/bin/true' })
+    .exit_code == 0)
+end, math.min(N, 100))
+add('bwrap --unshare-all true (one-shot)', bwrap)
+local cr = measure(function() pool:create({ lifetime_ms = 60000 }):release() end, math.min(N, 100))
+add('local sandbox create+release', cr)
+
+local docker_ms
+local probe = process.run({ 'sh', '-c', 'docker info >/dev/null 2>&1 && docker ps -q | head -1' })
+local container = probe.exit_code == 0 and probe.stdout:match('%S+')
+if container then
+  docker_ms = measure(function() process.run({ 'docker', 'exec', container, 'true' }) end, math.min(N, 30))
+  add('docker exec true (CLI, a running container)', docker_ms)
+end
+sb:release()
+pool:close()
+
+print(('%-46s %10s'):format('operation (median)', 'ms'))
+for _, r in ipairs(results) do print(('%-46s %10.3f'):format(r[1], r[2])) end
+print()
+print(('sandbox exec / host fork+exec      %6.2fx   (target <= 2x)'):format(exec / host))
+print(('sandbox exec / bwrap one-shot      %6.3fx'):format(exec / bwrap))
+if docker_ms then print(('sandbox exec / docker exec         %6.3fx'):format(exec / docker_ms)) end
+print(('create+release median              %6.1f ms (target <= 30 ms)'):format(cr))

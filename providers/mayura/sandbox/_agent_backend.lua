@@ -1,0 +1,177 @@
+--- mayura.sandbox._agent_backend: a sandbox backend that talks to the in-sandbox agent.
+--
+-- Shared by the providers whose sandboxes run build/mayura-agent as their
+-- PID 1 (docker, and the shape local uses): everything a backend does
+-- through the agent's channel (`core.channel` / `core.channel_connect`,
+-- framed as in core/wire.h) lives here; a provider adds what is its own
+-- (`url`, `release`, and how the channel is made).
+--
+--   local agent_backend = require('mayura.sandbox._agent_backend')
+--   local Backend = agent_backend.class()          -- a class with the shared methods
+--   function Backend:release() ... end              -- the provider's own
+--   local b = setmetatable({ id = ..., ch = channel, closed = false }, Backend)
+--   agent_backend.handshake(b, spec.env, workdir)   -- hello, then setup with the env
+--
+-- A backend object needs `ch` (the channel) and `closed` (true once the
+-- channel is closed: every call then fails with SANDBOX_ERROR `gone`). It
+-- may have `oom_kills()`, a method giving the sandbox's count of processes
+-- killed for memory, to mark an exec's result `oom_killed`.
+--
+-- What the agent answers is untrusted (code in the sandbox runs as its user
+-- and may replace it): its error strings are mapped to our own messages and
+-- never passed on, and the pool checks every result again.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local task = require('mayura._task')
+
+local M = {}
+
+local MIB = 1048576
+
+--- The largest frame the host accepts from an agent: a file of the pool's
+-- largest max_file_bytes (512 MiB) and output caps, with room to spare.
+M.MAX_FRAME_BYTES = 1024 * MIB
+
+local function nonsense()
+  return errors.sandbox('failed', 'the sandbox agent answered nonsense')
+end
+
+--- Maps an agent's error reply to a coded error about `what`, in our words.
+function M.reply_error(reply, what)
+  local e = reply.error
+  if e == 'too_large' then return errors.new('LIMIT_EXCEEDED', what .. ' is larger than max_bytes') end
+  if e == 'is_directory' or e == 'EISDIR' then return errors.new('INVALID_INPUT', what .. ' is a directory') end
+  if e == 'not_directory' or e == 'ENOTDIR' then return errors.new('INVALID_INPUT', what .. ' is not a directory') end
+  if e == 'not_regular' then return errors.new('INVALID_INPUT', what .. ' is not a regular file') end
+  if e == 'ENOTEMPTY' then return errors.new('INVALID_INPUT', what .. ' is a directory that is not empty') end
+  if e == 'ENOENT' then return errors.new('INVALID_INPUT', what .. ' does not exist') end
+  if e == 'ENAMETOOLONG' then return errors.new('INVALID_INPUT', what .. ': a name is too long') end
+  if e == 'ELOOP' then return errors.new('INVALID_INPUT', what .. ': too many symbolic links') end
+  if e == 'EACCES' or e == 'EPERM' or e == 'EROFS' then
+    return errors.new('PERMISSION_DENIED', what .. ': the sandbox does not allow it (' .. e .. ')')
+  end
+  if e == 'ENOSPC' or e == 'EDQUOT' or e == 'EFBIG' then
+    return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)
+  end
+  return errors.sandbox('failed', what .. ' failed in the sandbox')
+end
+
+local Methods = {}
+
+--- Sends a request and waits for its reply; `on_id(id)` is told the
+-- request's id as soon as it is sent. A closed channel is `gone`.
+function Methods:call(req, on_id)
+  if self.closed then error(errors.sandbox('gone', 'the sandbox is gone'), 0) end
+  local reply, err = task.await(function(done)
+    local ok, id = pcall(self.ch.call, self.ch, req, done)
+    if not ok then return done(nil, errors.sandbox('gone', 'the sandbox is gone')) end
+    if on_id then on_id(id) end
+  end)
+  if not reply then
+    -- the channel's own errors (gone, failed) carry the core's words, never the agent's
+    if errors.is(err) then error(err, 0) end
+    error(errors.sandbox('failed', 'the sandbox agent failed'), 0)
+  end
+  if type(reply) ~= 'table' then error(nonsense(), 0) end
+  return reply
+end
+
+function Methods:exec(argv, o)
+  local kills_before = self.oom_kills and self:oom_kills() or 0
+  local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }
+  if o.cwd then req.cwd = o.cwd end
+  if o.env and next(o.env) then req.env = o.env end
+  if o.stdin then req.stdin = o.stdin end
+  local token, remove = o.signal, nil
+  local reply = self:call(req, function(id)
+    if token then
+      remove = token:on_cancel(function()
+        if not self.closed then pcall(self.ch.call, self.ch, { op = 'cancel', target = id }, function() end) end
+      end)
+    end
+  end)
+  if remove then remove() end
+  if reply.error then error(M.reply_error(reply, 'cwd'), 0) end
+  if reply.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+  local res = {
+    exit_code = reply.exit_code,
+    signal = reply.signal,
+    stdout = reply.stdout,
+    stderr = reply.stderr,
+    truncated = reply.stdout_truncated == true or reply.stderr_truncated == true,
+    timed_out = reply.timed_out == true,
+    duration_ms = reply.duration_ms,
+  }
+  if reply.signal == 9 and self.oom_kills and self:oom_kills() > kills_before then res.oom_killed = true end
+  return res
+end
+
+function Methods:read_file(path, o)
+  local reply = self:call({ op = 'read', path = path, max_bytes = o.max_bytes })
+  if reply.missing then return nil end
+  if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+  return reply.data
+end
+
+function Methods:write_file(path, data)
+  local reply = self:call({ op = 'write', path = path, data = data })
+  if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+end
+
+function Methods:list_files(path)
+  local reply = self:call({ op = 'list', path = path })
+  if reply.missing then return nil end
+  if reply.error then error(M.reply_error(reply, 'the path'), 0) end
+  local names, types, sizes, times = reply.names, reply.types, reply.sizes, reply.modified
+  if type(names) ~= 'table' or type(types) ~= 'table' or type(sizes) ~= 'table' or type(times) ~= 'table'
+    or #types ~= #names or #sizes ~= #names or #times ~= #names then
+    error(nonsense(), 0)
+  end
+  local out = {}
+  for i, name in ipairs(names) do
+    out[i] = { name = name, type = types[i], size = sizes[i], modified = times[i] }
+  end
+  return out
+end
+
+function Methods:remove_file(path, o)
+  local reply = self:call({ op = 'remove', path = path, recursive = o.recursive == true })
+  if reply.error then error(M.reply_error(reply, 'the path'), 0) end
+end
+
+--- A new backend class holding the shared methods; the provider adds `url`
+-- and `release` (and may replace any other).
+function M.class()
+  local class = {}
+  for k, fn in pairs(Methods) do class[k] = fn end
+  class.__index = class
+  return class
+end
+
+--- The first requests on a new channel: `hello`, then `setup` with the
+-- environment every command sees (so values never reach a command line or
+-- a container's configuration) and the working directory.
+function M.handshake(backend, env, workdir)
+  local hello = backend:call({ op = 'hello' })
+  if hello.error then error(errors.sandbox('failed', 'the sandbox agent did not start'), 0) end
+  -- an empty table would go on the wire as a list, which the agent refuses: no env then
+  local req = { op = 'setup', workdir = workdir }
+  if env and next(env) then req.env = env end
+  local setup = backend:call(req)
+  if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
+end
+
+--- Connects to an agent listening on the unix socket at `path`; returns the
+-- channel, or nil and an error (SANDBOX_ERROR `unavailable`). `on_close(err)`
+-- is called when the channel closes on its own.
+function M.connect(path, on_close)
+  return task.await(function(done)
+    local ok, err = pcall(core.channel_connect, path, {
+      max_frame_bytes = M.MAX_FRAME_BYTES,
+      on_close = on_close,
+    }, done)
+    if not ok then done(nil, err) end
+  end)
+end
+
+return M

@@ -1,0 +1,801 @@
+--- mayura.sandbox.docker: sandboxes as Docker containers on this machine.
+--
+-- `docker_sandboxes(options)` is a provider for `create_sandboxes`. Each
+-- sandbox is one locked-down container:
+--
+--   * no network (`--network none`) unless 'all' was allowed and asked for;
+--     then the default bridge, with the sandbox's `ports` published on
+--     127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>);
+--   * every capability dropped, no-new-privileges, the numeric `user`
+--     (1000:1000), the image's root read-only, the working directory and /tmp
+--     in-memory (tmpfs with size caps, owned by the user), memory with no swap
+--     (memory-swap = memory), CPUs and a process limit; logs off;
+--   * the in-sandbox agent (the static build/mayura-agent) bind-mounted
+--     read-only as the container's entrypoint and PID 1 (no docker init),
+--     listening on a unix socket in a per-sandbox host directory that is
+--     bind-mounted into the container; the agent ends the container at its
+--     lifetime, and the container is created with auto-remove, so it is
+--     gone then even when the host process was killed with SIGKILL. Release
+--     removes it at once (`rm -f`);
+--   * commands and files go through the agent (a fork+exec and a socket round
+--     trip, not a `docker exec`); the environment reaches commands through
+--     the agent's `setup` request, never the container's configuration or a
+--     host command line;
+--   * images are never pulled: an image that is not on the machine fails with
+--     INVALID_CONFIG before anything is created.
+--
+-- `engine = 'cli'` (the default) runs the docker CLI for the container's life
+-- (image inspect, run, inspect, rm); `engine = 'api'` speaks the Engine API
+-- over its unix socket through libcurl (images/{name}/json, containers/create,
+-- start, json, wait, DELETE). Only local daemons: a tcp:// or ssh:// host is
+-- refused, because the agent and its socket directory are bind-mounted from
+-- this machine.
+--
+-- The per-sandbox host directory (under /run/mayura/docker as root) is made
+-- writable for the container's user only until the host has connected to the
+-- agent's socket, then closed (0555), so code in the sandbox cannot store
+-- files on the host through it. It is removed on release. After the host is
+-- killed with SIGKILL the directory stays until the next create of a provider
+-- using the same directory finds that its sandbox's lifetime is over (its
+-- name starts with the time it expires) and removes it; the container ends
+-- and removes itself at its lifetime regardless.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local task = require('mayura._task')
+local check = require('mayura._check')
+local process = require('mayura.process')
+local http = require('mayura.http')
+local agent_backend = require('mayura.sandbox._agent_backend')
+
+local M = {}
+
+local MIB = 1048576
+local AGENT_IN = '/.mayura/agent'          -- where the agent is mounted in the container
+local RUN_IN = '/.mayura/run'              -- where the socket directory is mounted
+local SOCKET = 'agent.sock'
+local ID_LABEL = 'mayura.sandbox'
+local PROVIDER_LABEL = 'mayura.provider'
+local IMAGE_CACHE_MS = 30000               -- how long an image found stays known
+local ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API request
+local START_WAIT_MS = 30000                -- from a started container to its agent's socket
+local SWEEP_GRACE_S = 60                   -- a directory is stale this long after its sandbox's end
+
+-- {======================================================
+-- Small helpers
+-- =======================================================
+
+local function await(start)
+  return task.await(function(done) start(function(...) done(...) end) end)
+end
+
+local function exists(path)
+  local f = io.open(path, 'r')
+  if f then f:close() return true end
+  return false
+end
+
+local function read_plain(path)
+  local f = io.open(path, 'r')
+  if not f then return nil end
+  local s = f:read('a')
+  f:close()
+  return s
+end
+
+local function absolute(path)
+  if path:sub(1, 1) == '/' then return path end
+  path = path:gsub('^%./', '')
+  return (os.getenv('PWD') or '.') .. '/' .. path
+end
+
+local function find_in_path(name)
+  if name:find('/', 1, true) then return exists(name) and absolute(name) or nil end
+  for dir in (os.getenv('PATH') or '/usr/local/bin:/usr/bin:/bin'):gmatch('[^:]+') do
+    local p = dir .. '/' .. name
+    if exists(p) then return p end
+  end
+  return nil
+end
+
+-- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
+local function find_agent()
+  local env = os.getenv('MAYURA_AGENT')
+  if env and env ~= '' and exists(env) then return absolute(env) end
+  local src = debug.getinfo(1, 'S').source
+  if src:sub(1, 1) == '@' then
+    local file = src:sub(2)
+    local root = file:match('^(.*)/providers/mayura/sandbox/docker%.lua$')
+    if root == nil and file == 'providers/mayura/sandbox/docker.lua' then root = '.' end
+    if root then
+      local p = root .. '/build/mayura-agent'
+      if exists(p) then return absolute(p) end
+    end
+  end
+  for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
+    if exists(p) then return p end
+  end
+  return nil
+end
+
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then
+    bytes = tostring(core.hrtime_ms()) .. tostring(math.random())
+    bytes = bytes:sub(1, n)
+  end
+  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+-- This process's effective uid (from /proc: no ffi, no luv dependency on getuid).
+local function my_uid()
+  local st = read_plain('/proc/self/status') or ''
+  local _, euid = st:match('\nUid:%s+(%d+)%s+(%d+)')
+  return tonumber(euid)
+end
+
+local function uv_fs(name, ...)
+  local uv = require('luv')
+  local args, n = { ... }, select('#', ...)
+  return task.await(function(done)
+    args[n + 1] = function(err, res) done(err == nil and (res == nil and true or res) or nil, err) end
+    local ok, e = pcall(uv[name], check.unpack(args, 1, n + 1))
+    if not ok or e == nil then done(nil, ok and 'failed' or e) end
+  end)
+end
+
+-- Removes a per-sandbox directory and what is in it (never following links).
+local function remove_dir(dir)
+  uv_fs('fs_chmod', dir, 448)   -- 0700: a closed (0555) directory must be opened to empty it
+  await(function(cb) core.fs.remove(dir, { recursive = true }, cb) end)
+end
+
+local function plain_path(s)
+  return type(s) == 'string' and not s:find('[%z\n\r]')
+end
+
+-- A field of docker's --mount value (a CSV record): quoted when it holds a comma or a quote.
+local function csv_field(s)
+  if s:find('[,"]') then return '"' .. s:gsub('"', '""') .. '"' end
+  return s
+end
+
+local function url_escape(s)
+  return (s:gsub('[^%w%-%._~/:@]', function(c) return ('%%%02X'):format(c:byte()) end))
+end
+
+local function cpus_text(c)
+  local s = ('%.3f'):format(c):gsub('0+$', ''):gsub('%.$', '')
+  return s
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Mapping docker failures (their text never reaches the caller)
+-- =======================================================
+
+-- A reason for a failed docker CLI call, from its stderr (read here, never passed on).
+local function cli_reason(stderr)
+  local s = (stderr or ''):lower()
+  if s:find('no such image', 1, true) or s:find('unable to find image', 1, true) then return 'no_image' end
+  if s:find('no such container', 1, true) then return 'not_found' end
+  if s:find('cannot connect to the docker daemon', 1, true) or s:find('is the docker daemon running', 1, true)
+    or s:find('connection refused', 1, true)
+    or (s:find('no such file or directory', 1, true) and s:find('docker.sock', 1, true)) then
+    return 'unavailable'
+  end
+  if s:find('permission denied', 1, true) then return 'authentication' end
+  if s:find('already in use', 1, true) or s:find('in progress', 1, true) or s:find('conflict', 1, true) then
+    return 'conflict'
+  end
+  if s:find('timeout', 1, true) or s:find('deadline exceeded', 1, true) then return 'timeout' end
+  return 'failed'
+end
+
+local function docker_error(reason, what)
+  return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
+end
+
+local function no_image(image)
+  return errors.new('INVALID_CONFIG', 'the image ' .. image .. ' is not on this machine (images are never pulled)')
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Engine: the docker CLI
+-- =======================================================
+
+local Cli = {}
+Cli.__index = Cli
+
+-- Runs `docker -H <host> args...`; returns the result, or raises a mapped error about `what`.
+function Cli:run(args, what, allow)
+  local argv = { self.docker, '-H', self.host }
+  for _, a in ipairs(args) do argv[#argv + 1] = a end
+  local ok, res = pcall(process.run, argv, { timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 1048576 })
+  if not ok then
+    if errors.is(res, 'CANCELLED') then error(res, 0) end
+    error(docker_error('unavailable', what), 0)
+  end
+  if res.timed_out then error(docker_error('timeout', what), 0) end
+  if res.exit_code ~= 0 then
+    local reason = cli_reason(res.stderr)
+    if allow and allow[reason] then return nil, reason end
+    error(docker_error(reason == 'no_image' and 'not_found' or reason, what), 0)
+  end
+  return res
+end
+
+--- The image's environment ("NAME=value" list), or nil when the image is not here.
+function Cli:image_env(image)
+  local res = self:run({ 'image', 'inspect', '--format', '{{json .Config.Env}}', '--', image }, 'inspect the image',
+    { no_image = true, not_found = true })
+  if not res then return nil end
+  local ok, env = pcall(core.json.decode, res.stdout)
+  if not ok or type(env) ~= 'table' then env = {} end
+  return env
+end
+
+-- The argv of `docker run` for a container description.
+local function run_args(c)
+  local a = { 'run', '--detach', '--pull', 'never', '--rm', '--name', c.name, '--hostname', 'sandbox',
+    '--user', c.user, '--workdir', c.workdir, '--network', c.network,
+    '--cap-drop', 'ALL', '--security-opt', 'no-new-privileges', '--init=false',
+    '--memory', tostring(c.memory_bytes), '--memory-swap', tostring(c.memory_bytes),
+    '--cpus', cpus_text(c.cpus), '--pids-limit', tostring(c.pids), '--log-driver', 'none',
+  }
+  local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
+  if c.read_only then add('--read-only') end
+  for _, t in ipairs(c.tmpfs) do add('--tmpfs', t.path .. ':' .. t.options) end
+  for _, m in ipairs(c.mounts) do
+    add('--mount', 'type=bind,' .. csv_field('source=' .. m.source) .. ',' .. csv_field('target=' .. m.target) ..
+      (m.read_only and ',readonly' or ''))
+  end
+  local names = {}
+  for k in pairs(c.labels) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do add('--label', k .. '=' .. c.labels[k]) end
+  for _, port in ipairs(c.ports) do add('--publish', '127.0.0.1::' .. port .. '/tcp') end
+  add('--entrypoint', c.entrypoint[1], '--', c.image)
+  for _, x in ipairs(c.cmd) do a[#a + 1] = x end
+  return a
+end
+
+--- Creates and starts the container; returns its id.
+function Cli:run_container(c)
+  local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
+  local id = ok and res and res.stdout:match('(%x+)%s*$')
+  if not id or #id < 12 then
+    -- a half-made container (created, not started) must not stay behind
+    pcall(self.remove, self, c.name)
+    if not ok then error(res, 0) end
+    if reason == 'no_image' then error(no_image(c.image), 0) end
+    error(docker_error('failed', 'start a container'), 0)
+  end
+  return id
+end
+
+--- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
+function Cli:inspect(id)
+  local res = self:run({ 'container', 'inspect', '--format',
+    '{"running":{{json .State.Running}},"ports":{{json .NetworkSettings.Ports}}}', '--', id },
+    'inspect a container', { not_found = true })
+  if not res then return nil end
+  local ok, t = pcall(core.json.decode, res.stdout)
+  if not ok or type(t) ~= 'table' then error(docker_error('failed', 'inspect a container'), 0) end
+  return { running = t.running == true, ports = t.ports }
+end
+
+--- Removes the container (killing it); no such container is fine.
+function Cli:remove(id)
+  self:run({ 'rm', '--force', '--', id }, 'remove a container', { not_found = true, conflict = true })
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Engine: the Engine API over its unix socket
+-- =======================================================
+
+local Api = {}
+Api.__index = Api
+
+-- One request; returns status and the decoded body (or nil).
+function Api:request(method, path, body, what, timeout_ms)
+  local headers = {}
+  local text
+  if body ~= nil then
+    text = core.json.encode(body)
+    headers['Content-Type'] = 'application/json'
+  end
+  local ok, res = pcall(http.request, {
+    url = 'http://docker' .. path, method = method, headers = headers, body = text,
+    unix_socket = self.socket, timeout_ms = timeout_ms or ENGINE_TIMEOUT_MS, max_body_bytes = 16 * MIB,
+  })
+  if not ok then
+    if errors.is(res, 'CANCELLED') then error(res, 0) end
+    if errors.is(res, 'TIMEOUT') then error(docker_error('timeout', what), 0) end
+    error(docker_error('unavailable', what), 0)
+  end
+  local decoded
+  if res.body and res.body ~= '' then
+    local dok, v = pcall(core.json.decode, res.body)
+    if dok then decoded = v end
+  end
+  return res.status, decoded
+end
+
+local function api_failure(status, what)
+  local sandbox = require('mayura.sandbox')
+  local e = sandbox.sandbox_http_failure(status)
+  e.message = 'docker could not ' .. what .. ' (HTTP ' .. tostring(status) .. ')'
+  return e
+end
+
+function Api:image_env(image)
+  local status, body = self:request('GET', '/images/' .. url_escape(image) .. '/json', nil, 'inspect the image')
+  if status == 404 then return nil end
+  if status ~= 200 then error(api_failure(status, 'inspect the image'), 0) end
+  local env = type(body) == 'table' and type(body.Config) == 'table' and body.Config.Env
+  return type(env) == 'table' and env or {}
+end
+
+local function api_config(c)
+  local json = core.json
+  local tmpfs = {}
+  for _, t in ipairs(c.tmpfs) do tmpfs[t.path] = t.options end
+  local mounts = {}
+  for i, m in ipairs(c.mounts) do
+    mounts[i] = { Type = 'bind', Source = m.source, Target = m.target, ReadOnly = m.read_only == true }
+  end
+  local host = {
+    NetworkMode = c.network,
+    CapDrop = { 'ALL' },
+    SecurityOpt = { 'no-new-privileges' },
+    ReadonlyRootfs = c.read_only,
+    Tmpfs = tmpfs,
+    Mounts = mounts,
+    Memory = c.memory_bytes,
+    MemorySwap = c.memory_bytes,
+    NanoCpus = math.floor(c.cpus * 1e9 + 0.5),
+    PidsLimit = c.pids,
+    Init = false,
+    AutoRemove = true,
+    LogConfig = { Type = 'none', Config = setmetatable({}, json.object_mt) },
+  }
+  local config = {
+    Image = c.image,
+    Hostname = 'sandbox',
+    User = c.user,
+    WorkingDir = c.workdir,
+    Entrypoint = c.entrypoint,
+    Cmd = c.cmd,
+    Labels = c.labels,
+    HostConfig = host,
+  }
+  if #c.ports > 0 then
+    local exposed, bindings = {}, {}
+    for _, port in ipairs(c.ports) do
+      local key = port .. '/tcp'
+      exposed[key] = setmetatable({}, json.object_mt)
+      bindings[key] = { { HostIp = '127.0.0.1', HostPort = '' } }
+    end
+    config.ExposedPorts = exposed
+    host.PortBindings = bindings
+  end
+  return config
+end
+
+function Api:run_container(c)
+  local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
+    'create a container')
+  if status == 404 then error(no_image(c.image), 0) end
+  if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
+  local id = type(body) == 'table' and body.Id
+  if type(id) ~= 'string' or not id:match('^%x+$') then
+    pcall(self.remove, self, c.name)
+    error(docker_error('failed', 'create a container'), 0)
+  end
+  status = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
+  if status ~= 204 and status ~= 304 then
+    pcall(self.remove, self, id)
+    error(status == 404 and docker_error('unavailable', 'start a container') or
+      api_failure(status, 'start a container'), 0)
+  end
+  return id
+end
+
+function Api:inspect(id)
+  local status, body = self:request('GET', '/containers/' .. id .. '/json', nil, 'inspect a container')
+  if status == 404 then return nil end
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a container'), 0) end
+  local state = type(body.State) == 'table' and body.State or {}
+  local net = type(body.NetworkSettings) == 'table' and body.NetworkSettings or {}
+  return { running = state.Running == true, ports = net.Ports }
+end
+
+function Api:remove(id)
+  local status = self:request('DELETE', '/containers/' .. id .. '?force=true&v=true', nil, 'remove a container')
+  if status == 204 or status == 404 then return end
+  if status == 409 then
+    -- its auto-remove is under way: wait for it to finish
+    status = self:request('POST', '/containers/' .. id .. '/wait?condition=removed', nil, 'remove a container')
+    if status == 200 or status == 404 then return end
+  end
+  error(api_failure(status, 'remove a container'), 0)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The host directories of the agents' sockets
+-- =======================================================
+
+local function run_base(uid)
+  if uid == 0 then return '/run/mayura/docker' end
+  local rt = os.getenv('XDG_RUNTIME_DIR')
+  if rt and rt:sub(1, 1) == '/' then return rt .. '/mayura/docker' end
+  return '/tmp/mayura-' .. tostring(uid) .. '/docker'
+end
+
+-- Makes the base directory (0700, ours, not a link); raises INVALID_CONFIG when it cannot be trusted.
+local function prepare_base(base, uid)
+  local ok = await(function(cb) core.fs.mkdir(base, { mode = 448 }, cb) end)
+  local st = uv_fs('fs_lstat', base)
+  if not ok or type(st) ~= 'table' or st.type ~= 'directory' or st.uid ~= uid then
+    errors.raise('INVALID_CONFIG', 'the sandbox socket directory ' .. base .. ' cannot be made or is not ours', nil, 0)
+  end
+  if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, 448) end
+end
+
+-- Removes the directories of sandboxes whose lifetime is over (left by a host killed before release).
+local function sweep(base)
+  local entries = await(function(cb) core.fs.list(base, cb) end)
+  if type(entries) ~= 'table' then return end
+  local now_s = math.floor(core.now_ms() / 1000)
+  for _, e in ipairs(entries) do
+    local expires = tonumber((e.name or ''):match('^(%d+)%-mayura%-%x+$'))
+    if expires and expires + SWEEP_GRACE_S < now_s then remove_dir(base .. '/' .. e.name) end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- A sandbox backend
+-- =======================================================
+
+local Backend = agent_backend.class()
+
+function Backend:url(port)
+  if self.network ~= 'all' then
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+  end
+  local host_port = self.ports[port]
+  if not host_port then error(errors.sandbox('not_found', 'the port is not published'), 0) end
+  return 'http://127.0.0.1:' .. host_port
+end
+
+-- Processes of the sandbox killed for memory, from its cgroup (0 when it cannot be read).
+function Backend:oom_kills()
+  if not self.oom_file then return 0 end
+  local s = read_plain(self.oom_file) or ''
+  return tonumber(s:match('oom_kill (%d+)')) or 0
+end
+
+function Backend:release()
+  if self.released then return end
+  self.released = true
+  if not self.closed then
+    self.closed = true
+    pcall(self.ch.close, self.ch)
+  end
+  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f
+  local ok, err = pcall(self.engine.remove, self.engine, self.container)
+  remove_dir(self.dir)
+  if not ok then error(err, 0) end
+end
+
+local function cgroup_oom_file(id)
+  local candidates = {
+    '/sys/fs/cgroup/memory/docker/' .. id .. '/memory.oom_control',
+    '/sys/fs/cgroup/system.slice/docker-' .. id .. '.scope/memory.events',
+    '/sys/fs/cgroup/docker/' .. id .. '/memory.events',
+    '/sys/fs/cgroup/memory/system.slice/docker-' .. id .. '.scope/memory.oom_control',
+  }
+  for _, p in ipairs(candidates) do
+    if exists(p) then return p end
+  end
+  return nil
+end
+
+-- Waits for the agent's socket and connects; raises `unavailable` when the container ends first.
+local function connect_agent(engine, id, socket_path, on_close)
+  local started = core.hrtime_ms()
+  local delay, next_check = 2, started + 1000
+  while true do
+    local ch = agent_backend.connect(socket_path, on_close)
+    if ch then return ch end
+    local now = core.hrtime_ms()
+    if now - started > START_WAIT_MS then
+      error(errors.sandbox('unavailable', 'the sandbox agent did not start in time'), 0)
+    end
+    if now >= next_check then
+      next_check = now + 1000
+      local st = engine:inspect(id)
+      if not st or not st.running then error(errors.sandbox('unavailable', 'the sandbox did not start'), 0) end
+    end
+    task.sleep(delay)
+    if delay < 50 then delay = delay * 2 end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The provider
+-- =======================================================
+
+local option_keys = {
+  image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
+  tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
+  agent = true, run_dir = true,
+}
+
+-- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
+local function socket_of(host)
+  if type(host) ~= 'string' or host == '' then errors.raise('INVALID_CONFIG', 'host must be a string', nil, 0) end
+  local path = host:match('^unix://(/.+)$')
+  if not path then
+    if host:match('^%a[%w+.-]*://') then
+      errors.raise('INVALID_CONFIG', 'host must be a local daemon (unix:///path/to/docker.sock); remote hosts ' ..
+        '(tcp://, ssh://, ...) are refused', nil, 0)
+    end
+    errors.raise('INVALID_CONFIG', 'host must be unix:///path/to/docker.sock', nil, 0)
+  end
+  if path:find('[%z\n]') or #path > 107 then
+    errors.raise('INVALID_CONFIG', 'host is not a usable socket path', nil, 0)
+  end
+  return path
+end
+
+local function default_host()
+  local env = os.getenv('DOCKER_HOST')
+  if env and env ~= '' then return env end
+  if exists('/var/run/docker.sock') then return 'unix:///var/run/docker.sock' end
+  local rt = os.getenv('XDG_RUNTIME_DIR')
+  if rt and rt ~= '' and exists(rt .. '/docker.sock') then return 'unix://' .. rt .. '/docker.sock' end
+  return 'unix:///var/run/docker.sock'
+end
+
+local RESERVED_DIRS = { ['/'] = true, ['/tmp'] = true, ['/proc'] = true, ['/sys'] = true, ['/dev'] = true,
+  ['/etc'] = true, ['/.mayura'] = true }
+
+local function check_workdir(w)
+  if type(w) ~= 'string' or not w:match('^/[%w%._%-/]*$') or #w > 512 or w:find('//', 1, true)
+    or w:find('/%.%.?/') or w:find('/%.%.?$') or (w ~= '/' and w:sub(-1) == '/') then
+    errors.raise('INVALID_CONFIG', 'workdir must be an absolute path of letters, digits, . _ - and /', nil, 0)
+  end
+  if RESERVED_DIRS[w] or w:sub(1, 8) == '/.mayura' or w:sub(1, 5) == '/tmp/' or w:sub(1, 6) == '/proc/'
+    or w:sub(1, 5) == '/sys/' or w:sub(1, 5) == '/dev/' then
+    errors.raise('INVALID_CONFIG', 'workdir cannot be ' .. w, nil, 0)
+  end
+  return w
+end
+
+--- A provider of Docker sandboxes. Options (and defaults): `image` (required),
+-- `engine` ('cli' | 'api'), `docker` (the CLI; 'docker' on the PATH), `host`
+-- (DOCKER_HOST or unix:///var/run/docker.sock; local sockets only), `user`
+-- ('1000:1000'), `workdir` ('/workspace'), `workspace_mib` (1024), `tmp_mib`
+-- (256), `cpus` (1), `memory_mib` (1024), `pids` (256), `read_only_root`
+-- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
+-- `run_dir` (where the sockets' directories are made) for unusual setups.
+function M.docker_sandboxes(options)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
+  check.keys(options, option_keys, 'docker_sandboxes options', C, 3)
+  local image = options.image
+  if type(image) ~= 'string' or image == '' or #image > 1024 or image:find('[%s%z]') or image:sub(1, 1) == '-' then
+    errors.raise(C, 'image is required: the name of an image on this machine', nil, 2)
+  end
+  local engine = options.engine or 'cli'
+  if engine ~= 'cli' and engine ~= 'api' then errors.raise(C, "engine must be 'cli' or 'api'", nil, 2) end
+  local ok, socket = pcall(socket_of, options.host or default_host())
+  if not ok then error(socket, 2) end
+  local user = options.user or '1000:1000'
+  local uid, gid
+  if type(user) == 'string' then uid, gid = user:match('^(%d+):(%d+)$') end
+  if not uid or #uid > 10 or #gid > 10 then errors.raise(C, "user must be a numeric 'uid:gid'", nil, 2) end
+  if tonumber(uid) == 0 then errors.raise(C, 'user must not be root (uid 0)', nil, 2) end
+  local wok, workdir = pcall(check_workdir, options.workdir or '/workspace')
+  if not wok then error(workdir, 2) end
+  local cpus = options.cpus or 1
+  if type(cpus) ~= 'number' or cpus ~= cpus or cpus < 0.01 or cpus > 1024 then
+    errors.raise(C, 'cpus must be a number from 0.01', nil, 2)
+  end
+  if options.read_only_root ~= nil and type(options.read_only_root) ~= 'boolean' then
+    errors.raise(C, 'read_only_root must be a boolean', nil, 2)
+  end
+  local p = {
+    id = 'docker',
+    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } },
+    workdir = workdir,
+    image = image,
+    engine_name = engine,
+    host = 'unix://' .. socket,
+    user = uid .. ':' .. gid,
+    uid = tonumber(uid),
+    gid = tonumber(gid),
+    cpus = cpus,
+    workspace_mib = check.int(options.workspace_mib, 'workspace_mib', 1, 1048576, C, 3, 1024),
+    tmp_mib = check.int(options.tmp_mib, 'tmp_mib', 1, 1048576, C, 3, 256),
+    memory_mib = check.int(options.memory_mib, 'memory_mib', 6, 16 * 1048576, C, 3, 1024),
+    pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
+    read_only_root = options.read_only_root ~= false,
+    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, 366 * 86400000, C, 3, 86400000),
+  }
+  if engine == 'cli' then
+    if options.docker ~= nil and (type(options.docker) ~= 'string' or options.docker == '') then
+      errors.raise(C, 'docker must be the path of the docker CLI', nil, 2)
+    end
+    local cli = find_in_path(options.docker or 'docker')
+    if not cli then errors.raise(C, 'the docker CLI is not installed (or not on the PATH)', nil, 2) end
+    p.engine = setmetatable({ docker = cli, host = p.host }, Cli)
+  else
+    p.engine = setmetatable({ socket = socket }, Api)
+  end
+  p.agent = options.agent and absolute(options.agent) or find_agent()
+  if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
+  if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
+  local me = my_uid()
+  if me ~= 0 and me ~= p.uid then
+    -- the agent's socket belongs to the sandbox's user, mode 0600
+    errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. ')', nil, 2)
+  end
+  p.my_uid = me
+  p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
+  if not plain_path(p.run_base) or #p.run_base > 60 then
+    errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
+  end
+  local images = {}          -- image -> { env, until_ms }
+  local prepared = false
+
+  local function image_env(self, name)
+    local known = images[name]
+    if known and known.until_ms > core.hrtime_ms() then return known.env end
+    local env = self.engine:image_env(name)
+    if env == nil then
+      images[name] = nil
+      error(no_image(name), 0)
+    end
+    local map = {}
+    for _, kv in ipairs(env) do
+      local k, v
+      if type(kv) == 'string' then k, v = kv:match('^([%a_][%w_]*)=(.*)$') end
+      if k and not v:find('%z') then map[k] = v end
+    end
+    images[name] = { env = map, until_ms = core.hrtime_ms() + IMAGE_CACHE_MS }
+    return map
+  end
+
+  function p.create(self, spec)
+    local started = core.hrtime_ms()
+    local network = spec.network == 'all' and 'all' or 'none'
+    if spec.ports and #spec.ports > 0 and network ~= 'all' then
+      errors.raise('INVALID_INPUT', 'ports are served only with network all', nil, 0)
+    end
+    for k, v in pairs(spec.labels or {}) do
+      if k:find('[=%c]') or v:find('[%c]') then
+        errors.raise('INVALID_INPUT',
+          'a label name holds "=" or a control character, or a value a control character', nil, 0)
+      end
+    end
+    local memory_mib = math.min(spec.memory_mib or self.memory_mib, self.memory_mib)
+    if memory_mib < 6 then errors.raise('INVALID_INPUT', 'memory_mib must be at least 6 for docker', nil, 0) end
+    local uv = require('luv')
+    local ncpu = (uv.available_parallelism and uv.available_parallelism()) or #(uv.cpu_info() or {})
+    local want_cpus = math.min(spec.cpus or self.cpus, self.cpus)
+    if ncpu and ncpu > 0 then want_cpus = math.min(want_cpus, ncpu) end
+    if want_cpus < 0.01 then errors.raise('INVALID_INPUT', 'cpus must be at least 0.01', nil, 0) end
+    local image_name = spec.image or self.image
+    if image_name:find('[%s%z]') or image_name:sub(1, 1) == '-' then
+      errors.raise('INVALID_CONFIG', 'image is not a usable image name', nil, 0)
+    end
+
+    -- the image first: nothing is created for an image that is not here
+    local env = {}
+    for k, v in pairs(image_env(self, image_name)) do env[k] = v end
+    for k, v in pairs(spec.env or {}) do env[k] = v end
+
+    if not prepared then
+      prepare_base(self.run_base, self.my_uid)
+      sweep(self.run_base)
+      prepared = true
+    end
+    local id = 'mayura-' .. random_hex(6)
+    local expires_s = math.floor((core.now_ms() + spec.lifetime_ms) / 1000) + 1
+    local dir = self.run_base .. '/' .. expires_s .. '-' .. id
+    local made, merr = uv_fs('fs_mkdir', dir, 448)
+    if not made then
+      local _ = merr
+      error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory'), 0)
+    end
+    -- the agent (the sandbox's user) makes its socket here; closed again once the host is connected
+    uv_fs('fs_chmod', dir, 511)
+
+    local labels = {}
+    for k, v in pairs(spec.labels or {}) do labels[k] = v end
+    labels[ID_LABEL] = id
+    labels[PROVIDER_LABEL] = 'docker'
+    local ports = spec.ports or {}
+    local c = {
+      name = id, image = image_name, user = self.user, workdir = self.workdir,
+      network = network == 'all' and 'bridge' or 'none',
+      read_only = self.read_only_root,
+      tmpfs = {
+        { path = self.workdir, options = ('rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d'):format(
+          self.workspace_mib * MIB, self.uid, self.gid) },
+        { path = '/tmp', options = ('rw,exec,nosuid,nodev,size=%d,mode=1777,uid=%d,gid=%d'):format(
+          self.tmp_mib * MIB, self.uid, self.gid) },
+      },
+      mounts = {
+        { source = self.agent, target = AGENT_IN, read_only = true },
+        { source = dir, target = RUN_IN, read_only = false },
+      },
+      memory_bytes = memory_mib * MIB,
+      cpus = want_cpus,
+      pids = self.pids,
+      labels = labels,
+      ports = ports,
+      entrypoint = { AGENT_IN },
+      cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
+    }
+    -- the pool counts the lifetime from the start of create: so does the container, near enough
+    c.cmd[4] = ('%d'):format(math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started)))
+    local eng = self.engine
+    local rok, container = pcall(eng.run_container, eng, c)
+    if not rok then
+      remove_dir(dir)
+      error(container, 0)
+    end
+
+    local backend = setmetatable({
+      id = id, container = container, engine = eng, dir = dir, network = network,
+      ports = {}, closed = false, released = false,
+    }, Backend)
+    local sok, serr = pcall(function()
+      if #ports > 0 then
+        local st = eng:inspect(container)
+        if not st then error(errors.sandbox('unavailable', 'the sandbox did not start'), 0) end
+        for _, port in ipairs(ports) do
+          local b = type(st.ports) == 'table' and st.ports[port .. '/tcp']
+          local hp = type(b) == 'table' and type(b[1]) == 'table' and tonumber(b[1].HostPort)
+          if not hp then error(errors.sandbox('failed', 'docker did not publish port ' .. port), 0) end
+          backend.ports[port] = math.floor(hp)
+        end
+      end
+      backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
+      -- no more files from the sandbox's side in this host directory
+      uv_fs('fs_chmod', dir, 365)
+      backend.oom_file = cgroup_oom_file(container)
+      agent_backend.handshake(backend, env, self.workdir)
+    end)
+    if not sok then
+      pcall(backend.release, backend)
+      if errors.is(serr, 'SANDBOX_ERROR') and serr.reason == 'gone' then
+        error(errors.sandbox('unavailable', 'the sandbox did not start'), 0)
+      end
+      error(errors.is(serr) and serr or errors.sandbox('failed', 'the sandbox did not start'), 0)
+    end
+    return backend
+  end
+
+  return p
+end
+
+-- }======================================================
+
+return M

@@ -1,0 +1,596 @@
+--- mayura.sandbox.local: daemonless Linux sandboxes from namespaces (bubblewrap).
+--
+-- `local_sandboxes(options)` is a provider for `create_sandboxes`. Each sandbox
+-- is a set of new user, mount, pid, net, ipc and uts namespaces made by
+-- bubblewrap, with the in-sandbox agent (build/mayura-agent) as its PID 1:
+--
+--   * the root is read-only: the host's /usr (and its library links) with a
+--     synthesized /etc (passwd, group, hosts, an empty resolv.conf), or a root
+--     file system directory given as `image`; never the host's /home, /root,
+--     /var, /run, /tmp or the secrets of its /etc;
+--   * /workspace and /tmp are tmpfs with size caps; the user is uid 1000 with
+--     no capabilities and no_new_privs; no network unless 'all' (then the
+--     host's network, and url(port) is on 127.0.0.1);
+--   * run as root, each sandbox runs under a host uid of its own (no host
+--     root behind the sandbox's user), and `cpus`, `memory_mib` and `pids` are
+--     enforced with cgroups (v1 or v2); run as another user, the host's
+--     limits apply and `provider.enforced` says so;
+--   * commands and file calls go to the agent over a socket pair, so
+--     environment values never appear on a host command line, and file calls
+--     happen in the sandbox's own view of its files;
+--   * the lifetime is enforced by the agent: it exits at the end of it, and as
+--     PID 1 its exit ends every process of the sandbox. It also exits when the
+--     host end of its socket closes, so a host killed with SIGKILL leaves no
+--     sandbox behind; the launcher then removes the sandbox's cgroups.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local task = require('mayura._task')
+local check = require('mayura._check')
+
+local M = {}
+
+local MIB = 1048576
+local SANDBOX_UID = 1000
+local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
+local WORKDIR = '/workspace'
+local AGENT_PATH = '/.mayura/agent'
+
+-- {======================================================
+-- Host helpers
+-- =======================================================
+
+local function await_cb(start)
+  return task.await(function(done) start(function(a, b) done(a, b) end) end)
+end
+
+local function exists(path)
+  local f = io.open(path, 'r')
+  if f then f:close() return true end
+  return false
+end
+
+local function is_dir(path)
+  local st = await_cb(function(cb) core.fs.stat(path, cb) end)
+  return st ~= nil and st.type == 'directory'
+end
+
+local function readlink_type(path)
+  local st = await_cb(function(cb) core.fs.stat(path, cb) end)
+  return st and st.type
+end
+
+local function find_in_path(name)
+  if name:find('/', 1, true) then return exists(name) and name or nil end
+  for dir in (os.getenv('PATH') or '/usr/bin:/bin'):gmatch('[^:]+') do
+    local p = dir .. '/' .. name
+    if exists(p) then return p end
+  end
+  return nil
+end
+
+local function absolute(path)
+  if path:sub(1, 1) == '/' then return path end
+  return (os.getenv('PWD') or '.') .. '/' .. path
+end
+
+-- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
+local function find_agent()
+  local env = os.getenv('MAYURA_AGENT')
+  if env and exists(env) then return absolute(env) end
+  local src = debug.getinfo(1, 'S').source
+  if src:sub(1, 1) == '@' then
+    local root = src:sub(2):match('^(.*)/providers/mayura/sandbox/local%.lua$')
+    if root == nil and src:sub(2) == 'providers/mayura/sandbox/local.lua' then root = '.' end
+    if root then
+      local p = root .. '/build/mayura-agent'
+      if exists(p) then return absolute(p) end
+    end
+  end
+  for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
+    if exists(p) then return p end
+  end
+  return nil
+end
+
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n) or tostring(os.time())
+  if f then f:close() end
+  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+local function write_plain(path, text)
+  local f = io.open(path, 'w')
+  if not f then return false end
+  local ok = f:write(text)
+  local closed = f:close()
+  return ok ~= nil and closed ~= nil
+end
+
+local function read_plain(path)
+  local f = io.open(path, 'r')
+  if not f then return nil end
+  local s = f:read('a')
+  f:close()
+  return s
+end
+
+local function is_root()
+  local st = read_plain('/proc/self/status') or ''
+  return st:match('\nUid:%s+0%s') ~= nil
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The synthesized /etc
+-- =======================================================
+
+local ETC = {
+  passwd = 'root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/workspace:/bin/sh\n' ..
+    'nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n',
+  group = 'root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n',
+  hosts = '127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n',
+  ['resolv.conf'] = '',
+  ['nsswitch.conf'] = 'passwd: files\ngroup: files\nhosts: files dns\n',
+}
+
+-- Parts of the host's /etc that hold no secrets and that programs need.
+local ETC_HOST = { 'alternatives', 'ld.so.cache', 'localtime', 'ssl/certs', 'ca-certificates' }
+
+local function etc_dir()
+  local base
+  if is_root() then
+    base = '/run/mayura'
+  else
+    local rt = os.getenv('XDG_RUNTIME_DIR')
+    base = (rt and rt ~= '') and (rt .. '/mayura') or ('/tmp/mayura-' .. (os.getenv('USER') or 'user'))
+  end
+  local dir = base .. '/etc-1'
+  local ok, err = await_cb(function(cb) core.fs.mkdir(dir, { mode = 493 }, cb) end)
+  if not ok then errors.raise('INVALID_CONFIG', 'cannot make the sandbox /etc: ' .. tostring(err and err.errno)) end
+  -- readable by the sandboxes' own host uids, whatever the umask was
+  require('mayura.process').run({ 'chmod', '0755', base, dir })
+  for name, text in pairs(ETC) do
+    if read_plain(dir .. '/' .. name) ~= text then
+      local w, werr = await_cb(function(cb) core.fs.write(dir .. '/' .. name, text, { mode = 420 }, cb) end)
+      if not w then
+        errors.raise('INVALID_CONFIG', 'cannot write the sandbox /etc: ' .. tostring(werr and werr.errno))
+      end
+    end
+  end
+  return dir
+end
+
+-- }======================================================
+
+-- {======================================================
+-- cgroups
+-- =======================================================
+
+-- Which cgroup version can be used here, as root: 'v2', 'v1' or nil.
+local function cgroup_mode()
+  if not is_root() then return nil end
+  if exists('/sys/fs/cgroup/cgroup.controllers') then return 'v2' end
+  if exists('/sys/fs/cgroup/memory/memory.limit_in_bytes') and exists('/sys/fs/cgroup/pids/cgroup.procs') then
+    return 'v1'
+  end
+  return nil
+end
+
+-- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins).
+local function make_cgroups(mode, id, limits)
+  local dirs = {}
+  local function mk(path)
+    local ok = await_cb(function(cb) core.fs.mkdir(path, nil, cb) end)
+    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup')) end
+    dirs[#dirs + 1] = path
+    return path
+  end
+  local function set(path, value, optional)
+    if not write_plain(path, value) and not optional then
+      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'))
+    end
+  end
+  local bytes = tostring(limits.memory_mib * MIB)
+  local quota = math.floor(limits.cpus * 100000 + 0.5)
+  if mode == 'v1' then
+    local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
+    set(mem .. '/memory.limit_in_bytes', bytes)
+    set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
+    set(mem .. '/memory.swappiness', '0', true)
+    local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
+    set(pids .. '/pids.max', tostring(limits.pids))
+    if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
+      local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
+      set(cpu .. '/cpu.cfs_period_us', '100000')
+      set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+    end
+  else
+    write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
+    mk('/sys/fs/cgroup/mayura')
+    dirs = {}
+    write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
+    local cg = mk('/sys/fs/cgroup/mayura/' .. id)
+    set(cg .. '/memory.max', bytes)
+    set(cg .. '/memory.swap.max', '0', true)
+    set(cg .. '/pids.max', tostring(limits.pids))
+    set(cg .. '/cpu.max', quota .. ' 100000', true)
+  end
+  return dirs
+end
+
+local function remove_cgroups(dirs)
+  for i = #dirs, 1, -1 do os.remove(dirs[i]) end
+end
+
+-- How many times the sandbox's memory cgroup has killed a process for memory.
+local function oom_kills(mode, dirs)
+  if mode == 'v1' then
+    local s = read_plain(dirs[1] .. '/memory.oom_control') or ''
+    return tonumber(s:match('oom_kill (%d+)')) or 0
+  elseif mode == 'v2' then
+    local s = read_plain(dirs[1] .. '/memory.events') or ''
+    return tonumber(s:match('oom_kill (%d+)')) or 0
+  end
+  return 0
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The launcher
+-- =======================================================
+
+-- Joins the cgroups, runs bubblewrap, then leaves and removes the cgroups.
+-- Arguments: the number of cgroup directories, the directories, the command.
+local LAUNCHER = [[
+n=$1; shift; dirs=
+while [ "$n" -gt 0 ]; do
+  echo $$ > "$1/cgroup.procs" || exit 125
+  dirs="$1 $dirs"; shift; n=$((n - 1))
+done
+[ -n "$dirs" ] && echo -1000 > /proc/self/oom_score_adj 2>/dev/null
+"$@"
+rc=$?
+for d in $dirs; do
+  case "$d" in
+    */mayura/*) echo $$ > "${d%%/mayura/*}/cgroup.procs" 2>/dev/null ;;
+  esac
+done
+for d in $dirs; do rmdir "$d" 2>/dev/null; done
+exit $rc
+]]
+
+local function bwrap_argv(p, spec, sb_id)
+  local a = { p.bwrap,
+    '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
+    '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
+    '--hostname', 'sandbox',
+    '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
+  }
+  local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
+  if spec.network ~= 'all' then add('--unshare-net') end
+  local image = spec.image or p.image
+  if image then
+    add('--ro-bind', image, '/')
+  else
+    add('--ro-bind', '/usr', '/usr')
+    for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
+      local t = p.root_links[d]
+      if t == 'symlink' then add('--symlink', 'usr/' .. d, '/' .. d)
+      elseif t == 'directory' then add('--ro-bind', '/' .. d, '/' .. d) end
+    end
+    add('--dir', '/etc')
+    for name in pairs(ETC) do add('--ro-bind', p.etc .. '/' .. name, '/etc/' .. name) end
+    for _, name in ipairs(ETC_HOST) do
+      if p.etc_host[name] then add('--ro-bind', '/etc/' .. name, '/etc/' .. name) end
+    end
+    if spec.network == 'all' and p.etc_host['resolv'] then
+      add('--ro-bind', '/etc/resolv.conf', '/etc/resolv.conf')
+    end
+  end
+  add('--proc', '/proc', '--dev', '/dev')
+  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
+  add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
+  add('--ro-bind', p.agent, AGENT_PATH)
+  add('--chdir', '/')
+  add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
+  local _ = sb_id
+  return a
+end
+
+-- }======================================================
+
+-- {======================================================
+-- A sandbox backend over the agent
+-- =======================================================
+
+local Backend = {}
+Backend.__index = Backend
+
+local function reply_error(reply, what)
+  local e = reply.error
+  if e == 'too_large' then return errors.new('LIMIT_EXCEEDED', what .. ' is larger than max_bytes') end
+  if e == 'is_directory' or e == 'EISDIR' then return errors.new('INVALID_INPUT', what .. ' is a directory') end
+  if e == 'not_directory' or e == 'ENOTDIR' then return errors.new('INVALID_INPUT', what .. ' is not a directory') end
+  if e == 'not_regular' then return errors.new('INVALID_INPUT', what .. ' is not a regular file') end
+  if e == 'ENOTEMPTY' then return errors.new('INVALID_INPUT', what .. ' is a directory that is not empty') end
+  if e == 'ENOENT' then return errors.new('INVALID_INPUT', what .. ' does not exist') end
+  if e == 'ENAMETOOLONG' then return errors.new('INVALID_INPUT', what .. ': a name is too long') end
+  if e == 'ELOOP' then return errors.new('INVALID_INPUT', what .. ': too many symbolic links') end
+  if e == 'EACCES' or e == 'EPERM' or e == 'EROFS' then
+    return errors.new('PERMISSION_DENIED', what .. ': the sandbox does not allow it (' .. e .. ')')
+  end
+  if e == 'ENOSPC' or e == 'EDQUOT' then
+    return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)
+  end
+  return errors.sandbox('failed', what .. ' failed in the sandbox')
+end
+
+-- A call to the agent; a closed channel is `gone`.
+function Backend:call(req, on_id)
+  if self.closed then error(errors.sandbox('gone', 'the sandbox is gone'), 0) end
+  local reply, err = task.await(function(done)
+    local ok, id = pcall(self.ch.call, self.ch, req, done)
+    if not ok then return done(nil, errors.sandbox('gone', 'the sandbox is gone')) end
+    if on_id then on_id(id) end
+  end)
+  if not reply then
+    if errors.is(err) then error(err, 0) end
+    error(errors.sandbox('failed', 'the sandbox agent failed'), 0)
+  end
+  if type(reply) ~= 'table' then error(errors.sandbox('failed', 'the sandbox agent answered nonsense'), 0) end
+  return reply
+end
+
+function Backend:exec(argv, o)
+  local kills_before = self.cg_mode and oom_kills(self.cg_mode, self.cg_dirs) or 0
+  local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }
+  if o.cwd then req.cwd = o.cwd end
+  if o.env and next(o.env) then req.env = o.env end
+  if o.stdin then req.stdin = o.stdin end
+  local token, remove = o.signal, nil
+  local reply = self:call(req, function(id)
+    if token then
+      remove = token:on_cancel(function()
+        if not self.closed then pcall(self.ch.call, self.ch, { op = 'cancel', target = id }, function() end) end
+      end)
+    end
+  end)
+  if remove then remove() end
+  if reply.error then error(reply_error(reply, 'cwd'), 0) end
+  if reply.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+  local res = {
+    exit_code = reply.exit_code,
+    signal = reply.signal,
+    stdout = reply.stdout,
+    stderr = reply.stderr,
+    truncated = reply.stdout_truncated == true or reply.stderr_truncated == true,
+    timed_out = reply.timed_out == true,
+    duration_ms = reply.duration_ms,
+  }
+  if reply.signal == 9 and self.cg_mode and oom_kills(self.cg_mode, self.cg_dirs) > kills_before then
+    res.oom_killed = true
+  end
+  return res
+end
+
+function Backend:read_file(path, o)
+  local reply = self:call({ op = 'read', path = path, max_bytes = o.max_bytes })
+  if reply.missing then return nil end
+  if reply.error then error(reply_error(reply, 'the file'), 0) end
+  return reply.data
+end
+
+function Backend:write_file(path, data)
+  local reply = self:call({ op = 'write', path = path, data = data })
+  if reply.error then error(reply_error(reply, 'the file'), 0) end
+end
+
+function Backend:list_files(path)
+  local reply = self:call({ op = 'list', path = path })
+  if reply.missing then return nil end
+  if reply.error then error(reply_error(reply, 'the path'), 0) end
+  local names, types, sizes, times = reply.names, reply.types, reply.sizes, reply.modified
+  if type(names) ~= 'table' or type(types) ~= 'table' or type(sizes) ~= 'table' or type(times) ~= 'table'
+    or #types ~= #names or #sizes ~= #names or #times ~= #names then
+    error(errors.sandbox('failed', 'the sandbox agent answered nonsense'), 0)
+  end
+  local out = {}
+  for i, name in ipairs(names) do
+    out[i] = { name = name, type = types[i], size = sizes[i], modified = times[i] }
+  end
+  return out
+end
+
+function Backend:remove_file(path, o)
+  local reply = self:call({ op = 'remove', path = path, recursive = o.recursive == true })
+  if reply.error then error(reply_error(reply, 'the path'), 0) end
+end
+
+function Backend:url(port)
+  if self.network ~= 'all' then
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+  end
+  return 'http://127.0.0.1:' .. port
+end
+
+function Backend:release()
+  if self.released then return end
+  self.released = true
+  if not self.closed then
+    -- ask the agent to end everything; closing our end ends it too
+    pcall(self.ch.call, self.ch, { op = 'shutdown' }, function() end)
+    self.closed = true
+    self.ch:close()
+  end
+  -- wait for the launcher (and so bubblewrap and the cgroups) to be gone, a few seconds at most
+  if not self.exited then
+    local uv = require('luv')
+    task.await(function(done)
+      local timer = uv.new_timer()
+      local fired = false
+      local function finish()
+        if fired then return end
+        fired = true
+        if not timer:is_closing() then timer:stop(); timer:close() end
+        done()
+      end
+      self.on_exit = finish
+      timer:start(5000, 0, function()
+        if self.proc then self.proc:cancel() end
+        finish()
+      end)
+    end)
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The provider
+-- =======================================================
+
+local option_keys = {
+  image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
+  pids = true, max_lifetime_ms = true, bwrap = true, agent = true,
+}
+
+--- A provider of local namespace sandboxes. Options: `image` (a root file
+-- system directory; the host's /usr by default), `workspace_mib` (1024),
+-- `tmp_mib` (256), `cpus` (1), `memory_mib` (1024), `pids` (256),
+-- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
+-- the agent binary).
+function M.local_sandboxes(options)
+  options = options or {}
+  check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
+  local C = 'INVALID_CONFIG'
+  if options.workdir ~= nil and options.workdir ~= WORKDIR then
+    errors.raise(C, 'the local provider\'s workdir is ' .. WORKDIR, nil, 2)
+  end
+  local p = {
+    id = 'local',
+    workdir = WORKDIR,
+    workspace_mib = check.int(options.workspace_mib, 'workspace_mib', 1, 1048576, C, 3, 1024),
+    tmp_mib = check.int(options.tmp_mib, 'tmp_mib', 1, 1048576, C, 3, 256),
+    memory_mib = check.int(options.memory_mib, 'memory_mib', 16, 16 * 1048576, C, 3, 1024),
+    pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
+    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, nil, C, 3, 86400000),
+  }
+  local cpus = options.cpus or 1
+  if type(cpus) ~= 'number' or cpus ~= cpus or cpus <= 0 or cpus > 1024 then
+    errors.raise(C, 'cpus must be a number above 0', nil, 2)
+  end
+  p.cpus = cpus
+  if options.image ~= nil then
+    if type(options.image) ~= 'string' or options.image:sub(1, 1) ~= '/' or not is_dir(options.image) then
+      errors.raise(C, 'image must be the absolute path of a root file system directory', nil, 2)
+    end
+    p.image = options.image
+  end
+  p.bwrap = find_in_path(options.bwrap or 'bwrap')
+  if not p.bwrap then errors.raise(C, 'bubblewrap (bwrap) is not installed', nil, 2) end
+  p.agent = options.agent and absolute(options.agent) or find_agent()
+  if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
+  p.cg_mode = cgroup_mode()
+  p.root = is_root()
+  p.features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } }
+  -- what holds where: cgroups need root here; without them the host's limits apply
+  p.enforced = {
+    memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
+    workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
+  }
+  p.root_links = {}
+  for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
+    p.root_links[d] = readlink_type('/' .. d)
+  end
+  p.etc_host = {}
+  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = readlink_type('/etc/' .. name) ~= nil end
+  p.etc_host.resolv = exists('/etc/resolv.conf')
+  p.etc = etc_dir()
+  local counter = 0
+
+  function p.create(self, spec)
+    if spec.ports and #spec.ports > 0 and spec.network ~= 'all' then
+      errors.raise('INVALID_INPUT', 'ports are served only with network all', nil, 0)
+    end
+    if spec.image ~= nil and (spec.image:sub(1, 1) ~= '/' or not is_dir(spec.image)) then
+      errors.raise('INVALID_CONFIG', 'image must be the absolute path of a root file system directory', nil, 0)
+    end
+    counter = counter + 1
+    local id = 'local-' .. random_hex(6)
+    local limits = {
+      memory_mib = math.min(spec.memory_mib or self.memory_mib, self.memory_mib),
+      cpus = math.min(spec.cpus or self.cpus, self.cpus),
+      pids = self.pids,
+    }
+    local cg_dirs = {}
+    if self.cg_mode then cg_dirs = make_cgroups(self.cg_mode, id, limits) end
+    local argv = { '/bin/sh', '-c', LAUNCHER, 'mayura-launch', tostring(#cg_dirs) }
+    for _, d in ipairs(cg_dirs) do argv[#argv + 1] = d end
+    if self.root then
+      local uid = tostring(HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter))
+      for _, x in ipairs({ 'setpriv', '--reuid', uid, '--regid', uid, '--clear-groups', '--' }) do
+        argv[#argv + 1] = x
+      end
+    end
+    for _, x in ipairs(bwrap_argv(self, spec, id)) do argv[#argv + 1] = x end
+
+    local a, b = core.socketpair()
+    if not a then
+      remove_cgroups(cg_dirs)
+      error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
+    end
+    local backend = setmetatable({
+      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs,
+      closed = false, released = false, exited = false,
+    }, Backend)
+    local proc, err = core.spawn({
+      argv = argv, fds = { b }, max_output_bytes = 65536,
+      env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
+    }, function(res)
+      backend.exited = true
+      backend.launcher_result = res
+      if not backend.closed then
+        backend.closed = true
+        pcall(backend.ch.close, backend.ch)
+      end
+      if backend.on_exit then backend.on_exit() end
+    end)
+    core.close_fd(b)
+    if not proc then
+      core.close_fd(a)
+      remove_cgroups(cg_dirs)
+      local _ = err
+      error(errors.sandbox('unavailable', 'cannot start the sandbox'), 0)
+    end
+    backend.proc = proc
+    backend.ch = core.channel(a, {
+      max_frame_bytes = 1024 * MIB,
+      on_close = function() backend.closed = true end,
+    })
+    -- the agent answers once the namespaces are up; then it gets the env, never on a command line
+    local ok, cerr = pcall(function()
+      local hello = backend:call({ op = 'hello' })
+      if hello.error then error(errors.sandbox('failed', 'the sandbox agent did not start'), 0) end
+      local req = { op = 'setup', workdir = WORKDIR }
+      if spec.env and next(spec.env) then req.env = spec.env end
+      local setup = backend:call(req)
+      if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
+    end)
+    if not ok then
+      pcall(backend.release, backend)
+      if errors.is(cerr, 'SANDBOX_ERROR') and cerr.reason == 'gone' then
+        error(errors.sandbox('unavailable', 'the sandbox did not start'), 0)
+      end
+      error(cerr, 0)
+    end
+    return backend
+  end
+  return p
+end
+
+-- }======================================================
+
+return M
