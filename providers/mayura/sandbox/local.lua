@@ -26,6 +26,7 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
+local agent_backend = require('mayura.sandbox._agent_backend')
 
 local M = {}
 
@@ -306,107 +307,13 @@ end
 -- A sandbox backend over the agent
 -- =======================================================
 
-local Backend = {}
-Backend.__index = Backend
+-- exec, files and the error mapping are shared with the Docker provider
+local Backend = agent_backend.class()
 
-local function reply_error(reply, what)
-  local e = reply.error
-  if e == 'too_large' then return errors.new('LIMIT_EXCEEDED', what .. ' is larger than max_bytes') end
-  if e == 'is_directory' or e == 'EISDIR' then return errors.new('INVALID_INPUT', what .. ' is a directory') end
-  if e == 'not_directory' or e == 'ENOTDIR' then return errors.new('INVALID_INPUT', what .. ' is not a directory') end
-  if e == 'not_regular' then return errors.new('INVALID_INPUT', what .. ' is not a regular file') end
-  if e == 'ENOTEMPTY' then return errors.new('INVALID_INPUT', what .. ' is a directory that is not empty') end
-  if e == 'ENOENT' then return errors.new('INVALID_INPUT', what .. ' does not exist') end
-  if e == 'ENAMETOOLONG' then return errors.new('INVALID_INPUT', what .. ': a name is too long') end
-  if e == 'ELOOP' then return errors.new('INVALID_INPUT', what .. ': too many symbolic links') end
-  if e == 'EACCES' or e == 'EPERM' or e == 'EROFS' then
-    return errors.new('PERMISSION_DENIED', what .. ': the sandbox does not allow it (' .. e .. ')')
-  end
-  if e == 'ENOSPC' or e == 'EDQUOT' then
-    return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)
-  end
-  return errors.sandbox('failed', what .. ' failed in the sandbox')
-end
-
--- A call to the agent; a closed channel is `gone`.
-function Backend:call(req, on_id)
-  if self.closed then error(errors.sandbox('gone', 'the sandbox is gone'), 0) end
-  local reply, err = task.await(function(done)
-    local ok, id = pcall(self.ch.call, self.ch, req, done)
-    if not ok then return done(nil, errors.sandbox('gone', 'the sandbox is gone')) end
-    if on_id then on_id(id) end
-  end)
-  if not reply then
-    if errors.is(err) then error(err, 0) end
-    error(errors.sandbox('failed', 'the sandbox agent failed'), 0)
-  end
-  if type(reply) ~= 'table' then error(errors.sandbox('failed', 'the sandbox agent answered nonsense'), 0) end
-  return reply
-end
-
-function Backend:exec(argv, o)
-  local kills_before = self.cg_mode and oom_kills(self.cg_mode, self.cg_dirs) or 0
-  local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }
-  if o.cwd then req.cwd = o.cwd end
-  if o.env and next(o.env) then req.env = o.env end
-  if o.stdin then req.stdin = o.stdin end
-  local token, remove = o.signal, nil
-  local reply = self:call(req, function(id)
-    if token then
-      remove = token:on_cancel(function()
-        if not self.closed then pcall(self.ch.call, self.ch, { op = 'cancel', target = id }, function() end) end
-      end)
-    end
-  end)
-  if remove then remove() end
-  if reply.error then error(reply_error(reply, 'cwd'), 0) end
-  if reply.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-  local res = {
-    exit_code = reply.exit_code,
-    signal = reply.signal,
-    stdout = reply.stdout,
-    stderr = reply.stderr,
-    truncated = reply.stdout_truncated == true or reply.stderr_truncated == true,
-    timed_out = reply.timed_out == true,
-    duration_ms = reply.duration_ms,
-  }
-  if reply.signal == 9 and self.cg_mode and oom_kills(self.cg_mode, self.cg_dirs) > kills_before then
-    res.oom_killed = true
-  end
-  return res
-end
-
-function Backend:read_file(path, o)
-  local reply = self:call({ op = 'read', path = path, max_bytes = o.max_bytes })
-  if reply.missing then return nil end
-  if reply.error then error(reply_error(reply, 'the file'), 0) end
-  return reply.data
-end
-
-function Backend:write_file(path, data)
-  local reply = self:call({ op = 'write', path = path, data = data })
-  if reply.error then error(reply_error(reply, 'the file'), 0) end
-end
-
-function Backend:list_files(path)
-  local reply = self:call({ op = 'list', path = path })
-  if reply.missing then return nil end
-  if reply.error then error(reply_error(reply, 'the path'), 0) end
-  local names, types, sizes, times = reply.names, reply.types, reply.sizes, reply.modified
-  if type(names) ~= 'table' or type(types) ~= 'table' or type(sizes) ~= 'table' or type(times) ~= 'table'
-    or #types ~= #names or #sizes ~= #names or #times ~= #names then
-    error(errors.sandbox('failed', 'the sandbox agent answered nonsense'), 0)
-  end
-  local out = {}
-  for i, name in ipairs(names) do
-    out[i] = { name = name, type = types[i], size = sizes[i], modified = times[i] }
-  end
-  return out
-end
-
-function Backend:remove_file(path, o)
-  local reply = self:call({ op = 'remove', path = path, recursive = o.recursive == true })
-  if reply.error then error(reply_error(reply, 'the path'), 0) end
+-- How many processes the sandbox's memory cgroup has killed (0 without cgroups).
+function Backend:oom_kills()
+  if not self.cg_mode then return 0 end
+  return oom_kills(self.cg_mode, self.cg_dirs)
 end
 
 function Backend:url(port)
@@ -567,18 +474,11 @@ function M.local_sandboxes(options)
     end
     backend.proc = proc
     backend.ch = core.channel(a, {
-      max_frame_bytes = 1024 * MIB,
+      max_frame_bytes = agent_backend.MAX_FRAME_BYTES,
       on_close = function() backend.closed = true end,
     })
     -- the agent answers once the namespaces are up; then it gets the env, never on a command line
-    local ok, cerr = pcall(function()
-      local hello = backend:call({ op = 'hello' })
-      if hello.error then error(errors.sandbox('failed', 'the sandbox agent did not start'), 0) end
-      local req = { op = 'setup', workdir = WORKDIR }
-      if spec.env and next(spec.env) then req.env = spec.env end
-      local setup = backend:call(req)
-      if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
-    end)
+    local ok, cerr = pcall(agent_backend.handshake, backend, spec.env, WORKDIR)
     if not ok then
       pcall(backend.release, backend)
       if errors.is(cerr, 'SANDBOX_ERROR') and cerr.reason == 'gone' then
