@@ -31,7 +31,7 @@ HOST    = build/mayura
 ASAN_SO = build/asan/lib/mayura/core.so
 SAN     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all setup test demo asan valgrind lint bench clean install check-deps
+.PHONY: all setup test demo asan valgrind lint bench fuzz clean install check-deps
 
 all: $(SO) $(HOST) $(AGENT)
 
@@ -78,6 +78,10 @@ valgrind: setup $(SO)
 	    --show-leak-kinds=definite --trace-children=no \
 	    $(BUSTED) spec/core
 
+# libFuzzer targets for every parser of the core, each for a bounded time (FUZZ_SECONDS).
+fuzz: setup
+	sh fuzz/run.sh
+
 lint:
 	luacheck lua providers tools spec examples bench
 
@@ -86,6 +90,7 @@ bench: all
 	$(HOST) bench/sandbox.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
+	$(HOST) bench/table.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
