@@ -70,7 +70,7 @@ demo: setup
 asan: setup $(ASAN_SO)
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	MAYURA_CPATH="build/asan/lib/?.so" $(BUSTED) spec/core spec/lua
+	MAYURA_CPATH="build/asan/lib/?.so" $(BUSTED)
 
 # The core specs under valgrind: no errors, no definite leaks.
 valgrind: setup $(SO)

@@ -10,25 +10,11 @@ local http = require('mayura.http')
 local process = require('mayura.process')
 
 local N = tonumber(arg and arg[1]) or 200
+package.path = 'bench/?.lua;' .. package.path
+local bench = require('_util')
+local function measure(fn) return bench.measure(N, fn, 5) end
+
 local TRUE = '/bin/true'
-
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n % 2 == 1 then return xs[(n + 1) / 2] end
-  return (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
-
-local function measure(fn)
-  for _ = 1, 5 do fn() end   -- warm up
-  local xs = {}
-  for i = 1, N do
-    local t0 = uv.hrtime()
-    fn()
-    xs[i] = (uv.hrtime() - t0) / 1e6
-  end
-  return median(xs)
-end
 
 local function luv_spawn()
   task.await(function(done)

@@ -14,30 +14,15 @@ local docker = require('mayura.sandbox.docker')
 local process = require('mayura.process')
 local http = require('mayura.http')
 local core = require('mayura.core')
-local uv = require('luv')
 
 local N_EXEC = tonumber(arg and arg[1]) or 100
 local N_CREATE = tonumber(arg and arg[2]) or 10
 local IMAGE = 'mayura-test/busybox:1'
 local SOCKET = '/var/run/docker.sock'
+package.path = 'bench/?.lua;' .. package.path
+local bench = require('_util')
+local function measure(fn, n) return bench.measure(n, fn) end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n % 2 == 1 then return xs[(n + 1) / 2] end
-  return (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
-
-local function measure(fn, n)
-  for _ = 1, 2 do fn() end   -- warm up
-  local xs = {}
-  for i = 1, n do
-    local t0 = uv.hrtime()
-    fn()
-    xs[i] = (uv.hrtime() - t0) / 1e6
-  end
-  return median(xs)
-end
 
 local function cli(argv)
   local full = { 'docker' }

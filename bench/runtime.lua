@@ -21,12 +21,8 @@ local z = mayura.z
 local N = tonumber(arg and arg[1]) or 5000
 local M = tonumber(arg and arg[2]) or 300
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n % 2 == 1 then return xs[(n + 1) / 2] end
-  return (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+package.path = 'bench/?.lua;' .. package.path
+local median = require('_util').median
 
 -- Runs `tool` `n` times through a runtime; returns the median time of an iteration, in µs.
 local function through_runtime(tool, input, n, grants)

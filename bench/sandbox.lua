@@ -8,28 +8,12 @@
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
 local process = require('mayura.process')
-local uv = require('luv')
 
 local N = tonumber(arg and arg[1]) or 200
+package.path = 'bench/?.lua;' .. package.path
+local bench = require('_util')
+local function measure(fn, n) return bench.measure(n or N, fn, 3) end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n % 2 == 1 then return xs[(n + 1) / 2] end
-  return (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
-
-local function measure(fn, n)
-  n = n or N
-  for _ = 1, 3 do fn() end
-  local xs = {}
-  for i = 1, n do
-    local t0 = uv.hrtime()
-    fn()
-    xs[i] = (uv.hrtime() - t0) / 1e6
-  end
-  return median(xs)
-end
 
 local provider = local_provider.local_sandboxes()
 local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 600000 })

@@ -14,30 +14,14 @@ local local_provider = require('mayura.sandbox.local')
 local process = require('mayura.process')
 local http = require('mayura.http')
 local core = require('mayura.core')
-local uv = require('luv')
 
 local SCALE = tonumber(arg and arg[1]) or 1
 local MIB = 1048576
 local IMAGE = 'mayura-test/busybox:1'
+package.path = 'bench/?.lua;' .. package.path
+local bench = require('_util')
+local function measure(n, fn) return bench.measure(n * SCALE, fn, 1) end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n % 2 == 1 then return xs[(n + 1) / 2] end
-  return (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
-
-local function measure(n, fn)
-  n = math.max(1, math.floor(n * SCALE))
-  fn()   -- warm up
-  local xs = {}
-  for i = 1, n do
-    local t0 = uv.hrtime()
-    fn()
-    xs[i] = (uv.hrtime() - t0) / 1e6
-  end
-  return median(xs)
-end
 
 local function rss_kib()
   local f = assert(io.open('/proc/self/status'))

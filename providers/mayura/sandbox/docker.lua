@@ -64,76 +64,10 @@ local SWEEP_GRACE_S = 60                   -- a directory is stale this long aft
 -- Small helpers
 -- =======================================================
 
-local function await(start)
-  return task.await(function(done) start(function(...) done(...) end) end)
-end
-
-local function exists(path)
-  local f = io.open(path, 'r')
-  if f then f:close() return true end
-  return false
-end
-
-local function read_plain(path)
-  local f = io.open(path, 'r')
-  if not f then return nil end
-  local s = f:read('a')
-  f:close()
-  return s
-end
-
-local function absolute(path)
-  if path:sub(1, 1) == '/' then return path end
-  path = path:gsub('^%./', '')
-  return (os.getenv('PWD') or '.') .. '/' .. path
-end
-
-local function find_in_path(name)
-  if name:find('/', 1, true) then return exists(name) and absolute(name) or nil end
-  for dir in (os.getenv('PATH') or '/usr/local/bin:/usr/bin:/bin'):gmatch('[^:]+') do
-    local p = dir .. '/' .. name
-    if exists(p) then return p end
-  end
-  return nil
-end
-
--- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
-local function find_agent()
-  local env = os.getenv('MAYURA_AGENT')
-  if env and env ~= '' and exists(env) then return absolute(env) end
-  local src = debug.getinfo(1, 'S').source
-  if src:sub(1, 1) == '@' then
-    local file = src:sub(2)
-    local root = file:match('^(.*)/providers/mayura/sandbox/docker%.lua$')
-    if root == nil and file == 'providers/mayura/sandbox/docker.lua' then root = '.' end
-    if root then
-      local p = root .. '/build/mayura-agent'
-      if exists(p) then return absolute(p) end
-    end
-  end
-  for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
-    if exists(p) then return p end
-  end
-  return nil
-end
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then
-    bytes = tostring(core.hrtime_ms()) .. tostring(math.random())
-    bytes = bytes:sub(1, n)
-  end
-  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-
--- This process's effective uid (from /proc: no ffi, no luv dependency on getuid).
-local function my_uid()
-  local st = read_plain('/proc/self/status') or ''
-  local _, euid = st:match('\nUid:%s+(%d+)%s+(%d+)')
-  return tonumber(euid)
-end
+local host_util = require('mayura.sandbox._host')
+local await, exists, read_plain = host_util.await, host_util.exists, host_util.read_plain
+local absolute, find_in_path, find_agent, random_hex, my_uid =
+  host_util.absolute, host_util.find_in_path, host_util.find_agent, host_util.random_hex, host_util.uid
 
 local function uv_fs(name, ...)
   local uv = require('luv')

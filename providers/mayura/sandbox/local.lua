@@ -27,6 +27,7 @@ local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
 local agent_backend = require('mayura.sandbox._agent_backend')
+local host = require('mayura.sandbox._host')
 
 local M = {}
 
@@ -40,15 +41,9 @@ local AGENT_PATH = '/.mayura/agent'
 -- Host helpers
 -- =======================================================
 
-local function await_cb(start)
-  return task.await(function(done) start(function(a, b) done(a, b) end) end)
-end
-
-local function exists(path)
-  local f = io.open(path, 'r')
-  if f then f:close() return true end
-  return false
-end
+local await_cb, exists, read_plain, write_plain = host.await, host.exists, host.read_plain, host.write_plain
+local absolute, find_in_path, find_agent, random_hex =
+  host.absolute, host.find_in_path, host.find_agent, host.random_hex
 
 local function is_dir(path)
   local st = await_cb(function(cb) core.fs.stat(path, cb) end)
@@ -60,65 +55,8 @@ local function readlink_type(path)
   return st and st.type
 end
 
-local function find_in_path(name)
-  if name:find('/', 1, true) then return exists(name) and name or nil end
-  for dir in (os.getenv('PATH') or '/usr/bin:/bin'):gmatch('[^:]+') do
-    local p = dir .. '/' .. name
-    if exists(p) then return p end
-  end
-  return nil
-end
-
-local function absolute(path)
-  if path:sub(1, 1) == '/' then return path end
-  return (os.getenv('PWD') or '.') .. '/' .. path
-end
-
--- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
-local function find_agent()
-  local env = os.getenv('MAYURA_AGENT')
-  if env and exists(env) then return absolute(env) end
-  local src = debug.getinfo(1, 'S').source
-  if src:sub(1, 1) == '@' then
-    local root = src:sub(2):match('^(.*)/providers/mayura/sandbox/local%.lua$')
-    if root == nil and src:sub(2) == 'providers/mayura/sandbox/local.lua' then root = '.' end
-    if root then
-      local p = root .. '/build/mayura-agent'
-      if exists(p) then return absolute(p) end
-    end
-  end
-  for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
-    if exists(p) then return p end
-  end
-  return nil
-end
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n) or tostring(os.time())
-  if f then f:close() end
-  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-
-local function write_plain(path, text)
-  local f = io.open(path, 'w')
-  if not f then return false end
-  local ok = f:write(text)
-  local closed = f:close()
-  return ok ~= nil and closed ~= nil
-end
-
-local function read_plain(path)
-  local f = io.open(path, 'r')
-  if not f then return nil end
-  local s = f:read('a')
-  f:close()
-  return s
-end
-
 local function is_root()
-  local st = read_plain('/proc/self/status') or ''
-  return st:match('\nUid:%s+0%s') ~= nil
+  return host.uid() == 0
 end
 
 -- }======================================================

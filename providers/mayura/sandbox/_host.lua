@@ -1,0 +1,94 @@
+--- mayura.sandbox._host: small host-side helpers shared by the local and Docker providers.
+--
+-- Finding programs and the in-sandbox agent, reading and writing small host
+-- files (cgroup knobs, /proc), random ids, and a waiting wrapper for the core's
+-- callback-style calls.
+local core = require('mayura.core')
+local task = require('mayura._task')
+
+local M = {}
+
+--- Waits for a callback-style core call: `start(cb)`; returns what `cb` got.
+function M.await(start)
+  return task.await(function(done) start(function(...) done(...) end) end)
+end
+
+function M.exists(path)
+  local f = io.open(path, 'r')
+  if f then f:close() return true end
+  return false
+end
+
+--- The whole of a small file, or nil.
+function M.read_plain(path)
+  local f = io.open(path, 'r')
+  if not f then return nil end
+  local s = f:read('a')
+  f:close()
+  return s
+end
+
+--- Writes a small file in place (cgroup knobs cannot be replaced by a rename); returns success.
+function M.write_plain(path, text)
+  local f = io.open(path, 'w')
+  if not f then return false end
+  local ok = f:write(text)
+  local closed = f:close()
+  return ok ~= nil and closed ~= nil
+end
+
+function M.absolute(path)
+  if path:sub(1, 1) == '/' then return path end
+  path = path:gsub('^%./', '')
+  return (os.getenv('PWD') or '.') .. '/' .. path
+end
+
+--- The path of a program: `name` itself when it has a slash, else the first match on PATH.
+function M.find_in_path(name)
+  if name:find('/', 1, true) then return M.exists(name) and M.absolute(name) or nil end
+  for dir in (os.getenv('PATH') or '/usr/local/bin:/usr/bin:/bin'):gmatch('[^:]+') do
+    local p = dir .. '/' .. name
+    if M.exists(p) then return p end
+  end
+  return nil
+end
+
+--- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
+function M.find_agent()
+  local env = os.getenv('MAYURA_AGENT')
+  if env and env ~= '' and M.exists(env) then return M.absolute(env) end
+  local src = debug.getinfo(1, 'S').source
+  if src:sub(1, 1) == '@' then
+    local file = src:sub(2)
+    local root = file:match('^(.*)/providers/mayura/sandbox/_host%.lua$')
+    if root == nil and file == 'providers/mayura/sandbox/_host.lua' then root = '.' end
+    if root then
+      local p = root .. '/build/mayura-agent'
+      if M.exists(p) then return M.absolute(p) end
+    end
+  end
+  for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
+    if M.exists(p) then return p end
+  end
+  return nil
+end
+
+--- `n` random bytes as hex.
+function M.random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then
+    bytes = (tostring(core.hrtime_ms()) .. tostring(math.random())):sub(1, n)
+  end
+  return (bytes:gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+--- This process's effective uid (from /proc).
+function M.uid()
+  local st = M.read_plain('/proc/self/status') or ''
+  local _, euid = st:match('\nUid:%s+(%d+)%s+(%d+)')
+  return tonumber(euid)
+end
+
+return M
