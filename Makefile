@@ -64,7 +64,7 @@ test: setup
 
 demo: setup
 	@$(MAKE) --no-print-directory all
-	$(HOST) examples/demo.lua
+	$(HOST) examples/coding_agent.lua
 
 # The specs against an AddressSanitizer+UBSan build of the core.
 asan: setup $(ASAN_SO)

@@ -1,0 +1,320 @@
+--- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
+--
+--   build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]
+--
+-- The agent gets a task, writes files in a sandbox of its own (made the first
+-- time one of its tools needs it, released when the run ends), runs
+-- `node --test`, reads the output and edits until the tests pass or its
+-- limits stop it, then answers with a summary and its files. This script then
+-- runs the tests again on the returned files in a fresh sandbox, with a fixed
+-- command and no model: the agent's claim that they pass does not count.
+--
+-- The model: with OPENAI_API_KEY and OPENAI_MODEL set, that model
+-- (OPENAI_BASE_URL for a compatible server; with it, OPENAI_API=chat uses the
+-- Chat Completions API instead of Responses). Without a key, the scripted
+-- model plays the recorded session of examples/sessions/slugify.lua; the
+-- sandbox, the tools, the permissions and the budget are real either way.
+--
+-- Sandboxes: the local provider (bubblewrap namespaces over the host's /usr,
+-- so the host's Node.js is inside) by default; `--provider docker` uses the
+-- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh).
+--
+-- Exits 0 only when the re-check passes; 1 when the run or the re-check
+-- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
+local mayura = require('mayura')
+local sandbox = require('mayura.sandbox')
+
+local z = mayura.z
+
+io.stdout:setvbuf('line')   -- progress shows as it happens, also through a pipe
+
+local DEFAULT_TASK = 'Write slugify(text) in slugify.js: lowercase, words joined by "-", only a-z and 0-9 kept.'
+  .. ' Test it in slugify.test.js.'
+local EXEC_COST_MICROS = 2000
+
+local function here()
+  local dir = (arg and arg[0] or ''):match('^(.*)/[^/]*$')
+  return dir or '.'
+end
+
+local function usage_error(message)
+  io.stderr:write('coding_agent: ', message, '\n',
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]\n')
+  os.exit(2)
+end
+
+-- The last `n` lines of `text`, indented.
+local function last_lines(text, n)
+  local lines = {}
+  for line in text:gmatch('[^\n]+') do
+    lines[#lines + 1] = '    ' .. line
+    if #lines > n then table.remove(lines, 1) end
+  end
+  return table.concat(lines, '\n')
+end
+
+local function dollars(micros)
+  return string.format('$%.4f', micros / 1e6)
+end
+
+-- {======================================================
+-- The command line
+-- =======================================================
+
+local provider_name, words = 'local', {}
+do
+  local i = 1
+  while arg and arg[i] ~= nil do
+    local a = arg[i]
+    if a == '--provider' then
+      provider_name = arg[i + 1]
+      if provider_name ~= 'local' and provider_name ~= 'docker' then
+        usage_error('--provider takes local or docker')
+      end
+      i = i + 2
+    elseif a:sub(1, 2) == '--' and #words == 0 then
+      usage_error('unknown option ' .. a)
+    else
+      words[#words + 1] = a
+      i = i + 1
+    end
+  end
+end
+local task_text = #words > 0 and table.concat(words, ' ') or DEFAULT_TASK
+
+-- {======================================================
+-- The model: a real one with a key, else the recorded session
+-- =======================================================
+
+local api_key = os.getenv('OPENAI_API_KEY')
+local model
+if api_key and api_key ~= '' then
+  local model_name = os.getenv('OPENAI_MODEL')
+  if not model_name or model_name == '' then
+    usage_error('OPENAI_API_KEY is set, so OPENAI_MODEL must name the model')
+  end
+  local base_url = os.getenv('OPENAI_BASE_URL')
+  if base_url == '' then base_url = nil end
+  local openai = require('mayura.provider.openai')   -- loaded only when a key is given
+  local options = {
+    api_key = api_key,
+    model = model_name,
+    base_url = base_url,
+    max_cost_micros = 40000,   -- at most $0.04 per model call
+    -- your model's prices: Mayura does not look them up
+    pricing = { input_micros_per_million_tokens = 1250000, output_micros_per_million_tokens = 10000000 },
+  }
+  if base_url and os.getenv('OPENAI_API') == 'chat' then
+    model = openai.openai_chat_completions(options)
+  else
+    model = openai.openai_responses(options)
+  end
+  print(string.format('mayura coding agent: model %s (%s)%s', model_name, model.id,
+    base_url and (' at ' .. base_url) or ''))
+else
+  local session_path = here() .. '/sessions/slugify.lua'
+  local session = assert(loadfile(session_path, 't'))()
+  model = require('mayura.testing').scripted_model(session.steps, { max_cost_micros = 40000 })
+  print('mayura coding agent: no OPENAI_API_KEY, so this plays a recorded session (' .. session_path
+    .. ') through the scripted model; the sandboxes, tools, permissions and budget are real.')
+  if #words > 0 then
+    print('The recorded session answers its own task; the task given here is ignored.')
+  end
+  task_text = session.task
+end
+
+-- {======================================================
+-- 1. A pool of sandboxes
+-- =======================================================
+
+local provider
+if provider_name == 'docker' then
+  provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
+else
+  provider = require('mayura.sandbox.local').local_sandboxes()
+end
+
+local sandboxes = sandbox.create_sandboxes(provider, {
+  max_sandboxes = 4,                -- at most four alive at once; a fifth fails with LIMIT_EXCEEDED
+  max_lifetime_ms = 30 * 60000,     -- no sandbox lives longer than 30 minutes
+  max_exec_timeout_ms = 5 * 60000,
+})                                  -- network left out: { 'none' }, no sandbox of this pool reaches it
+
+-- {======================================================
+-- 2. One sandbox per run
+-- =======================================================
+
+local per_run = sandbox.sandbox_per_run(sandboxes, function(ctx)
+  return { lifetime_ms = 15 * 60000, labels = { run = ctx.run_id } }
+end)
+
+local tools = sandbox.sandbox_tools(per_run.source, {
+  name = 'workspace',
+  exec = true,                          -- workspace.exec: run shell commands
+  write = true,                         -- workspace.write and workspace.remove
+  exec_timeout_ms = 120000,             -- no command runs longer than 2 minutes
+  exec_cost_micros = EXEC_COST_MICROS,  -- each command is charged $0.002 against the run's budget
+})
+
+local release_workspace = mayura.define_hook({
+  id = 'workspace.release', version = '1', stage = 'on_finally', timeout_ms = 30000,
+  handler = function(_, context) per_run.release(context.run_id) end,
+})
+
+-- {======================================================
+-- 3. The agent
+-- =======================================================
+
+local task_schema = z.object({ task = z.string():max(4000) })
+local result_schema = z.object({
+  summary = z.string():max(2000),
+  files = z.array(z.object({ path = z.string():max(200), content = z.string():max(50000) })):min(1):max(10),
+})
+
+local coder = mayura.define_agent({
+  id = 'coder', version = '1', input = task_schema, output = result_schema, tools = tools, model = model,
+  hooks = { release_workspace },
+  instructions = {
+    'You write small JavaScript modules and their tests in the workspace sandbox, an isolated Linux machine'
+      .. ' with Node.js.',
+    'Write ES modules with the .js extension, and tests in files ending .test.js that use node:test and'
+      .. ' node:assert.',
+    'Run the tests with workspace.exec and the command "node --test". Read the output, fix the code, and run'
+      .. ' them again until they pass.',
+    'The sandbox has no network: do not try to install packages; use only the Node.js standard library.',
+    'Answer with a short summary and the final content of every file you wrote.',
+  },
+})
+
+-- {======================================================
+-- 4. Permissions and limits
+-- =======================================================
+
+local runtime = mayura.create_runtime({
+  profile = 'ephemeral',
+  permissions = {
+    allow = {
+      'model:' .. model.id,   -- model:openai.responses with OpenAI, model:scripted for the recorded session
+      -- Read and list files.
+      'tool:workspace.read', 'tool:workspace.list', 'sandbox:workspace:read', 'effect:read',
+      -- Write and remove files.
+      'tool:workspace.write', 'tool:workspace.remove', 'sandbox:workspace:write',
+      -- Run commands.
+      'tool:workspace.exec', 'sandbox:workspace:exec', 'effect:write',
+    },
+  },
+  limits = {
+    max_steps = 24, max_model_calls = 24, max_tool_calls = 40,
+    max_duration_ms = 10 * 60000,  -- the default is 60 seconds, too short for a write-test-fix loop
+    max_cost_micros = 600000,      -- at most $0.60 per run, model calls and commands together
+  },
+})
+
+-- {======================================================
+-- Progress, from the run's events
+-- =======================================================
+
+local spent = 0   -- the run's cost so far, in micro-dollars
+
+local function describe_call(event)
+  local input = type(event.input) == 'table' and event.input or {}
+  if event.tool_id == 'workspace.exec' then return '$ ' .. tostring(input.command) end
+  if input.path then return event.tool_id .. ' ' .. tostring(input.path) end
+  return event.tool_id
+end
+
+local pending = {}   -- call_id -> what the call was, until it ends
+local calls = 0      -- the model call under way
+
+local function on_event(event)
+  local t = event.type
+  if t == 'model_call_ended' then
+    spent = event.total_cost_micros or spent
+    local what = not event.ok and 'failed'
+      or event.step_type == 'final' and 'final answer'
+      or 'asked for tools'
+    print(string.format('  model call %-3d %-16s %s   so far %s', calls, what,
+      dollars(event.cost_micros or 0), dollars(spent)))
+  elseif t == 'model_call_started' then
+    calls = event.call or calls + 1
+  elseif t == 'tool_call_started' then
+    pending[event.call_id or ''] = describe_call(event)
+  elseif t == 'tool_call_ended' then
+    local what = pending[event.call_id or ''] or event.tool_id
+    pending[event.call_id or ''] = nil
+    -- a command is charged once it was let run, whatever came of it (not when its input was refused)
+    local refused = tostring(event.summary):find('^error INVALID_INPUT') ~= nil
+    if event.tool_id == 'workspace.exec' and not refused then
+      spent = spent + EXEC_COST_MICROS
+      local result = event.timed_out and 'timed out'
+        or event.exit_code ~= nil and ('exit ' .. tostring(event.exit_code))
+        or tostring(event.summary)
+      print(string.format('      %s  -> %s   so far %s', what, result, dollars(spent)))
+    else
+      print(string.format('      %s  -> %s', what, event.ok and 'ok' or tostring(event.summary)))
+    end
+  elseif t == 'limit_reached' then
+    print(string.format('  limit reached: %s (%s)', tostring(event.limit), tostring(event.value)))
+  end
+end
+
+-- {======================================================
+-- 6. Run it, and check the result yourself
+-- =======================================================
+
+--- Runs the tests on `files` in a fresh sandbox, with no model involved.
+-- Returns whether they pass, and the command's result.
+local function tests_pass(pool, files)
+  local sb = pool:create({ lifetime_ms = 5 * 60000 })
+  local ok, res = pcall(function()
+    for _, file in ipairs(files) do sb:write_file(file.path, file.content) end
+    return sb:exec({ 'node', '--test' }, { timeout_ms = 60000 })
+  end)
+  sb:release()
+  if not ok then error(res, 0) end
+  return res.exit_code == 0, res
+end
+
+print('Task: ' .. task_text)
+print('Sandboxes: ' .. provider_name .. ', no network; one per run, released when the run ends.')
+
+local run = runtime:submit(coder, { input = { task = task_text }, on_event = on_event })
+local outcome = run:result()
+runtime:close()
+
+local usage = outcome.usage
+print(string.format('Run %s: %d model calls, %d tool calls, %s, %.1f s.', outcome.status, usage.model_calls,
+  usage.tool_calls, dollars(usage.cost_micros), (outcome.duration_ms or 0) / 1000))
+
+local exit_code = 1
+if outcome.status ~= 'succeeded' then
+  print(string.format('The run ended %s with %s: %s', outcome.status, tostring(outcome.error.code),
+    tostring(outcome.error.message)))
+  print('Verdict: no files to check; the run did not succeed.')
+else
+  local output = outcome.output
+  print('')
+  print('Summary: ' .. output.summary)
+  for _, file in ipairs(output.files) do
+    print('')
+    print(string.format('--- %s (%d bytes)', file.path, #file.content))
+    io.write(file.content)
+    if file.content:sub(-1) ~= '\n' then io.write('\n') end
+  end
+  print('')
+  print('Re-check: node --test on the returned files in a fresh sandbox, no model involved...')
+  local ok, passed, res = pcall(tests_pass, sandboxes, output.files)
+  if not ok then
+    print('Verdict: the re-check could not run (' .. tostring(passed) .. '): do not use these files.')
+  elseif passed then
+    print('Verdict: the re-check passed (node --test exited 0): the files can be used.')
+    exit_code = 0
+  else
+    local why = res.timed_out and 'timed out' or ('exited ' .. tostring(res.exit_code))
+    print(last_lines(res.stdout .. res.stderr, 20))
+    print('Verdict: the re-check failed (node --test ' .. why .. '): do not use these files.')
+  end
+end
+
+sandboxes:close()
+os.exit(exit_code)
