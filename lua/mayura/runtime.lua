@@ -571,6 +571,10 @@ local function tool_call(run, call)
     for i, t in ipairs(agent.tools) do ids[i] = t.id end
     refused = { error = { code = 'INVALID_INPUT', message = 'there is no tool ' .. call.tool_id
       .. (#ids > 0 and ('; the tools are ' .. table.concat(ids, ', ')) or '') } }
+  elseif call.input_error ~= nil or (type(input) == 'table' and type(input._invalid_json) == 'string') then
+    -- the model's arguments could not be read (a model adapter marks them): give that back, run nothing
+    refused = { error = { code = 'INVALID_INPUT', message = type(call.input_error) == 'string'
+      and call.input_error or 'the arguments were not valid JSON' } }
   else
     local ok, parsed, err = tool.input:safe_parse(input)
     if ok then input = parsed else refused = error_result(err) end
