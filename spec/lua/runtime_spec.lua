@@ -9,13 +9,7 @@ local uv = require('luv')
 
 local z = mayura.z
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = require('support.util').raises
 
 -- Waits `ms`, or until `token` is cancelled; raises CANCELLED then.
 local function sleep_or_cancel(ms, token)

@@ -31,13 +31,7 @@ teardown(function()
   for _, p in ipairs(pools) do p:close() end
 end)
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = require('support.util').raises
 
 local function includes(list, v)
   for _, x in ipairs(list) do if x == v then return true end end

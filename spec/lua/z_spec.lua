@@ -5,13 +5,7 @@ local core = require('mayura.core')
 
 local json = core.json
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = require('support.util').raises
 
 -- The message of parsing `v` with `s`, which must fail.
 local function problem(s, v)

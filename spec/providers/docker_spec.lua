@@ -33,13 +33,7 @@ for _, image in ipairs({ BUSYBOX, NODE }) do
   if not there then error('the test image ' .. image .. ' is missing: run scripts/docker-setup.sh', 0) end
 end
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = util.raises
 
 local function sh(sb, script, opts) return sb:exec({ 'sh', '-c', script }, opts) end
 

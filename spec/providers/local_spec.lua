@@ -6,13 +6,7 @@ local core = require('mayura.core')
 local util = require('support.util')
 local uv = require('luv')
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = util.raises
 
 local function sh(sb, script, opts) return sb:exec({ 'sh', '-c', script }, opts) end
 

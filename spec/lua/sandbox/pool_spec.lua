@@ -4,13 +4,7 @@ local testing = require('mayura.sandbox.testing')
 local mayura = require('mayura')
 local dir = require('support.dir_provider')
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err))
-  return err
-end
+local raises = require('support.util').raises
 
 local function pool(provider, opts)
   opts = opts or {}
