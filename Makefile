@@ -36,7 +36,7 @@ SAN     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-rec
 all: $(SO) $(HOST) $(AGENT)
 
 # The in-sandbox agent: static, so it runs in any image (BusyBox included).
-$(AGENT): agent/agent.c core/wire.h
+$(AGENT): agent/agent.c core/wire.h core/tree.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ agent/agent.c
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "../core/wire.h"
+#include "../core/tree.h"
 
 #define AGENT_VERSION "1"
 #define TAG_VAR "MAYURA_EXEC"
@@ -226,67 +227,6 @@ static void reply_ok(conn *c, uint32_t id, const char *key) {
 /* {======================================================
 ** Killing a tree (the same semantics as core/proc.c on the host)
 ** =======================================================*/
-
-/* Whether /proc/<pid>/environ holds needle ("\0NAME=value" plus "\0" or "."), read in pieces. */
-static int environ_has(pid_t pid, const char *needle, size_t nlen) {
-    char path[64], buf[16384];
-    size_t have = 1;
-    int fd, found = 0;
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    buf[0] = '\0';   /* so that the first variable matches "\0NAME=" too */
-    for (;;) {
-        ssize_t n = read(fd, buf + have, sizeof buf - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        have += (size_t)n;
-        if (memmem(buf, have, needle, nlen) != NULL) { found = 1; break; }
-        /* keep a tail so that a match split across two reads is seen */
-        if (have >= nlen) {
-            memmove(buf, buf + have - (nlen - 1), nlen - 1);
-            have = nlen - 1;
-        }
-    }
-    close(fd);
-    return found;
-}
-
-static int is_zombie(pid_t pid) {
-    char path[64], buf[512], *rp;
-    int fd;
-    ssize_t n;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 1;
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 1;
-    buf[n] = '\0';
-    rp = strrchr(buf, ')');
-    return rp == NULL || rp[1] == '\0' || rp[2] == 'Z';
-}
-
-/* Signals every live process whose environment holds needle; returns how many. */
-static int signal_tagged(const char *needle, size_t nlen, int sig) {
-    DIR *d = opendir("/proc");
-    struct dirent *e;
-    pid_t self = getpid();
-    int hits = 0;
-    if (d == NULL) return 0;
-    while ((e = readdir(d)) != NULL) {
-        char *end;
-        long v;
-        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-        v = strtol(e->d_name, &end, 10);
-        if (*end != '\0' || v <= 0 || (pid_t)v == self) continue;
-        if (!environ_has((pid_t)v, needle, nlen) || is_zombie((pid_t)v)) continue;
-        kill((pid_t)v, sig);
-        hits++;
-    }
-    closedir(d);
-    return hits;
-}
 
 /* The group and every process carrying the exec's tag. */
 static int signal_tree(exec *x, int sig) {

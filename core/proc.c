@@ -14,7 +14,7 @@
 ** process carrying its tag is killed, in passes until none is left, so a
 ** double fork or a setsid does not escape.
 */
-#include <dirent.h>
+#include "tree.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -65,81 +65,17 @@ static void proc_finish(mc_proc *p);
 ** =======================================================*/
 
 /*
-** Whether /proc/<pid>/environ holds the variable in needle, given as
-** "\0NAME=value\0" (nlen bytes): the buffer starts with a NUL so that the
-** first variable matches too, and keeps a tail so that a match split
-** across two reads is seen.
-*/
-static int proc_environ_has(pid_t pid, const char *needle, size_t nlen) {
-    char path[64], buf[16384];
-    size_t have = 1;
-    int fd, found = 0;
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    buf[0] = '\0';
-    for (;;) {
-        ssize_t n = read(fd, buf + have, sizeof buf - have);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        have += (size_t)n;
-        if (memmem(buf, have, needle, nlen) != NULL) { found = 1; break; }
-        if (have >= nlen) {
-            memmove(buf, buf + have - (nlen - 1), nlen - 1);
-            have = nlen - 1;
-        }
-    }
-    close(fd);
-    return found;
-}
-
-/* A process's state letter from /proc/<pid>/stat, or 0. */
-static char proc_state(pid_t pid) {
-    char path[64], buf[512], *rp;
-    int fd;
-    ssize_t n;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
-    rp = strrchr(buf, ')');
-    if (rp == NULL || rp[1] == '\0' || rp[2] == '\0') return 0;
-    return rp[2];
-}
-
-/*
 ** Sends sig to the process group and to every live process carrying the tag.
 ** Returns how many tagged processes were signalled.
 */
 static int proc_signal_tree(mc_proc *p, int sig) {
-    char needle[96];
+    char needle[192];
     size_t nlen;
-    DIR *d;
-    struct dirent *e;
-    int hits = 0;
-    pid_t self = getpid();
     if (p->pid > 0) kill(-p->pid, sig);
     /* "\0NAME=tag\0": snprintf writes the final NUL, the first one is put by hand */
     nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s", PROC_TAG_VAR, p->tag) + 2;
     needle[0] = '\0';
-    d = opendir("/proc");
-    if (d == NULL) return 0;
-    while ((e = readdir(d)) != NULL) {
-        char *end;
-        long v;
-        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        v = strtol(e->d_name, &end, 10);
-        if (*end != '\0' || v <= 0 || (pid_t)v == self) continue;
-        if (!proc_environ_has((pid_t)v, needle, nlen)) continue;
-        if (proc_state((pid_t)v) == 'Z') continue;
-        kill((pid_t)v, sig);
-        hits++;
-    }
-    closedir(d);
-    return hits;
+    return signal_tagged(needle, nlen, sig);
 }
 
 /* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
