@@ -33,7 +33,7 @@ local pattern_cache = {}
 function M.pattern(n)
     local cached = pattern_cache[n]
     if cached then return cached end
-    local parts, lines = {}, n // 16 + 1
+    local parts, lines = {}, math.floor(n / 16) + 1
     for i = 1, lines do parts[i] = string.format('%015d\n', i) end
     local s = table.concat(parts):sub(1, n)
     pattern_cache[n] = s
