@@ -292,17 +292,23 @@ static void mc_http_push_headers(lua_State *L, const mc_http_buf *b) {
         while (le > p && (le[-1] == '\r' || le[-1] == '\n')) le--;
         if (le == p) { p = next; continue; }
         if (*p == ' ' || *p == '\t') {
-            /* obs-fold: the line continues the previous value */
+            /* obs-fold: the line continues the previous value (one space between, blanks trimmed) */
             v = p;
             ve = le;
             while (v < ve && (*v == ' ' || *v == '\t')) v++;
-            if (!lua_isnil(L, last)) {
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            if (!lua_isnil(L, last) && ve > v) {
                 lua_pushvalue(L, last);
                 lua_pushvalue(L, last);
                 lua_rawget(L, t);
-                lua_pushliteral(L, " ");
-                lua_pushlstring(L, v, (size_t)(ve - v));
-                lua_concat(L, 3);
+                if (lua_rawlen(L, -1) > 0) {
+                    lua_pushliteral(L, " ");
+                    lua_pushlstring(L, v, (size_t)(ve - v));
+                    lua_concat(L, 3);
+                } else {
+                    lua_pop(L, 1);
+                    lua_pushlstring(L, v, (size_t)(ve - v));
+                }
                 lua_rawset(L, t);
             }
         } else {

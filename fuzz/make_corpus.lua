@@ -1,0 +1,147 @@
+-- fuzz/make_corpus.lua: writes the seed corpus of every target to fuzz/corpus/<target>/.
+--
+--   lua5.4 fuzz/make_corpus.lua
+--
+-- The seeds are committed; this only says how each was made. Each target's
+-- comment (fuzz/<target>_fuzz.c) describes the input format used here.
+local dir = arg and arg[0] and arg[0]:match('^(.*)/[^/]*$') or 'fuzz'
+
+local function write(target, name, bytes)
+  os.execute('mkdir -p ' .. dir .. '/corpus/' .. target)
+  local f = assert(io.open(dir .. '/corpus/' .. target .. '/' .. name, 'wb'))
+  f:write(bytes)
+  f:close()
+end
+
+-- {------------------------------------------------------ core/wire.h
+local function u32(n) return string.pack('<I4', n) end
+local function i64(n) return string.pack('<i8', n) end
+local function field(key, typ, val) return string.char(#key) .. key .. string.char(typ) .. u32(#val) .. val end
+local function bytes(k, v) return field(k, 1, v) end
+local function int(k, v) return field(k, 2, i64(v)) end
+local function bool(k, v) return field(k, 3, v and '\1' or '\0') end
+local function items(list)
+  local t = {}
+  for i, s in ipairs(list) do t[i] = u32(#s) .. s end
+  return table.concat(t)
+end
+local function strs(k, list) return field(k, 4, items(list)) end
+local function map(k, list) return field(k, 5, items(list)) end   -- list: k1, v1, k2, v2, ...
+local function ints(k, list)
+  local t = {}
+  for i, v in ipairs(list) do t[i] = i64(v) end
+  return field(k, 6, table.concat(t))
+end
+local function body(id, ...) return u32(id) .. table.concat({ ... }) end
+local function frame(id, ...)
+  local b = body(id, ...)
+  return u32(#b) .. b
+end
+-- }------------------------------------------------------
+
+-- json: texts, valid and not
+write('json', 'object', '{"a":[1,2.5,-0,1e300,"x\\u0000y\255"],"b":null,"c":true,"d":{"":false}}')
+write('json', 'empty_array', '[]')
+write('json', 'empty_object', ' {}\r\n')
+write('json', 'surrogates', '["\\ud83d\\ude00","\\u00e9\\n\\t\\"\\\\\\/"]')
+write('json', 'deep', string.rep('[', 60) .. string.rep(']', 60))
+write('json', 'numbers', '[0,-0.0,9007199254740993,-9007199254740992,1E-7,5e-324,123.456e+2]')
+write('json', 'bad_trailing_comma', '[1,]')
+write('json', 'bad_leading_zero', '01')
+write('json', 'bad_escape', '"\\u12"')
+write('json', 'bad_control', '"a\1b"')
+write('json', 'bom', '\239\187\191{"k":"v"}')
+write('json', 'nul_key', '{"a\\u0000b":1}')
+
+-- json_encode: programs for the value builder (see json_encode_fuzz.c)
+write('json_encode', 'object', '\0' .. '\6' .. '\0\1k' .. '\2\130' .. '\8')
+write('json_encode', 'array', '\0' .. '\6' .. '\2\129\7' .. '\2\130\7' .. '\0\3abc\7' .. '\5\7')
+write('json_encode', 'nested', '\0' .. '\6\6\6\0\2hi\7\7\7')
+write('json_encode', 'floats', '\0' .. '\6' .. '\13\0\7\13\1\7\13\4\7\13\5\7\13\8\7')
+write('json_encode', 'nan', '\0' .. '\6' .. '\13\14\7')
+write('json_encode', 'cycle', '\0' .. '\6\12\1\7')
+write('json_encode', 'sparse', '\0' .. '\6\2\1\9\5')
+write('json_encode', 'array_mt', '\0' .. '\6\10\2\1\9\3')
+write('json_encode', 'max_depth', '\129' .. '\6\6\6\6\6\6\6\6\6\6\6\7\7\7\7\7\7\7\7\7\7')
+write('json_encode', 'nul_string', '\0' .. '\0\5a\0b\255c')
+
+-- b64: text
+write('b64', 'padded', 'aGVsbG8gd29ybGQ=')
+write('b64', 'unpadded', 'aGVsbG8')
+write('b64', 'wrapped', 'Zm9v\r\nYmFy\n YmF6 ')
+write('b64', 'bad_char', 'Zm9v*mFy')
+write('b64', 'bad_padding', 'Zm9=v')
+write('b64', 'lone', 'Zm9vY')
+write('b64', 'only_padding', '====')
+write('b64', 'nonzero_bits', 'Zh==')
+
+-- wire: frame bodies
+write('wire', 'every_type', body(7, bytes('op', 'exec'), int('n', -5), bool('b', true),
+  strs('argv', { 'sh', '-c', '' }), map('env', { 'A', '1', 'B', '' }), ints('sizes', { 1, -1, 0x7fffffffffffffff })))
+write('wire', 'empty', body(0))
+write('wire', 'dup_keys', body(1, bytes('k', 'a'), bytes('k', 'b')))
+write('wire', 'bad_bool', body(1, field('b', 3, '\2')))
+write('wire', 'bad_strs', body(1, field('l', 4, u32(9) .. 'abc')))
+write('wire', 'odd_map', body(1, map('m', { 'k' })))
+
+-- chan: mode 0 (a reply body), 1 (a stream for pending calls), 2 (a request program)
+write('chan', 'body', '\0' .. body(3, bytes('stdout', 'out'), int('exit_code', 0), bool('timed_out', false),
+  strs('names', { 'a', 'b' }), ints('sizes', { 1, 2 }), map('m', { 'k', 'v', 'k', 'w' })))
+write('chan', 'stream', '\1' .. '\200' .. '\0' .. '\3'
+  .. frame(2, bytes('x', 'y')) .. frame(1, bool('ok', true)) .. frame(3, int('n', 1)))
+write('chan', 'stream_chunked', '\1' .. '\200' .. '\1' .. '\11' .. frame(1, strs('l', { 'abc', '' })) .. frame(2, bytes('p', 'q')))
+write('chan', 'stream_unknown_id', '\1' .. '\200' .. '\5' .. '\2' .. frame(9, bool('ok', true)))
+write('chan', 'stream_too_big', '\1' .. '\0' .. '\6' .. '\1' .. frame(1, bytes('data', string.rep('z', 80))))
+write('chan', 'stream_partial', '\1' .. '\200' .. '\7' .. '\2' .. frame(1, bool('ok', true)) .. u32(100) .. 'abc')
+-- mode 2: key byte, then value: kind byte, n byte, then the kind's bytes (see push_value)
+write('chan', 'request', '\2'
+  .. '\0' .. '\0\0' .. '\4exec'                       -- op = 'exec'
+  .. '\2' .. '\3\2' .. '\2sh' .. '\4true'             -- argv = { 'sh', 'true' }
+  .. '\3' .. '\5\1' .. '\1A' .. '\1B'                 -- env = { A = 'B' }
+  .. '\7' .. '\1\0' .. '\16\39\0\0\0\0\0\0'           -- timeout_ms = 10000
+  .. '\6' .. '\2\1')                                  -- stdin = true
+write('chan', 'request_ints', '\2' .. '\0' .. '\4\3' .. '\1\0\0\0\0\0\0\0' .. '\2\0\0\0\0\0\0\0' .. '\3\0\0\0\0\0\0\0')
+write('chan', 'request_bad', '\2' .. '\0' .. '\6\0' .. '\1' .. '\7\1' .. '\9' .. '\0\0' .. '\10' .. '\0\0\1x')
+
+-- agent: oracle length, oracle bytes, then request frames (see agent_fuzz.c)
+local function agent(oracle, ...) return string.char(#oracle) .. oracle .. table.concat({ ... }) end
+write('agent', 'hello_ping', agent('', frame(1, bytes('op', 'hello')), frame(2, bytes('op', 'ping'))))
+write('agent', 'setup', agent('', frame(1, bytes('op', 'setup'), map('env', { 'A', '1', 'PATH', '/x' }), bytes('workdir', 'w'))))
+write('agent', 'exec', agent('\1\0', frame(5, bytes('op', 'exec'), strs('argv', { 'sh', '-c', 'echo hi' }),
+  map('env', { 'K', 'V' }), bytes('cwd', 'sub'), bytes('stdin', 'in'), int('timeout_ms', 1000),
+  int('max_output_bytes', 100), int('kill_grace_ms', 10), int('drain_ms', 5))))
+write('agent', 'exec_bad', agent('', frame(5, bytes('op', 'exec'), strs('argv', { '' })),
+  frame(6, bytes('op', 'exec'), bytes('argv', 'sh')), frame(7, bytes('op', 'exec'), strs('argv', { 'a' }), int('timeout_ms', -1))))
+write('agent', 'read', agent('\25', frame(3, bytes('op', 'read'), bytes('path', 'a.txt'), int('max_bytes', 4))))
+write('agent', 'read_devnull', agent('\9', frame(3, bytes('op', 'read'), bytes('path', 'x'))))
+write('agent', 'read_big', agent('\4\3', frame(3, bytes('op', 'read'), bytes('path', '/abs/file'))))
+write('agent', 'write', agent('\1\0', frame(4, bytes('op', 'write'), bytes('path', 'd/f.txt'), bytes('data', 'hello'), int('mode', 384))))
+write('agent', 'write_mkdir', agent('\0\0\1\0', frame(4, bytes('op', 'write'), bytes('path', '/x/y/z'), bytes('data', ''))))
+write('agent', 'list', agent('\1', frame(8, bytes('op', 'list'), bytes('path', '.'))))
+write('agent', 'remove', agent('\1\1\0\0', frame(9, bytes('op', 'remove'), bytes('path', 'sub'), bool('recursive', true))))
+write('agent', 'remove_file', agent('\0\0', frame(9, bytes('op', 'remove'), bytes('path', '/a/b/'))))
+write('agent', 'cancel_shutdown', agent('', frame(10, bytes('op', 'cancel'), int('target', 5)), frame(11, bytes('op', 'shutdown'))))
+write('agent', 'unknown_and_bad', agent('', frame(12, bytes('op', 'nope')), frame(13, int('op', 1)), u32(3) .. 'abc'))
+
+-- http: mode 0 (a response head, flags in the first byte), 1 (a header table program)
+write('http', 'head', '\0HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-A: 1\r\nx-a: 2\r\nX-Long: a\r\n  b  \r\n\r\n')
+write('http', 'continue', '\2HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nServer: t\r\n\r\nTrailer: x\r\n')
+write('http', 'odd_lines', '\4HTTP/2 204\r\nno colon here\r\n\tfold\r\n: empty name\r\nName  :  v \r\n\n')
+write('http', 'request_headers', '\1' .. '\0\0\3' .. '\3\2\7' .. '\0\6\5')
+write('http', 'request_bad', '\1' .. '\0\200' .. '\5\255' .. '\6' .. '\7\1')
+
+-- list: raw list replies (odd first byte) and builder programs (even)
+write('list', 'raw', '\1' .. body(1, strs('names', { 'a', 'b.txt' }), strs('types', { 'directory', 'file' }),
+  ints('sizes', { 4096, 5 }), ints('modified', { 1700000000000, 1 })))
+write('list', 'raw_missing', '\1' .. body(1, bool('missing', true)))
+write('list', 'raw_error', '\1' .. body(1, bytes('error', 'ENOTDIR'), bytes('message', 'x')))
+write('list', 'built', '\0' .. '\0\2\1a\2bc' .. '\1\2\0\1' .. '\2\2\20\30' .. '\3\2\17\18')
+write('list', 'built_bad', '\0' .. '\0\1\1/' .. '\1\1\5' .. '\2\1\1' .. '\3\1\200\0\0\0\0\0\0\0\128')
+
+-- tree: needle length - 1, needle (after the NUL the harness puts), piece sizes, then /proc/<pid>/environ or stat contents
+local tag = 'MAYURA_EXEC=4242.17.3\0'   -- the harness puts the leading NUL
+write('tree', 'environ_hit', string.char(#tag - 1) .. tag .. '\3' .. 'PATH=/bin\0HOME=/w\0MAYURA_EXEC=4242.17.3\0LANG=C\0')
+write('tree', 'environ_first', string.char(#tag - 1) .. tag .. '\0' .. 'MAYURA_EXEC=4242.17.3\0')
+write('tree', 'environ_prefix', string.char(#tag - 1) .. tag .. '\5' .. 'MAYURA_EXEC=4242.17.30\0')
+write('tree', 'stat_zombie', '\0' .. 'x' .. '\7' .. '123 (sh) Z 1 123 123 0 -1')
+write('tree', 'stat_paren_name', '\0' .. 'x' .. '\7' .. '77 (a) R (b)) S 1 77 77 0 -1 4194560')
