@@ -1,7 +1,7 @@
 /*
 ** abuse.c: the hostile program the abuse specs run inside sandboxes.
 **
-** Built static by spec/support/providers.lua (`providers.abuse_binary()`),
+** Built static by spec/security/common.lua (`common.abuse_binary()`),
 ** written into each sandbox with write_file, so the same attempts run in a
 ** busybox container and in a local sandbox alike. Every subcommand bounds
 ** its own run time, prints what it got as `key=value` lines on stdout, and
@@ -9,6 +9,7 @@
 **
 **   abuse threads N          start up to N sleeping threads; threads=<started> err=<errno name>
 **   abuse forks N            fork up to N sleeping children; forks=<started> err=<errno name>
+**   abuse bomb               a fork bomb: every process forks for ever (retrying); never ends
 **   abuse mem MIB            allocate and touch MIB MiB, 1 MiB at a time; touched=<MiB>
 **   abuse spin MS THREADS    busy-loop THREADS threads for MS ms; cpu_ms=<used> wall_ms=<elapsed>
 **   abuse inodes DIR MS      make empty files in DIR until failure or MS ms; files=<made> err=<name>
@@ -17,10 +18,16 @@
 **   abuse swap A B MS        swap A and B with RENAME_EXCHANGE until MS ms; swaps=<count>
 **   abuse flood BYTES        write BYTES of 'x' to stdout, no newline; wrote=<bytes> (on stderr)
 **   abuse sysctl             try writing kernel knobs under /proc/sys and /sys; one line each
+**   abuse net NAME T...      per target (tcp:ADDR:PORT, udp:ADDR:PORT, raw:ADDR) connect, send a DNS
+**                            query for NAME, or open a raw socket; <target>=CONNECTED|SENT|OPENED|<errno>
 */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,6 +36,7 @@
 #include <sys/ioctl.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -64,6 +72,13 @@ static const char *ename(int e) {
     case ENFILE: return "ENFILE";
     case ENOSYS: return "ENOSYS";
     case EFBIG: return "EFBIG";
+    case ENETUNREACH: return "ENETUNREACH";
+    case EHOSTUNREACH: return "EHOSTUNREACH";
+    case ECONNREFUSED: return "ECONNREFUSED";
+    case ETIMEDOUT: return "ETIMEDOUT";
+    case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
+    case EAFNOSUPPORT: return "EAFNOSUPPORT";
+    case EPROTONOSUPPORT: return "EPROTONOSUPPORT";
     default: return "other";
     }
 }
@@ -101,6 +116,15 @@ static int cmd_forks(long n) {
     printf("forks=%ld err=%s\n", i, ename(e));
     fflush(stdout);
     kill(0, SIGKILL);   /* the children share our process group */
+    return 0;
+}
+
+/* Every process forks for ever, retrying when it cannot: ends only when it is killed. */
+static int cmd_bomb(void) {
+    for (;;) {
+        pid_t p = fork();
+        if (p < 0) usleep(2000);
+    }
     return 0;
 }
 
@@ -189,6 +213,11 @@ static int cmd_tiocsti(void) {
         else printf("open pts=%s\n", ename(errno));
         close(m);
     }
+    {
+        int ttys = 0;
+        for (fd = 0; fd < 1024; fd++) if (isatty(fd)) ttys++;
+        printf("ttys=%d\n", ttys);
+    }
     printf("sid=%d pgid=%d pid=%d\n", (int)getsid(0), (int)getpgid(0), (int)getpid());
     return 0;
 }
@@ -221,6 +250,18 @@ static int cmd_ptrace(pid_t pid) {
         close((int)rc);
     } else {
         printf("getfd=%s\n", ename(errno));
+    }
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    {
+        DIR *d = opendir(path);
+        printf("fd_dir=%s\n", d != NULL ? "OPENED" : ename(errno));
+        if (d != NULL) closedir(d);
+    }
+    snprintf(path, sizeof path, "/proc/%d/root/", (int)pid);
+    {
+        DIR *d = opendir(path);
+        printf("root=%s\n", d != NULL ? "OPENED" : ename(errno));
+        if (d != NULL) closedir(d);
     }
     rc = kill(pid, SIGKILL);
     printf("kill=%s\n", rc == 0 ? "SENT" : ename(errno));
@@ -276,11 +317,93 @@ static int cmd_sysctl(void) {
     return 0;
 }
 
+/* A DNS query for `name` (A record) into buf; returns its length. */
+static size_t dns_query(unsigned char *buf, const char *name) {
+    size_t n = 0;
+    const char *p = name;
+    static const unsigned char head[12] = {0x4d, 0x59, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0};
+    memcpy(buf, head, sizeof head);
+    n = sizeof head;
+    while (*p != '\0') {
+        const char *dot = strchr(p, '.');
+        size_t len = dot != NULL ? (size_t)(dot - p) : strlen(p);
+        buf[n++] = (unsigned char)len;
+        memcpy(buf + n, p, len);
+        n += len;
+        p += len;
+        if (*p == '.') p++;
+    }
+    buf[n++] = 0;
+    buf[n++] = 0; buf[n++] = 1;   /* A */
+    buf[n++] = 0; buf[n++] = 1;   /* IN */
+    return n;
+}
+
+/* kind:addr:port, e.g. tcp:1.1.1.1:80, udp:::1:53 (the port after the last colon); raw:addr */
+static void try_net(const char *target, const char *name) {
+    char kind[8] = {0}, addr[128] = {0};
+    const char *c1 = strchr(target, ':'), *c2 = strrchr(target, ':');
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int fd, v6, port = 0, rc;
+    memset(&ss, 0, sizeof ss);
+    if (c1 == NULL || (size_t)(c1 - target) >= sizeof kind) { printf("%s=BADTARGET\n", target); return; }
+    memcpy(kind, target, (size_t)(c1 - target));
+    if (strcmp(kind, "raw") == 0) {
+        snprintf(addr, sizeof addr, "%s", c1 + 1);
+    } else {
+        if (c2 == c1 || (size_t)(c2 - c1 - 1) >= sizeof addr) { printf("%s=BADTARGET\n", target); return; }
+        memcpy(addr, c1 + 1, (size_t)(c2 - c1 - 1));
+        port = atoi(c2 + 1);
+    }
+    v6 = strchr(addr, ':') != NULL;
+    if (v6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((unsigned short)port);
+        if (inet_pton(AF_INET6, addr, &a->sin6_addr) != 1) { printf("%s=BADADDR\n", target); return; }
+        sl = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((unsigned short)port);
+        if (inet_pton(AF_INET, addr, &a->sin_addr) != 1) { printf("%s=BADADDR\n", target); return; }
+        sl = sizeof *a;
+    }
+    if (strcmp(kind, "raw") == 0) {
+        fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_RAW, v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP);
+        printf("%s=%s\n", target, fd >= 0 ? "OPENED" : ename(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    fd = socket(v6 ? AF_INET6 : AF_INET, (strcmp(kind, "tcp") == 0 ? SOCK_STREAM : SOCK_DGRAM) | SOCK_NONBLOCK, 0);
+    if (fd < 0) { printf("%s=%s\n", target, ename(errno)); return; }
+    if (strcmp(kind, "tcp") == 0) {
+        rc = connect(fd, (struct sockaddr *)&ss, sl);
+        if (rc != 0 && errno == EINPROGRESS) {
+            struct pollfd pf = { fd, POLLOUT, 0 };
+            int err = 0;
+            socklen_t el = sizeof err;
+            if (poll(&pf, 1, 1500) <= 0) { printf("%s=ETIMEDOUT\n", target); close(fd); return; }
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+            if (err != 0) { errno = err; rc = -1; } else rc = 0;
+        }
+        printf("%s=%s\n", target, rc == 0 ? "CONNECTED" : ename(errno));
+    } else {
+        unsigned char q[512];
+        size_t n = dns_query(q, name);
+        ssize_t sent = sendto(fd, q, n, 0, (struct sockaddr *)&ss, sl);
+        printf("%s=%s\n", target, sent >= 0 ? "SENT" : ename(errno));
+    }
+    close(fd);
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (strcmp(c, "threads") == 0 && argc > 2) return cmd_threads(atol(argv[2]));
     if (strcmp(c, "forks") == 0 && argc > 2) return cmd_forks(atol(argv[2]));
+    if (strcmp(c, "bomb") == 0) return cmd_bomb();
     if (strcmp(c, "mem") == 0 && argc > 2) return cmd_mem(atol(argv[2]));
     if (strcmp(c, "spin") == 0 && argc > 3) return cmd_spin(atol(argv[2]), atol(argv[3]));
     if (strcmp(c, "inodes") == 0 && argc > 3) return cmd_inodes(argv[2], atol(argv[3]));
@@ -289,6 +412,11 @@ int main(int argc, char **argv) {
     if (strcmp(c, "swap") == 0 && argc > 4) return cmd_swap(argv[2], argv[3], atol(argv[4]));
     if (strcmp(c, "flood") == 0 && argc > 2) return cmd_flood(atoll(argv[2]));
     if (strcmp(c, "sysctl") == 0) return cmd_sysctl();
-    fprintf(stderr, "usage: abuse threads|forks|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl ...\n");
+    if (strcmp(c, "net") == 0 && argc > 3) {
+        int i;
+        for (i = 3; i < argc; i++) try_net(argv[i], argv[2]);
+        return 0;
+    }
+    fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net ...\n");
     return 2;
 }

@@ -102,7 +102,10 @@ function Methods:exec(argv, o)
     timed_out = reply.timed_out == true,
     duration_ms = reply.duration_ms,
   }
-  if reply.signal == 9 and self.oom_kills and self:oom_kills() > kills_before then res.oom_killed = true end
+  -- killed for memory: the command itself (signal 9), or a process it waited for (a shell's 137)
+  if (reply.signal == 9 or reply.exit_code == 137) and self.oom_kills and self:oom_kills() > kills_before then
+    res.oom_killed = true
+  end
   return res
 end
 
@@ -110,12 +113,15 @@ function Methods:read_file(path, o)
   local reply = self:call({ op = 'read', path = path, max_bytes = o.max_bytes })
   if reply.missing then return nil end
   if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+  -- no file is said with `missing`: a reply with neither is nonsense, not "no file"
+  if type(reply.data) ~= 'string' then error(nonsense(), 0) end
   return reply.data
 end
 
 function Methods:write_file(path, data)
   local reply = self:call({ op = 'write', path = path, data = data })
   if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+  if reply.ok ~= true then error(nonsense(), 0) end
 end
 
 function Methods:list_files(path)
@@ -137,6 +143,7 @@ end
 function Methods:remove_file(path, o)
   local reply = self:call({ op = 'remove', path = path, recursive = o.recursive == true })
   if reply.error then error(M.reply_error(reply, 'the path'), 0) end
+  if type(reply.removed) ~= 'boolean' then error(nonsense(), 0) end
 end
 
 --- A new backend class holding the shared methods; the provider adds `url`

@@ -181,23 +181,31 @@ end
 -- The launcher
 -- =======================================================
 
--- Joins the cgroups, runs bubblewrap, then leaves and removes the cgroups.
+-- Runs bubblewrap in the cgroups, then removes them. The launcher itself
+-- stays outside them: were it inside, the sandbox's own memory limit could
+-- have it killed (an OOM in the sandbox), and nothing would remove them.
 -- Arguments: the number of cgroup directories, the directories, the command.
 local LAUNCHER = [[
-n=$1; shift; dirs=
+n=$1; shift; dirs=; i=$n
+for d; do
+  [ "$i" -gt 0 ] || break
+  dirs="$d $dirs"; i=$((i - 1))
+done
+/bin/sh -c '
+n=$1; shift
 while [ "$n" -gt 0 ]; do
   echo $$ > "$1/cgroup.procs" || exit 125
-  dirs="$1 $dirs"; shift; n=$((n - 1))
+  shift; n=$((n - 1))
 done
-[ -n "$dirs" ] && echo -1000 > /proc/self/oom_score_adj 2>/dev/null
-"$@"
+echo -1000 > /proc/self/oom_score_adj 2>/dev/null
+exec "$@"' mayura-join "$n" "$@"
 rc=$?
+# bubblewrap may end first (killed for memory, say): the rest of the sandbox ends soon after
+# (the agent at its lifetime at the latest), and only an empty cgroup can be removed
 for d in $dirs; do
-  case "$d" in
-    */mayura/*) echo $$ > "${d%%/mayura/*}/cgroup.procs" 2>/dev/null ;;
-  esac
+  while [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ]; do sleep 0.05; done
+  rmdir "$d" 2>/dev/null
 done
-for d in $dirs; do rmdir "$d" 2>/dev/null; done
 exit $rc
 ]]
 
@@ -230,9 +238,13 @@ local function bwrap_argv(p, spec, sb_id)
     end
   end
   add('--proc', '/proc', '--dev', '/dev')
+  -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
+  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
   add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
   add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
   add('--ro-bind', p.agent, AGENT_PATH)
+  -- the root (bubblewrap's tmpfs, with no cap) and /dev hold no writable place of their own
+  add('--remount-ro', '/dev', '--remount-ro', '/')
   add('--chdir', '/')
   add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
   local _ = sb_id

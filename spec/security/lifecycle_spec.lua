@@ -1,0 +1,176 @@
+-- Processes that try to outlive what should end them, on every provider here: a command's tree at
+-- its timeout or cancel (double fork, setsid, nohup, a TERM trap), what is left at release, and
+-- whole sandboxes after their host process is killed with SIGKILL (nothing left after the lifetime).
+local providers = require('support.providers')
+local common = require('security.common')
+local core = require('mayura.core')
+local mayura = require('mayura')
+local util = require('support.util')
+
+local sh = common.sh
+
+-- A number of its own per run, so that the sleeps this file starts are told apart from any other.
+local TAG = tostring(math.random(100, 999))
+
+local function marker(n) return 'sleep 7' .. TAG .. n end
+
+-- Every way a process tries to leave its command: setsid, nohup, a double fork, a TERM trap.
+local ESCAPES = table.concat({
+  'setsid nohup ' .. marker(1) .. ' >/dev/null 2>&1 </dev/null &',
+  '(' .. marker(2) .. ' >/dev/null 2>&1 </dev/null &) &',
+  "(trap '' TERM HUP INT; exec " .. marker(3) .. ') &',
+  "(setsid sh -c '" .. marker(4) .. ' & exec ' .. marker(5) .. "' >/dev/null 2>&1 </dev/null &)",
+  'nohup ' .. marker(6) .. ' >/dev/null 2>&1 </dev/null &',
+  'setsid ' .. marker(7) .. ' &',      -- keeps the output pipes open too
+}, '\n')
+
+-- Host processes (the sandbox's included: one kernel) running one of this file's sleeps.
+local function escaped()
+  return util.procs_matching('sleep 7' .. TAG)
+end
+
+for _, prov in ipairs(providers.list()) do
+  describe('processes that try to outlive their command (' .. prov.name .. ')', function()
+    local pool, sb
+    setup(function()
+      pool = prov.make_pool({ max_sandboxes = 2 })
+      sb = pool:create({ lifetime_ms = 300000 })
+    end)
+    teardown(function()
+      if sb then sb:release() end
+      pool:close()
+    end)
+    after_each(function() util.kill_matching('sleep 7' .. TAG) end)
+
+    it('ends every process of a command at its timeout (double fork, setsid, nohup, trap)', function()
+      local t = common.now()
+      local r = sh(sb, ESCAPES .. '\nexec sleep 30', { timeout_ms = 1000 })
+      local took = common.now() - t
+      assert.is_true(r.timed_out)
+      assert.is_true(took < 4000, 'the call took ' .. took .. ' ms')
+      assert.is_true(common.eventually(function() return #escaped() == 0 end, 3000),
+        'left after the timeout: ' .. #escaped() .. ' processes')
+      assert.are.equal('next\n', sb:exec({ 'echo', 'next' }).stdout)
+    end)
+
+    it('ends every process of a command when it is cancelled', function()
+      local token = mayura.cancel_token()
+      local t = common.spawn(function()
+        return pcall(sh, sb, ESCAPES .. '\nexec sleep 30', { timeout_ms = 30000, signal = token })
+      end)
+      common.sleep(500)
+      token:cancel()
+      local ok, err = t:wait()
+      assert.is_false(ok)
+      assert.are.equal('CANCELLED', err.code, tostring(err))
+      assert.is_true(common.eventually(function() return #escaped() == 0 end, 3000),
+        'left after the cancel: ' .. #escaped() .. ' processes')
+      assert.are.equal('next\n', sb:exec({ 'echo', 'next' }).stdout)
+    end)
+
+    it('ends a process that also cleared its environment: at the timeout, or with the sandbox', function()
+      -- `env -i` drops the tag the agent finds a command's processes by, and setsid leaves its group
+      local other = pool:create({ lifetime_ms = 60000 })
+      local r = sh(other, 'env -i setsid ' .. marker(8) .. ' >/dev/null 2>&1 </dev/null &\n' ..
+        "(setsid sh -c 'exec env -i " .. marker(9) .. "' >/dev/null 2>&1 </dev/null &)\nexec sleep 30",
+        { timeout_ms = 1000 })
+      assert.is_true(r.timed_out)
+      common.eventually(function() return #escaped() == 0 end, 1500)
+      local outlived = #escaped()
+      -- whatever outlived the timeout ends with its sandbox (its pid namespace)
+      other:release()
+      assert.is_true(common.eventually(function() return #escaped() == 0 end, 5000),
+        'left after release: ' .. #escaped() .. ' processes')
+      if outlived > 0 then
+        pending(('known gap (core/tree.h, agent/agent.c): %d processes that cleared their environment and ' ..
+          'left the session outlived the timeout; they ended only with the sandbox'):format(outlived))
+      end
+    end)
+
+    it('ends at release what a command left running on purpose (setsid)', function()
+      local other = pool:create({ lifetime_ms = 60000 })
+      local r = sh(other, 'setsid ' .. marker(10) .. ' >/dev/null 2>&1 </dev/null & ' ..
+        'env -i setsid ' .. marker(11) .. ' >/dev/null 2>&1 </dev/null & echo started')
+      assert.are.equal('started\n', r.stdout)
+      common.sleep(700)   -- past the agent's settling time: these are meant to stay
+      assert.are.equal(2, #escaped())
+      other:release()
+      assert.is_true(common.eventually(function() return #escaped() == 0 end, 5000),
+        'left after release: ' .. #escaped() .. ' processes')
+      assert.is_true(common.eventually(function() return #prov.leftovers(other) == 0 end, 5000))
+      assert.are.same({}, prov.leftovers(other))
+    end)
+  end)
+end
+
+describe('sandboxes whose host process is killed with SIGKILL', function()
+  it('leave no process, container or cgroup once their lifetime is over, on every provider', function()
+    local dir = util.tmpdir()
+    local script = dir .. '/hold.lua'
+    local f = assert(io.open(script, 'w'))
+    f:write(([[
+package.path = 'spec/?.lua;' .. package.path
+local providers = require('support.providers')
+local out = assert(io.open(%q, 'w'))
+for _, p in ipairs(providers.list()) do
+  local pool = p.make_pool({ max_sandboxes = 1, max_lifetime_ms = 60000 })
+  local sb = pool:create({ lifetime_ms = 4000 })
+  sb:exec({ 'sh', '-c', %q })
+  out:write(p.name, ' ', sb.id, ' ', sb._backend.container or '-', ' ', sb._backend.dir or '-', '\n')
+end
+out:write('ready\n')
+out:close()
+require('mayura').sleep(600000)
+]]):format(dir .. '/ids', 'setsid ' .. marker(20) .. ' >/dev/null 2>&1 </dev/null & (setsid ' .. marker(21) ..
+      ' >/dev/null 2>&1 </dev/null &); true'))
+    f:close()
+    local n = #providers.list()
+    local host = assert(core.spawn({ argv = { 'build/mayura', script } }, function() end))
+    local text
+    local ready = util.eventually(function()
+      local g = io.open(dir .. '/ids', 'r')
+      text = g and g:read('a')
+      if g then g:close() end
+      return text ~= nil and text:find('ready\n', 1, true) ~= nil
+    end, 30000)
+    assert.is_true(ready, 'the host script did not get its sandboxes: ' .. tostring(text))
+    assert.are.equal(2 * n, #escaped(), 'the sandboxes\' processes are not running')
+    os.execute('kill -9 ' .. host:pid())
+    local sandboxes = {}
+    for name, id, container, sockdir in text:gmatch('(%S+) (%S+) (%S+) (%S+)\n') do
+      sandboxes[#sandboxes + 1] = { name = name, id = id, container = container, dir = sockdir }
+    end
+    assert.are.equal(n, #sandboxes)
+    -- all of it ends by the end of the lifetime (4 s), with a few seconds of slack
+    local function left()
+      local out = {}
+      for _, p in ipairs(escaped()) do out[#out + 1] = 'process ' .. p end
+      for _, s in ipairs(sandboxes) do
+        if s.container ~= '-' then
+          local ids = providers.host('docker ps -aq --filter label=mayura.sandbox=' .. s.id)
+          if ids:find('%x') then out[#out + 1] = s.name .. ' container ' .. s.id end
+        else
+          for _, ctrl in ipairs({ 'memory', 'pids', 'cpu', '' }) do
+            local cg = '/sys/fs/cgroup/' .. ctrl .. (ctrl ~= '' and '/' or '') .. 'mayura/' .. s.id
+            local _, there = providers.host('test -d ' .. cg)
+            if there then out[#out + 1] = s.name .. ' cgroup ' .. cg end
+          end
+          for _, p in ipairs(util.procs_matching('--lifetime-ms 4000 ')) do
+            out[#out + 1] = s.name .. ' agent ' .. p
+          end
+        end
+      end
+      return out
+    end
+    common.eventually(function() return #left() == 0 end, 12000)
+    local remaining = left()
+    -- the docker provider documents that a killed host leaves its (empty) socket directory until a
+    -- later create sweeps it, a minute after the lifetime: removed here by hand
+    for _, s in ipairs(sandboxes) do
+      if s.dir ~= '-' then os.execute("rm -rf '" .. s.dir .. "'") end
+    end
+    util.kill_matching('sleep 7' .. TAG)
+    util.rmdir(dir)
+    assert.are.same({}, remaining)
+  end)
+end)

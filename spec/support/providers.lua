@@ -1,0 +1,220 @@
+--- Every sandbox provider that can run on this machine, for specs that try the same thing on each.
+--
+--   local providers = require('support.providers')
+--   for _, p in ipairs(providers.list()) do
+--     describe(p.name, function()
+--       local pool = p.make_pool({ memory_mib = 128, max_sandboxes = 2 })
+--       ...
+--     end)
+--   end
+--
+-- An entry is `{ name, kind, engine, make_provider(opts), make_pool(opts), leftovers(sb) }`:
+--   * `name`: 'local', 'docker-cli' or 'docker-api';
+--   * `make_pool(opts)` returns `pool, provider`: `opts` mixes the provider's options (memory_mib,
+--     pids, tmp_mib, workspace_mib, cpus, image, ...) and the pool's (max_sandboxes,
+--     max_lifetime_ms, network, exec_timeout_ms, call_timeout_ms, max_output_bytes, ...), with
+--     small limits by default (memory 128 MiB, 64 processes, 16 MiB /tmp and workspace), so a
+--     bomb ends quickly;
+--   * `leftovers(sb)` lists, as strings, what of the sandbox `sb` still exists on the host:
+--     processes, cgroups, containers, socket directories, and (Docker) overlay mounts that no
+--     container owns any more. Empty once it is all gone. Call it with
+--     the sandbox object (released or not): it reads the ids the backend recorded.
+--
+-- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
+-- answers `docker info` and the test image (scripts/docker-setup.sh) is on the machine.
+local sandbox = require('mayura.sandbox')
+
+local M = {}
+
+M.BUSYBOX = 'mayura-test/busybox:1'
+
+local POOL_KEYS = {
+  max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
+  max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
+  labels = true,
+}
+
+local DEFAULTS = {
+  provider = { memory_mib = 128, pids = 64, tmp_mib = 16, workspace_mib = 16 },
+  pool = { max_sandboxes = 4, max_lifetime_ms = 600000 },
+}
+
+--- Runs a host shell command; returns its stdout and whether it exited 0.
+function M.host(cmd)
+  local p = io.popen(cmd .. ' 2>/dev/null')
+  local out = p:read('a')
+  local ok = p:close()
+  return out, ok == true
+end
+
+local function read_file(path)
+  local f = io.open(path, 'r')
+  if not f then return nil end
+  local s = f:read('a')
+  f:close()
+  return s
+end
+
+-- Splits `opts` into the provider's and the pool's, over the defaults.
+local function split(opts)
+  local prov, pool = {}, {}
+  for k, v in pairs(DEFAULTS.provider) do prov[k] = v end
+  for k, v in pairs(DEFAULTS.pool) do pool[k] = v end
+  for k, v in pairs(opts or {}) do
+    if POOL_KEYS[k] then pool[k] = v else prov[k] = v end
+  end
+  return prov, pool
+end
+
+-- {======================================================
+-- What a sandbox leaves on the host
+-- =======================================================
+
+-- Host pids whose /proc/<pid>/cgroup mentions `needle` (live, not zombies).
+local function pids_in_cgroup(needle)
+  local found = {}
+  local ls = io.popen('ls /proc')
+  for name in ls:lines() do
+    if name:match('^%d+$') then
+      local cg = read_file('/proc/' .. name .. '/cgroup')
+      local stat = read_file('/proc/' .. name .. '/stat') or ''
+      if cg and cg:find(needle, 1, true) and stat:match('%) (%a)') ~= 'Z' then found[#found + 1] = name end
+    end
+  end
+  ls:close()
+  return found
+end
+
+local function local_leftovers(sb)
+  local out = {}
+  local id = sb.id
+  for _, pid in ipairs(pids_in_cgroup('/mayura/' .. id)) do out[#out + 1] = 'process ' .. pid end
+  local dirs = (sb._backend and sb._backend.cg_dirs) or {}
+  for _, d in ipairs(dirs) do
+    if read_file(d .. '/cgroup.procs') then out[#out + 1] = 'cgroup ' .. d end
+  end
+  local launcher = sb._backend and sb._backend.proc
+  if launcher and not sb._backend.exited then out[#out + 1] = 'launcher still running' end
+  return out
+end
+
+-- Overlay mounts of Docker on this host that belong to no container docker still knows.
+local docker_root
+local function orphan_docker_mounts()
+  docker_root = docker_root or (M.host("docker info --format '{{.DockerRootDir}}'"):match('%S+') or '/var/lib/docker')
+  local mounts = {}
+  local f = io.open('/proc/self/mountinfo')
+  for line in (f and f:read('a') or ''):gmatch('[^\n]+') do
+    local point = line:match('^%S+ %S+ %S+ %S+ (%S+)')
+    if point and point:sub(1, #docker_root) == docker_root and point:match('/merged$') then mounts[#mounts + 1] = point end
+  end
+  if f then f:close() end
+  if #mounts == 0 then return {} end
+  local known = {}
+  local ids = M.host('docker ps -aq'):gsub('%s+', ' ')
+  if ids:find('%x') then
+    for dir in M.host("docker inspect --format '{{.GraphDriver.Data.MergedDir}}' " .. ids):gmatch('%S+') do
+      known[dir] = true
+    end
+  end
+  local out = {}
+  for _, m in ipairs(mounts) do
+    if not known[m] then out[#out + 1] = 'mount ' .. m end
+  end
+  return out
+end
+
+local function docker_leftovers(sb)
+  local out = orphan_docker_mounts()
+  local ids = M.host('docker ps -aq --no-trunc --filter label=mayura.sandbox=' .. sb.id)
+  for cid in ids:gmatch('%x+') do out[#out + 1] = 'container ' .. cid end
+  local b = sb._backend or {}
+  if b.container then
+    for _, pid in ipairs(pids_in_cgroup(b.container)) do out[#out + 1] = 'process ' .. pid end
+  end
+  if b.dir then
+    local _, there = M.host('test -e ' .. b.dir)
+    if there then out[#out + 1] = 'socket directory ' .. b.dir end
+  end
+  return out
+end
+
+--- The host directory of one cgroup controller ('pids', 'memory', 'cpu') of the sandbox `sb`, or nil
+-- (no cgroups here: not root, say). With cgroup v2, the one directory of the sandbox.
+function M.cgroup_dir(sb, controller)
+  local b = sb._backend or {}
+  local candidates = {}
+  if b.container then
+    candidates = {
+      '/sys/fs/cgroup/' .. controller .. '/docker/' .. b.container,
+      '/sys/fs/cgroup/system.slice/docker-' .. b.container .. '.scope',
+      '/sys/fs/cgroup/docker/' .. b.container,
+    }
+  else
+    for _, d in ipairs(b.cg_dirs or {}) do
+      if d:find('/' .. controller .. '/', 1, true) or not d:find('/sys/fs/cgroup/[^/]+/mayura/') then
+        candidates[#candidates + 1] = d
+      end
+    end
+  end
+  for _, d in ipairs(candidates) do
+    if read_file(d .. '/cgroup.procs') then return d end
+  end
+  return nil
+end
+
+-- }======================================================
+
+local cached
+
+--- The entries for this machine (computed once).
+function M.list()
+  if cached then return cached end
+  cached = {}
+  local ok_local, local_provider = pcall(require, 'mayura.sandbox.local')
+  if ok_local and pcall(local_provider.local_sandboxes, {}) then
+    local entry = { name = 'local', kind = 'local' }
+    function entry.make_provider(opts)
+      local prov = split(opts)
+      return local_provider.local_sandboxes(prov)
+    end
+    function entry.make_pool(opts)
+      local prov, pool = split(opts)
+      local p = local_provider.local_sandboxes(prov)
+      return sandbox.create_sandboxes(p, pool), p
+    end
+    entry.leftovers = local_leftovers
+    cached[#cached + 1] = entry
+  end
+  local _, answers = M.host('docker info')
+  local _, image = M.host('docker image inspect ' .. M.BUSYBOX)
+  if answers and image then
+    local docker = require('mayura.sandbox.docker')
+    for _, engine in ipairs({ 'cli', 'api' }) do
+      local entry = { name = 'docker-' .. engine, kind = 'docker', engine = engine }
+      function entry.make_provider(opts)
+        local prov = split(opts)
+        prov.image = prov.image or M.BUSYBOX
+        prov.engine = engine
+        return docker.docker_sandboxes(prov)
+      end
+      function entry.make_pool(opts)
+        local _, pool = split(opts)
+        local p = entry.make_provider(opts)
+        return sandbox.create_sandboxes(p, pool), p
+      end
+      entry.leftovers = docker_leftovers
+      cached[#cached + 1] = entry
+    end
+  end
+  return cached
+end
+
+--- The names of the entries, for a message.
+function M.names()
+  local names = {}
+  for i, e in ipairs(M.list()) do names[i] = e.name end
+  return table.concat(names, ', ')
+end
+
+return M
