@@ -13,13 +13,7 @@ local KEY = 'sk-ant-api03-SECRET-77aa19'
 local API_TEXT = 'invalid x-api-key sk-ant-api03-SECRET-77aa19'
 local PRICING = { input_micros_per_million_tokens = 3000000, output_micros_per_million_tokens = 15000000 }
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err.message))
-  return err
-end
+local raises = require('support.util').raises
 
 local function model_error(reason, fn, ...)
   local err = raises('MODEL_ERROR', fn, ...)

@@ -12,13 +12,7 @@ local z = mayura.z
 local KEY = 'sk-local-SECRET-42d1e0'
 local API_TEXT = 'Invalid API key sk-local-SECRET-42d1e0 for this server.'
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err.message))
-  return err
-end
+local raises = require('support.util').raises
 
 local function model_error(reason, fn, ...)
   local err = raises('MODEL_ERROR', fn, ...)

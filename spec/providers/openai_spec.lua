@@ -17,13 +17,7 @@ local KEY = 'sk-test-SECRET-5f1c0a9e77'
 local API_TEXT = 'Incorrect API key provided: sk-test-SECRET-5f1c0a9e77. You can find your key at example.'
 local PRICING = { input_micros_per_million_tokens = 1250000, output_micros_per_million_tokens = 10000000 }
 
-local function raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, 'expected ' .. code)
-  assert.are.equal('table', type(err), tostring(err))
-  assert.are.equal(code, err.code, tostring(err.message))
-  return err
-end
+local raises = require('support.util').raises
 
 -- A MODEL_ERROR with `reason` whose message has neither the key nor the API's text.
 local function model_error(reason, fn, ...)
