@@ -43,7 +43,6 @@
 #define AGENT_VERSION "1"
 #define TAG_VAR "MAYURA_EXEC"
 #define READ_CHUNK 65536
-#define MAX_PASSES 64
 #define DEFAULT_MAX_OUTPUT (1u << 20)
 #define MAX_OUTPUT_LIMIT ((int64_t)WIRE_MAX_FRAME / 2 - 65536)
 #define MAX_MS ((int64_t)1 << 40)
@@ -228,42 +227,29 @@ static void reply_ok(conn *c, uint32_t id, const char *key) {
 ** Killing a tree (the same semantics as core/proc.c on the host)
 ** =======================================================*/
 
-/* The group and every process carrying the exec's tag. */
+/* The exec's group (and its leader by pid until it has ended: before its setsid it leads no
+** group yet) and every process carrying the exec's tag. */
 static int signal_tree(exec *x, int sig) {
     char needle[128];
-    size_t nlen;
-    if (x->pid > 0) {
-        kill(-x->pid, sig);
-        /* before its setsid the child is not a group leader yet: reach it by pid too */
-        if (!x->exited) kill(x->pid, sig);
-    }
-    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s", TAG_VAR, x->tag) + 2;
-    needle[0] = '\0';
-    return signal_tagged(needle, nlen, sig);
+    size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, x->tag, 1);
+    return tree_signal(x->pid, !x->exited, needle, nlen, sig);
 }
 
-/* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
+/* SIGKILL the exec's whole tree, in passes until none is left. */
 static void kill_tree(exec *x) {
-    int pass;
-    for (pass = 0; pass < MAX_PASSES; pass++)
-        if (signal_tree(x, SIGKILL) == 0) break;
+    char needle[128];
+    size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, x->tag, 1);
+    tree_kill(x->pid, !x->exited, needle, nlen);
 }
 
 /* Before exiting: every tree, and every process still carrying any tag of this agent. */
 static void kill_everything(void) {
-    char needle[96];
-    size_t nlen;
+    char needle[96], prefix[64];
     exec *x;
-    int pass;
-    for (x = execs; x != NULL; x = x->next) {
-        if (x->pid > 0) kill(-x->pid, SIGKILL);
-        if (x->pid > 0 && !x->exited) kill(x->pid, SIGKILL);
-    }
+    for (x = execs; x != NULL; x = x->next) tree_signal(x->pid, !x->exited, NULL, 0, SIGKILL);
     /* "\0MAYURA_EXEC=<prefix>.": also processes that outlived a command's normal end */
-    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s.", TAG_VAR, tag_prefix) + 1;
-    needle[0] = '\0';
-    for (pass = 0; pass < MAX_PASSES; pass++)
-        if (signal_tagged(needle, nlen, SIGKILL) == 0) break;
+    snprintf(prefix, sizeof prefix, "%s.", tag_prefix);
+    tree_kill(0, 0, needle, tree_needle(needle, sizeof needle, TAG_VAR, prefix, 0));
 }
 
 static void agent_exit(void) {

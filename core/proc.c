@@ -24,7 +24,6 @@
 #define PROC_MT "mayura.process"
 #define PROC_TAG_VAR "MAYURA_TREE"
 #define PROC_READ_CHUNK 65536
-#define PROC_MAX_PASSES 64
 
 typedef struct proc_stream {
     uv_pipe_t pipe;
@@ -64,25 +63,18 @@ static void proc_finish(mc_proc *p);
 ** Killing a tree
 ** =======================================================*/
 
-/*
-** Sends sig to the process group and to every live process carrying the tag.
-** Returns how many tagged processes were signalled.
-*/
+/* Signals the command's group and every live process carrying its tag; returns the tagged ones. */
 static int proc_signal_tree(mc_proc *p, int sig) {
     char needle[192];
-    size_t nlen;
-    if (p->pid > 0) kill(-p->pid, sig);
-    /* "\0NAME=tag\0": snprintf writes the final NUL, the first one is put by hand */
-    nlen = (size_t)snprintf(needle + 1, sizeof needle - 1, "%s=%s", PROC_TAG_VAR, p->tag) + 2;
-    needle[0] = '\0';
-    return signal_tagged(needle, nlen, sig);
+    size_t nlen = tree_needle(needle, sizeof needle, PROC_TAG_VAR, p->tag, 1);
+    return tree_signal(p->pid, 0, needle, nlen, sig);
 }
 
-/* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
+/* SIGKILL the command's whole tree, in passes until none is left. */
 static void proc_kill_tree(mc_proc *p) {
-    int pass;
-    for (pass = 0; pass < PROC_MAX_PASSES; pass++)
-        if (proc_signal_tree(p, SIGKILL) == 0) break;
+    char needle[192];
+    size_t nlen = tree_needle(needle, sizeof needle, PROC_TAG_VAR, p->tag, 1);
+    tree_kill(p->pid, 0, needle, nlen);
 }
 
 /* }====================================================== */

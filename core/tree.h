@@ -84,4 +84,41 @@ static TREE_UNUSED int signal_tagged(const char *needle, size_t nlen, int sig) {
     return hits;
 }
 
+#define TREE_MAX_PASSES 64
+
+/*
+** Writes the needle for var=tag into buf: "\0var=tag\0" when exact (that very
+** tag), "\0var=tag" otherwise (any tag starting so). Returns its length, or 0
+** when it does not fit.
+*/
+static TREE_UNUSED size_t tree_needle(char *buf, size_t size, const char *var, const char *tag, int exact) {
+    int n;
+    if (size < 2) return 0;
+    buf[0] = '\0';   /* a variable starts after the NUL that ends the one before */
+    n = snprintf(buf + 1, size - 1, "%s=%s", var, tag);
+    if (n < 0 || (size_t)n + 2 > size) return 0;
+    return (size_t)n + 1 + (exact ? 1 : 0);   /* snprintf wrote the final NUL */
+}
+
+/*
+** Signals a command's tree once: the process group led by `leader` (when
+** above 0; with by_pid, the leader by pid too, as it may not lead its group
+** yet) and every live process whose environment holds the needle. Returns
+** how many tagged processes were signalled.
+*/
+static TREE_UNUSED int tree_signal(pid_t leader, int by_pid, const char *needle, size_t nlen, int sig) {
+    if (leader > 0) {
+        kill(-leader, sig);
+        if (by_pid) kill(leader, sig);
+    }
+    return nlen > 0 ? signal_tagged(needle, nlen, sig) : 0;
+}
+
+/* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
+static TREE_UNUSED void tree_kill(pid_t leader, int by_pid, const char *needle, size_t nlen) {
+    int pass;
+    for (pass = 0; pass < TREE_MAX_PASSES; pass++)
+        if (tree_signal(leader, by_pid, needle, nlen, SIGKILL) == 0) break;
+}
+
 #endif

@@ -168,6 +168,17 @@ function M.handshake(backend, env, workdir)
   if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
 end
 
+--- A sandbox that failed to start: releases what was made of it and raises the
+-- failure, a channel that closed meanwhile as `unavailable`, anything uncoded
+-- as `failed`.
+function M.start_failed(backend, err)
+  pcall(backend.release, backend)
+  if errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone' then
+    error(errors.sandbox('unavailable', 'the sandbox did not start'), 0)
+  end
+  error(errors.is(err) and err or errors.sandbox('failed', 'the sandbox did not start'), 0)
+end
+
 --- Connects to an agent listening on the unix socket at `path`; returns the
 -- channel, or nil and an error (SANDBOX_ERROR `unavailable`). `on_close(err)`
 -- is called when the channel closes on its own.

@@ -717,13 +717,7 @@ function M.docker_sandboxes(options)
       backend.oom_file = cgroup_oom_file(container)
       agent_backend.handshake(backend, env, self.workdir)
     end)
-    if not sok then
-      pcall(backend.release, backend)
-      if errors.is(serr, 'SANDBOX_ERROR') and serr.reason == 'gone' then
-        error(errors.sandbox('unavailable', 'the sandbox did not start'), 0)
-      end
-      error(errors.is(serr) and serr or errors.sandbox('failed', 'the sandbox did not start'), 0)
-    end
+    if not sok then agent_backend.start_failed(backend, serr) end
     return backend
   end
 

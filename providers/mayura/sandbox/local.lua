@@ -429,13 +429,7 @@ function M.local_sandboxes(options)
     })
     -- the agent answers once the namespaces are up; then it gets the env, never on a command line
     local ok, cerr = pcall(agent_backend.handshake, backend, spec.env, WORKDIR)
-    if not ok then
-      pcall(backend.release, backend)
-      if errors.is(cerr, 'SANDBOX_ERROR') and cerr.reason == 'gone' then
-        error(errors.sandbox('unavailable', 'the sandbox did not start'), 0)
-      end
-      error(cerr, 0)
-    end
+    if not ok then agent_backend.start_failed(backend, cerr) end
     return backend
   end
   return p
