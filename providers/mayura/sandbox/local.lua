@@ -77,25 +77,24 @@ local ETC = {
 -- Parts of the host's /etc that hold no secrets and that programs need.
 local ETC_HOST = { 'alternatives', 'ld.so.cache', 'localtime', 'ssl/certs', 'ca-certificates' }
 
-local function etc_dir()
-  local base
-  if is_root() then
-    base = '/run/mayura'
-  else
-    local rt = os.getenv('XDG_RUNTIME_DIR')
-    base = (rt and rt ~= '') and (rt .. '/mayura') or ('/tmp/mayura-' .. (os.getenv('USER') or 'user'))
-  end
-  local dir = base .. '/etc-1'
+-- Where the provider keeps what every sandbox binds read-only: root's /run, else the user's runtime dir.
+local function runtime_base()
+  if is_root() then return '/run/mayura' end
+  local rt = os.getenv('XDG_RUNTIME_DIR')
+  return (rt and rt ~= '') and (rt .. '/mayura') or ('/tmp/mayura-' .. (os.getenv('USER') or 'user'))
+end
+
+-- Writes `files` (name -> content) with `mode` into base/name, rewriting only what differs, readable
+-- by the sandboxes' own host uids whatever the umask and the checkout's directory modes are.
+local function install(base, name, files, mode, what)
+  local dir = base .. '/' .. name
   local ok, err = await_cb(function(cb) core.fs.mkdir(dir, { mode = 493 }, cb) end)
-  if not ok then errors.raise('INVALID_CONFIG', 'cannot make the sandbox /etc: ' .. tostring(err and err.errno)) end
-  -- readable by the sandboxes' own host uids, whatever the umask was
+  if not ok then errors.raise('INVALID_CONFIG', 'cannot make ' .. what .. ': ' .. tostring(err and err.errno)) end
   require('mayura.process').run({ 'chmod', '0755', base, dir })
-  for name, text in pairs(ETC) do
-    if read_plain(dir .. '/' .. name) ~= text then
-      local w, werr = await_cb(function(cb) core.fs.write(dir .. '/' .. name, text, { mode = 420 }, cb) end)
-      if not w then
-        errors.raise('INVALID_CONFIG', 'cannot write the sandbox /etc: ' .. tostring(werr and werr.errno))
-      end
+  for file, content in pairs(files) do
+    if read_plain(dir .. '/' .. file) ~= content then
+      local w, werr = await_cb(function(cb) core.fs.write(dir .. '/' .. file, content, { mode = mode }, cb) end)
+      if not w then errors.raise('INVALID_CONFIG', 'cannot write ' .. what .. ': ' .. tostring(werr and werr.errno)) end
     end
   end
   return dir
@@ -365,7 +364,12 @@ function M.local_sandboxes(options)
   p.etc_host = {}
   for _, name in ipairs(ETC_HOST) do p.etc_host[name] = readlink_type('/etc/' .. name) ~= nil end
   p.etc_host.resolv = exists('/etc/resolv.conf')
-  p.etc = etc_dir()
+  local base = runtime_base()
+  p.etc = install(base, 'etc-1', ETC, 420, 'the sandbox /etc')
+  -- a copy of the agent beside it: the checkout it was built in may be closed to other uids
+  local agent_bytes = read_plain(p.agent)
+  if not agent_bytes then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  p.agent = install(base, 'agent-1', { ['mayura-agent'] = agent_bytes }, 493, 'the sandbox agent') .. '/mayura-agent'
   local counter = 0
 
   function p.create(self, spec)
