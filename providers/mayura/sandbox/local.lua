@@ -369,7 +369,11 @@ function M.local_sandboxes(options)
   -- a copy of the agent beside it: the checkout it was built in may be closed to other uids
   local agent_bytes = read_plain(p.agent)
   if not agent_bytes then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
-  p.agent = install(base, 'agent-1', { ['mayura-agent'] = agent_bytes }, 493, 'the sandbox agent') .. '/mayura-agent'
+  -- named by its content, so two checkouts (or builds) never replace each other's agent
+  local sum = require('mayura.process').run({ 'sha256sum' }, { stdin = agent_bytes }).stdout:match('^(%x+)')
+  if not sum then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  p.agent = install(base, 'agent-' .. sum:sub(1, 16), { ['mayura-agent'] = agent_bytes }, 493, 'the sandbox agent') ..
+    '/mayura-agent'
   local counter = 0
 
   function p.create(self, spec)
