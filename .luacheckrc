@@ -3,6 +3,7 @@ std = 'lua54'
 cache = true
 max_line_length = 120
 files['spec/**/*.lua'] = { std = '+busted', max_line_length = 140 }
+files['fuzz/*.lua'] = { max_line_length = 140 }
 files['.busted'] = { std = 'lua54' }
 ignore = { '212/_.*' }
 -- `unpack` is read only where `table.unpack` is missing (LuaJIT).

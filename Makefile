@@ -83,7 +83,7 @@ fuzz: setup
 	sh fuzz/run.sh
 
 lint:
-	luacheck lua providers tools spec examples bench
+	luacheck lua providers tools spec examples bench fuzz
 
 bench: all
 	$(HOST) bench/core.lua

@@ -10,7 +10,7 @@ libcurl, JSON through cJSON, Linux namespaces) under a Lua layer: the sandbox
 pool, providers, tools, permissions, hooks and the agent runtime.]],
   license = 'MIT',
 }
-dependencies = { 'lua >= 5.1', 'luv' }
+dependencies = { 'lua >= 5.4, < 5.5', 'luv' }
 external_dependencies = {
   CURL = { header = 'curl/curl.h' },
   UV = { header = 'uv.h' },

@@ -7,7 +7,7 @@
 -- with SANDBOX_ERROR reason `timeout`; after its lifetime or release every
 -- call on a sandbox fails with SANDBOX_ERROR reason `gone`.
 --
--- A provider is a table (see docs/providers.md):
+-- A provider is a table (README, "Writing a provider"; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
 -- and a backend has `id`, `exec(argv, opts)`, `read_file(path, opts)`,
