@@ -350,21 +350,10 @@ static void mc_http_push_headers(lua_State *L, const mc_http_buf *b) {
 ** result: 1 when it is false exactly, 0 otherwise, -1 on an error.
 */
 static int mc_http_call_check(lua_State *L, int nargs) {
-    int base = lua_gettop(L) - nargs;
-    int rc, res = 0;
-    lua_pushcfunction(L, mc_traceback);
-    lua_insert(L, base);
-    rc = lua_pcall(L, nargs, 1, base);
-    if (rc != LUA_OK) {
-        fprintf(stderr, "mayura: error in a loop callback: %s\n",
-                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
-        fflush(stderr);
-        res = -1;
-    } else if (lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
-        res = 1;
-    }
+    int res = 0;
+    if (mc_pcall_report(L, nargs, 1) != LUA_OK) return -1;
+    if (lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1)) res = 1;
     lua_pop(L, 1);
-    lua_remove(L, base);
     return res;
 }
 

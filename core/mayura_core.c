@@ -38,20 +38,17 @@ static int mc_run_depth = 0;
 static int mc_luv_pcall(lua_State *L, int nargs, int nresult, int flags) {
     int base = lua_gettop(L) - nargs;
     int rc;
-    lua_pushcfunction(L, mc_traceback);
-    lua_insert(L, base);
-    rc = lua_pcall(L, nargs, nresult, base);
-    if (rc != LUA_OK) {
-        if ((flags & LUVF_CALLBACK_NOERRMSG) == 0) {
-            fprintf(stderr, "mayura: error in a loop callback: %s\n",
-                    lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
-            fflush(stderr);
-        }
-        lua_pop(L, 1);
+    if ((flags & LUVF_CALLBACK_NOERRMSG) == 0) {
+        rc = mc_pcall_report(L, nargs, nresult);
+        if (rc != LUA_OK) return -rc;
+    } else {
+        lua_pushcfunction(L, mc_traceback);
+        lua_insert(L, base);
+        rc = lua_pcall(L, nargs, nresult, base);
+        if (rc != LUA_OK) lua_pop(L, 1);
         lua_remove(L, base);
-        return -rc;
+        if (rc != LUA_OK) return -rc;
     }
-    lua_remove(L, base);
     return nresult == LUA_MULTRET ? lua_gettop(L) - base + 1 : nresult;
 }
 
@@ -162,7 +159,27 @@ static void mc_setup_loop(lua_State *L) {
 
 /* }====================================================== */
 
+/* core.set_reporter(fn | nil): where errors of loop callbacks go (stderr when nil); returns the previous one. */
+static int l_set_reporter(lua_State *L) {
+    if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_settop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_REPORT_KEY);
+    lua_pushvalue(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, MC_REPORT_KEY);
+    return 1;
+}
+
+/* core.report(message): reports an error the way loop callbacks' errors are. */
+static int l_report(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    mc_report(L);
+    return 0;
+}
+
 static const luaL_Reg core_funcs[] = {
+    {"set_reporter", l_set_reporter},
+    {"report", l_report},
     {"run_once", l_run_once},
     {"run", l_run},
     {"loop_running", l_loop_running},

@@ -36,6 +36,7 @@
 #define MC_ERROR_MT "mayura.error"
 #define MC_LOOP_KEY "mayura.core.loop"
 #define MC_MAIN_KEY "mayura.core.main"
+#define MC_REPORT_KEY "mayura.core.reporter"
 
 /* 2^53: the largest integer every JSON peer holds exactly. */
 #define MC_MAX_SAFE_INT 9007199254740992LL
@@ -231,24 +232,48 @@ MC_FN int mc_traceback(lua_State *L) {
 }
 
 /*
-** Calls the function below nargs arguments on L's stack in protected mode,
-** discarding results. An error is printed with a traceback to stderr and the
-** process goes on. Returns 0 on success, -1 on error.
+** Reports the message on top of L's stack (and pops it): to the function
+** set with core.set_reporter when there is one, else to stderr after "mayura: ".
+** Errors in loop callbacks end up here; the loop goes on.
 */
-MC_FN int mc_call(lua_State *L, int nargs) {
+MC_FN void mc_report(lua_State *L) {
+    const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)";
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_REPORT_KEY);
+    if (lua_isfunction(L, -1)) {
+        lua_pushstring(L, msg);
+        if (lua_pcall(L, 1, 0, 0) == LUA_OK) { lua_pop(L, 1); return; }
+        msg = "(the reporter failed)";
+    }
+    lua_pop(L, 1);
+    fprintf(stderr, "mayura: %s\n", msg);
+    fflush(stderr);
+    lua_pop(L, 1);
+}
+
+/*
+** Calls the function below nargs arguments on L's stack in protected mode,
+** keeping nresults results (LUA_MULTRET for all). An error is reported with
+** a traceback (mc_report) and the process goes on. Returns the lua_pcall code.
+*/
+MC_FN int mc_pcall_report(lua_State *L, int nargs, int nresults) {
     int base = lua_gettop(L) - nargs;
     int rc;
     lua_pushcfunction(L, mc_traceback);
     lua_insert(L, base);
-    rc = lua_pcall(L, nargs, 0, base);
+    rc = lua_pcall(L, nargs, nresults, base);
     if (rc != LUA_OK) {
-        fprintf(stderr, "mayura: error in a loop callback: %s\n",
-                lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
-        fflush(stderr);
-        lua_pop(L, 1);
+        lua_pushfstring(L, "error in a loop callback: %s",
+                        lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "(no message)");
+        lua_remove(L, -2);
+        mc_report(L);
     }
     lua_remove(L, base);
-    return rc == LUA_OK ? 0 : -1;
+    return rc;
+}
+
+/* mc_pcall_report discarding results: 0 on success, -1 on error. */
+MC_FN int mc_call(lua_State *L, int nargs) {
+    return mc_pcall_report(L, nargs, 0) == LUA_OK ? 0 : -1;
 }
 
 /* Milliseconds from a uv_hrtime() difference. */

@@ -302,7 +302,7 @@ local function emit(run, event)
     local ok, err = pcall(run._on_event, event)
     if not ok and not run._on_event_failed then
       run._on_event_failed = true
-      io.stderr:write('mayura: on_event failed (further failures of this run are not shown): ', tostring(err), '\n')
+      core.report('on_event failed (further failures of this run are not shown): ' .. tostring(err))
     end
   end
   local waiters = run._waiters

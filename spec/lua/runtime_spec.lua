@@ -9,7 +9,8 @@ local uv = require('luv')
 
 local z = mayura.z
 
-local raises = require('support.util').raises
+local util = require('support.util')
+local raises = util.raises
 
 -- Waits `ms`, or until `token` is cancelled; raises CANCELLED then.
 local function sleep_or_cancel(ms, token)
@@ -644,11 +645,17 @@ describe('events', function()
   it('an on_event that raises does not break the run', function()
     local runtime = mayura.create_runtime({ permissions = { allow = GRANTS } })
     local r
-    local ok = pcall(function()
-      r = runtime:submit(agent({}), { input = { task = 't' }, on_event = function() error('listener bug') end })
+    local ok
+    local reports = util.capture_reports(function()
+      ok = pcall(function()
+        r = runtime:submit(agent({}), { input = { task = 't' }, on_event = function() error('listener bug') end })
+      end)
+      assert.are.equal('succeeded', r:result().status)
     end)
     assert.is_true(ok)
-    assert.are.equal('succeeded', r:result().status)
+    -- reported once, however many events failed
+    assert.are.equal(1, #reports)
+    assert.matches('on_event failed .*listener bug', reports[1])
     runtime:close()
   end)
 end)

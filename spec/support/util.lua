@@ -87,4 +87,15 @@ function M.raises(code, fn, ...)
   return err
 end
 
+--- Runs `fn` with the core's error reports (errors of loop callbacks, core.report) collected
+-- instead of printed; returns the reports, a list of strings.
+function M.capture_reports(fn)
+  local reports = {}
+  local previous = core.set_reporter(function(msg) reports[#reports + 1] = msg end)
+  local ok, err = pcall(fn)
+  core.set_reporter(previous)
+  if not ok then error(err, 0) end
+  return reports
+end
+
 return M
