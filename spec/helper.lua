@@ -12,3 +12,18 @@ os.exit = function(code) -- luacheck: ignore 122
   io.stderr:flush()
   exit(code, false)
 end
+
+-- assert.raises_code(code, fn, ...): fn(...) raises a coded error (a table) of `code`; returns the
+-- error, so a spec can look at its message and fields.
+local luassert = require('luassert')
+local say = require('say')
+say:set('assertion.raises_code.positive', 'Expected a coded error %s, got:\n%s')
+say:set('assertion.raises_code.negative', 'Expected anything but a coded error %s, got:\n%s')
+luassert:register('assertion', 'raises_code', function(_, args)
+  local code, fn = args[1], args[2]
+  local ok, err = pcall(fn, (table.unpack or unpack)(args, 3, args.n))
+  local got = ok and 'no error' or (type(err) == 'table' and tostring(err.code) .. ': ' .. tostring(err.message))
+    or tostring(err)
+  args[1], args[2], args.n = code, got, 2
+  return not ok and type(err) == 'table' and err.code == code, { err }
+end, 'assertion.raises_code.positive', 'assertion.raises_code.negative')

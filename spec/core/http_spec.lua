@@ -40,11 +40,7 @@ local function request(opts)
 end
 
 local function raises_invalid(opts, cb)
-    local ok, err = pcall(core.http.request, opts, cb or function() end)
-    assert.is_false(ok)
-    assert.equal('table', type(err))
-    assert.equal('INVALID_INPUT', err.code)
-    return err
+    return assert.raises_code('INVALID_INPUT', core.http.request, opts, cb or function() end)
 end
 
 local function tmp_socket_path()

@@ -221,7 +221,7 @@ describe('an agent that answers garbage', function()
     it('maps ' .. c.mode .. ' in an exec to SANDBOX_ERROR ' .. c.reason .. ', in its own words', function()
       with(c.mode, function(sb)
         local t = common.now()
-        local err = common.raises('SANDBOX_ERROR', sb.exec, sb, { 'echo', 'hi' })
+        local err = assert.raises_code('SANDBOX_ERROR', sb.exec, sb, { 'echo', 'hi' })
         assert.are.equal(c.reason, err.reason, tostring(err))
         assert.is_true(common.now() - t < 3000, 'the call took ' .. (common.now() - t) .. ' ms')
         assert.is_nil(err.message:find('secret', 1, true), 'the agent\'s words came through: ' .. err.message)
@@ -229,7 +229,7 @@ describe('an agent that answers garbage', function()
         if c.reason ~= 'timeout' then
           -- every later call fails too: gone when the channel is done with, or the same garbage again
           for _, call in ipairs({ { sb.read_file, 'x' }, { sb.write_file, 'x', 'y' }, { sb.remove_file, 'x' } }) do
-            local err2 = common.raises('SANDBOX_ERROR', call[1], sb, call[2], call[3])
+            local err2 = assert.raises_code('SANDBOX_ERROR', call[1], sb, call[2], call[3])
             assert.is_true(err2.reason == 'gone' or err2.reason == c.reason, tostring(err2))
           end
         end
@@ -239,11 +239,11 @@ describe('an agent that answers garbage', function()
 
   it('maps a listing or a file of the wrong shape to SANDBOX_ERROR failed', function()
     with('bad_listing', function(sb)
-      local err = common.raises('SANDBOX_ERROR', sb.list_files, sb, '.')
+      local err = assert.raises_code('SANDBOX_ERROR', sb.list_files, sb, '.')
       assert.are.equal('failed', err.reason)
     end)
     with('bad_file', function(sb)
-      local err = common.raises('SANDBOX_ERROR', sb.read_file, sb, 'f')
+      local err = assert.raises_code('SANDBOX_ERROR', sb.read_file, sb, 'f')
       assert.are.equal('failed', err.reason)
     end)
   end)

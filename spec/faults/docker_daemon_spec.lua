@@ -144,7 +144,7 @@ describe('the Docker daemon going away', function()
         -- while it is down: unavailable, at once
         for _, run in ipairs(runs) do
           local t = common.now()
-          local e2 = common.raises('SANDBOX_ERROR', run.pool.create, run.pool, { lifetime_ms = 60000 })
+          local e2 = assert.raises_code('SANDBOX_ERROR', run.pool.create, run.pool, { lifetime_ms = 60000 })
           assert.are.equal('unavailable', e2.reason, run.entry.name .. ': ' .. tostring(e2))
           assert.is_true(common.now() - t < 10000)
           assert.is_true(common.is_gone(select(2, pcall(run.sb.read_file, run.sb, 'x'))))

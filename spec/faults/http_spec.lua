@@ -99,19 +99,19 @@ describe('mayura.http against a server that misbehaves', function()
   teardown(function() server.close() end)
 
   it('fails a reset with NETWORK_ERROR', function()
-    local err = common.raises('NETWORK_ERROR', http.request, { url = base .. '/reset', timeout_ms = 5000 })
+    local err = assert.raises_code('NETWORK_ERROR', http.request, { url = base .. '/reset', timeout_ms = 5000 })
     assert.is_string(err.message)
   end)
 
   it('fails a stall with TIMEOUT at its timeout_ms', function()
     local t = common.now()
-    common.raises('TIMEOUT', http.request, { url = base .. '/stall', timeout_ms = 400 })
+    assert.raises_code('TIMEOUT', http.request, { url = base .. '/stall', timeout_ms = 400 })
     local took = common.now() - t
     assert.is_true(took >= 350 and took < 3000, 'the stalled request took ' .. took .. ' ms')
   end)
 
   it('fails a response cut short with NETWORK_ERROR', function()
-    common.raises('NETWORK_ERROR', http.request, { url = base .. '/cut', timeout_ms = 5000 })
+    assert.raises_code('NETWORK_ERROR', http.request, { url = base .. '/cut', timeout_ms = 5000 })
   end)
 
   it('fails nobody listening with CONNECT_FAILED', function()
@@ -119,7 +119,7 @@ describe('mayura.http against a server that misbehaves', function()
     assert(tcp:bind('127.0.0.1', 0))
     local port = tcp:getsockname().port
     tcp:close()
-    common.raises('CONNECT_FAILED', http.request, { url = 'http://127.0.0.1:' .. port .. '/', timeout_ms = 5000 })
+    assert.raises_code('CONNECT_FAILED', http.request, { url = 'http://127.0.0.1:' .. port .. '/', timeout_ms = 5000 })
   end)
 
   it('returns 429 and 500 as statuses, which sandbox_http_failure maps to rate_limited and unavailable', function()
@@ -206,7 +206,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
       local pool = pool_for(c.call_timeout_ms)
       local first = #server.seen + 1
       local t = common.now()
-      local err = common.raises('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+      local err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
       assert.are.equal(c.reason, err.reason, tostring(err))
       assert.is_true(common.now() - t < 5000, 'the create took ' .. (common.now() - t) .. ' ms')
       local reached = false
@@ -223,7 +223,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
       -- the pool is not stuck: the next create reaches the daemon again
       behaviour.how = { 429, '{}' }
       local seen = #server.seen
-      local err2 = common.raises('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+      local err2 = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
       assert.are.equal('rate_limited', err2.reason)
       assert.is_true(#server.seen > seen)
       pool:close()
@@ -234,7 +234,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
     local p = docker.docker_sandboxes({ image = 'mayura-test/fake:1', engine = 'api',
       host = 'unix://' .. dir .. '/nobody.sock', run_dir = run_dir })
     local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000 })
-    local err = common.raises('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+    local err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
     assert.are.equal('unavailable', err.reason, tostring(err))
     assert.are.same({}, left_dirs())
     pool:close()

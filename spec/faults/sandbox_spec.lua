@@ -69,10 +69,10 @@ for _, prov in ipairs(providers.list()) do
       local r = sh(sb, 'mkdir -p sub && head -c ' .. (64 * MIB) .. ' /dev/zero > fill; echo rc=$?')
       assert.is_nil(r.stdout:find('rc=0', 1, true), 'the workdir did not fill up')
       local big = string.rep('z', 2 * MIB)
-      local err = common.raises('LIMIT_EXCEEDED', sb.write_file, sb, 'new.txt', big)
+      local err = assert.raises_code('LIMIT_EXCEEDED', sb.write_file, sb, 'new.txt', big)
       assert.matches('space', err.message)
-      common.raises('LIMIT_EXCEEDED', sb.write_file, sb, 'sub/new.txt', big)
-      common.raises('LIMIT_EXCEEDED', sb.write_file, sb, 'fill', big)
+      assert.raises_code('LIMIT_EXCEEDED', sb.write_file, sb, 'sub/new.txt', big)
+      assert.raises_code('LIMIT_EXCEEDED', sb.write_file, sb, 'fill', big)
       -- nothing half-written was left, in the workdir or where the parent directories were made
       for _, d in ipairs({ '.', 'sub' }) do
         for _, e in ipairs(sb:list_files(d)) do

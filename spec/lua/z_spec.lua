@@ -5,40 +5,39 @@ local core = require('mayura.core')
 
 local json = core.json
 
-local raises = require('support.util').raises
 
 -- The message of parsing `v` with `s`, which must fail.
 local function problem(s, v)
-  return raises('INVALID_INPUT', s.parse, s, v).message
+  return assert.raises_code('INVALID_INPUT', s.parse, s, v).message
 end
 
 describe('mayura.z', function()
   describe('failure modes', function()
     it('refuses to build schemas from the wrong things with INVALID_CONFIG', function()
-      raises('INVALID_CONFIG', z.array, 'string')
-      raises('INVALID_CONFIG', z.object, 'x')
-      raises('INVALID_CONFIG', z.object, { a = 'string' })
-      raises('INVALID_CONFIG', z.object, { [1] = z.string() })
-      raises('INVALID_CONFIG', z.object, z.string())
-      raises('INVALID_CONFIG', z.enum, {})
-      raises('INVALID_CONFIG', z.enum, { 'a', true })
-      raises('INVALID_CONFIG', z.enum, 'a')
-      raises('INVALID_CONFIG', z.union, {})
-      raises('INVALID_CONFIG', z.union, { z.string(), 'x' })
-      raises('INVALID_CONFIG', z.literal, {})
-      raises('INVALID_CONFIG', z.literal, nil)
-      raises('INVALID_CONFIG', z.literal, 0 / 0)
-      raises('INVALID_CONFIG', z.optional, 'x')
+      assert.raises_code('INVALID_CONFIG', z.array, 'string')
+      assert.raises_code('INVALID_CONFIG', z.object, 'x')
+      assert.raises_code('INVALID_CONFIG', z.object, { a = 'string' })
+      assert.raises_code('INVALID_CONFIG', z.object, { [1] = z.string() })
+      assert.raises_code('INVALID_CONFIG', z.object, z.string())
+      assert.raises_code('INVALID_CONFIG', z.enum, {})
+      assert.raises_code('INVALID_CONFIG', z.enum, { 'a', true })
+      assert.raises_code('INVALID_CONFIG', z.enum, 'a')
+      assert.raises_code('INVALID_CONFIG', z.union, {})
+      assert.raises_code('INVALID_CONFIG', z.union, { z.string(), 'x' })
+      assert.raises_code('INVALID_CONFIG', z.literal, {})
+      assert.raises_code('INVALID_CONFIG', z.literal, nil)
+      assert.raises_code('INVALID_CONFIG', z.literal, 0 / 0)
+      assert.raises_code('INVALID_CONFIG', z.optional, 'x')
       local s = z.string()
-      raises('INVALID_CONFIG', s.min, s, -1)
-      raises('INVALID_CONFIG', s.max, s, 1.5)
-      raises('INVALID_CONFIG', s.max, s, 'ten')
-      raises('INVALID_CONFIG', s.describe, s, 42)
-      raises('INVALID_CONFIG', s.strict, s)
-      raises('INVALID_CONFIG', s.default, s, 42)
+      assert.raises_code('INVALID_CONFIG', s.min, s, -1)
+      assert.raises_code('INVALID_CONFIG', s.max, s, 1.5)
+      assert.raises_code('INVALID_CONFIG', s.max, s, 'ten')
+      assert.raises_code('INVALID_CONFIG', s.describe, s, 42)
+      assert.raises_code('INVALID_CONFIG', s.strict, s)
+      assert.raises_code('INVALID_CONFIG', s.default, s, 42)
       local b = z.boolean()
-      raises('INVALID_CONFIG', b.min, b, 1)
-      raises('INVALID_CONFIG', s.parse, 'not a schema', 1)
+      assert.raises_code('INVALID_CONFIG', b.min, b, 1)
+      assert.raises_code('INVALID_CONFIG', s.parse, 'not a schema', 1)
     end)
 
     it('names the path of the first problem, and lists every problem in issues', function()
@@ -46,7 +45,7 @@ describe('mayura.z', function()
         summary = z.string(),
         files = z.array(z.object({ path = z.string(), content = z.string() })),
       })
-      local err = raises('INVALID_INPUT', s.parse, s, {
+      local err = assert.raises_code('INVALID_INPUT', s.parse, s, {
         summary = 'ok',
         files = { { path = 'a', content = 'x' }, { path = 3, content = 'y' }, { content = false } },
       })

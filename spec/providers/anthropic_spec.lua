@@ -13,10 +13,9 @@ local KEY = 'sk-ant-api03-SECRET-77aa19'
 local API_TEXT = 'invalid x-api-key sk-ant-api03-SECRET-77aa19'
 local PRICING = { input_micros_per_million_tokens = 3000000, output_micros_per_million_tokens = 15000000 }
 
-local raises = require('support.util').raises
 
 local function model_error(reason, fn, ...)
-  local err = raises('MODEL_ERROR', fn, ...)
+  local err = assert.raises_code('MODEL_ERROR', fn, ...)
   assert.are.equal(reason, err.reason, err.message)
   assert.is_nil(err.message:find('SECRET', 1, true))
   assert.is_nil(err.message:find('x-api-key', 1, true))
@@ -104,12 +103,12 @@ describe('anthropic_messages', function()
         o[k] = v
         return o
       end
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('api_key', nil))
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('pricing', nil))
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('max_cost_micros', nil))
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('max_tokens', 0))
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('structured_output', 'prefill'))
-      raises('INVALID_CONFIG', anthropic.anthropic_messages, with('thinking', true))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('api_key', nil))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('pricing', nil))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('max_cost_micros', nil))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('max_tokens', 0))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('structured_output', 'prefill'))
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('thinking', true))
       local model = anthropic.anthropic_messages(base)
       assert.are.equal('anthropic.messages', model.id)
       assert.are.equal(1, model.max_cost_micros)

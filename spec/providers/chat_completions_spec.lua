@@ -12,10 +12,9 @@ local z = mayura.z
 local KEY = 'sk-local-SECRET-42d1e0'
 local API_TEXT = 'Invalid API key sk-local-SECRET-42d1e0 for this server.'
 
-local raises = require('support.util').raises
 
 local function model_error(reason, fn, ...)
-  local err = raises('MODEL_ERROR', fn, ...)
+  local err = assert.raises_code('MODEL_ERROR', fn, ...)
   assert.are.equal(reason, err.reason, err.message)
   assert.is_nil(err.message:find('SECRET', 1, true))
   assert.is_nil(err.message:find('Invalid API key', 1, true))
@@ -87,11 +86,11 @@ describe('openai_chat_completions', function()
 
   describe('failure modes', function()
     it('refuses bad options with INVALID_CONFIG', function()
-      raises('INVALID_CONFIG', openai.openai_chat_completions, {})
-      raises('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', api_key = '' })
-      raises('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', base_url = 'localhost:8080' })
-      raises('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', max_tokens = 0 })
-      raises('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', tool_choice = 'auto' })
+      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, {})
+      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', api_key = '' })
+      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', base_url = 'localhost:8080' })
+      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', max_tokens = 0 })
+      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', tool_choice = 'auto' })
       local model = openai.openai_chat_completions({ model = 'm' })
       assert.are.equal('openai.chat', model.id)
       assert.are.equal(0, model.max_cost_micros)

@@ -33,7 +33,6 @@ for _, image in ipairs({ BUSYBOX, NODE }) do
   if not there then error('the test image ' .. image .. ' is missing: run scripts/docker-setup.sh', 0) end
 end
 
-local raises = util.raises
 
 local function sh(sb, script, opts) return sb:exec({ 'sh', '-c', script }, opts) end
 
@@ -72,25 +71,25 @@ end
 
 describe('docker_sandboxes options', function()
   it('refuses bad options with INVALID_CONFIG', function()
-    raises('INVALID_CONFIG', docker.docker_sandboxes, nil)
-    raises('INVALID_CONFIG', docker.docker_sandboxes, {})
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, nope = 1 })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, engine = 'podman' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, user = 'sandbox' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, user = '0:0' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, workdir = 'relative' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, workdir = '/tmp' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, memory_mib = 1 })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, cpus = 0 })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, read_only_root = 'yes' })
-    raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, docker = '/no/such/docker' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, nil)
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, {})
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, nope = 1 })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, engine = 'podman' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, user = 'sandbox' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, user = '0:0' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, workdir = 'relative' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, workdir = '/tmp' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, memory_mib = 1 })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, cpus = 0 })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, read_only_root = 'yes' })
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, docker = '/no/such/docker' })
   end)
 
   it('refuses a remote host with INVALID_CONFIG, on both engines', function()
     for _, engine in ipairs({ 'cli', 'api' }) do
       for _, h in ipairs({ 'tcp://203.0.113.7:2375', 'ssh://user@203.0.113.7', 'https://203.0.113.7:2376',
         'npipe:////./pipe/docker_engine', '203.0.113.7:2375' }) do
-        local err = raises('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, engine = engine, host = h })
+        local err = assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, engine = engine, host = h })
         assert.is_nil(err.message:find('203.0.113.7', 1, true) and err.message:find('dial', 1, true))
       end
     end
@@ -172,7 +171,7 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       assert.matches('\n%s*lo\n', r.stdout)
       assert.is_nil(r.stdout:find('eth0', 1, true))
       assert.matches('Read%-only', r.stdout)
-      raises('PERMISSION_DENIED', sb.write_file, sb, '/bin/mayura-escape', 'x')
+      assert.raises_code('PERMISSION_DENIED', sb.write_file, sb, '/bin/mayura-escape', 'x')
       -- the socket directory on the host is closed to the sandbox once the host is connected
       r = sh(sb, 'ls -ld /.mayura/run; touch /.mayura/run/fill 2>&1 || echo refused')
       assert.matches('refused', r.stdout)
@@ -198,10 +197,10 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       local dirs = #run_dirs()
       local missing = docker.docker_sandboxes({ image = 'mayura-test/no-such-image:1', engine = engine })
       local p2 = sandbox.create_sandboxes(missing, { max_sandboxes = 1, max_lifetime_ms = 60000 })
-      local err = raises('INVALID_CONFIG', p2.create, p2, { lifetime_ms = 60000 })
+      local err = assert.raises_code('INVALID_CONFIG', p2.create, p2, { lifetime_ms = 60000 })
       assert.is_nil(err.message:find('Error response', 1, true))
       assert.are.equal(0, p2:count())
-      raises('INVALID_CONFIG', pool.create, pool, { lifetime_ms = 60000, image = 'mayura-test/nor-this:2' })
+      assert.raises_code('INVALID_CONFIG', pool.create, pool, { lifetime_ms = 60000, image = 'mayura-test/nor-this:2' })
       assert.are.equal(before, #containers('mayura.provider=docker'))
       assert.are.equal(dirs, #run_dirs())
       local _, pulled = host('docker image inspect mayura-test/no-such-image:1')
@@ -223,14 +222,14 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       assert.is_true(core.hrtime_ms() - started < 10000)
       assert.are.equal('SANDBOX_ERROR', err.code, tostring(err))
       assert.are.equal('gone', err.reason)
-      err = raises('SANDBOX_ERROR', sb.read_file, sb, 'x')
+      err = assert.raises_code('SANDBOX_ERROR', sb.read_file, sb, 'x')
       assert.are.equal('gone', err.reason)
       sb:release()
       assert.is_nil(dir_of(sb.id))
     end)
 
     it('publishes ports on 127.0.0.1 only with network all, and they answer', function()
-      raises('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, ports = { 8080 } })
+      assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, ports = { 8080 } })
       local sb = pool:create({ lifetime_ms = 120000, network = 'all', ports = { 8080 } })
       sb:write_file('www/index.html', 'served from the sandbox')
       -- waits until the server listens: the server has then left the command's process group
@@ -251,7 +250,7 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       end
       assert.is_table(res, 'the port never answered')
       assert.are.equal('served from the sandbox', res.body)
-      raises('INVALID_INPUT', sb.url, sb, 9999)
+      assert.raises_code('INVALID_INPUT', sb.url, sb, 9999)
       sb:release()
     end)
 

@@ -17,11 +17,10 @@ local KEY = 'sk-test-SECRET-5f1c0a9e77'
 local API_TEXT = 'Incorrect API key provided: sk-test-SECRET-5f1c0a9e77. You can find your key at example.'
 local PRICING = { input_micros_per_million_tokens = 1250000, output_micros_per_million_tokens = 10000000 }
 
-local raises = require('support.util').raises
 
 -- A MODEL_ERROR with `reason` whose message has neither the key nor the API's text.
 local function model_error(reason, fn, ...)
-  local err = raises('MODEL_ERROR', fn, ...)
+  local err = assert.raises_code('MODEL_ERROR', fn, ...)
   assert.are.equal(reason, err.reason, err.message)
   assert.is_nil(err.message:find(KEY, 1, true))
   assert.is_nil(err.message:find('Incorrect', 1, true))
@@ -118,25 +117,25 @@ describe('openai_responses', function()
         o[k] = v
         return o
       end
-      raises('INVALID_CONFIG', openai.openai_responses, nil)
-      raises('INVALID_CONFIG', openai.openai_responses, with('api_key', nil))
-      raises('INVALID_CONFIG', openai.openai_responses, with('api_key', ''))
-      local err = raises('INVALID_CONFIG', openai.openai_responses, with('api_key', KEY .. '\r\nX-Evil: 1'))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, nil)
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('api_key', nil))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('api_key', ''))
+      local err = assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('api_key', KEY .. '\r\nX-Evil: 1'))
       assert.is_nil(err.message:find('SECRET', 1, true))
-      raises('INVALID_CONFIG', openai.openai_responses, with('model', nil))
-      raises('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', nil))
-      raises('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', -1))
-      raises('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', 1.5))
-      raises('INVALID_CONFIG', openai.openai_responses, with('pricing', nil))
-      raises('INVALID_CONFIG', openai.openai_responses, with('pricing', { input_micros_per_million_tokens = 1 }))
-      raises('INVALID_CONFIG', openai.openai_responses,
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('model', nil))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', nil))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', -1))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('max_cost_micros', 1.5))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('pricing', nil))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('pricing', { input_micros_per_million_tokens = 1 }))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses,
         with('pricing', { input_micros_per_million_tokens = 1, output_micros_per_million_tokens = 1, extra = 1 }))
-      raises('INVALID_CONFIG', openai.openai_responses, with('base_url', 'ftp://example.com'))
-      raises('INVALID_CONFIG', openai.openai_responses, with('base_url', 'https://exa mple.com'))
-      raises('INVALID_CONFIG', openai.openai_responses, with('timeout_ms', 0))
-      raises('INVALID_CONFIG', openai.openai_responses, with('max_retries', 11))
-      raises('INVALID_CONFIG', openai.openai_responses, with('max_output_tokens', 0))
-      raises('INVALID_CONFIG', openai.openai_responses, with('temperature', 1))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('base_url', 'ftp://example.com'))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('base_url', 'https://exa mple.com'))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('timeout_ms', 0))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('max_retries', 11))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('max_output_tokens', 0))
+      assert.raises_code('INVALID_CONFIG', openai.openai_responses, with('temperature', 1))
       local model = openai.openai_responses(base)
       assert.are.equal('openai.responses', model.id)
       assert.are.equal(1, model.max_cost_micros)
@@ -236,11 +235,11 @@ describe('openai_responses', function()
         token:cancel()
       end)
       local t0 = uv.hrtime()
-      raises('CANCELLED', model.call, model, request({ signal = token }))
+      assert.raises_code('CANCELLED', model.call, model, request({ signal = token }))
       assert.is_true(ms_since(t0) < 2000)
       assert.are.equal(1, #srv.requests)
       -- a cancelled token: nothing is sent
-      raises('CANCELLED', model.call, model, request({ signal = token }))
+      assert.raises_code('CANCELLED', model.call, model, request({ signal = token }))
       assert.are.equal(1, #srv.requests)
     end)
 

@@ -70,7 +70,6 @@ function M.abuse(sb, args, opts)
 end
 
 --- Expects `fn(...)` to raise a coded error of `code`; returns it.
-M.raises = util.raises
 
 --- Whether the error is SANDBOX_ERROR reason gone.
 function M.is_gone(err)

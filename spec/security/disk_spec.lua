@@ -45,7 +45,7 @@ for _, prov in ipairs(providers.list()) do
         assert.are_not.equal('0', rc, 'the fill did not fail')
         assert.is_true(tonumber(size) <= CAP_MIB * MIB, dir .. ' took ' .. size .. ' bytes')
         -- the file API says so too, in its own words
-        local err = common.raises('LIMIT_EXCEEDED', sb.write_file, sb, dir .. '/more', string.rep('y', 2 * MIB))
+        local err = assert.raises_code('LIMIT_EXCEEDED', sb.write_file, sb, dir .. '/more', string.rep('y', 2 * MIB))
         assert.matches('space', err.message)
         -- and leaves no temporary file behind
         for _, e in ipairs(sb:list_files(dir)) do

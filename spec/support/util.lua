@@ -78,15 +78,6 @@ function M.eventually(pred, ms)
   return v
 end
 
---- Calls fn(...) and expects a coded error of `code`; returns the error.
-function M.raises(code, fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert(not ok, 'expected ' .. code .. ', but the call succeeded')
-  assert(type(err) == 'table', 'expected a coded error, got ' .. tostring(err))
-  assert(err.code == code, 'expected ' .. code .. ', got ' .. tostring(err))
-  return err
-end
-
 --- Runs `fn` with the core's error reports (errors of loop callbacks, core.report) collected
 -- instead of printed; returns the reports, a list of strings.
 function M.capture_reports(fn)
