@@ -403,31 +403,37 @@ describe('limits', function()
   end)
 
   it('max_duration_ms stops a tool that honours its cancel token', function()
+    local seen = {}
     local slow = {
       id = 'slow', effect = 'read',
-      run = function(_, context) sleep_or_cancel(10000, context.signal) end,
+      run = function(_, context)
+        local ok = pcall(sleep_or_cancel, 10000, context.signal)
+        seen.cancelled = not ok and context.signal.cancelled
+        seen.done = true
+      end,
     }
     local started = core.hrtime_ms()
     local outcome = run(agent({ tools = { slow }, steps = { call('slow', {}), final() } }),
       { permissions = { allow = { 'model:scripted', 'tool:slow', 'effect:read' } },
         limits = { max_duration_ms = 200 } })
-    local took = core.hrtime_ms() - started
     assert.are.equal('failed', outcome.status)
     assert.are.equal('LIMIT_EXCEEDED', outcome.error.code)
     assert.matches('max_duration_ms', outcome.error.message)
-    assert.is_true(took >= 190 and took < 900, 'took ' .. took)
+    assert.is_true(core.hrtime_ms() - started >= 190)
+    -- the tool's ten seconds were cut short by its token, not waited out
+    drain(seen)
+    assert.is_true(seen.cancelled)
   end)
 
   it('max_duration_ms ends a run whose tool ignores its cancel token, a grace second later', function()
     local left = {}
     local stuck = { id = 'stuck', effect = 'read', run = function() mayura.sleep(1500) left.done = true end }
-    local started = core.hrtime_ms()
     local outcome = run(agent({ tools = { stuck }, steps = { call('stuck', {}), final() } }),
       { permissions = { allow = { 'model:scripted', 'tool:stuck', 'effect:read' } },
         limits = { max_duration_ms = 200 } })
-    local took = core.hrtime_ms() - started
     assert.are.equal('LIMIT_EXCEEDED', outcome.error.code)
-    assert.is_true(took < 1450, 'took ' .. took)
+    -- the run ended while the tool was still stuck (its 1.5 s outlast the 0.2 s + the grace second)
+    assert.is_nil(left.done)
     drain(left)
   end)
 
@@ -518,9 +524,9 @@ describe('hooks', function()
         id = 'hang', version = '1', stage = 'on_finally', timeout_ms = 100,
         handler = function() mayura.sleep(600) left.done = true end,
       })
-      local started = core.hrtime_ms()
       local outcome = run(agent({ hooks = { hang } }))
-      assert.is_true(core.hrtime_ms() - started < 500)
+      -- the run ended while the hook was still hanging
+      assert.is_nil(left.done)
       assert.are.equal('succeeded', outcome.status)
       assert.are.equal('HOOK_FAILED', outcome.hook_errors[1].code)
       assert.matches('timeout_ms', outcome.hook_errors[1].message)
@@ -670,10 +676,8 @@ describe('cancellation', function()
     local r = runtime:submit(agent({ tools = { slow_tool() }, steps = { call('slow', {}), final() } }),
       { input = { task = 't' } })
     mayura.sleep(50)
-    local started = core.hrtime_ms()
     r:cancel()
     local outcome = r:result()
-    assert.is_true(core.hrtime_ms() - started < 500)
     assert.are.equal('cancelled', outcome.status)
     assert.are.equal('CANCELLED', outcome.error.code)
     assert.are.equal('cancelled', r.status)
@@ -710,16 +714,21 @@ describe('cancellation', function()
   end)
 
   it('many runs wait at once on one loop', function()
-    local runtime = mayura.create_runtime({ permissions = { allow = { 'model:scripted', 'tool:nap', 'effect:read' } } })
-    local nap = { id = 'nap', effect = 'read', run = function(_, context) sleep_or_cancel(100, context.signal) end }
-    local started = core.hrtime_ms()
+    local runtime = mayura.create_runtime({ permissions = { allow = { 'model:scripted', 'tool:nap', 'effect:read' } },
+      limits = { max_duration_ms = 30000 } })
+    -- each nap waits until all 50 are waiting: were the runs served one at a time, none would end
+    local waiting = 0
+    local nap = { id = 'nap', effect = 'read', run = function(_, context)
+      waiting = waiting + 1
+      while waiting < 50 and not context.signal.cancelled do sleep_or_cancel(10, context.signal) end
+    end }
     local runs = {}
     for i = 1, 50 do
       runs[i] = runtime:submit(agent({ tools = { nap }, steps = { call('nap', {}), final() } }),
         { input = { task = 't' } })
     end
     for _, r in ipairs(runs) do assert.are.equal('succeeded', r:result().status) end
-    assert.is_true(core.hrtime_ms() - started < 1000)
+    assert.are.equal(50, waiting)
     runtime:close()
   end)
 
