@@ -32,7 +32,10 @@
 --   * a tool that raises PERMISSION_DENIED, BUDGET_EXCEEDED, LIMIT_EXCEEDED or
 --     CANCELLED ends the run; any other error is handed back to the model as
 --     `result = { error = { code, message } }` (a plain string error has code
---     TOOL_ERROR);
+--     TOOL_ERROR). An error marked `tool_error = true` is handed back whatever
+--     its code: the sandbox tools mark what the sandbox refused (a read-only
+--     path, a full disk, a file too large), which is the model's to react to
+--     and not the run's grants or limits;
 --   * a tool's charge against the budget is its `exec_cost_micros`, reserved
 --     before it runs and kept afterwards; a model call reserves the model's
 --     `max_cost_micros` and is settled to the step's `usage.cost_micros`;
@@ -602,7 +605,7 @@ local function tool_call(run, call)
       result = error_result(result.error)
     else
       local err = type(result) == 'table' and errors.wrap(result) or errors.new('TOOL_ERROR', tostring(result))
-      if ENDING[err.code] then ending = err end
+      if ENDING[err.code] and err.tool_error ~= true then ending = err end
       result = error_result(err)
     end
   elseif type(result) ~= 'table' then

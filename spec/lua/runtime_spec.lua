@@ -311,6 +311,24 @@ describe('a run', function()
         assert.are.equal(code, outcome.error.code)
       end
     end)
+
+    it('hands back an error marked tool_error whatever its code, and the run goes on', function()
+      for _, code in ipairs({ 'PERMISSION_DENIED', 'LIMIT_EXCEEDED', 'BUDGET_EXCEEDED' }) do
+        local seen
+        local tool = { id = 'refusing', effect = 'write', run = function()
+          error(errors.new(code, 'the sandbox said no', { tool_error = true }))
+        end }
+        local outcome = run(agent({ tools = { tool }, steps = {
+          call('refusing', {}),
+          function(request)
+            seen = request.messages[#request.messages].result
+            return final()
+          end,
+        } }), allow({ 'model:scripted', 'tool:refusing', 'effect:write' }))
+        assert.are.equal('succeeded', outcome.status, code)
+        assert.are.same({ error = { code = code, message = 'the sandbox said no' } }, seen)
+      end
+    end)
   end)
 
   it('runs the tool calls of a step in order and keeps the conversation', function()

@@ -25,6 +25,11 @@
 -- gives the run's sandbox; the sandbox is asked for only when a tool runs).
 -- Problems the model can fix (a missing file, a bad offset, too much data)
 -- raise INVALID_INPUT or NOT_FOUND, which a run hands back to the model.
+-- What the sandbox or its pool refuses (a read-only path or an unreadable
+-- file: PERMISSION_DENIED; a full disk, a file too large, the pool's limits:
+-- LIMIT_EXCEEDED; a failed provider: SANDBOX_ERROR) is handed back too, with
+-- its code and message: the tools mark it `tool_error`, so that only a
+-- missing grant, the run's own limits and budget, or a cancel end the run.
 -- Text given to the model is valid UTF-8: a command's output has invalid
 -- bytes replaced by U+FFFD.
 local core = require('mayura.core')
@@ -146,6 +151,18 @@ local function not_found(what, path)
   errors.raise('NOT_FOUND', 'there is no ' .. what .. ' at ' .. path, nil, 3)
 end
 
+-- `run` with every coded error it raises marked `tool_error`, for the run to hand it back to the
+-- model: a refusal of the sandbox is not a missing grant, nor the run's own limit. A cancel stays a
+-- cancel (the run's, or its duration limit's, which the run itself reports).
+local function handed_back(run)
+  return function(input, context)
+    local ok, res = pcall(run, input, context)
+    if ok then return res end
+    if errors.is(res) and res.code ~= 'CANCELLED' then res.tool_error = true end
+    error(res, 0)
+  end
+end
+
 --- The tools over `source` (a sandbox or a per-run source); see the module comment for the options.
 function M.sandbox_tools(source, options)
   if type(source) == 'table' and type(source.get) ~= 'function' and type(source.exec) ~= 'function'
@@ -185,7 +202,10 @@ function M.sandbox_tools(source, options)
   local path = z.string():min(1):max(4096)
 
   local tools = {}
-  local function add(t) tools[#tools + 1] = t end
+  local function add(t)
+    t.run = handed_back(t.run)
+    tools[#tools + 1] = t
+  end
 
   add({
     id = name .. '.read',
