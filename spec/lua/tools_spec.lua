@@ -199,6 +199,76 @@ describe('sandbox_tools', function()
     sb:release()
   end)
 
+  describe("the exec timeout and the pool's max_exec_timeout_ms", function()
+    local function capped_pool(max)
+      local p = sandbox.create_sandboxes(provider(), { max_sandboxes = 2, max_lifetime_ms = 600000,
+        max_exec_timeout_ms = max })
+      pools[#pools + 1] = p
+      return p
+    end
+    local function exec_tool(tools)
+      for _, t in ipairs(tools) do if t.id:match('%.exec$') then return t end end
+    end
+
+    it('an exec_timeout_ms given above the maximum is INVALID_CONFIG, at setup', function()
+      local p = capped_pool(2000)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local per_run = sandbox.sandbox_per_run(p, { lifetime_ms = 60000 })
+      for _, source in ipairs({ sb, per_run.source, per_run }) do
+        local err = raises('INVALID_CONFIG', sandbox.sandbox_tools, source, { name = 'w', exec = true,
+          exec_timeout_ms = 2001 })
+        assert.matches('max_exec_timeout_ms %(2000%)', err.message)
+        assert.are.equal(2000, exec_tool(sandbox.sandbox_tools(source, { name = 'w', exec = true,
+          exec_timeout_ms = 2000 })).input:json_schema().properties.timeout_ms.maximum)
+      end
+      assert.are.equal(0, #per_run.runs)
+      sb:release()
+    end)
+
+    it('the default of 5 minutes comes down to the maximum, and commands run', function()
+      local p = capped_pool(2000)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local tool = exec_tool(sandbox.sandbox_tools(sb, { name = 'w', exec = true }))
+      assert.are.equal(2000, tool.input:json_schema().properties.timeout_ms.maximum)
+      assert.matches('2000 by default', tool.input:json_schema().properties.timeout_ms.description)
+      local r = tool.run(tool.input:parse({ command = 'echo ran' }), {})
+      assert.are.same({ 0, 'ran\n', false }, { r.exit_code, r.stdout, r.timed_out })
+      -- a pool with a larger maximum leaves the default alone
+      local wide = capped_pool(600000)
+      local per_run = sandbox.sandbox_per_run(wide, { lifetime_ms = 60000 })
+      local wide_tool = exec_tool(sandbox.sandbox_tools(per_run.source, { name = 'w', exec = true }))
+      assert.are.equal(300000, wide_tool.input:json_schema().properties.timeout_ms.maximum)
+      sb:release()
+    end)
+
+    it('a source of your own is held to its pool at each call', function()
+      local p = capped_pool(300)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local own = { get = function() return sb end }
+      local tool = exec_tool(sandbox.sandbox_tools(own, { name = 'w', exec = true }))
+      local r = tool.run(tool.input:parse({ command = 'echo ran' }), { run_id = 'r' })
+      assert.are.equal('ran\n', r.stdout)
+      -- asked for 10 s, run for the pool's 300 ms at most
+      r = tool.run(tool.input:parse({ command = 'sleep 5', timeout_ms = 10000 }), { run_id = 'r' })
+      assert.is_true(r.timed_out)
+      sb:release()
+    end)
+
+    it('in a run, the default exec tool works under a pool maximum of one minute', function()
+      local ws = workspace({ sandboxes = capped_pool(60000) })
+      local seen
+      local outcome = run_coder(ws, testing.scripted_model({
+        exec_call('c1', 'echo fine'),
+        function(request)
+          seen = request.messages[#request.messages].result
+          return final()
+        end,
+      }))
+      assert.are.equal('succeeded', outcome.status, outcome.error and tostring(outcome.error))
+      assert.are.equal('fine\n', seen.stdout)
+    end)
+  end)
+
   describe('against one sandbox', function()
     local sb, by_id
     local function call(id, input, context)

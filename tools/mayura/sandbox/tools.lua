@@ -15,7 +15,9 @@
 --
 -- read, list, url and screenshot have the read effect; the others write.
 -- Options: `exec_timeout_ms` (300000: the longest a command may run, and the
--- default), `exec_cost_micros` (0: what one call of exec is charged against a
+-- default; a pool whose `max_exec_timeout_ms` is lower lowers the default to
+-- it, while an explicit value above it is INVALID_CONFIG, as the pool's own
+-- `exec_timeout_ms` is), `exec_cost_micros` (0: what one call of exec is charged against a
 -- run's budget), `max_output_bytes` (32768 of each of stdout and stderr; the
 -- middle of longer output is left out, with a marker saying how much),
 -- `max_read_bytes` (65536 per read; longer files are read in parts with
@@ -163,6 +165,13 @@ local function handed_back(run)
   end
 end
 
+-- The max_exec_timeout_ms of the pool `source` (a sandbox, or a per-run source) comes from, when known.
+local function max_exec_timeout_of(source)
+  local pool = source._pool or source.pool
+  if type(pool) == 'table' and check.is_int(pool.max_exec_timeout_ms) then return pool.max_exec_timeout_ms end
+  return nil
+end
+
 --- The tools over `source` (a sandbox or a per-run source); see the module comment for the options.
 function M.sandbox_tools(source, options)
   if type(source) == 'table' and type(source.get) ~= 'function' and type(source.exec) ~= 'function'
@@ -182,6 +191,18 @@ function M.sandbox_tools(source, options)
   end
   local C = 'INVALID_CONFIG'
   local exec_timeout_ms = check.int(options.exec_timeout_ms, 'exec_timeout_ms', 1, nil, C, 3, 300000)
+  -- The pool's max_exec_timeout_ms is the longest any command of its sandboxes may run. The default
+  -- of 5 minutes comes down to it, so that a pool with a lower maximum still runs commands; a value
+  -- given above it is refused here, at setup, as the pool refuses its own exec_timeout_ms above its
+  -- maximum: that configuration could never be honoured, and every command would fail at run time.
+  local pool_max = max_exec_timeout_of(source)
+  if pool_max and exec_timeout_ms > pool_max then
+    if options.exec_timeout_ms ~= nil then
+      errors.raise(C, 'exec_timeout_ms (' .. exec_timeout_ms .. ') is above the pool\'s max_exec_timeout_ms ('
+        .. pool_max .. ')', nil, 2)
+    end
+    exec_timeout_ms = pool_max
+  end
   local exec_cost = check.int(options.exec_cost_micros, 'exec_cost_micros', 0, nil, C, 3, 0)
   local max_output = check.int(options.max_output_bytes, 'max_output_bytes', 1, nil, C, 3, 32768)
   local max_read = check.int(options.max_read_bytes, 'max_read_bytes', 1, nil, C, 3, 65536)
@@ -297,9 +318,13 @@ function M.sandbox_tools(source, options)
       exec_cost_micros = exec_cost,
       run = function(input, context)
         local sb = sandbox_of(context)
+        -- a source whose pool was not known at setup (a source of your own) is held to it here
+        local timeout = input.timeout_ms or exec_timeout_ms
+        local max = max_exec_timeout_of(sb)
+        if max and timeout > max then timeout = max end
         local r = sb:exec({ 'sh', '-c', input.command }, {
           cwd = input.cwd,
-          timeout_ms = input.timeout_ms or exec_timeout_ms,
+          timeout_ms = timeout,
           signal = context and context.signal or nil,
         })
         local stdout, cut_out = M.cut_middle(r.stdout, max_output)
