@@ -38,7 +38,12 @@
 --     and not the run's grants or limits;
 --   * a tool's charge against the budget is its `exec_cost_micros`, reserved
 --     before it runs and kept afterwards; a model call reserves the model's
---     `max_cost_micros` and is settled to the step's `usage.cost_micros`;
+--     `max_cost_micros` and is settled to the step's `usage.cost_micros`. In
+--     a run with `max_cost_micros`, a model call that reports more than it
+--     reserved ends the run failed with BUDGET_EXCEEDED, its true cost in
+--     `usage`, before any further call (the adapters cap a request's output
+--     tokens so that a call does not cost more than its ceiling); without
+--     a budget the cost is only counted;
 --   * a model or tool that ignores the cancel token is waited for at most one
 --     second after a cancel or the duration limit; the run then ends without it;
 --   * `max_steps` counts the model's answered steps, `max_model_calls` every
@@ -531,6 +536,14 @@ local function model_step(run)
   usage.steps = usage.steps + 1
   emit(run, { type = 'model_call_ended', model_id = model.id, ok = step ~= nil, cost_micros = cost or 0,
     total_cost_micros = usage.cost_micros, step_type = step and step.type or nil })
+  local max = run._limits.max_cost_micros
+  if max ~= nil and (cost or 0) > reservation then
+    -- the reservation is what keeps the run within its budget: a call that spent past it has
+    -- broken that, so the run ends here, its true spend counted, before any further call
+    emit(run, { type = 'limit_reached', limit = 'max_cost_micros', value = max })
+    end_run('failed', 'BUDGET_EXCEEDED', 'the model call cost ' .. cost .. ' micros, more than the ' .. reservation
+      .. ' it reserved; ' .. usage.cost_micros .. ' of max_cost_micros (' .. max .. ') spent: no further call')
+  end
   if not step then end_run('failed', 'MODEL_ERROR', problem) end
   if step.calls then run._call_counter = run._call_counter + #step.calls end
   run_hooks(run, 'after_model_call', { model_id = model.id, step = step })
