@@ -32,10 +32,18 @@
 --   * a tool that raises PERMISSION_DENIED, BUDGET_EXCEEDED, LIMIT_EXCEEDED or
 --     CANCELLED ends the run; any other error is handed back to the model as
 --     `result = { error = { code, message } }` (a plain string error has code
---     TOOL_ERROR);
+--     TOOL_ERROR). An error marked `tool_error = true` is handed back whatever
+--     its code: the sandbox tools mark what the sandbox refused (a read-only
+--     path, a full disk, a file too large), which is the model's to react to
+--     and not the run's grants or limits;
 --   * a tool's charge against the budget is its `exec_cost_micros`, reserved
 --     before it runs and kept afterwards; a model call reserves the model's
---     `max_cost_micros` and is settled to the step's `usage.cost_micros`;
+--     `max_cost_micros` and is settled to the step's `usage.cost_micros`. In
+--     a run with `max_cost_micros`, a model call that reports more than it
+--     reserved ends the run failed with BUDGET_EXCEEDED, its true cost in
+--     `usage`, before any further call (the adapters cap a request's output
+--     tokens so that a call does not cost more than its ceiling); without
+--     a budget the cost is only counted;
 --   * a model or tool that ignores the cancel token is waited for at most one
 --     second after a cancel or the duration limit; the run then ends without it;
 --   * `max_steps` counts the model's answered steps, `max_model_calls` every
@@ -528,6 +536,14 @@ local function model_step(run)
   usage.steps = usage.steps + 1
   emit(run, { type = 'model_call_ended', model_id = model.id, ok = step ~= nil, cost_micros = cost or 0,
     total_cost_micros = usage.cost_micros, step_type = step and step.type or nil })
+  local max = run._limits.max_cost_micros
+  if max ~= nil and (cost or 0) > reservation then
+    -- the reservation is what keeps the run within its budget: a call that spent past it has
+    -- broken that, so the run ends here, its true spend counted, before any further call
+    emit(run, { type = 'limit_reached', limit = 'max_cost_micros', value = max })
+    end_run('failed', 'BUDGET_EXCEEDED', 'the model call cost ' .. cost .. ' micros, more than the ' .. reservation
+      .. ' it reserved; ' .. usage.cost_micros .. ' of max_cost_micros (' .. max .. ') spent: no further call')
+  end
   if not step then end_run('failed', 'MODEL_ERROR', problem) end
   if step.calls then run._call_counter = run._call_counter + #step.calls end
   run_hooks(run, 'after_model_call', { model_id = model.id, step = step })
@@ -602,7 +618,7 @@ local function tool_call(run, call)
       result = error_result(result.error)
     else
       local err = type(result) == 'table' and errors.wrap(result) or errors.new('TOOL_ERROR', tostring(result))
-      if ENDING[err.code] then ending = err end
+      if ENDING[err.code] and err.tool_error ~= true then ending = err end
       result = error_result(err)
     end
   elseif type(result) ~= 'table' then

@@ -311,6 +311,24 @@ describe('a run', function()
         assert.are.equal(code, outcome.error.code)
       end
     end)
+
+    it('hands back an error marked tool_error whatever its code, and the run goes on', function()
+      for _, code in ipairs({ 'PERMISSION_DENIED', 'LIMIT_EXCEEDED', 'BUDGET_EXCEEDED' }) do
+        local seen
+        local tool = { id = 'refusing', effect = 'write', run = function()
+          error(errors.new(code, 'the sandbox said no', { tool_error = true }))
+        end }
+        local outcome = run(agent({ tools = { tool }, steps = {
+          call('refusing', {}),
+          function(request)
+            seen = request.messages[#request.messages].result
+            return final()
+          end,
+        } }), allow({ 'model:scripted', 'tool:refusing', 'effect:write' }))
+        assert.are.equal('succeeded', outcome.status, code)
+        assert.are.same({ error = { code = code, message = 'the sandbox said no' } }, seen)
+      end
+    end)
   end)
 
   it('runs the tool calls of a step in order and keeps the conversation', function()
@@ -471,13 +489,41 @@ describe('limits', function()
     runtime:close()
   end)
 
-  it('max_cost_micros: the real cost counts, even past the reservation', function()
+  it('max_cost_micros: a call that costs more than it reserved ends the run, its true cost counted', function()
+    -- reserves 100, reports 700: the run stops there, within its 1000, and makes no second call
     local model = testing.scripted_model(endless(700), { max_cost_micros = 100 })
-    local outcome = run(agent({ model = model }),
-      { permissions = { allow = GRANTS }, limits = { max_cost_micros = 1000 } })
+    local runtime = mayura.create_runtime({ permissions = { allow = GRANTS }, limits = { max_cost_micros = 1000 } })
+    local r = runtime:submit(agent({ model = model }), { input = { task = 't' } })
+    local outcome = r:result()
+    runtime:close()
+    assert.are.equal('failed', outcome.status)
     assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
-    assert.are.equal(2, model.calls)
-    assert.are.equal(1400, outcome.usage.cost_micros)
+    assert.matches('cost 700 micros, more than the 100 it reserved', outcome.error.message)
+    assert.are.equal(1, model.calls)
+    assert.are.equal(700, outcome.usage.cost_micros)
+    assert.are.equal(0, outcome.usage.tool_calls)
+    local reached
+    for e in r:events() do if e.type == 'limit_reached' then reached = e.limit end end
+    assert.are.equal('max_cost_micros', reached)
+    -- a final answer that overspent is not taken either
+    model = testing.scripted_model({ final('late', 101) }, { max_cost_micros = 100 })
+    outcome = run(agent({ model = model }), { permissions = { allow = GRANTS }, limits = { max_cost_micros = 1000 } })
+    assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
+    assert.is_nil(outcome.output)
+    assert.are.equal(101, outcome.usage.cost_micros)
+    -- exactly the reservation is fine
+    model = testing.scripted_model({ call('echo', { text = 'x' }, 100), final('ok', 100) }, { max_cost_micros = 100 })
+    outcome = run(agent({ model = model }), { permissions = { allow = GRANTS }, limits = { max_cost_micros = 1000 } })
+    assert.are.equal('succeeded', outcome.status)
+    assert.are.equal(200, outcome.usage.cost_micros)
+  end)
+
+  it('without max_cost_micros the cost of a call is counted, whatever it reserved', function()
+    local model = testing.scripted_model({ call('echo', { text = 'x' }, 700), final('ok', 5) },
+      { max_cost_micros = 100 })
+    local outcome = run(agent({ model = model }), { permissions = { allow = GRANTS } })
+    assert.are.equal('succeeded', outcome.status)
+    assert.are.equal(705, outcome.usage.cost_micros)
   end)
 
   it('max_cost_micros: a tool call whose exec_cost_micros would pass the limit is not made', function()

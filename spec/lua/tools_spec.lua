@@ -91,6 +91,12 @@ local function without(grant)
   return out
 end
 
+local function with_grant(grant)
+  local out = { grant }
+  for _, g in ipairs(GRANTS) do out[#out + 1] = g end
+  return out
+end
+
 -- A workspace: a pool, a per-run source, the tools and the hook that releases the run's sandbox.
 local function workspace(options)
   options = options or {}
@@ -190,6 +196,76 @@ describe('sandbox_tools', function()
     local per_run = sandbox.sandbox_per_run(pool(), { lifetime_ms = 1000 })
     assert.are.equal(2, #sandbox.sandbox_tools(per_run, { name = 'w' }))
     sb:release()
+  end)
+
+  describe("the exec timeout and the pool's max_exec_timeout_ms", function()
+    local function capped_pool(max)
+      local p = sandbox.create_sandboxes(provider(), { max_sandboxes = 2, max_lifetime_ms = 600000,
+        max_exec_timeout_ms = max })
+      pools[#pools + 1] = p
+      return p
+    end
+    local function exec_tool(tools)
+      for _, t in ipairs(tools) do if t.id:match('%.exec$') then return t end end
+    end
+
+    it('an exec_timeout_ms given above the maximum is INVALID_CONFIG, at setup', function()
+      local p = capped_pool(2000)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local per_run = sandbox.sandbox_per_run(p, { lifetime_ms = 60000 })
+      for _, source in ipairs({ sb, per_run.source, per_run }) do
+        local err = raises('INVALID_CONFIG', sandbox.sandbox_tools, source, { name = 'w', exec = true,
+          exec_timeout_ms = 2001 })
+        assert.matches('max_exec_timeout_ms %(2000%)', err.message)
+        assert.are.equal(2000, exec_tool(sandbox.sandbox_tools(source, { name = 'w', exec = true,
+          exec_timeout_ms = 2000 })).input:json_schema().properties.timeout_ms.maximum)
+      end
+      assert.are.equal(0, #per_run.runs)
+      sb:release()
+    end)
+
+    it('the default of 5 minutes comes down to the maximum, and commands run', function()
+      local p = capped_pool(2000)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local tool = exec_tool(sandbox.sandbox_tools(sb, { name = 'w', exec = true }))
+      assert.are.equal(2000, tool.input:json_schema().properties.timeout_ms.maximum)
+      assert.matches('2000 by default', tool.input:json_schema().properties.timeout_ms.description)
+      local r = tool.run(tool.input:parse({ command = 'echo ran' }), {})
+      assert.are.same({ 0, 'ran\n', false }, { r.exit_code, r.stdout, r.timed_out })
+      -- a pool with a larger maximum leaves the default alone
+      local wide = capped_pool(600000)
+      local per_run = sandbox.sandbox_per_run(wide, { lifetime_ms = 60000 })
+      local wide_tool = exec_tool(sandbox.sandbox_tools(per_run.source, { name = 'w', exec = true }))
+      assert.are.equal(300000, wide_tool.input:json_schema().properties.timeout_ms.maximum)
+      sb:release()
+    end)
+
+    it('a source of your own is held to its pool at each call', function()
+      local p = capped_pool(300)
+      local sb = p:create({ lifetime_ms = 60000 })
+      local own = { get = function() return sb end }
+      local tool = exec_tool(sandbox.sandbox_tools(own, { name = 'w', exec = true }))
+      local r = tool.run(tool.input:parse({ command = 'echo ran' }), { run_id = 'r' })
+      assert.are.equal('ran\n', r.stdout)
+      -- asked for 10 s, run for the pool's 300 ms at most
+      r = tool.run(tool.input:parse({ command = 'sleep 5', timeout_ms = 10000 }), { run_id = 'r' })
+      assert.is_true(r.timed_out)
+      sb:release()
+    end)
+
+    it('in a run, the default exec tool works under a pool maximum of one minute', function()
+      local ws = workspace({ sandboxes = capped_pool(60000) })
+      local seen
+      local outcome = run_coder(ws, testing.scripted_model({
+        exec_call('c1', 'echo fine'),
+        function(request)
+          seen = request.messages[#request.messages].result
+          return final()
+        end,
+      }))
+      assert.are.equal('succeeded', outcome.status, outcome.error and tostring(outcome.error))
+      assert.are.equal('fine\n', seen.stdout)
+    end)
   end)
 
   describe('against one sandbox', function()
@@ -604,6 +680,86 @@ describe('a run in a sandbox', function()
     assert.are.equal(0, ws.sandboxes:count())
     assert.are.same({ 'cancelled' }, ws.released)
     runtime:close()
+  end)
+
+  describe('what the sandbox refuses goes back to the model, and the run goes on', function()
+    -- a model that makes `calls` one step at a time, keeping the result each gave, then answers
+    local function one_by_one(calls, results)
+      local steps = {}
+      for i, c in ipairs(calls) do
+        steps[i] = function(request)
+          if i > 1 then results[i - 1] = request.messages[#request.messages].result end
+          return { type = 'tool_calls', usage = { cost_micros = 0 },
+            calls = { { id = 'c' .. i, tool_id = 'workspace.' .. c[1], input = c[2] } } }
+        end
+      end
+      steps[#steps + 1] = function(request)
+        results[#calls] = request.messages[#request.messages].result
+        return final('reacted')
+      end
+      return testing.scripted_model(steps)
+    end
+
+    it('a read-only path, a full workspace, a missing and an unreadable file', function()
+      if PROVIDER ~= 'local' then
+        pending('needs the local provider: a read-only root and a workspace of a given size')
+        return
+      end
+      local sized = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes({ workspace_mib = 1 }),
+        { max_sandboxes = 1, max_lifetime_ms = 600000 })
+      pools[#pools + 1] = sized
+      local ws = workspace({ sandboxes = sized })
+      local results = {}
+      local outcome, _, events = run_coder(ws, one_by_one({
+        { 'write', { path = '/usr/x', text = 'x' } },
+        { 'exec', { command = 'head -c 700000 /dev/zero > fill && echo filled' } },
+        { 'write', { path = 'big.txt', text = string.rep('y', 500000) } },
+        { 'read', { path = 'missing.txt' } },
+        { 'exec', { command = 'echo secret > locked && chmod 000 locked' } },
+        { 'read', { path = 'locked' } },
+        { 'remove', { path = '/usr/bin/env' } },
+        { 'exec', { command = 'rm fill && echo still here' } },
+      }, results), with_grant('tool:workspace.remove'))
+      assert.are.equal('succeeded', outcome.status, outcome.error and tostring(outcome.error))
+      assert.are.same({ summary = 'reacted' }, outcome.output)
+      -- each refusal came back as the call's result, with its code and our message
+      assert.are.equal('PERMISSION_DENIED', results[1].error.code)
+      assert.matches('does not allow', results[1].error.message)
+      assert.are.equal('filled\n', results[2].stdout)
+      assert.are.equal('LIMIT_EXCEEDED', results[3].error.code)
+      assert.matches('no space left', results[3].error.message)
+      assert.are.equal('NOT_FOUND', results[4].error.code)
+      assert.are.equal(0, results[5].exit_code)
+      assert.are.equal('PERMISSION_DENIED', results[6].error.code)
+      assert.are.equal('PERMISSION_DENIED', results[7].error.code)
+      -- and the sandbox went on working after them
+      assert.are.equal('still here\n', results[8].stdout)
+      assert.is_nil(results[1].error.tool_error)   -- the mark stays between the tools and the run
+      assert.are.equal(8, outcome.usage.tool_calls)
+      local failed = 0
+      for _, e in ipairs(events) do
+        if e.type == 'tool_call_ended' and not e.ok then failed = failed + 1 end
+      end
+      assert.are.equal(5, failed)
+      assert.are.same({ 'succeeded' }, ws.released)
+    end)
+
+    it('a pool at max_sandboxes is a tool error too; the run limits still end the run', function()
+      local full = pool(1)
+      local holder = full:create({ lifetime_ms = 60000 })
+      local ws = workspace({ sandboxes = full })
+      local results = {}
+      local outcome = run_coder(ws, one_by_one({ { 'exec', { command = 'true' } } }, results))
+      assert.are.equal('succeeded', outcome.status, outcome.error and tostring(outcome.error))
+      assert.are.equal('LIMIT_EXCEEDED', results[1].error.code)
+      assert.matches('max_sandboxes', results[1].error.message)
+      holder:release()
+      -- the run's own limit, reached while the sandbox answers, is still the run's outcome
+      outcome = run_coder(ws, testing.scripted_model(exec_forever('true')), nil, { max_tool_calls = 2 })
+      assert.are.equal('failed', outcome.status)
+      assert.are.equal('LIMIT_EXCEEDED', outcome.error.code)
+      assert.matches('max_tool_calls', outcome.error.message)
+    end)
   end)
 
   it('succeeds and releases its sandbox', function()

@@ -339,6 +339,52 @@ describe('anthropic_messages', function()
     end)
   end)
 
+  describe('the ceiling', function()
+    it('max_tokens comes down to what max_cost_micros leaves after the input, one token a byte', function()
+      local model = new_model()   -- 60000 micros a call, at 3 and 15 $/MTok; max_tokens 4096
+      srv:push(final_text('{"summary":"s","missing":["x"]}'))
+      model:call(request())
+      local r = srv.requests[1]
+      local sent = r.json.max_tokens
+      -- measured with 4096 in its place
+      local input = #r.body - #tostring(sent) + 4 + require('mayura.provider._shared').INPUT_ALLOWANCE_TOKENS
+      assert.are.equal(math.floor((60000 * 1000000 - input * 3000000) / 15000000), sent)
+      assert.is_true(sent < 4096)
+      -- a max_tokens under what the ceiling leaves is sent as it is
+      srv:push(final_text('{"summary":"s","missing":["x"]}'))
+      new_model({ max_tokens = 1000 }):call(request())
+      assert.are.equal(1000, srv.requests[2].json.max_tokens)
+      -- no room at all: not sent
+      local tiny = new_model({ max_cost_micros = 100 })
+      raises('BUDGET_EXCEEDED', tiny.call, tiny, request())
+      assert.are.equal(2, #srv.requests)
+    end)
+
+    it('a response reporting more than reserved ends the run BUDGET_EXCEEDED, its true cost counted', function()
+      -- 100 * 3 + 5000 * 15 = 75300, past the 60000 reserved
+      srv:push({ body = message({ tool_use('toolu_01', 'clock_now', '{"zone":"UTC"}') }, 'tool_use',
+        usage(100, 5000)) })
+      srv:push(final_text('{"time":"never asked for"}'))
+      local runtime = mayura.create_runtime({
+        permissions = { allow = { 'model:anthropic.messages', 'tool:clock.now', 'effect:read' } },
+        limits = { max_cost_micros = 1000000 },
+      })
+      local outcome = runtime:submit(mayura.define_agent({
+        id = 'clock', version = '1', input = z.object({ zone = z.string() }), output = z.object({ time = z.string() }),
+        model = new_model(),
+        tools = { { id = 'clock.now', effect = 'read', input = z.object({ zone = z.string() }),
+          run = function() return { time = '12:00' } end } },
+      }), { input = { zone = 'UTC' } }):result()
+      runtime:close()
+      assert.are.equal('failed', outcome.status)
+      assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
+      assert.are.equal(75300, outcome.usage.cost_micros)
+      assert.are.equal(0, outcome.usage.tool_calls)
+      assert.are.equal(1, #srv.requests)
+      assert.are.equal(1, srv:pending())
+    end)
+  end)
+
   describe('in a run', function()
     local GRANTS = { 'model:anthropic.messages', 'tool:clock.now', 'effect:read' }
 

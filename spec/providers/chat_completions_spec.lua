@@ -288,6 +288,23 @@ describe('openai_chat_completions', function()
         .. '"content":"{\\"summary\\":\\"s\\"}"}}]}' })
       assert.are.equal(500, model:call(request()).usage.cost_micros)
     end)
+
+    it('with pricing and max_cost_micros, max_tokens comes down to what the ceiling leaves', function()
+      local pricing = { input_micros_per_million_tokens = 150000, output_micros_per_million_tokens = 600000 }
+      srv:push({ body = text_message('{"summary":"s"}') }, { body = text_message('{"summary":"s"}') },
+        { body = text_message('{"summary":"s"}') })
+      new_model({ max_cost_micros = 500, pricing = pricing }):call(request())
+      local r = srv.requests[1]
+      local sent = r.json.max_tokens
+      local input = #r.body - #(',"max_tokens":' .. sent) + require('mayura.provider._shared').INPUT_ALLOWANCE_TOKENS
+      assert.are.equal(math.floor((500 * 1000000 - input * 150000) / 600000), sent)
+      -- a max_tokens of its own below that is kept
+      new_model({ max_cost_micros = 500, pricing = pricing, max_tokens = 50 }):call(request())
+      assert.are.equal(50, srv.requests[2].json.max_tokens)
+      -- no pricing, or no ceiling: nothing is capped (a local server)
+      new_model({ pricing = pricing }):call(request())
+      assert.is_nil(srv.requests[3].json.max_tokens)
+    end)
   end)
 
   describe('in a run', function()

@@ -268,7 +268,7 @@ describe('openai_responses', function()
     end)
 
     it('a refused connection is retried, then unavailable', function()
-      local model = openai.openai_responses({ api_key = KEY, model = 'm', max_cost_micros = 1, pricing = PRICING,
+      local model = openai.openai_responses({ api_key = KEY, model = 'm', max_cost_micros = 50000, pricing = PRICING,
         base_url = 'http://127.0.0.1:' .. model_server.closed_port() .. '/v1', max_retries = 1, retry_base_ms = 1 })
       local err = model_error('unavailable', model.call, model, request())
       assert.is_nil(err.status)
@@ -538,12 +538,58 @@ describe('openai_responses', function()
     end)
 
     it('usage that is missing or unreadable is charged max_cost_micros, never 0', function()
-      local model = new_model({ max_cost_micros = 777 })
+      local model = new_model({ max_cost_micros = 7777 })
       for _, u in ipairs({ 'null', '{}', '{"input_tokens":5}', '{"input_tokens":"5","output_tokens":1}',
         '{"input_tokens":1e12,"output_tokens":1}' }) do
         srv:push({ body = response({ message('{"summary":"s","files":[]}') }, u) })
-        assert.are.equal(777, model:call(request()).usage.cost_micros, u)
+        assert.are.equal(7777, model:call(request()).usage.cost_micros, u)
       end
+    end)
+
+    it('caps max_output_tokens to what the ceiling leaves after the input, counted one token a byte', function()
+      local model = new_model()   -- at most 50000 micros a call, at 1.25 and 10 $/MTok
+      srv:push(final_answer('{"summary":"s","files":[]}'))
+      model:call(request())
+      local r = srv.requests[1]
+      local sent = r.json.max_output_tokens
+      -- the body measured was the one without the field: one comma, the key and the number fewer
+      local function cap_for(measured)
+        return math.floor((50000 * 1000000 - (measured + shared.INPUT_ALLOWANCE_TOKENS) * 1250000) / 10000000)
+      end
+      local measured = #r.body - #(',"max_output_tokens":' .. sent)
+      local input = measured + shared.INPUT_ALLOWANCE_TOKENS
+      assert.are.equal(cap_for(measured), sent)
+      -- at most the ceiling with the input counted so, and not a token to spare
+      assert.is_true(shared.cost_micros({ { input, 1250000 }, { sent, 10000000 } }) <= 50000)
+      assert.is_true(shared.cost_micros({ { input, 1250000 }, { sent + 1, 10000000 } }) > 50000)
+      -- a smaller max_output_tokens of its own is sent as it is; a larger one comes down
+      srv:push(final_answer('{"summary":"s","files":[]}'), final_answer('{"summary":"s","files":[]}'))
+      new_model({ max_output_tokens = 100 }):call(request())
+      assert.are.equal(100, srv.requests[2].json.max_output_tokens)
+      new_model({ max_output_tokens = 1000000 }):call(request())
+      local r3 = srv.requests[3]
+      -- measured with its own 1000000 in place of the number sent
+      assert.are.equal(cap_for(#r3.body - #tostring(r3.json.max_output_tokens) + 7), r3.json.max_output_tokens)
+      -- a larger request leaves less room for output
+      srv:push(final_answer('{"summary":"s","files":[]}'))
+      model:call(request({ instructions = string.rep('Be brief. ', 400) }))
+      assert.is_true(srv.requests[4].json.max_output_tokens < sent - 400)
+    end)
+
+    it('a request whose input alone may pass the ceiling is not sent: BUDGET_EXCEEDED', function()
+      local model = new_model({ max_cost_micros = 1000 })
+      local err = raises('BUDGET_EXCEEDED', model.call, model, request())
+      assert.matches('the call was not made', err.message)
+      assert.are.equal(0, #srv.requests)
+      -- room for fewer than 16 output tokens (10 micros each) is no room either
+      srv:push(final_answer('{"summary":"s","files":[]}'), final_answer('{"summary":"s","files":[]}'))
+      new_model({ max_cost_micros = 3000 }):call(request())
+      local room = srv.requests[1].json.max_output_tokens
+      new_model({ max_cost_micros = 3000 - (room - 16) * 10 }):call(request())
+      assert.are.equal(16, srv.requests[2].json.max_output_tokens)
+      local too_tight = new_model({ max_cost_micros = 3000 - (room - 15) * 10 })
+      raises('BUDGET_EXCEEDED', too_tight.call, too_tight, request())
+      assert.are.equal(2, #srv.requests)
     end)
 
     it('computes exactly, as integers', function()
@@ -646,6 +692,36 @@ describe('openai_responses', function()
       assert.are.equal('failed', outcome.status)
       assert.are.equal('LIMIT_EXCEEDED', outcome.error.code)
       assert.are.equal(1, #srv.requests)
+    end)
+
+    it('a response reporting more than the call reserved ends the run: BUDGET_EXCEEDED, no further call', function()
+      -- reserved 50000; 1000 input and 10000 output tokens cost 1250 + 100000
+      srv:push({ body = response({ fcall('call_1', 'workspace_read', '{"path":"README.md"}') }, usage(1000, 10000)) })
+      srv:push(final_answer('{"summary":"never asked for","files":[]}'))
+      local runtime = mayura.create_runtime({ permissions = { allow = GRANTS }, limits = { max_cost_micros = 500000 } })
+      local outcome = runtime:submit(agent(new_model()), { input = { task = 'Summarize README.md' } }):result()
+      runtime:close()
+      assert.are.equal('failed', outcome.status)
+      assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
+      assert.are.equal(101250, outcome.usage.cost_micros)
+      assert.are.equal(1, outcome.usage.model_calls)
+      assert.are.equal(0, outcome.usage.tool_calls)
+      assert.are.equal(1, #srv.requests)
+      assert.are.equal(1, srv:pending())
+      -- and the request it made asked for no more output than the ceiling leaves
+      local sent = srv.requests[1].json.max_output_tokens
+      assert.is_true(sent > 0 and sent * 10 <= 50000)
+    end)
+
+    it('a request too large for the ceiling ends the run BUDGET_EXCEEDED before anything is sent', function()
+      local runtime = mayura.create_runtime({ permissions = { allow = GRANTS }, limits = { max_cost_micros = 500000 } })
+      local outcome = runtime:submit(agent(new_model({ max_cost_micros = 500 })),
+        { input = { task = 'Summarize README.md' } }):result()
+      runtime:close()
+      assert.are.equal('failed', outcome.status)
+      assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
+      assert.are.equal(0, outcome.usage.cost_micros)
+      assert.are.equal(0, #srv.requests)
     end)
 
     it('a refused key ends the run failed with MODEL_ERROR, the key nowhere in the message', function()

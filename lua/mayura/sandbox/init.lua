@@ -7,6 +7,11 @@
 -- with SANDBOX_ERROR reason `timeout`; after its lifetime or release every
 -- call on a sandbox fails with SANDBOX_ERROR reason `gone`.
 --
+-- Network: each kind other than 'none' must be listed in the pool's
+-- `network` (asking for another fails with PERMISSION_DENIED); a create that
+-- asks for none gets 'none', and fails with INVALID_INPUT when the pool does
+-- not list 'none' or the provider cannot keep a sandbox offline.
+--
 -- A provider is a table (README, "Writing a provider"; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
@@ -67,7 +72,7 @@ end
 -- =======================================================
 
 local function check_network_request(network)
-  if network == nil then return 'none', 'none' end
+  if network == nil then return nil end
   if network == 'none' or network == 'all' then return network, network end
   if type(network) == 'table' then
     check.keys(network, { allow = true }, 'network', 'INVALID_INPUT', 4)
@@ -471,7 +476,20 @@ function Pool:create(options)
   end
   local features = copy_features(self.provider.features)
   local kind, network = check_network_request(options.network)
-  if not self.network[kind] then
+  if kind == nil then
+    -- Asking for nothing means 'none', the default, but only from a pool that lists 'none'. A pool
+    -- listing only online kinds (a Fly pool: { 'all' }) was set up to hand out online sandboxes, and
+    -- the reference says of exactly that setup that "the default fails with INVALID_INPUT": the
+    -- caller must name the kind. Not PERMISSION_DENIED: that is for asking for a kind other than
+    -- 'none' that the pool did not list, and this caller asked for nothing; nor the pool's other
+    -- kind, which would make a sandbox online that its creator expected offline.
+    if not self.network.none then
+      errors.raise('INVALID_INPUT', "this pool does not list network 'none': ask for one of its kinds", nil, 2)
+    end
+    kind, network = 'none', 'none'
+  end
+  -- Each kind other than 'none' must be listed; 'none' needs no permission, only a provider that keeps it.
+  if kind ~= 'none' and not self.network[kind] then
     errors.raise('PERMISSION_DENIED', "network '" .. kind .. "' is not allowed by this pool", nil, 2)
   end
   if not has(features.network, kind) then

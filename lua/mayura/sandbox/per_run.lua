@@ -12,7 +12,8 @@
 -- first time; calls that come while it is being created wait for that one
 -- creation. `release(run_id)` releases the run's sandbox and forgets the run
 -- (after a creation under way has finished); an unknown run does nothing.
--- `runs` is a plain list of the run ids that have a sandbox now.
+-- `runs` is a plain list of the run ids that have a sandbox now; `source.pool`
+-- is the pool (sandbox_tools reads its limits).
 -- `release` and `source.get` may be called with `.` or `:`.
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -73,7 +74,7 @@ function M.sandbox_per_run(sandboxes, options)
     end
   end
 
-  local source = {}
+  local source = { pool = sandboxes }
 
   --- The sandbox of `context.run_id`, created on first use.
   function source.get(a, b)

@@ -10,7 +10,13 @@
 -- and `new_model(adapter, config)` makes the model the runtime calls:
 -- `model.id`, `model.max_cost_micros`, `model:call(request)`. A call builds
 -- the wire request, sends it (the same bytes on every attempt) and reads the
--- answer; what goes wrong is raised as MODEL_ERROR with a `reason`:
+-- answer. A call never costs more than `max_cost_micros` when prices are
+-- known: the request's maximum of output tokens (the adapter's
+-- `output_tokens_field`) is capped to what the ceiling leaves after its input,
+-- counted as at most one token per byte of the request body plus an
+-- allowance (see `output_room`); a request whose input alone may pass the
+-- ceiling is not sent and raises BUDGET_EXCEEDED. What goes wrong otherwise
+-- is raised as MODEL_ERROR with a `reason`:
 --
 --   authentication   HTTP 401 or 403
 --   rate_limited     HTTP 429, after the retries
@@ -51,6 +57,7 @@ M.null = json.null
 
 local MAX_DEPTH = 200            -- nesting accepted in bodies and tool arguments
 local MAX_TOKENS_COUNTED = 1e8   -- a token count above this is not believed
+local MAX_OUTPUT_TOKENS_ASKED = 100000000   -- the most output tokens a request is sent with
 local MAX_PRICE = 1e9            -- micro-dollars per million tokens ($1000 per token million)
 local BACKOFF_CAP_MS = 8000
 
@@ -205,6 +212,7 @@ function M.config(options, spec, level)
     max_retries = check.int(options.max_retries, 'max_retries', 0, 10, C, level + 1, 2),
     retry_base_ms = check.int(options.retry_base_ms, 'retry_base_ms', 0, 60000, C, level + 1, 500),
     max_retry_after_ms = spec.max_retry_after_ms or 60000,
+    cost_required = spec.cost_required == true,
   }
   -- the key lives in a closure, so printing the config or the model does not show it
   config.api_key = function() return key end
@@ -435,6 +443,15 @@ function M.ceil_div(a, b)
   return q
 end
 
+--- Tokens of input counted for a request whatever its size: what a service
+-- adds around the body (its message framing; Anthropic's prompt for tool use
+-- is about 350 tokens).
+M.INPUT_ALLOWANCE_TOKENS = 512
+
+--- The fewest output tokens a call is made with (the Responses API refuses
+-- fewer than 16): a ceiling that leaves room for less refuses the call.
+M.MIN_OUTPUT_TOKENS = 16
+
 --- Micro-dollars for `terms` = { { tokens, price, weight }, ... }: prices in
 -- micro-dollars per million tokens, weights in twentieths (20 = the price as it
 -- is, 25 = 1.25 times it), rounded up to a whole micro-dollar.
@@ -444,6 +461,57 @@ function M.cost_micros(terms)
     sum = sum + t[1] * t[2] * (t[3] or 20)
   end
   return M.ceil_div(sum, 20000000)
+end
+
+--- Whether calls of `config` are held to a ceiling: prices are known and
+-- `max_cost_micros` is required or given (Chat Completions without either
+-- has none).
+function M.has_ceiling(config)
+  return config.pricing ~= nil and (config.cost_required or config.max_cost_micros > 0)
+end
+
+--- The most output tokens a call may ask for, when its request body is
+-- `bytes` long, so that it cannot cost more than `max_cost_micros`: its input
+-- counted conservatively as one token per byte of the body (a token is at
+-- least a byte; JSON syntax and escapes only add bytes) plus
+-- INPUT_ALLOWANCE_TOKENS, all at the uncached input price. Returns nil when
+-- output is free (no bound), and a number below 0 when the input alone may
+-- cost more than the ceiling; also returns the input cost counted.
+function M.output_room(config, bytes)
+  local p = config.pricing
+  local max = config.max_cost_micros
+  local input = bytes + M.INPUT_ALLOWANCE_TOKENS
+  local pin, pout = p.input_micros_per_million_tokens, p.output_micros_per_million_tokens
+  local input_cost = M.cost_micros({ { input, pin } })
+  if input_cost > max then return -1, input_cost end
+  if pout == 0 then return nil, input_cost end
+  -- cost <= max  <=>  input * pin + out * pout <= max * 10^6
+  local out = math.floor((max * 1000000 - input * pin) / pout)
+  if out > MAX_OUTPUT_TOKENS_ASKED then out = MAX_OUTPUT_TOKENS_ASKED end
+  -- floating point may be a token or two off: step down to what fits exactly
+  while out > 0 and M.cost_micros({ { input, pin }, { out, pout } }) > max do out = out - 1 end
+  return out, input_cost
+end
+
+--- Caps `body[field]` (the request's maximum of output tokens) so that the
+-- call cannot cost more than `max_cost_micros`: the smaller of what the body
+-- asks for already and `output_room`. A ceiling that leaves room for fewer
+-- than MIN_OUTPUT_TOKENS (or fewer than the body asks for, when that is
+-- lower) raises BUDGET_EXCEEDED: the call is not made.
+function M.cap_output(config, body, field)
+  local ok, payload = pcall(json.encode, body)
+  if not ok then return end   -- send says what is wrong with it
+  local room, input_cost = M.output_room(config, #payload)
+  if room == nil then return end
+  local asked = body[field]
+  local least = M.MIN_OUTPUT_TOKENS
+  if type(asked) == 'number' and asked < least then least = asked end
+  if room < least then
+    errors.raise('BUDGET_EXCEEDED', config.label .. ': the request (' .. #payload .. ' bytes) may cost up to '
+      .. input_cost .. ' micros before any output, leaving room for fewer than ' .. least
+      .. ' output tokens within max_cost_micros (' .. config.max_cost_micros .. '): the call was not made', nil, 0)
+  end
+  if type(asked) ~= 'number' or room < asked then body[field] = room end
 end
 
 -- }======================================================
@@ -601,6 +669,9 @@ function Model:call(request)
   if type(request) ~= 'table' then errors.raise('INVALID_INPUT', 'call expects a request table') end
   local adapter, config = self._adapter, self._config
   local wire, context = adapter.to_request(config, request)
+  if adapter.output_tokens_field and M.has_ceiling(config) then
+    M.cap_output(config, wire.body, adapter.output_tokens_field)
+  end
   local res = M.send(config, adapter, wire, request.signal)
   local ok, step = pcall(adapter.from_response, config, res.body, context, res)
   if ok then return step end

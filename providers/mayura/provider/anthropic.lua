@@ -41,7 +41,12 @@
 --     (5 minutes) or 2 (1 hour) times it, cache reads at
 --     `cached_input_micros_per_million_tokens` or 0.1 times the input price,
 --     output at the output price; rounded up to a whole micro-dollar. A
---     response without readable usage is charged `max_cost_micros`.
+--     response without readable usage is charged `max_cost_micros`;
+--   * `max_tokens` is sent as the smaller of the option and what
+--     `max_cost_micros` leaves after the request's input (counted as one
+--     token per byte of the body, plus an allowance for the tool-use prompt),
+--     so that a call cannot cost more than its ceiling; a request whose input
+--     alone may pass the ceiling is not sent (BUDGET_EXCEEDED).
 --
 -- Errors and retries are mayura.provider._shared's: 401/403 `authentication`,
 -- 429 `rate_limited` (retried, honouring `retry-after` up to 60 s, except a
@@ -310,6 +315,9 @@ function messages.map_error(config, status, _headers, body)
   end
   return err, retry
 end
+
+--- The body field that caps the output tokens (see mayura.provider._shared).
+messages.output_tokens_field = 'max_tokens'
 
 M.messages = messages
 

@@ -49,7 +49,13 @@
 --     model that its arguments were not valid JSON;
 --   * `usage` is priced per million tokens (cached input at the cached price
 --     when given, else the input price), rounded up to a whole micro-dollar.
---     A response without readable usage is charged `max_cost_micros`.
+--     A response without readable usage is charged `max_cost_micros`;
+--   * `max_output_tokens` is always sent, as the smaller of the option and
+--     what `max_cost_micros` leaves after the request's input (counted as one
+--     token per byte of the body, plus an allowance), so that a call cannot
+--     cost more than its ceiling; a request whose input alone may pass the
+--     ceiling is not sent (BUDGET_EXCEEDED). Give `max_output_tokens` your
+--     model's own maximum when a generous ceiling would ask for more.
 --
 -- `openai_chat_completions{ api_key, model, base_url ('https://api.openai.com/v1'),
 -- max_cost_micros (0), pricing (none: calls cost 0), timeout_ms, max_retries,
@@ -60,7 +66,9 @@
 -- schema as `response_format` json_schema (nested, as llama.cpp, Ollama and
 -- vLLM read it). `finish_reason` `length` or `content_filter` is MODEL_ERROR
 -- `incomplete`, a `refusal` is `refused`. `api_key` is optional (local servers);
--- `max_tokens` is sent as `max_tokens`, the one cap every server reads.
+-- `max_tokens` is sent as `max_tokens`, the one cap every server reads. With
+-- `pricing` and a `max_cost_micros` above 0, `max_tokens` is capped to what
+-- that ceiling leaves after the input, as for the Responses API.
 --
 -- Errors and retries are mayura.provider._shared's: 401/403 `authentication`,
 -- 429 `rate_limited` (retried, honouring `retry-after` up to 120 s, except
@@ -325,6 +333,9 @@ end
 --- The error for an HTTP status that is not 2xx, and whether to retry.
 responses.map_error = map_error
 
+--- The body field that caps the output tokens (see mayura.provider._shared).
+responses.output_tokens_field = 'max_output_tokens'
+
 M.responses = responses
 
 -- }======================================================
@@ -451,6 +462,9 @@ end
 
 --- The error for an HTTP status that is not 2xx, and whether to retry.
 chat.map_error = map_error
+
+--- The body field that caps the output tokens (see mayura.provider._shared).
+chat.output_tokens_field = 'max_tokens'
 
 M.chat = chat
 

@@ -111,6 +111,46 @@ describe('sandboxes:create', function()
       s:create({ lifetime_ms = 1000, network = 'all' }):release()
     end)
 
+    it('asking for no network from a pool that does not list none fails with INVALID_INPUT', function()
+      -- the provider could keep a sandbox offline; the pool was set up for online ones only
+      local p = dir.dir_sandboxes()
+      local online = pool(p, { network = { 'all' } })
+      local err = raises('INVALID_INPUT', online.create, online, { lifetime_ms = 1000 })
+      assert.matches("'none'", err.message)
+      raises('INVALID_INPUT', online.create, online, { lifetime_ms = 1000, labels = { run = 'r' } })
+      local filtered = pool(p, { network = { 'allowlist' } })
+      raises('INVALID_INPUT', filtered.create, filtered, { lifetime_ms = 1000 })
+      -- nothing was made, and no slot is held
+      assert.are.equal(0, #p.specs)
+      assert.are.equal(0, online:count())
+      -- the listed kind, asked for, is given
+      local sb = online:create({ lifetime_ms = 1000, network = 'all' })
+      assert.are.equal('all', p.specs[1].network)
+      sb:release()
+      -- 'none' needs no listing: asked for by name, it is given
+      sb = online:create({ lifetime_ms = 1000, network = 'none' })
+      assert.are.equal('none', p.specs[2].network)
+      sb:release()
+      -- a kind the pool did not list is still PERMISSION_DENIED, before the default question
+      raises('PERMISSION_DENIED', filtered.create, filtered, { lifetime_ms = 1000, network = 'all' })
+      -- a pool that lists none keeps the default
+      local both = pool(p, { network = { 'all', 'none' } })
+      both:create({ lifetime_ms = 1000 }):release()
+      assert.are.equal('none', p.specs[3].network)
+      assert.are.equal(3, #p.specs)
+    end)
+
+    it('a pool of only all, on a provider that cannot keep sandboxes offline: the default fails INVALID_INPUT',
+      function()
+        local p = dir.dir_sandboxes({ features = { network = { 'all' } } })
+        local s = pool(p, { network = { 'all' } })
+        raises('INVALID_INPUT', s.create, s, { lifetime_ms = 1000 })
+        raises('INVALID_INPUT', s.create, s, { lifetime_ms = 1000, network = 'none' })
+        assert.are.equal(0, #p.specs)
+        s:create({ lifetime_ms = 1000, network = 'all' }):release()
+        assert.are.equal('all', p.specs[1].network)
+      end)
+
     it('counts sandboxes being created against max_sandboxes', function()
       local p = dir.dir_sandboxes({ delay_ms = 200 })
       local s = pool(p, { max_sandboxes = 1 })

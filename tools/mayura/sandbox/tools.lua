@@ -15,7 +15,9 @@
 --
 -- read, list, url and screenshot have the read effect; the others write.
 -- Options: `exec_timeout_ms` (300000: the longest a command may run, and the
--- default), `exec_cost_micros` (0: what one call of exec is charged against a
+-- default; a pool whose `max_exec_timeout_ms` is lower lowers the default to
+-- it, while an explicit value above it is INVALID_CONFIG, as the pool's own
+-- `exec_timeout_ms` is), `exec_cost_micros` (0: what one call of exec is charged against a
 -- run's budget), `max_output_bytes` (32768 of each of stdout and stderr; the
 -- middle of longer output is left out, with a marker saying how much),
 -- `max_read_bytes` (65536 per read; longer files are read in parts with
@@ -25,6 +27,11 @@
 -- gives the run's sandbox; the sandbox is asked for only when a tool runs).
 -- Problems the model can fix (a missing file, a bad offset, too much data)
 -- raise INVALID_INPUT or NOT_FOUND, which a run hands back to the model.
+-- What the sandbox or its pool refuses (a read-only path or an unreadable
+-- file: PERMISSION_DENIED; a full disk, a file too large, the pool's limits:
+-- LIMIT_EXCEEDED; a failed provider: SANDBOX_ERROR) is handed back too, with
+-- its code and message: the tools mark it `tool_error`, so that only a
+-- missing grant, the run's own limits and budget, or a cancel end the run.
 -- Text given to the model is valid UTF-8: a command's output has invalid
 -- bytes replaced by U+FFFD.
 local core = require('mayura.core')
@@ -146,6 +153,25 @@ local function not_found(what, path)
   errors.raise('NOT_FOUND', 'there is no ' .. what .. ' at ' .. path, nil, 3)
 end
 
+-- `run` with every coded error it raises marked `tool_error`, for the run to hand it back to the
+-- model: a refusal of the sandbox is not a missing grant, nor the run's own limit. A cancel stays a
+-- cancel (the run's, or its duration limit's, which the run itself reports).
+local function handed_back(run)
+  return function(input, context)
+    local ok, res = pcall(run, input, context)
+    if ok then return res end
+    if errors.is(res) and res.code ~= 'CANCELLED' then res.tool_error = true end
+    error(res, 0)
+  end
+end
+
+-- The max_exec_timeout_ms of the pool `source` (a sandbox, or a per-run source) comes from, when known.
+local function max_exec_timeout_of(source)
+  local pool = source._pool or source.pool
+  if type(pool) == 'table' and check.is_int(pool.max_exec_timeout_ms) then return pool.max_exec_timeout_ms end
+  return nil
+end
+
 --- The tools over `source` (a sandbox or a per-run source); see the module comment for the options.
 function M.sandbox_tools(source, options)
   if type(source) == 'table' and type(source.get) ~= 'function' and type(source.exec) ~= 'function'
@@ -165,6 +191,18 @@ function M.sandbox_tools(source, options)
   end
   local C = 'INVALID_CONFIG'
   local exec_timeout_ms = check.int(options.exec_timeout_ms, 'exec_timeout_ms', 1, nil, C, 3, 300000)
+  -- The pool's max_exec_timeout_ms is the longest any command of its sandboxes may run. The default
+  -- of 5 minutes comes down to it, so that a pool with a lower maximum still runs commands; a value
+  -- given above it is refused here, at setup, as the pool refuses its own exec_timeout_ms above its
+  -- maximum: that configuration could never be honoured, and every command would fail at run time.
+  local pool_max = max_exec_timeout_of(source)
+  if pool_max and exec_timeout_ms > pool_max then
+    if options.exec_timeout_ms ~= nil then
+      errors.raise(C, 'exec_timeout_ms (' .. exec_timeout_ms .. ') is above the pool\'s max_exec_timeout_ms ('
+        .. pool_max .. ')', nil, 2)
+    end
+    exec_timeout_ms = pool_max
+  end
   local exec_cost = check.int(options.exec_cost_micros, 'exec_cost_micros', 0, nil, C, 3, 0)
   local max_output = check.int(options.max_output_bytes, 'max_output_bytes', 1, nil, C, 3, 32768)
   local max_read = check.int(options.max_read_bytes, 'max_read_bytes', 1, nil, C, 3, 65536)
@@ -185,7 +223,10 @@ function M.sandbox_tools(source, options)
   local path = z.string():min(1):max(4096)
 
   local tools = {}
-  local function add(t) tools[#tools + 1] = t end
+  local function add(t)
+    t.run = handed_back(t.run)
+    tools[#tools + 1] = t
+  end
 
   add({
     id = name .. '.read',
@@ -277,9 +318,13 @@ function M.sandbox_tools(source, options)
       exec_cost_micros = exec_cost,
       run = function(input, context)
         local sb = sandbox_of(context)
+        -- a source whose pool was not known at setup (a source of your own) is held to it here
+        local timeout = input.timeout_ms or exec_timeout_ms
+        local max = max_exec_timeout_of(sb)
+        if max and timeout > max then timeout = max end
         local r = sb:exec({ 'sh', '-c', input.command }, {
           cwd = input.cwd,
-          timeout_ms = input.timeout_ms or exec_timeout_ms,
+          timeout_ms = timeout,
           signal = context and context.signal or nil,
         })
         local stdout, cut_out = M.cut_middle(r.stdout, max_output)
