@@ -214,7 +214,7 @@ describe('sandbox_tools', function()
       local sb = p:create({ lifetime_ms = 60000 })
       local per_run = sandbox.sandbox_per_run(p, { lifetime_ms = 60000 })
       for _, source in ipairs({ sb, per_run.source, per_run }) do
-        local err = raises('INVALID_CONFIG', sandbox.sandbox_tools, source, { name = 'w', exec = true,
+        local err = assert.raises_code('INVALID_CONFIG', sandbox.sandbox_tools, source, { name = 'w', exec = true,
           exec_timeout_ms = 2001 })
         assert.matches('max_exec_timeout_ms %(2000%)', err.message)
         assert.are.equal(2000, exec_tool(sandbox.sandbox_tools(source, { name = 'w', exec = true,

@@ -356,7 +356,7 @@ describe('anthropic_messages', function()
       assert.are.equal(1000, srv.requests[2].json.max_tokens)
       -- no room at all: not sent
       local tiny = new_model({ max_cost_micros = 100 })
-      raises('BUDGET_EXCEEDED', tiny.call, tiny, request())
+      assert.raises_code('BUDGET_EXCEEDED', tiny.call, tiny, request())
       assert.are.equal(2, #srv.requests)
     end)
 

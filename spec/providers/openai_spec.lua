@@ -578,7 +578,7 @@ describe('openai_responses', function()
 
     it('a request whose input alone may pass the ceiling is not sent: BUDGET_EXCEEDED', function()
       local model = new_model({ max_cost_micros = 1000 })
-      local err = raises('BUDGET_EXCEEDED', model.call, model, request())
+      local err = assert.raises_code('BUDGET_EXCEEDED', model.call, model, request())
       assert.matches('the call was not made', err.message)
       assert.are.equal(0, #srv.requests)
       -- room for fewer than 16 output tokens (10 micros each) is no room either
@@ -588,7 +588,7 @@ describe('openai_responses', function()
       new_model({ max_cost_micros = 3000 - (room - 16) * 10 }):call(request())
       assert.are.equal(16, srv.requests[2].json.max_output_tokens)
       local too_tight = new_model({ max_cost_micros = 3000 - (room - 15) * 10 })
-      raises('BUDGET_EXCEEDED', too_tight.call, too_tight, request())
+      assert.raises_code('BUDGET_EXCEEDED', too_tight.call, too_tight, request())
       assert.are.equal(2, #srv.requests)
     end)
 
