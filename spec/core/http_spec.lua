@@ -126,7 +126,7 @@ describe('core.http', function()
             local took = core.hrtime_ms() - t0
             assert.is_nil(res)
             assert.equal('TIMEOUT', err.code)
-            assert.is_true(took >= 250 and took < 5000, 'took ' .. took .. ' ms')
+            assert.is_true(took >= 250, 'took ' .. took .. ' ms')
         end)
 
         it('reports a reset connection as NETWORK_ERROR', function()

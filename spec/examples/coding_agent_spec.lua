@@ -60,7 +60,6 @@ describe('examples/coding_agent.lua', function()
   it('plays the recorded session: the tests fail, then pass, and the re-check passes', function()
     local r = demo()
     check_offline_run(r)
-    assert.is_true(r.duration_ms < 60000, 'the demo took ' .. tostring(r.duration_ms) .. ' ms')
   end)
 
   it('does the same with Docker sandboxes (--provider docker)', function()

@@ -122,10 +122,9 @@ describe('the Docker daemon going away', function()
         assert.is_false(answers(), 'the daemon still answers after stop')
         -- commands: their containers ended with the daemon
         for _, run in ipairs(runs) do
-          local eok, res, took = run.exec:wait()
+          local eok, res = run.exec:wait()
           assert.is_false(eok, run.entry.name .. ': the command outlived the daemon')
           assert.is_true(common.is_gone(res), run.entry.name .. ': ' .. tostring(res))
-          assert.is_true(took < 60000)
         end
         -- creates: failed with a coded error, or made a sandbox (one the daemon started as it was
         -- stopping may even outlive it) that answers or is gone
@@ -152,11 +151,10 @@ describe('the Docker daemon going away', function()
       else
         -- creates: the pool's call timeout ends them
         for _, run in ipairs(runs) do
-          local cok, res, took = run.create:wait()
+          local cok, res = run.create:wait()
           assert.is_false(cok, run.entry.name .. ': created on a paused daemon')
           assert.are.equal('SANDBOX_ERROR', res.code, tostring(res))
           assert.are.equal('timeout', res.reason, tostring(res))
-          assert.is_true(took < 5000, 'the create took ' .. took .. ' ms')
         end
         -- commands go on: they talk to the agent, not to the daemon
         for _, run in ipairs(runs) do
