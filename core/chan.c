@@ -271,7 +271,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     (void)buf;
     if (ch->closed) return;
     if (nread < 0) {
-        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", "out of memory reading from the agent", 1);
+        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
         else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
         return;
     }
@@ -474,7 +474,7 @@ static int l_chan_call(lua_State *L) {
     w = (chan_write *)calloc(1, sizeof *w);
     if (w == NULL) {
         free(b.data);
-        return mc_raise(L, "SANDBOX_ERROR", "out of memory");
+        return mc_raise_oom(L);
     }
     w->ch = ch;
     w->data = b.data;
@@ -563,7 +563,7 @@ static mc_chan *chan_new(lua_State *L, int opts) {
     box->ch = NULL;
     luaL_setmetatable(L, CHAN_MT);
     ch = (mc_chan *)calloc(1, sizeof *ch);
-    if (ch == NULL) mc_raise(L, "SANDBOX_ERROR", "out of memory");
+    if (ch == NULL) mc_raise_oom(L);
     if (!lua_isnoneornil(L, opts)) on_close = mc_opt_func_ref(L, opts, "on_close");
     ch->L = mc_main(L);
     ch->max_frame = (size_t)max;

@@ -187,7 +187,7 @@ static void fs_do_read(fs_req *r) {
     if (cap > limit + 1) cap = limit + 1;
     buf = malloc(cap);
     if (buf == NULL) {
-        fs_fail(r, "IO_ERROR", ENOMEM, "cannot read");
+        fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot read");
         close(fd);
         return;
     }
@@ -201,7 +201,7 @@ static void fs_do_read(fs_req *r) {
             ncap = cap > (limit + 1) / 2 ? limit + 1 : cap * 2;
             nbuf = realloc(buf, ncap);
             if (nbuf == NULL) {
-                fs_fail(r, "IO_ERROR", ENOMEM, "cannot read");
+                fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot read");
                 free(buf);
                 close(fd);
                 return;
@@ -273,7 +273,7 @@ static void fs_do_write(fs_req *r) {
     if (baselen > FS_TMP_BASE_MAX) baselen = FS_TMP_BASE_MAX;
     tmp = malloc(dirlen + 1 + baselen + sizeof ".mayura-XXXXXX");
     if (tmp == NULL) {
-        fs_fail(r, "IO_ERROR", ENOMEM, "cannot write");
+        fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot write");
         return;
     }
     fs_tmp_name(tmp, path, dirlen, base, baselen);
@@ -361,7 +361,7 @@ static void fs_do_list(fs_req *r) {
             size_t ncap = cap ? cap * 2 : 32;
             fs_entry *n = realloc(r->entries, ncap * sizeof *n);
             if (n == NULL) {
-                fs_fail(r, "IO_ERROR", ENOMEM, "cannot list");
+                fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot list");
                 break;
             }
             r->entries = n;
@@ -370,7 +370,7 @@ static void fs_do_list(fs_req *r) {
         ent = &r->entries[r->nentries];
         ent->name = strdup(de->d_name);
         if (ent->name == NULL) {
-            fs_fail(r, "IO_ERROR", ENOMEM, "cannot list");
+            fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot list");
             break;
         }
         ent->type = fs_type_name(st.st_mode);
@@ -646,7 +646,7 @@ static int fs_start(lua_State *L, int op, const char *path, const fs_opts *o, in
     if (r == NULL) {
         luaL_unref(L, LUA_REGISTRYINDEX, cb_ref);
         luaL_unref(L, LUA_REGISTRYINDEX, data_ref);
-        return mc_raise(L, "IO_ERROR", "out of memory");
+        return mc_raise_oom(L);
     }
     memcpy(r->path, path, plen + 1);
     r->work.data = r;

@@ -560,7 +560,7 @@ static int mc_http_on_socket(CURL *e, curl_socket_t s, int what, void *userp, vo
         sk = (mc_http_sock *)calloc(1, sizeof *sk);
         if (sk == NULL) {
             mc_http_req *r = mc_http_req_of(e);
-            if (r != NULL) mc_http_note_fail(r, "NETWORK_ERROR", "out of memory");
+            if (r != NULL) mc_http_note_fail(r, MC_OOM_CODE, MC_OOM_MSG);
             return 0;
         }
         if (uv_poll_init_socket(m->loop, &sk->poll, s) != 0) {
@@ -617,7 +617,7 @@ static size_t mc_http_on_write(char *p, size_t size, size_t nmemb, void *ud) {
     if (r->fail_code != NULL || r->state != MC_HTTP_ACTIVE) return 0;
     if (r->streaming) {
         if (mc_http_buf_add(&r->pend, p, n, SIZE_MAX) != 0) {
-            mc_http_note_fail(r, "NETWORK_ERROR", "out of memory");
+            mc_http_note_fail(r, MC_OOM_CODE, MC_OOM_MSG);
             return 0;
         }
         if (n > 0) mc_http_queue(r);
@@ -628,7 +628,7 @@ static size_t mc_http_on_write(char *p, size_t size, size_t nmemb, void *ud) {
         return 0;
     }
     if (mc_http_buf_add(&r->body, p, n, r->max_body) != 0) {
-        mc_http_note_fail(r, "NETWORK_ERROR", "out of memory");
+        mc_http_note_fail(r, MC_OOM_CODE, MC_OOM_MSG);
         return 0;
     }
     return n;
@@ -751,8 +751,8 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
     m->loop = loop;
     m->L = mc_main(L);
     if ((m->timer = mc_http_new_timer(loop, m)) == NULL || (m->kick = mc_http_new_idle(loop, m)) == NULL)
-        mc_raise(L, "NO_MEMORY", "out of memory");
-    if ((m->multi = curl_multi_init()) == NULL) mc_raise(L, "NO_MEMORY", "out of memory");
+        mc_raise_oom(L);
+    if ((m->multi = curl_multi_init()) == NULL) mc_raise_oom(L);
     if (curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, mc_http_on_socket) != CURLM_OK ||
         curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, (void *)m) != CURLM_OK ||
         curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, mc_http_on_timer) != CURLM_OK ||
@@ -841,7 +841,7 @@ static int mc_http_check_headers(lua_State *L, int idx) {
 
 static void mc_http_add_header(lua_State *L, mc_http_req *r, const char *line) {
     struct curl_slist *l = curl_slist_append(r->hlist, line);
-    if (l == NULL) mc_raise(L, "NO_MEMORY", "out of memory");
+    if (l == NULL) mc_raise_oom(L);
     r->hlist = l;
 }
 
@@ -952,7 +952,7 @@ static int l_http_request(lua_State *L) {
     /* curl sends the body from the Lua string itself, kept alive by this ref */
     if (body != NULL) { lua_pushvalue(L, 6); r->body_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
 
-    if ((r->easy = curl_easy_init()) == NULL) mc_raise(L, "NO_MEMORY", "out of memory");
+    if ((r->easy = curl_easy_init()) == NULL) mc_raise_oom(L);
     MC_HTTP_SETOPT(r, CURLOPT_PRIVATE, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_NOSIGNAL, 1L);
     MC_HTTP_SETOPT(r, CURLOPT_ERRORBUFFER, r->errbuf);

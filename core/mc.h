@@ -72,6 +72,15 @@ MC_FN int mc_raise(lua_State *L, const char *code, const char *fmt, ...) {
     return lua_error(L);
 }
 
+/* Out of memory, the one way the core says it (code NO_MEMORY). */
+#define MC_OOM_CODE "NO_MEMORY"
+#define MC_OOM_MSG "out of memory"
+
+/* Raises the out-of-memory error. Never returns. */
+MC_FN int mc_raise_oom(lua_State *L) {
+    return mc_raise(L, MC_OOM_CODE, MC_OOM_MSG);
+}
+
 /* Pushes nil and an error table; returns 2 for `return mc_fail(...)`. */
 MC_FN int mc_fail(lua_State *L, const char *code, const char *fmt, ...) {
     char msg[512];

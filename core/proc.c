@@ -422,7 +422,7 @@ static int l_spawn(lua_State *L) {
     envp = proc_build_env(L, 1, tagvar);
 
     p = (mc_proc *)calloc(1, sizeof *p);
-    if (p == NULL) return mc_raise(L, "SANDBOX_ERROR", "out of memory");
+    if (p == NULL) return mc_raise_oom(L);
     snprintf(p->tag, sizeof p->tag, "%s", tagvar + sizeof PROC_TAG_VAR);
     p->L = mc_main(L);
     p->cb_ref = p->self_ref = p->stdin_ref = LUA_NOREF;

@@ -11,7 +11,8 @@ local M = {}
 
 M.mt = core.error_mt
 
---- The codes of the public API. Reading an unknown one is an error, so a typo fails loudly.
+--- The codes of the public API (ARCHITECTURE.md, Errors). Reading an unknown one is an error, and so
+-- is making an error with one, so a typo fails loudly where it is written.
 M.codes = setmetatable({
   INVALID_INPUT = 'INVALID_INPUT',
   INVALID_CONFIG = 'INVALID_CONFIG',
@@ -20,14 +21,27 @@ M.codes = setmetatable({
   BUDGET_EXCEEDED = 'BUDGET_EXCEEDED',
   PERMISSION_DENIED = 'PERMISSION_DENIED',
   CANCELLED = 'CANCELLED',
+  TIMEOUT = 'TIMEOUT',
   SANDBOX_ERROR = 'SANDBOX_ERROR',
   MODEL_ERROR = 'MODEL_ERROR',
   HOOK_FAILED = 'HOOK_FAILED',
+  TOOL_ERROR = 'TOOL_ERROR',
+  NOT_FOUND = 'NOT_FOUND',
+  -- the C core's mechanism failures
+  IO_ERROR = 'IO_ERROR',
+  NETWORK_ERROR = 'NETWORK_ERROR',
+  CONNECT_FAILED = 'CONNECT_FAILED',
+  SPAWN_FAILED = 'SPAWN_FAILED',
+  NO_MEMORY = 'NO_MEMORY',
   INTERNAL = 'INTERNAL',
 }, { __index = function(_, k) error('unknown error code ' .. tostring(k), 2) end })
 
---- Makes an error table. `fields` (optional) adds fields such as `reason`.
+--- Makes an error table. `fields` (optional) adds fields such as `reason`; `cause` keeps what a
+-- failure dropped (another error, a service's words) for logs, never for the message.
 function M.new(code, message, fields)
+  if type(code) ~= 'string' or rawget(M.codes, code) == nil then
+    error('unknown error code ' .. tostring(code), 2)
+  end
   local err = { code = code, message = message or code }
   if fields then
     for k, v in pairs(fields) do err[k] = v end
@@ -37,12 +51,15 @@ end
 
 --- Raises an error table at `level` (2 by default: the caller of the function that raises).
 function M.raise(code, message, fields, level)
+  if type(code) ~= 'string' or rawget(M.codes, code) == nil then
+    error('unknown error code ' .. tostring(code), 2)
+  end
   error(M.new(code, message, fields), level or 2)
 end
 
---- A sandbox failure with its reason.
-function M.sandbox(reason, message)
-  return M.new('SANDBOX_ERROR', message or reason, { reason = reason })
+--- A sandbox failure with its reason; `cause` (optional) is kept as the error's `cause`.
+function M.sandbox(reason, message, cause)
+  return M.new('SANDBOX_ERROR', message or reason, { reason = reason, cause = cause })
 end
 
 --- Whether `err` is a coded error, and of `code` when given.
