@@ -21,6 +21,38 @@ end
 local Task = {}
 Task.__index = Task
 
+-- A one-shot timer: calls fn() once after `ms` on the loop, unless cancelled first. Returns a
+-- handle with `cancel(wait)` (true when it stopped the timer before it fired); with `wait`, inside a
+-- task, cancel also waits for the timer's handle to close, so nothing is left pending (a handle whose
+-- close is pending when the Lua state closes crashes luv 1.44). `unref`: the timer alone does not
+-- keep a script's loop running.
+local function after(ms, fn, unref)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  local handle = { fired = false }
+  local over = false
+  timer:start(ms, 0, function()
+    if over then return end
+    over = true
+    handle.fired = true
+    timer:close()
+    fn()
+  end)
+  if unref then timer:unref() end
+  function handle.cancel(wait)
+    if over then return false end
+    over = true
+    timer:stop()
+    if wait and M.in_task() then
+      M.await(function(closed) timer:close(function() closed() end) end)
+    else
+      timer:close()
+    end
+    return true
+  end
+  return handle
+end
+
 local function report(task)
   io.stderr:write('mayura: a task failed: ', task.traceback, '\n')
 end
@@ -41,10 +73,7 @@ local function finish(task, ok, ...)
   task.joiners = nil
   if not ok and not task.main and not task.observed then
     -- nobody waits yet: report it unless someone joins before the next turn of the loop
-    local uv = require('luv')
-    local timer = uv.new_timer()
-    timer:start(0, 0, function()
-      timer:close()
+    after(0, function()
       if not task.observed then report(task) end
     end)
   end
@@ -151,16 +180,57 @@ function M.main(chunk, ...)
   if not task.ok then error(task.traceback, 0) end
 end
 
---- Waits `ms` milliseconds without blocking the loop.
-function M.sleep(ms)
-  local uv = require('luv')
+--- Calls `fn()` once after `ms` milliseconds on the loop; returns a handle whose `cancel(wait)`
+-- stops it (see `after` above). `unref`: the timer alone does not keep the loop running.
+M.after = after
+
+--- Waits `ms` milliseconds without blocking the loop. With a cancel token `signal`, ends early
+-- when it is cancelled and raises CANCELLED (with `message`).
+function M.sleep(ms, signal, message)
+  if signal and signal.cancelled then errors.raise('CANCELLED', message or 'cancelled', nil, 2) end
+  local remove
+  local timer
   M.await(function(done)
-    local timer = uv.new_timer()
-    timer:start(ms, 0, function()
-      timer:close()
+    timer = after(ms, function()
+      if remove then remove() end
       done()
     end)
+    if signal then
+      remove = signal:on_cancel(function()
+        timer.cancel()
+        done()
+      end)
+    end
   end)
+  if signal and signal.cancelled and not timer.fired then
+    errors.raise('CANCELLED', message or 'cancelled', nil, 2)
+  end
+end
+
+--- Runs `fn()` as a task of its own and waits for it at most `ms` milliseconds. Returns what fn
+-- returns, or raises what it raised; past `ms` raises `err` (an error, or a function that makes
+-- one) while fn goes on, and `on_late(ok, ...)` is told fn's result when it comes.
+function M.with_timeout(ms, fn, err, on_late)
+  local res = pack(M.await(function(done)
+    local finished = false
+    local timer = after(ms, function()
+      if finished then return end
+      finished = true
+      done(false, type(err) == 'function' and err() or err)
+    end)
+    M.spawn(function()
+      local r = pack(pcall(fn))
+      if finished then
+        if on_late then on_late(unpack(r, 1, r.n)) end
+        return
+      end
+      finished = true
+      timer.cancel()
+      done(unpack(r, 1, r.n))
+    end)
+  end))
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
 end
 
 local Token = {}

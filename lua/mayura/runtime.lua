@@ -364,20 +364,16 @@ end
 -- the caller. Returns pcall's results, or false and a HOOK_FAILED error.
 local function bounded(ms, outer, token, fn, ...)
   local args = pack(...)
-  local uv = require('luv')
-  return task.await(function(done)
-    local finished, timer, unlink = false, nil, nil
+  local timer
+  local res = pack(task.await(function(done)
+    local finished, unlink = false, nil
     local function finish(...)
       if finished then return end
       finished = true
       if unlink then unlink() end
-      local r = pack(...)
-      -- answer once the timer is closed, so that a run never leaves a close pending
-      timer:stop()
-      timer:close(function() done(check.unpack(r, 1, r.n)) end)
+      done(...)
     end
-    timer = uv.new_timer()
-    timer:start(ms, 0, function()
+    timer = task.after(ms, function()
       token:cancel('timeout')
       finish(false, errors.new('HOOK_FAILED', 'did not finish within its timeout_ms (' .. ms .. ')'))
     end)
@@ -386,7 +382,10 @@ local function bounded(ms, outer, token, fn, ...)
       local r = pack(pcall(fn, check.unpack(args, 1, args.n)))
       finish(check.unpack(r, 1, r.n))
     end)
-  end)
+  end))
+  -- answer once the timer is closed, so that a run never leaves a close pending
+  timer.cancel(true)
+  return check.unpack(res, 1, res.n)
 end
 
 local function error_fields(err)
@@ -686,8 +685,7 @@ local function drive(run)
   emit(run, { type = 'run_started', agent_id = run.agent_id, agent_version = run._agent.version })
   local max = run._limits.max_duration_ms
   uv.update_time()   -- the loop's clock may be stale: the limit counts from now
-  local limit_timer = uv.new_timer()
-  limit_timer:start(max, 0, function()
+  local limit_timer = task.after(max, function()
     if run._stop or run._finishing then return end
     run._stop = { status = 'failed', code = 'LIMIT_EXCEEDED',
       message = 'the run passed max_duration_ms (' .. max .. ')' }
@@ -697,8 +695,7 @@ local function drive(run)
   local unlink, grace
   local kind, ok, res = task.await(function(done)
     unlink = run._token:on_cancel(function()
-      grace = uv.new_timer()
-      grace:start(GRACE_MS, 0, function() done('abandoned') end)
+      grace = task.after(GRACE_MS, function() done('abandoned') end)
     end)
     task.spawn(function()
       local r = pack(pcall(work, run))
@@ -709,12 +706,8 @@ local function drive(run)
   if unlink then unlink() end
   -- wait for the timers to close: a handle whose close is still pending when
   -- Lua closes its state crashes luv 1.44, so a run leaves none behind
-  for _, timer in ipairs({ limit_timer, grace or false }) do
-    if timer and not timer:is_closing() then
-      timer:stop()
-      task.await(function(closed) timer:close(function() closed() end) end)
-    end
-  end
+  limit_timer.cancel(true)
+  if grace then grace.cancel(true) end
   local outcome
   local built, err = pcall(function()
     outcome = outcome_of(run, kind == 'work' and ok, res)

@@ -119,3 +119,57 @@ describe('errors', function()
     assert.has_error(function() return errors.codes.NOT_A_CODE end)
   end)
 end)
+
+describe('timers', function()
+  it('after calls its function once, and a cancelled one never', function()
+    local calls, never = 0, 0
+    mayura.run(function()
+      task.after(10, function() calls = calls + 1 end)
+      local h = task.after(10, function() never = never + 1 end)
+      assert.is_true(h.cancel(true))
+      assert.is_false(h.cancel())
+      task.sleep(50)
+    end)
+    assert.are.equal(1, calls)
+    assert.are.equal(0, never)
+  end)
+
+  it('sleep with a token ends early with CANCELLED when it is cancelled, and sleeps out otherwise', function()
+    mayura.run(function()
+      local token = task.cancel_token()
+      local order = {}
+      task.after(20, function() order[#order + 1] = 'cancel'; token:cancel() end)
+      task.after(5000, function() order[#order + 1] = 'too late' end).cancel()
+      local err = assert.raises_code('CANCELLED', task.sleep, 60000, token, 'stopped here')
+      assert.are.equal('stopped here', err.message)
+      assert.are.same({ 'cancel' }, order)
+      -- an uncancelled token: the sleep ends by itself
+      task.sleep(5, task.cancel_token())
+      -- a token cancelled before: at once
+      assert.raises_code('CANCELLED', task.sleep, 60000, token)
+    end)
+  end)
+
+  it('with_timeout returns the work\'s results, re-raises its error, and raises its own past the time', function()
+    mayura.run(function()
+      local a, b = task.with_timeout(1000, function() task.sleep(5) return 1, 2 end, 'unused')
+      assert.are.same({ 1, 2 }, { a, b })
+      local e = assert.raises_code('INVALID_INPUT', task.with_timeout, 1000, function()
+        errors.raise('INVALID_INPUT', 'from the work')
+      end, 'unused')
+      assert.are.equal('from the work', e.message)
+      local late = {}
+      e = assert.raises_code('SANDBOX_ERROR', task.with_timeout, 10, function()
+        task.sleep(60)
+        return 'finally'
+      end, function() return errors.sandbox('timeout', 'too slow') end, function(ok, v)
+        late.ok, late.v = ok, v
+      end)
+      assert.are.equal('timeout', e.reason)
+      assert.is_nil(late.ok)
+      while late.ok == nil do task.sleep(10) end
+      assert.is_true(late.ok)
+      assert.are.equal('finally', late.v)
+    end)
+  end)
+end)

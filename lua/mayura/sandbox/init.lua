@@ -164,35 +164,11 @@ end
 -- =======================================================
 
 --- Runs `fn()` as a task and waits for it at most `ms`; past that raises
--- SANDBOX_ERROR reason `timeout` (the call goes on, its result unused).
-local function task_pack(...)
-  return { n = select('#', ...), ... }
-end
-
+-- SANDBOX_ERROR reason `timeout` (the call goes on; `on_late(ok, ...)` gets its result).
 local function with_deadline(ms, fn, on_late)
-  local uv = require('luv')
-  local res = task_pack(task.await(function(done)
-    local finished = false
-    local timer = uv.new_timer()
-    timer:start(ms, 0, function()
-      timer:close()
-      if finished then return end
-      finished = true
-      done(false, errors.sandbox('timeout', 'the provider did not answer within ' .. ms .. ' ms'))
-    end)
-    task.spawn(function()
-      local r = task_pack(pcall(fn))
-      if finished then
-        if on_late then on_late(r) end
-        return
-      end
-      finished = true
-      if not timer:is_closing() then timer:stop(); timer:close() end
-      done(check.unpack(r, 1, r.n))
-    end)
-  end))
-  if not res[1] then error(res[2], 0) end
-  return check.unpack(res, 2, res.n)
+  return task.with_timeout(ms, fn, function()
+    return errors.sandbox('timeout', 'the provider did not answer within ' .. ms .. ' ms')
+  end, on_late)
 end
 
 -- Provider failures keep their coded shape; anything else becomes SANDBOX_ERROR reason `failed`,
@@ -545,9 +521,9 @@ function Pool:create(options)
   local provider = self.provider
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
     return provider:create(spec)
-  end, function(late)
+  end, function(created, late)
     -- created after the pool gave up on it: release it at once
-    if late[1] and type(late[2]) == 'table' and late[2].release then pcall(late[2].release, late[2]) end
+    if created and type(late) == 'table' and late.release then pcall(late.release, late) end
   end)
   if not ok then
     self._count = self._count - 1
@@ -580,15 +556,11 @@ end
 
 -- Ends the sandbox from the pool's side at its lifetime (the provider ends it too, on its own).
 function Pool:_arm(sandbox, ms)
-  local uv = require('luv')
-  local timer = uv.new_timer()
-  sandbox._timer = timer
-  timer:start(ms, 0, function()
-    timer:close()
+  -- unref: a sandbox alone does not keep a script running
+  sandbox._timer = task.after(ms, function()
     sandbox._timer = nil
     if not sandbox._released then task.spawn(function() self:_expire(sandbox) end) end
-  end)
-  timer:unref()   -- a sandbox alone does not keep a script running
+  end, true)
 end
 
 function Pool._expire(_, sandbox)
@@ -601,9 +573,8 @@ function Pool:_forget(sandbox)
     self._alive[sandbox] = nil
     self._count = self._count - 1
   end
-  if sandbox._timer and not sandbox._timer:is_closing() then
-    sandbox._timer:stop()
-    sandbox._timer:close()
+  if sandbox._timer then
+    sandbox._timer.cancel()
     sandbox._timer = nil
   end
 end

@@ -145,12 +145,8 @@ end)
 case('cancelling stops the command and fails with CANCELLED', function(ctx)
   local sb = ctx.sandbox
   local token = task.cancel_token()
-  local uv = require('luv')
-  local timer = uv.new_timer()
-  timer:start(200, 0, function() timer:close(); token:cancel() end)
-  local started = uv.hrtime()
+  task.after(200, function() token:cancel() end)
   raises('CANCELLED', nil, sh, sb, 'sleep 65', { signal = token, timeout_ms = 20000 })
-  expect((uv.hrtime() - started) / 1e6 < 10000, 'the cancel did not stop the command')
   for _ = 1, 50 do
     if not running(sb, 'sleep 65') then break end
     task.sleep(50)

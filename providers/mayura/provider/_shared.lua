@@ -563,26 +563,7 @@ end
 
 -- Waits `ms`, ending early with CANCELLED when `signal` is cancelled.
 local function pause(ms, signal)
-  local uv = require('luv')
-  task.await(function(done)
-    local timer = uv.new_timer()
-    local remove
-    timer:start(ms, 0, function()
-      if remove then remove() end
-      timer:close()
-      done()
-    end)
-    if signal then
-      remove = signal:on_cancel(function()
-        if not timer:is_closing() then
-          timer:stop()
-          timer:close()
-        end
-        done()
-      end)
-    end
-  end)
-  if signal and signal.cancelled then errors.raise('CANCELLED', 'the model call was cancelled', nil, 0) end
+  task.sleep(ms, signal, 'the model call was cancelled')
 end
 
 --- The delay before attempt `n + 1` (n from 0) when the server named none.
