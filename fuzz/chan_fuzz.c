@@ -286,21 +286,7 @@ static void mode_stream(lua_State *L, const uint8_t *data, size_t size) {
 
 /* {------------------------------------------------------ mode 2 */
 
-typedef struct { const uint8_t *p; size_t n; } input;
-
-static int next(input *in) {
-    if (in->n == 0) return -1;
-    in->n--;
-    return *in->p++;
-}
-
-static size_t take(input *in, size_t want, const uint8_t **out) {
-    if (want > in->n) want = in->n;
-    *out = in->p;
-    in->p += want;
-    in->n -= want;
-    return want;
-}
+#include "fuzz_input.h"
 
 static void push_bytes(lua_State *L, input *in, size_t max) {
     const uint8_t *p;

@@ -86,13 +86,7 @@ static void mode_response(lua_State *L, int flags, const uint8_t *data, size_t s
 
 /* {------------------------------------------------------ mode 1 */
 
-typedef struct { const uint8_t *p; size_t n; } input;
-
-static int next(input *in) {
-    if (in->n == 0) return -1;
-    in->n--;
-    return *in->p++;
-}
+#include "fuzz_input.h"
 
 static void push_text(lua_State *L, input *in, int limit) {
     static const char *const words[] = { "Content-Type", "content-type", "X-A", "Accept", "a b", "", "Host", "X" };

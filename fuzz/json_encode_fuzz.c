@@ -15,22 +15,7 @@
 
 #define MAX_STACK 200
 
-typedef struct { const uint8_t *p; size_t n; } input;
-
-static int next(input *in) {
-    if (in->n == 0) return -1;
-    in->n--;
-    return *in->p++;
-}
-
-/* Up to want bytes; returns how many (the rest of the input when shorter). */
-static size_t take(input *in, size_t want, const uint8_t **out) {
-    if (want > in->n) want = in->n;
-    *out = in->p;
-    in->p += want;
-    in->n -= want;
-    return want;
-}
+#include "fuzz_input.h"
 
 static uint64_t take_u64(input *in) {
     const uint8_t *p;

@@ -76,21 +76,7 @@ static void setup(lua_State *L) {
     check_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-typedef struct { const uint8_t *p; size_t n; } input;
-
-static int next(input *in) {
-    if (in->n == 0) return -1;
-    in->n--;
-    return *in->p++;
-}
-
-static size_t take(input *in, size_t want, const uint8_t **out) {
-    if (want > in->n) want = in->n;
-    *out = in->p;
-    in->p += want;
-    in->n -= want;
-    return want;
-}
+#include "fuzz_input.h"
 
 static int64_t some_int(input *in) {
     int b = next(in);

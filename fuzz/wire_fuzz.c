@@ -131,21 +131,7 @@ static void check_parse(const uint8_t *data, size_t size) {
 
 /* {------------------------------------------------------ the builder side */
 
-typedef struct { const uint8_t *p; size_t n; } input;
-
-static int next(input *in) {
-    if (in->n == 0) return -1;
-    in->n--;
-    return *in->p++;
-}
-
-static size_t take(input *in, size_t want, const uint8_t **out) {
-    if (want > in->n) want = in->n;
-    *out = in->p;
-    in->p += want;
-    in->n -= want;
-    return want;
-}
+#include "fuzz_input.h"
 
 static void check_build(const uint8_t *data, size_t size) {
     static const char *const keys[] = { "op", "path", "argv", "env", "data", "x", "names",
