@@ -243,6 +243,18 @@ describe('the hosted kit', function()
       assert.are.equal('unavailable', body.code)
     end)
 
+    it('reads raw bodies, and refuses an answer above max_response_bytes', function()
+      svc:route('PUT', '/api/raw', function(req)
+        return { headers = { ['Content-Type'] = 'application/octet-stream' }, body = req.body:rep(600) }
+      end)
+      local res = client:call('PUT', '/raw', { body = '\0\255', content_type = 'application/octet-stream' })
+      assert.are.equal(string.rep('\0\255', 600), res.body)
+      assert.are.equal('application/octet-stream', svc.requests[1].headers['content-type'])
+      local small = hosted.client({ base_url = svc:url('/api'), max_response_bytes = 1000 })
+      local err = sandbox_error('failed', small.call, small, 'PUT', '/raw', { body = 'ab' })
+      assert.matches('larger than 1000 bytes', err.message)
+    end)
+
     it('lets on_error put a service code in the provider\'s words', function()
       svc:route('GET', '/api/file', function() return { status = 413, json = { code = 'too_large' } } end)
       local err = raises('LIMIT_EXCEEDED', client.json, client, 'GET', '/file', nil, {
