@@ -2,7 +2,8 @@
 ** mayura_core.c: the mayura.core Lua module.
 **
 ** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
-** processes, files, HTTP through libcurl, JSON through cJSON and base64.
+** processes, files, HTTP through libcurl, JSON through cJSON, base64 and
+** incremental parsers for streamed HTTP answers (Connect, NDJSON, SSE).
 ** It has no opinion about limits, permissions or providers: it checks its
 ** arguments and returns results. Every piece is included here so that the
 ** module is one translation unit and only luaopen_mayura_core is exported.
@@ -20,6 +21,7 @@
 #include "fs.c"
 #include "http.c"
 #include "chan.c"
+#include "stream.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -218,5 +220,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_fs(L);
     mc_open_http(L);
     mc_open_chan(L);
+    mc_open_stream(L);
     return 1;
 }

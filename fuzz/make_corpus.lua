@@ -145,3 +145,22 @@ write('tree', 'environ_first', string.char(#tag - 1) .. tag .. '\0' .. 'MAYURA_E
 write('tree', 'environ_prefix', string.char(#tag - 1) .. tag .. '\5' .. 'MAYURA_EXEC=4242.17.30\0')
 write('tree', 'stat_zombie', '\0' .. 'x' .. '\7' .. '123 (sh) Z 1 123 123 0 -1')
 write('tree', 'stat_paren_name', '\0' .. 'x' .. '\7' .. '77 (a) R (b)) S 1 77 77 0 -1 4194560')
+
+-- connect, ndjson, sse (fuzz/stream_fuzz.h): a limit byte (0 default, 1 small, 2 byte 1 + 1, 3 64),
+-- a cutting seed, then the stream
+local function env(flags, msg) return string.char(flags) .. string.pack('>I4', #msg) .. msg end
+write('connect', 'stream', '\0\7' .. env(0, '{"event":{"start":{"pid":7}}}') .. env(0, '{"event":{"data":{"stdout":"aGk="}}}')
+  .. env(0, '{}') .. env(2, '{}'))
+write('connect', 'end_error', '\0\1' .. env(2, '{"error":{"code":"not_found","message":"gone"}}'))
+write('connect', 'compressed', '\0\2' .. env(1, 'zz') .. env(2, '{}'))
+write('connect', 'after_end', '\0\3' .. env(2, '') .. env(0, 'x'))
+write('connect', 'cut', '\0\4' .. env(0, 'abc'):sub(1, 6))
+write('connect', 'too_big', '\3\5' .. env(0, string.rep('x', 65)) .. env(2, '{}'))
+write('ndjson', 'lines', '\0\7{"type":"stdout","data":"x"}\n\n  \r\n{"a":1}\r\n{"exit":0}')
+write('ndjson', 'long_line', '\1\3' .. string.rep('y', 20) .. '\nok\n')
+write('ndjson', 'crs', '\2\9a\r\r\nb\rc\n\r\n')
+write('sse', 'events', '\0\7\239\187\191: hello\r\nevent: stdout\r\ndata: one\r\ndata:two\r\nid: 4\r\n\r\n'
+  .. 'retry: 300\ndata\n\nid\0x\ndata: z\r\r')
+write('sse', 'cr_only', '\0\9data: a\rdata: b\r\revent: e\rdata\r\r')
+write('sse', 'limits', '\1\2data: ' .. string.rep('d', 30) .. '\n\n: ' .. string.rep('c', 30) .. '\n')
+write('sse', 'no_blank_end', '\0\1data: x\nevent: y\nid: 1')

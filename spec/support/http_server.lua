@@ -3,6 +3,7 @@
 --
 --   local server = require('support.http_server')
 --   local srv = server.tcp()          -- or server.unix(path)
+--   local srv = server.tcp(handler)   -- handler(srv, client, req) answers instead of the routes below
 --   srv:url('/echo')                  -- http://127.0.0.1:<port>/echo
 --   srv:close()                       -- closes the listener and every connection
 --
@@ -17,6 +18,8 @@
 --   /chunked       Transfer-Encoding: chunked, body 'hello, chunked world'
 -- A request with Expect: 100-continue gets an interim
 -- "100 Continue" (with an X-Interim header) before its body is read.
+-- A request is { method, target, headers = { {name, value}..., name = value },
+-- body, at_ms (when its head arrived, on the loop's clock) }.
 local uv = require('luv')
 
 local M = {}
@@ -160,7 +163,7 @@ function Server:serve(client)
             if not i then return end
             local head, rest = head_buf:sub(1, i - 1), head_buf:sub(i + 4)
             local first = true
-            req = { headers = {} }
+            req = { headers = {}, at_ms = uv.hrtime() / 1e6 }
             for line in (head .. '\r\n'):gmatch('(.-)\r\n') do
                 if first then
                     req.method, req.target = line:match('^(%S+) (%S+) HTTP/1%.%d$')
@@ -186,7 +189,7 @@ function Server:serve(client)
         if have >= req.length then
             client:read_stop()
             req.body = table.concat(parts):sub(1, req.length)
-            self:route(client, req)
+            if self.handler then self.handler(self, client, req) else self:route(client, req) end
         end
     end)
 end
@@ -208,8 +211,8 @@ local function new(fields)
 end
 
 -- A TCP server on 127.0.0.1 and a free port.
-function M.tcp()
-    local self = new({})
+function M.tcp(handler)
+    local self = new({ handler = handler })
     local tcp = uv.new_tcp()
     assert(tcp:bind('127.0.0.1', 0))
     self.port = tcp:getsockname().port

@@ -15,6 +15,8 @@
 -- A provider is a table (README, "Writing a provider"; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
+-- (`spec` holds the checked create options, the merged labels and the pool's
+-- `call_timeout_ms`, for providers whose calls go over the network)
 -- and a backend has `id`, `exec(argv, opts)`, `read_file(path, opts)`,
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
@@ -475,6 +477,7 @@ function Pool:create(options)
     lifetime_ms = options.lifetime_ms,
     network = network,
     env = check_env(options.env, 3),
+    call_timeout_ms = self.call_timeout_ms,
   }
   local ports = {}
   if options.ports ~= nil then

@@ -42,9 +42,9 @@
 -- the run's cancel token (`request.signal`) is cancelled.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
-local task = require('mayura._task')
 local check = require('mayura._check')
 local http = require('mayura.http')
+local task = require('mayura._task')
 
 local M = {}
 
@@ -101,10 +101,7 @@ function M.error_code(body, api_key)
   local candidates = { e.code, e.type, body.code }
   for i = 1, 3 do
     local c = candidates[i]
-    if type(c) == 'string' and #c <= 48 and c:match('^%a[%w_%.%-]*$')
-      and not (api_key and api_key ~= '' and (c:find(api_key, 1, true) or (#c >= 8 and api_key:find(c, 1, true)))) then
-      return c
-    end
+    if http.plain_token(c, api_key) then return c end
   end
   return nil
 end
@@ -520,46 +517,9 @@ end
 -- Sending
 -- =======================================================
 
-local MONTHS = { Jan = 1, Feb = 2, Mar = 3, Apr = 4, May = 5, Jun = 6, Jul = 7, Aug = 8, Sep = 9, Oct = 10,
-  Nov = 11, Dec = 12 }
-
--- Days from 1970-01-01 to the given date of the proleptic Gregorian calendar.
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = math.floor(y / 400)
-  local yoe = y - era * 400
-  local mp = (m + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
-
---- Seconds since the epoch of an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`), or nil.
-function M.http_date(s)
-  if type(s) ~= 'string' then return nil end
-  local d, mon, y, hh, mm, ss = s:match('^%a%a%a, (%d%d?) (%a%a%a) (%d%d%d%d) (%d%d):(%d%d):(%d%d) GMT$')
-  local m = mon and MONTHS[mon]
-  if not m then return nil end
-  d, y, hh, mm, ss = tonumber(d), tonumber(y), tonumber(hh), tonumber(mm), tonumber(ss)
-  if d < 1 or d > 31 or hh > 23 or mm > 59 or ss > 60 then return nil end
-  return days_from_civil(y, m, d) * 86400 + hh * 3600 + mm * 60 + ss
-end
-
---- The wait the server asks for, in ms: `retry-after-ms`, else `retry-after`
--- (seconds or an HTTP date, against `now_s`, the epoch seconds, os.time() by
--- default). Nil when neither is there or readable.
-function M.retry_after_ms(headers, now_s)
-  if type(headers) ~= 'table' then return nil end
-  local ms = tonumber(headers['retry-after-ms'] or '')
-  if ms and ms == ms and ms >= 0 and ms < math.huge then return math.floor(ms) end
-  local v = headers['retry-after']
-  if type(v) ~= 'string' then return nil end
-  local s = v:match('^%s*(%d+%.?%d*)%s*$')
-  if s then return math.floor(tonumber(s) * 1000) end
-  local t = M.http_date(v:match('^%s*(.-)%s*$'))
-  if t then return math.max(0, (t - (now_s or os.time())) * 1000) end
-  return nil
-end
+-- The retry helpers are mayura.http's, shared with the hosted sandbox kit.
+M.http_date = http.http_date
+M.retry_after_ms = http.retry_after_ms
 
 -- Waits `ms`, ending early with CANCELLED when `signal` is cancelled.
 local function pause(ms, signal)
@@ -568,8 +528,7 @@ end
 
 --- The delay before attempt `n + 1` (n from 0) when the server named none.
 function M.backoff_ms(base, n)
-  local d = math.min(base * 2 ^ n, BACKOFF_CAP_MS)
-  return math.floor(d * (0.75 + 0.25 * math.random()))
+  return http.backoff_ms(base, n, BACKOFF_CAP_MS)
 end
 
 -- The error of a failed transfer, and whether to retry it.
