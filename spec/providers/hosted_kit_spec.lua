@@ -14,7 +14,6 @@ local toy = require('support.toy_provider')
 local util = require('support.util')
 
 local json = core.json
-local raises = util.raises
 
 local KEY = 'sk_live_0123456789abcdef'
 
@@ -32,7 +31,7 @@ local function shows(v, needle, seen)
 end
 
 local function sandbox_error(reason, fn, ...)
-  local err = raises('SANDBOX_ERROR', fn, ...)
+  local err = assert.raises_code('SANDBOX_ERROR', fn, ...)
   assert.are.equal(reason, err.reason)
   return err
 end
@@ -87,12 +86,12 @@ describe('the hosted kit', function()
 
     it('refuses keys and URLs that would leak, without showing the key', function()
       for _, bad in ipairs({ KEY .. '\n', KEY .. ' x', '' }) do
-        local err = raises('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', api_key = bad })
+        local err = assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', api_key = bad })
         assert.is_false(shows(err, KEY))
       end
-      raises('INVALID_CONFIG', hosted.client, { base_url = 'https://user:' .. KEY .. '@x.test' })
-      raises('INVALID_CONFIG', hosted.client, { base_url = 'ftp://x.test' })
-      raises('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', nope = 1 })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://user:' .. KEY .. '@x.test' })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'ftp://x.test' })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', nope = 1 })
       assert.is_false(shows(client, KEY))
     end)
 
@@ -257,7 +256,7 @@ describe('the hosted kit', function()
 
     it('lets on_error put a service code in the provider\'s words', function()
       svc:route('GET', '/api/file', function() return { status = 413, json = { code = 'too_large' } } end)
-      local err = raises('LIMIT_EXCEEDED', client.json, client, 'GET', '/file', nil, {
+      local err = assert.raises_code('LIMIT_EXCEEDED', client.json, client, 'GET', '/file', nil, {
         on_error = function(status, code)
           if status == 413 and code == 'too_large' then return errors.new('LIMIT_EXCEEDED', 'the file is too large') end
         end,
@@ -273,7 +272,7 @@ describe('the hosted kit', function()
       local uv = require('luv')
       local timer = uv.new_timer()
       timer:start(100, 0, function() timer:close(); token:cancel() end)
-      raises('CANCELLED', client.json, client, 'GET', '/limited', nil, { signal = token })
+      assert.raises_code('CANCELLED', client.json, client, 'GET', '/limited', nil, { signal = token })
       assert.are.equal(1, #svc:calls('GET', '/api/limited'))
     end)
   end)
@@ -421,7 +420,7 @@ describe('the hosted kit', function()
         return v.a < 2
       end })
       assert.are.same({ 1, 2 }, got)
-      local err = raises('INVALID_INPUT', client.stream, client, 'POST', '/lines', nil, { format = 'ndjson',
+      local err = assert.raises_code('INVALID_INPUT', client.stream, client, 'POST', '/lines', nil, { format = 'ndjson',
         on_event = function() errors.raise('INVALID_INPUT', 'the provider did not like it') end })
       assert.are.equal('the provider did not like it', err.message)
       sandbox_error('failed', client.stream, client, 'POST', '/lines', nil, { format = 'ndjson',
@@ -437,7 +436,7 @@ describe('the hosted kit', function()
       end)
       local token = task.cancel_token()
       local ticks = 0
-      raises('CANCELLED', client.stream, client, 'POST', '/forever', nil, { format = 'ndjson', signal = token,
+      assert.raises_code('CANCELLED', client.stream, client, 'POST', '/forever', nil, { format = 'ndjson', signal = token,
         on_event = function()
           ticks = ticks + 1
           if ticks == 3 then token:cancel() end
@@ -459,26 +458,26 @@ describe('the hosted kit', function()
       assert.are.equal(1500, hosted.lifetime(1500, { unit = 'ms' }))
       assert.are.equal(2, hosted.lifetime(60001, { unit = 'min' }))
       assert.are.equal(5, hosted.lifetime(1000, { unit = 'min', min = 5 }))
-      raises('INVALID_INPUT', hosted.lifetime, 0)
-      raises('INVALID_INPUT', hosted.lifetime, 1000, { unit = 'h' })
+      assert.raises_code('INVALID_INPUT', hosted.lifetime, 0)
+      assert.raises_code('INVALID_INPUT', hosted.lifetime, 1000, { unit = 'h' })
     end)
 
     it('maps labels to metadata: strings only, within the service\'s limits', function()
       local m = hosted.metadata({ team = 'a', run = 'r-1' }, { max_keys = 2 })
       assert.are.same({ team = 'a', run = 'r-1' }, json.decode(json.encode(m)))
       assert.are.equal('{}', json.encode(hosted.metadata(nil)))
-      raises('INVALID_INPUT', hosted.metadata, { a = 1 })
-      raises('INVALID_INPUT', hosted.metadata, { a = 'x', b = 'y', c = 'z' }, { max_keys = 2 })
-      raises('INVALID_INPUT', hosted.metadata, { ['a b'] = 'x' }, { key_pattern = '^[%w_]+$' })
-      raises('INVALID_INPUT', hosted.metadata, { a = string.rep('v', 300) })
-      raises('INVALID_INPUT', hosted.metadata, { [string.rep('k', 64)] = 'v' })
+      assert.raises_code('INVALID_INPUT', hosted.metadata, { a = 1 })
+      assert.raises_code('INVALID_INPUT', hosted.metadata, { a = 'x', b = 'y', c = 'z' }, { max_keys = 2 })
+      assert.raises_code('INVALID_INPUT', hosted.metadata, { ['a b'] = 'x' }, { key_pattern = '^[%w_]+$' })
+      assert.raises_code('INVALID_INPUT', hosted.metadata, { a = string.rep('v', 300) })
+      assert.raises_code('INVALID_INPUT', hosted.metadata, { [string.rep('k', 64)] = 'v' })
     end)
 
     it('escapes path segments and queries so an id cannot add a segment', function()
       assert.are.equal('..%2Fx', hosted.escape('../x'))
       assert.are.equal('a%3Fb%23c%20d', hosted.escape('a?b#c d'))
-      raises('INVALID_INPUT', hosted.escape, '..')
-      raises('INVALID_INPUT', hosted.escape, '')
+      assert.raises_code('INVALID_INPUT', hosted.escape, '..')
+      assert.raises_code('INVALID_INPUT', hosted.escape, '')
       assert.are.equal('?a=1&b=x%26y&b=z', hosted.query({ b = { 'x&y', 'z' }, a = 1 }))
       assert.are.equal('', hosted.query({}))
     end)
