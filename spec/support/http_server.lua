@@ -3,7 +3,9 @@
 --
 --   local server = require('support.http_server')
 --   local srv = server.tcp()          -- or server.unix(path)
---   local srv = server.tcp(handler)   -- handler(srv, client, req) answers instead of the routes below
+--   local srv = server.tcp(handler)   -- handler(srv, client, req) answers instead of the routes below,
+--                                     -- with srv:respond(client, status, {{name, value}...}, body)
+--                                     -- (support/model_server.lua and support/stand_in.lua do)
 --   srv:url('/echo')                  -- http://127.0.0.1:<port>/echo
 --   srv:close()                       -- closes the listener and every connection
 --
@@ -26,8 +28,10 @@ local M = {}
 
 local REASONS = {
     [200] = 'OK', [201] = 'Created', [204] = 'No Content', [400] = 'Bad Request',
-    [404] = 'Not Found', [418] = "I'm a teapot", [500] = 'Internal Server Error',
-    [503] = 'Service Unavailable',
+    [401] = 'Unauthorized', [403] = 'Forbidden', [404] = 'Not Found', [408] = 'Request Timeout',
+    [409] = 'Conflict', [413] = 'Payload Too Large', [418] = "I'm a teapot", [429] = 'Too Many Requests',
+    [500] = 'Internal Server Error', [502] = 'Bad Gateway', [503] = 'Service Unavailable',
+    [504] = 'Gateway Timeout', [529] = 'Overloaded',
 }
 
 local pattern_cache = {}
