@@ -1,30 +1,12 @@
 -- mayura.provider.anthropic (Messages API) against the loopback stand-in
--- (spec/support/model_server.lua).
+-- (spec/support/model_server.lua): what is its own (structured output as
+-- output_config or a tool, stop reasons, the requests sent, the prices of
+-- cache writes and reads). What every model adapter does is the contract of
+-- spec/support/model_contract.lua, run here against the wire described by WIRE.
 local anthropic = require('mayura.provider.anthropic')
-local mayura = require('mayura')
-local core = require('mayura.core')
-local uv = require('luv')
-local model_server = require('support.model_server')
-
-local json = core.json
-local z = mayura.z
-
-local KEY = 'sk-ant-api03-SECRET-77aa19'
-local API_TEXT = 'invalid x-api-key sk-ant-api03-SECRET-77aa19'
-local PRICING = { input_micros_per_million_tokens = 3000000, output_micros_per_million_tokens = 15000000 }
-
-
-local function model_error(reason, fn, ...)
-  local err = assert.raises_code('MODEL_ERROR', fn, ...)
-  assert.are.equal(reason, err.reason, err.message)
-  assert.is_nil(err.message:find('SECRET', 1, true))
-  assert.is_nil(err.message:find('x-api-key', 1, true))
-  return err
-end
-
-local function ms_since(t0)
-  return (uv.hrtime() - t0) / 1e6
-end
+local json = require('mayura.core').json
+local z = require('mayura').z
+local contract = require('support.model_contract')
 
 -- {======================================================
 -- Bodies in the shapes of the Messages API
@@ -51,6 +33,10 @@ end
 
 local THINKING = '{"type":"thinking","thinking":"Both files are needed.","signature":"EqQBCkgIARABGAIiQ"}'
 
+-- The API key, and the text of the API's error bodies (which holds it): neither may reach a message.
+local KEY = 'sk-ant-api03-SECRET-77aa19'
+local API_TEXT = 'invalid x-api-key sk-ant-api03-SECRET-77aa19'
+
 local function error_body(type_)
   return string.format('{"type":"error","error":{"type":"%s","message":%s},"request_id":"req_011CS"}', type_,
     json.encode(API_TEXT))
@@ -58,109 +44,88 @@ end
 
 -- }======================================================
 
-local srv
+-- The Messages API for the contract (see spec/support/model_contract.lua).
+local WIRE = {
+  name = 'anthropic_messages', new = anthropic.anthropic_messages, id = 'anthropic.messages', path = '',
+  key = KEY, secrets = { KEY, 'SECRET', 'x-api-key' }, required = { 'api_key', 'max_cost_micros', 'pricing' },
+  output_field = 'max_tokens', default_output_tokens = 4096, max_retry_after_s = 60,
+  tokens = { 'input_tokens', 'output_tokens' },
+  usage = function(input, output) return usage(input, output) end, kept = '"signature":"EqQBCkgIARABGAIiQ"',
+  final = function(t, usage_json) return { body = message({ text(t) }, 'end_turn', usage_json) } end,
+  -- a thinking block first; arguments that are not a JSON object come as a
+  -- string, as a lenient server may send them
+  calls = function(calls, usage_json)
+    local blocks = { THINKING }
+    for _, c in ipairs(calls) do
+      local ok, v = pcall(json.decode, c.arguments)
+      blocks[#blocks + 1] = tool_use(c.id, c.name,
+        (ok and type(v) == 'table') and c.arguments or json.encode(c.arguments))
+    end
+    return { body = message(blocks, 'tool_use', usage_json) }
+  end,
+  -- what a request sends back of the conversation
+  history = function(req, call, result)
+    for _, m in ipairs(req.json.messages) do
+      for _, b in ipairs(type(m.content) == 'table' and m.content or {}) do
+        if b.type == 'tool_use' then
+          call(b.id, type(b.input) == 'string' and b.input or json.encode(b.input))
+        elseif b.type == 'tool_result' then
+          result(b.tool_use_id, b.content)
+        end
+      end
+    end
+  end,
+  refusal = function() return { body = message({ text('I cannot help with that.') }, 'refusal') } end,
+  errors = {
+    authentication = { body = error_body('authentication_error'), code = 'authentication_error' },
+    permission = { body = error_body('permission_error'), code = 'permission_error' },
+    invalid_request = { body = error_body('invalid_request_error'), code = 'invalid_request_error' },
+    rate_limit = { body = error_body('rate_limit_error'), code = 'rate_limit_error' },
+    quota = { body = '{"type":"error","error":{"type":"rate_limit_error","message":"x",'
+      .. '"details":{"error_code":"enforced_spend_limit_reached"}}}', code = 'rate_limit_error' },
+    unavailable = { status = 529, body = error_body('overloaded_error'), code = 'overloaded_error' },
+  },
+  malformed = {
+    '{"content":null}', '{"content":"x"}', '{"content":[1]}', '{"content":[{"type":"tool_use"}]}',
+    '{"content":[{"type":"tool_use","id":"t","name":"n","input":"{bad"}],"stop_reason":"tool_use"}',
+    '{"content":[{"type":"tool_use","id":"t","name":"n","input":[1,2]}]}',
+    '{"content":[{"type":"text","text":5}],"usage":{"input_tokens":"x"}}',
+    '{"type":"error","error":{"type":"api_error","message":"boom"}}', '{"stop_reason":42,"content":[]}',
+  },
+}
 
-local function new_model(options)
-  local o = { api_key = KEY, model = 'claude-test', base_url = srv:url(''), max_cost_micros = 60000,
-    pricing = PRICING, retry_base_ms = 1 }
-  for k, v in pairs(options or {}) do o[k] = v end
-  return anthropic.anthropic_messages(o)
-end
+contract.run(WIRE)
+
+-- The models of the cases below: 3 and 15 $ a million input and output tokens.
+local PRICING = { input_micros_per_million_tokens = 3000000, output_micros_per_million_tokens = 15000000 }
+local new_model, model_error = contract.kit(WIRE, { api_key = KEY, model = 'claude-test',
+  max_cost_micros = 60000, pricing = PRICING })
 
 local RESULT = z.object({ summary = z.string():max(2000), missing = z.array(z.string():max(200)):min(1):max(10) })
 
-local function request(fields)
-  local r = {
-    instructions = 'You are a build agent. Call tools when you need facts.',
-    messages = { { role = 'user', content = { task = 'Summarize README.md and LICENSE' } } },
-    tools = { { id = 'workspace.read', description = 'Read a UTF-8 text file from the workspace.',
-      input_schema = z.object({ path = z.string() }):json_schema() } },
-    output_schema = RESULT:json_schema(),
-  }
-  for k, v in pairs(fields or {}) do r[k] = v end
-  return r
-end
+local request = contract.builder({
+  instructions = 'You are a build agent. Call tools when you need facts.',
+  messages = { { role = 'user', content = { task = 'Summarize README.md and LICENSE' } } },
+  tools = { { id = 'workspace.read', description = 'Read a UTF-8 text file from the workspace.',
+    input_schema = z.object({ path = z.string() }):json_schema() } },
+  output_schema = RESULT:json_schema(),
+})
 
 local function final_text(t)
   return { body = message({ text(t) }, 'end_turn') }
 end
 
 describe('anthropic_messages', function()
-  before_each(function() srv = model_server.new() end)
-
-  after_each(function()
-    srv:close()
-    uv.new_timer():close()
-    core.run_once()
-  end)
+  local srv
+  contract.serve(function(s) srv = s end)
 
   describe('failure modes', function()
-    it('refuses bad options with INVALID_CONFIG', function()
+    it('refuses a structured_output it does not know with INVALID_CONFIG', function()
       local base = { api_key = KEY, model = 'm', max_cost_micros = 1, pricing = PRICING }
-      local function with(k, v)
-        local o = {}
-        for key, val in pairs(base) do o[key] = val end
-        o[k] = v
-        return o
-      end
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('api_key', nil))
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('pricing', nil))
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('max_cost_micros', nil))
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('max_tokens', 0))
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('structured_output', 'prefill'))
-      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages, with('thinking', true))
-      local model = anthropic.anthropic_messages(base)
-      assert.are.equal('anthropic.messages', model.id)
-      assert.are.equal(1, model.max_cost_micros)
-    end)
-
-    it('401 and 403: authentication, not retried, no key or API text in the message', function()
-      local model = new_model()
-      srv:push({ status = 401, body = error_body('authentication_error') })
-      local err = model_error('authentication', model.call, model, request())
-      assert.are.equal(401, err.status)
-      assert.are.equal('authentication_error', err.provider_code)
-      srv:push({ status = 403, body = error_body('permission_error') })
-      model_error('authentication', model.call, model, request())
-      assert.are.equal(2, #srv.requests)
-    end)
-
-    it('429 honours retry-after, then succeeds; a spend-limit 429 or a wait over 60 s is not retried', function()
-      local model = new_model()
-      srv:push({ status = 429, headers = { ['retry-after'] = '1' }, body = error_body('rate_limit_error') },
-        final_text('{"summary":"s","missing":["LICENSE"]}'))
-      local t0 = uv.hrtime()
-      assert.are.equal('final', model:call(request()).type)
-      assert.is_true(ms_since(t0) >= 950)
-      assert.are.equal(2, #srv.requests)
-      assert.are.equal(srv.requests[1].body, srv.requests[2].body)
-      srv:push({ status = 429, body = '{"type":"error","error":{"type":"rate_limit_error","message":"x",'
-        .. '"details":{"error_code":"enforced_spend_limit_reached"}}}' })
-      model_error('rate_limited', model.call, model, request())
-      assert.are.equal(3, #srv.requests)
-      srv:push({ status = 429, headers = { ['retry-after'] = '90' }, body = error_body('rate_limit_error') })
-      local err = model_error('rate_limited', model.call, model, request())
-      assert.are.equal('rate_limit_error', err.provider_code)
-      assert.are.equal(4, #srv.requests)
-    end)
-
-    it('529 overloaded is retried with backoff, then unavailable', function()
-      local model = new_model({ max_retries = 2 })
-      srv:push({ status = 529, body = error_body('overloaded_error') },
-        final_text('{"summary":"s","missing":["LICENSE"]}'))
-      assert.are.equal('final', model:call(request()).type)
-      assert.are.equal(2, #srv.requests)
-      for _ = 1, 3 do srv:push({ status = 529, body = error_body('overloaded_error') }) end
-      local err = model_error('unavailable', model.call, model, request())
-      assert.are.equal(529, err.status)
-      assert.are.equal('overloaded_error', err.provider_code)
-      assert.are.equal(5, #srv.requests)
-    end)
-
-    it('a stalled server: timeout', function()
-      local model = new_model({ timeout_ms = 150, max_retries = 0 })
-      srv:push({ stall = true })
-      model_error('timeout', model.call, model, request())
+      assert.raises_code('INVALID_CONFIG', anthropic.anthropic_messages,
+        contract.with(base, { structured_output = 'prefill' }))
+      assert.are.equal('tool', anthropic.anthropic_messages(contract.with(base, { structured_output = 'tool' }))
+        ._config.structured_output)
     end)
 
     it('stop_reason max_tokens, model_context_window_exceeded or pause_turn: incomplete', function()
@@ -170,35 +135,6 @@ describe('anthropic_messages', function()
           stop) })
         local err = model_error('incomplete', model.call, model, request())
         assert.are.equal(stop, err.provider_code)
-      end
-    end)
-
-    it('stop_reason refusal: refused; text that is not JSON: invalid_output', function()
-      local model = new_model()
-      srv:push({ body = message({ text('I cannot help with that.') }, 'refusal') })
-      model_error('refused', model.call, model, request())
-      srv:push(final_text('The README describes a tiny CLI.'))
-      model_error('invalid_output', model.call, model, request())
-    end)
-
-    it('never crashes on a body of the wrong shape', function()
-      local model = new_model()
-      local bodies = {
-        '', '[]', '{}', '{"content":null}', '{"content":"x"}', '{"content":[1]}', '{"content":[{"type":"tool_use"}]}',
-        '{"content":[{"type":"tool_use","id":"t","name":"n","input":"{bad"}],"stop_reason":"tool_use"}',
-        '{"content":[{"type":"tool_use","id":"t","name":"n","input":[1,2]}]}',
-        '{"content":[{"type":"text","text":5}],"usage":{"input_tokens":"x"}}',
-        '{"type":"error","error":{"type":"api_error","message":"boom"}}', '{"stop_reason":42,"content":[]}',
-      }
-      for _, b in ipairs(bodies) do
-        srv:push({ body = b })
-        local ok, res = pcall(model.call, model, request({ output_schema = {} }))
-        if ok then
-          assert.is_true(res.type == 'final' or res.type == 'tool_calls', b)
-        else
-          assert.are.equal('table', type(res), b .. ': ' .. tostring(res))
-          assert.are.equal('MODEL_ERROR', res.code, b .. ': ' .. tostring(res.message))
-        end
       end
     end)
   end)
@@ -336,101 +272,6 @@ describe('anthropic_messages', function()
       srv:push({ body = '{"type":"message","role":"assistant","content":[' .. text('{"summary":"s","missing":["x"]}')
         .. '],"stop_reason":"end_turn"}' })
       assert.are.equal(60000, model:call(request()).usage.cost_micros)
-    end)
-  end)
-
-  describe('the ceiling', function()
-    it('max_tokens comes down to what max_cost_micros leaves after the input, one token a byte', function()
-      local model = new_model()   -- 60000 micros a call, at 3 and 15 $/MTok; max_tokens 4096
-      srv:push(final_text('{"summary":"s","missing":["x"]}'))
-      model:call(request())
-      local r = srv.requests[1]
-      local sent = r.json.max_tokens
-      -- measured with 4096 in its place
-      local input = #r.body - #tostring(sent) + 4 + require('mayura.provider._shared').INPUT_ALLOWANCE_TOKENS
-      assert.are.equal(math.floor((60000 * 1000000 - input * 3000000) / 15000000), sent)
-      assert.is_true(sent < 4096)
-      -- a max_tokens under what the ceiling leaves is sent as it is
-      srv:push(final_text('{"summary":"s","missing":["x"]}'))
-      new_model({ max_tokens = 1000 }):call(request())
-      assert.are.equal(1000, srv.requests[2].json.max_tokens)
-      -- no room at all: not sent
-      local tiny = new_model({ max_cost_micros = 100 })
-      assert.raises_code('BUDGET_EXCEEDED', tiny.call, tiny, request())
-      assert.are.equal(2, #srv.requests)
-    end)
-
-    it('a response reporting more than reserved ends the run BUDGET_EXCEEDED, its true cost counted', function()
-      -- 100 * 3 + 5000 * 15 = 75300, past the 60000 reserved
-      srv:push({ body = message({ tool_use('toolu_01', 'clock_now', '{"zone":"UTC"}') }, 'tool_use',
-        usage(100, 5000)) })
-      srv:push(final_text('{"time":"never asked for"}'))
-      local runtime = mayura.create_runtime({
-        permissions = { allow = { 'model:anthropic.messages', 'tool:clock.now', 'effect:read' } },
-        limits = { max_cost_micros = 1000000 },
-      })
-      local outcome = runtime:submit(mayura.define_agent({
-        id = 'clock', version = '1', input = z.object({ zone = z.string() }), output = z.object({ time = z.string() }),
-        model = new_model(),
-        tools = { { id = 'clock.now', effect = 'read', input = z.object({ zone = z.string() }),
-          run = function() return { time = '12:00' } end } },
-      }), { input = { zone = 'UTC' } }):result()
-      runtime:close()
-      assert.are.equal('failed', outcome.status)
-      assert.are.equal('BUDGET_EXCEEDED', outcome.error.code)
-      assert.are.equal(75300, outcome.usage.cost_micros)
-      assert.are.equal(0, outcome.usage.tool_calls)
-      assert.are.equal(1, #srv.requests)
-      assert.are.equal(1, srv:pending())
-    end)
-  end)
-
-  describe('in a run', function()
-    local GRANTS = { 'model:anthropic.messages', 'tool:clock.now', 'effect:read' }
-
-    local function agent(model)
-      return mayura.define_agent({
-        id = 'clock', version = '1', instructions = 'Tell the time.',
-        input = z.object({ zone = z.string() }), output = z.object({ time = z.string() }),
-        model = model,
-        tools = { {
-          id = 'clock.now', description = 'The time in a zone.', effect = 'read',
-          input = z.object({ zone = z.string() }),
-          run = function(input) return { time = '12:00 ' .. input.zone } end,
-        } },
-      })
-    end
-
-    it('runs end to end: tool_use, tool_result, then the structured answer', function()
-      srv:push({ body = message({ tool_use('toolu_01', 'clock_now', '{"zone":"UTC"}') }, 'tool_use',
-        usage(100, 10)) })
-      srv:push(function(req)
-        local last = req.json.messages[#req.json.messages]
-        assert.are.equal('user', last.role)
-        assert.are.same({ type = 'tool_result', tool_use_id = 'toolu_01', content = '{"time":"12:00 UTC"}' },
-          last.content[1])
-        return { body = message({ text('{"time":"12:00 UTC"}') }, 'end_turn', usage(200, 10)) }
-      end)
-      local runtime = mayura.create_runtime({ permissions = { allow = GRANTS } })
-      local outcome = runtime:submit(agent(new_model()), { input = { zone = 'UTC' } }):result()
-      runtime:close()
-      assert.are.equal('succeeded', outcome.status, outcome.error and outcome.error.message)
-      assert.are.same({ time = '12:00 UTC' }, outcome.output)
-      -- 100 * 3 + 10 * 15 = 450; 200 * 3 + 10 * 15 = 750
-      assert.are.equal(1200, outcome.usage.cost_micros)
-      assert.are.equal(2, #srv.requests)
-    end)
-
-    it('a refused key ends the run failed with MODEL_ERROR', function()
-      srv:push({ status = 401, body = error_body('authentication_error') })
-      local runtime = mayura.create_runtime({ permissions = { allow = GRANTS } })
-      local outcome = runtime:submit(agent(new_model()), { input = { zone = 'UTC' } }):result()
-      runtime:close()
-      assert.are.equal('failed', outcome.status)
-      assert.are.equal('MODEL_ERROR', outcome.error.code)
-      assert.are.equal('authentication', outcome.error.reason)
-      assert.is_nil(outcome.error.message:find('SECRET', 1, true))
-      assert.is_nil(outcome.error.message:find('x-api-key', 1, true))
     end)
   end)
 end)

@@ -1,25 +1,15 @@
 -- mayura.provider.openai (Chat Completions, as OpenAI, llama.cpp, Ollama and
--- vLLM serve it) against the loopback stand-in (spec/support/model_server.lua).
+-- vLLM serve it) against the loopback stand-in (spec/support/model_server.lua):
+-- what is its own (no key, no pricing and no ceiling needed, the error bodies
+-- of local servers, finish reasons, the requests sent). What every model
+-- adapter does is the contract of spec/support/model_contract.lua, run here
+-- against the wire described by WIRE.
 local openai = require('mayura.provider.openai')
 local mayura = require('mayura')
-local core = require('mayura.core')
-local uv = require('luv')
-local model_server = require('support.model_server')
+local json = require('mayura.core').json
+local contract = require('support.model_contract')
 
-local json = core.json
 local z = mayura.z
-
-local KEY = 'sk-local-SECRET-42d1e0'
-local API_TEXT = 'Invalid API key sk-local-SECRET-42d1e0 for this server.'
-
-
-local function model_error(reason, fn, ...)
-  local err = assert.raises_code('MODEL_ERROR', fn, ...)
-  assert.are.equal(reason, err.reason, err.message)
-  assert.is_nil(err.message:find('SECRET', 1, true))
-  assert.is_nil(err.message:find('Invalid API key', 1, true))
-  return err
-end
 
 -- {======================================================
 -- Bodies in the shapes of Chat Completions
@@ -42,70 +32,104 @@ local function tool_call(id, name, arguments)
     id and ('"' .. id .. '"') or 'null', name, json.encode(arguments))
 end
 
-local function calls_message(calls, content)
+local function calls_message(calls, content, usage_json)
   return completion(string.format('{"role":"assistant","content":%s,"refusal":null,"tool_calls":[%s]}',
-    content and json.encode(content) or 'null', table.concat(calls, ',')), 'tool_calls')
+    content and json.encode(content) or 'null', table.concat(calls, ',')), 'tool_calls', usage_json)
 end
 
-local function text_message(text, finish)
-  return completion('{"role":"assistant","content":' .. json.encode(text) .. ',"refusal":null}', finish or 'stop')
+local function text_message(text, finish, usage_json)
+  return completion('{"role":"assistant","content":' .. json.encode(text) .. ',"refusal":null}', finish or 'stop',
+    usage_json)
+end
+
+-- The API key, and the text of the API's error bodies (which holds it): neither may reach a message.
+local KEY = 'sk-local-SECRET-42d1e0'
+local API_TEXT = 'Invalid API key sk-local-SECRET-42d1e0 for this server.'
+
+-- An error body as llama.cpp and OpenAI give it.
+local function error_body(status, type_)
+  return '{"error":{"code":' .. status .. ',"message":' .. json.encode(API_TEXT) .. ',"type":"' .. type_ .. '"}}'
 end
 
 -- }======================================================
 
-local srv
+-- Chat Completions for the contract (see spec/support/model_contract.lua).
+local WIRE = {
+  name = 'openai_chat_completions', new = openai.openai_chat_completions, id = 'openai.chat', path = '/v1',
+  key = KEY, secrets = { KEY, 'SECRET', 'Invalid API key' }, required = {},
+  output_field = 'max_tokens', max_retry_after_s = 120, tokens = { 'prompt_tokens', 'completion_tokens' },
+  usage = usage,
+  final = function(text, usage_json) return { body = text_message(text, 'stop', usage_json) } end,
+  calls = function(calls, usage_json)
+    local list = {}
+    for i, c in ipairs(calls) do list[i] = tool_call(c.id, c.name, c.arguments) end
+    return { body = calls_message(list, nil, usage_json) }
+  end,
+  -- what a request sends back of the conversation
+  history = function(req, call, result)
+    for _, m in ipairs(req.json.messages) do
+      if m.role == 'assistant' then
+        for _, tc in ipairs(m.tool_calls) do call(tc.id, tc['function'].arguments) end
+      elseif m.role == 'tool' then
+        result(m.tool_call_id, m.content)
+      end
+    end
+  end,
+  refusal = function()
+    return { body = completion('{"role":"assistant","content":null,"refusal":"I cannot help."}', 'stop') }
+  end,
+  errors = {
+    authentication = { body = error_body(401, 'authentication_error'), code = 'authentication_error' },
+    permission = { body = error_body(403, 'permission_error'), code = 'permission_error' },
+    invalid_request = { body = error_body(400, 'invalid_request_error'), code = 'invalid_request_error' },
+    rate_limit = { body = '{"error":{"type":"rate_limit"}}', code = 'rate_limit' },
+    quota = { body = '{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota",'
+      .. '"code":"insufficient_quota"}}', code = 'insufficient_quota' },
+    -- a model still loading
+    unavailable = { status = 503, body = '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}',
+      code = 'unavailable_error' },
+  },
+  malformed = {
+    '{"choices":[]}', '{"choices":[1]}', '{"choices":[{"message":"x"}]}',
+    '{"choices":[{"message":{"tool_calls":[1]}}]}', '{"choices":[{"message":{"tool_calls":[{"function":1}]}}]}',
+    '{"choices":[{"message":{"tool_calls":[{"function":{"name":7}}]}}]}',
+    '{"choices":[{"message":{"tool_calls":"x","content":5}}]}',
+    '{"choices":[{"message":{"content":[{"type":"text","text":"{}"},3]}}]}',
+    '{"choices":[{"finish_reason":7,"message":{}}],"usage":[1]}',
+  },
+}
 
-local function new_model(options)
-  local o = { model = 'qwen-test', base_url = srv:url('/v1'), retry_base_ms = 1 }
-  for k, v in pairs(options or {}) do o[k] = v end
-  return openai.openai_chat_completions(o)
-end
+contract.run(WIRE)
+
+local new_model, model_error = contract.kit(WIRE, { model = 'qwen-test' })
 
 local RESULT = z.object({ summary = z.string() })
 
-local function request(fields)
-  local r = {
-    instructions = 'You are a build agent.',
-    messages = { { role = 'user', content = { task = 'Summarize README.md' } } },
-    tools = { { id = 'workspace.read', description = 'Read a UTF-8 text file.',
-      input_schema = z.object({ path = z.string() }):json_schema() } },
-    output_schema = RESULT:json_schema(),
-  }
-  for k, v in pairs(fields or {}) do r[k] = v end
-  return r
-end
+local request = contract.builder({
+  instructions = 'You are a build agent.',
+  messages = { { role = 'user', content = { task = 'Summarize README.md' } } },
+  tools = { { id = 'workspace.read', description = 'Read a UTF-8 text file.',
+    input_schema = z.object({ path = z.string() }):json_schema() } },
+  output_schema = RESULT:json_schema(),
+})
 
 describe('openai_chat_completions', function()
-  before_each(function() srv = model_server.new() end)
-
-  after_each(function()
-    srv:close()
-    uv.new_timer():close()
-    core.run_once()
-  end)
+  local srv
+  contract.serve(function(s) srv = s end)
 
   describe('failure modes', function()
-    it('refuses bad options with INVALID_CONFIG', function()
-      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, {})
-      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', api_key = '' })
-      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', base_url = 'localhost:8080' })
-      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', max_tokens = 0 })
-      assert.raises_code('INVALID_CONFIG', openai.openai_chat_completions, { model = 'm', tool_choice = 'auto' })
+    it('needs nothing but a model: no key, no pricing, no ceiling', function()
       local model = openai.openai_chat_completions({ model = 'm' })
       assert.are.equal('openai.chat', model.id)
       assert.are.equal(0, model.max_cost_micros)
     end)
 
-    it('401: authentication; llama.cpp and vLLM error bodies give their short code', function()
+    it('the error bodies of vLLM and Ollama give their short code', function()
       local model = new_model({ api_key = KEY })
-      srv:push({ status = 401, body = '{"error":{"code":401,"message":' .. json.encode(API_TEXT)
-        .. ',"type":"authentication_error"}}' })
-      local err = model_error('authentication', model.call, model, request())
-      assert.are.equal('authentication_error', err.provider_code)
       -- old vLLM: a top-level error object
       srv:push({ status = 400, body = '{"object":"error","message":' .. json.encode(API_TEXT)
         .. ',"type":"BadRequestError","param":null,"code":400}' })
-      err = model_error('invalid_request', model.call, model, request())
+      local err = model_error('invalid_request', model.call, model, request())
       assert.are.equal('BadRequestError', err.provider_code)
       -- Ollama: an unknown model
       srv:push({ status = 404, body = '{"error":{"message":"model \\"qwen-test\\" not found, try pulling it first",'
@@ -113,19 +137,7 @@ describe('openai_chat_completions', function()
       err = model_error('invalid_request', model.call, model, request())
       assert.are.equal('not_found_error', err.provider_code)
       assert.is_nil(err.message:find('pulling', 1, true))
-      assert.are.equal(3, #srv.requests)
-    end)
-
-    it('429 with retry-after, then success; 503 (a model still loading) retried, then unavailable', function()
-      local model = new_model({ max_retries = 1 })
-      srv:push({ status = 429, headers = { ['retry-after'] = '0.2' }, body = '{"error":{"type":"rate_limit"}}' },
-        { body = text_message('{"summary":"ok"}') })
-      assert.are.same({ summary = 'ok' }, model:call(request()).output)
-      srv:push({ status = 503, body = '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}' },
-        { status = 503, body = '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}' })
-      local err = model_error('unavailable', model.call, model, request())
-      assert.are.equal('unavailable_error', err.provider_code)
-      assert.are.equal(4, #srv.requests)
+      assert.are.equal(2, #srv.requests)
     end)
 
     it('finish_reason length or content_filter: incomplete, even with tool calls', function()
@@ -138,54 +150,6 @@ describe('openai_chat_completions', function()
       model_error('incomplete', model.call, model, request())
       srv:push({ body = text_message('', 'content_filter') })
       model_error('incomplete', model.call, model, request())
-    end)
-
-    it('a refusal: refused; an answer that is not JSON: invalid_output', function()
-      local model = new_model()
-      srv:push({ body = completion('{"role":"assistant","content":null,"refusal":"I cannot help."}', 'stop') })
-      model_error('refused', model.call, model, request())
-      srv:push({ body = text_message('Sure! The summary is: a CLI.') })
-      model_error('invalid_output', model.call, model, request())
-    end)
-
-    it('arguments that are not JSON become a marked input, and the next request says so', function()
-      local model = new_model()
-      srv:push({ body = calls_message({ tool_call('c1', 'workspace_read', "{'path': 'README.md'}") }) })
-      local step = model:call(request())
-      assert.are.same({ _invalid_json = "{'path': 'README.md'}" }, step.calls[1].input)
-      srv:push({ body = text_message('{"summary":"s"}') })
-      model:call(request({ messages = {
-        { role = 'user', content = { task = 't' } },
-        { role = 'assistant', calls = step.calls, extra = step.extra },
-        { role = 'tool', call_id = 'c1', tool_id = 'workspace.read',
-          result = { error = { code = 'INVALID_INPUT', message = 'path: expected a string, got nil' } } },
-      } }))
-      local messages = srv.requests[2].json.messages
-      assert.are.equal("{'path': 'README.md'}", messages[3].tool_calls[1]['function'].arguments)
-      local out = json.decode(messages[4].content)
-      assert.truthy(out.error.message:find('not valid JSON', 1, true))
-    end)
-
-    it('never crashes on a body of the wrong shape', function()
-      local model = new_model()
-      local bodies = {
-        '', '[]', '{}', '{"choices":[]}', '{"choices":[1]}', '{"choices":[{"message":"x"}]}',
-        '{"choices":[{"message":{"tool_calls":[1]}}]}', '{"choices":[{"message":{"tool_calls":[{"function":1}]}}]}',
-        '{"choices":[{"message":{"tool_calls":[{"function":{"name":7}}]}}]}',
-        '{"choices":[{"message":{"tool_calls":"x","content":5}}]}',
-        '{"choices":[{"message":{"content":[{"type":"text","text":"{}"},3]}}]}',
-        '{"choices":[{"finish_reason":7,"message":{}}],"usage":[1]}',
-      }
-      for _, b in ipairs(bodies) do
-        srv:push({ body = b })
-        local ok, res = pcall(model.call, model, request({ output_schema = {} }))
-        if ok then
-          assert.is_true(res.type == 'final' or res.type == 'tool_calls', b)
-        else
-          assert.are.equal('table', type(res), b .. ': ' .. tostring(res))
-          assert.are.equal('MODEL_ERROR', res.code, b .. ': ' .. tostring(res.message))
-        end
-      end
     end)
   end)
 
@@ -289,21 +253,13 @@ describe('openai_chat_completions', function()
       assert.are.equal(500, model:call(request()).usage.cost_micros)
     end)
 
-    it('with pricing and max_cost_micros, max_tokens comes down to what the ceiling leaves', function()
+    it('without pricing, or without a ceiling, max_tokens is not capped (a local server)', function()
       local pricing = { input_micros_per_million_tokens = 150000, output_micros_per_million_tokens = 600000 }
-      srv:push({ body = text_message('{"summary":"s"}') }, { body = text_message('{"summary":"s"}') },
-        { body = text_message('{"summary":"s"}') })
-      new_model({ max_cost_micros = 500, pricing = pricing }):call(request())
-      local r = srv.requests[1]
-      local sent = r.json.max_tokens
-      local input = #r.body - #(',"max_tokens":' .. sent) + require('mayura.provider._shared').INPUT_ALLOWANCE_TOKENS
-      assert.are.equal(math.floor((500 * 1000000 - input * 150000) / 600000), sent)
-      -- a max_tokens of its own below that is kept
-      new_model({ max_cost_micros = 500, pricing = pricing, max_tokens = 50 }):call(request())
-      assert.are.equal(50, srv.requests[2].json.max_tokens)
-      -- no pricing, or no ceiling: nothing is capped (a local server)
+      srv:push({ body = text_message('{"summary":"s"}') }, { body = text_message('{"summary":"s"}') })
       new_model({ pricing = pricing }):call(request())
-      assert.is_nil(srv.requests[3].json.max_tokens)
+      assert.is_nil(srv.requests[1].json.max_tokens)
+      new_model({ max_cost_micros = 500 }):call(request())
+      assert.is_nil(srv.requests[2].json.max_tokens)
     end)
   end)
 
@@ -342,19 +298,6 @@ describe('openai_chat_completions', function()
       assert.are.same({ { a = 2, b = 3 } }, added)
       assert.are.equal(0, outcome.usage.cost_micros)
       assert.are.equal('{"numbers":[2,3]}', srv.requests[1].json.messages[2].content)
-    end)
-
-    it('a refused key ends the run failed with MODEL_ERROR', function()
-      srv:push({ status = 401, body = '{"error":{"code":401,"message":' .. json.encode(API_TEXT)
-        .. ',"type":"authentication_error"}}' })
-      local runtime = mayura.create_runtime({ permissions = { allow = GRANTS } })
-      local outcome = runtime:submit(agent(new_model({ api_key = KEY }), {}), { input = { numbers = { 1 } } }):result()
-      runtime:close()
-      assert.are.equal('failed', outcome.status)
-      assert.are.equal('MODEL_ERROR', outcome.error.code)
-      assert.are.equal('authentication', outcome.error.reason)
-      assert.is_nil(outcome.error.message:find('SECRET', 1, true))
-      assert.is_nil(outcome.error.message:find('Invalid API key', 1, true))
     end)
   end)
 end)
