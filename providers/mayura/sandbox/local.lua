@@ -9,8 +9,33 @@
 --     file system directory given as `image`; never the host's /home, /root,
 --     /var, /run, /tmp or the secrets of its /etc;
 --   * /workspace and /tmp are tmpfs with size caps; the user is uid 1000 with
---     no capabilities and no_new_privs; no network unless 'all' (then the
---     host's network, and url(port) is on 127.0.0.1);
+--     no capabilities and no_new_privs;
+--   * every sandbox has a network namespace of its own: with 'none' it holds
+--     only a loopback; with 'all' (offered when run as root with slirp4netns,
+--     nft and nsenter here) bubblewrap waits before the agent starts while the
+--     host connects it (see "The network of a sandbox with 'all'"):
+--       - a firewall in the sandbox's namespace, loaded from the host (root
+--         entering that namespace alone, nft): nothing leaves but by its own
+--         loopback or the stack, and nothing goes to the host's loopback
+--         (127.0.0.0/8; ::1 and all IPv6: the stack carries IPv4 only), to
+--         an address of any host interface (every local and broadcast route of
+--         the host's namespace at create time: an address the host gets later
+--         is not in a running sandbox's list), link-local (169.254.0.0/16,
+--         fe80::/10), multicast, or the stack's gateway 10.0.2.2; the sandbox's
+--         processes hold no capability in that namespace, so cannot lift it;
+--       - slirp4netns (kept per sandbox, as root, in a sandbox of its own:
+--         --enable-sandbox, --enable-seccomp) carries everything else to the
+--         outside; --disable-host-loopback keeps its gateway off the host's
+--         loopback; it ends when the host's end of its exit socket closes
+--         (release, the sandbox's end, the host killed with SIGKILL);
+--       - /etc/resolv.conf names the stack's resolver (10.0.2.3, relaying to
+--         the host's resolvers), never the host's file;
+--       - each of `ports` is forwarded from a host port of 127.0.0.1 that the
+--         stack alone listens on, given by url(port), to the sandbox's address
+--         10.0.2.100 (a server there listens on 0.0.0.0, not 127.0.0.1); the
+--         stack's API socket (root's, 0700) is removed once they are set up;
+--     run as another user the host cannot enter the namespace bubblewrap
+--     makes, so `features.network` is { 'none' } and ports are not served;
 --   * run as root, each sandbox runs under a host uid of its own (no host
 --     root behind the sandbox's user), and `cpus`, `memory_mib` and `pids` are
 --     enforced with cgroups (v1 or v2); run as another user, the host's
@@ -393,6 +418,21 @@ local function free_port()
   return name and name.port
 end
 
+--- Starts a host command (`core.spawn` options); returns a function that waits for its result
+-- (a table with `error` when it did not start).
+local function start_process(spec)
+  local result, waiting
+  local proc, err = core.spawn(spec, function(res)
+    result = res
+    if waiting then waiting(res) end
+  end)
+  if not proc then result = { error = err } end
+  return function()
+    if result then return result end
+    return task.await(function(done) waiting = done end)
+  end
+end
+
 --- Waits (up to `ms`) for bubblewrap's sandbox process `pid` to be done with its namespaces: it
 -- drops its capabilities once every setup step is over (its own loopback among them, which the
 -- stack must not race) and then waits on BLOCK_FD. False when it ended instead.
@@ -457,16 +497,13 @@ local function connect_network(p, backend, spec, info)
   end
   local net = { ports = {} }
   backend.net = net
-  -- the firewall first (root, in the namespace only), while bubblewrap sets the namespace up
-  local rules = task.await(function(done)
-    local nft, err = core.spawn({
-      argv = { p.nsenter, '--net=/proc/self/fd/3', '--', p.nft, '-f', '-' }, fds = { ns_fd },
-      stdin = net_rules(blocked_ipv4()), timeout_ms = 10000, max_output_bytes = 4096,
-      env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
-    }, done)
-    if not nft then done({ error = err }) end
-  end)
-  if rules.exit_code ~= 0 then uv.fs_close(ns_fd); fail('the firewall did not load') end
+  -- the firewall (root, in the namespace only), while bubblewrap sets the namespace up and the
+  -- stack starts; bubblewrap goes on only once both are done
+  local rules = start_process({
+    argv = { p.nsenter, '--net=/proc/self/fd/3', '--', p.nft, '-f', '-' }, fds = { ns_fd },
+    stdin = net_rules(blocked_ipv4()), timeout_ms = 10000, max_output_bytes = 4096,
+    env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
+  })
   -- the stack brings the loopback up too: not before bubblewrap has set it up
   if not wait_setup_done(pid, 10000) then uv.fs_close(ns_fd); fail('bubblewrap did not get ready') end
   local api = nil
@@ -496,6 +533,7 @@ local function connect_network(p, backend, spec, info)
   if not proc then fail('slirp4netns did not start') end
   net.proc = proc
   net.pid = proc:pid()
+  if rules().exit_code ~= 0 then fail('the firewall did not load') end
   if read_pipe(net.pipe, function(s) return #s > 0 end, 10000) ~= '1' then fail('slirp4netns did not get ready') end
   for _, port in ipairs(spec.ports or {}) do
     local reply
@@ -546,6 +584,8 @@ end
 function Backend:release()
   if self.released then return end
   self.released = true
+  -- its network stack ends as soon as our end of its exit socket closes, meanwhile the rest does
+  stop_network(self)
   if not self.closed then
     -- ask the agent to end everything; closing our end ends it too
     pcall(self.ch.call, self.ch, { op = 'shutdown' }, function() end)
@@ -571,8 +611,7 @@ function Backend:release()
       end)
     end)
   end
-  -- then its network stack, which ends as soon as our end of its exit socket closes
-  stop_network(self)
+  -- then wait for the stack too
   local net = self.net
   if net and net.proc and not net.exited then
     local uv = require('luv')
