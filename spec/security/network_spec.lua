@@ -204,7 +204,9 @@ describe("the network of a local sandbox with 'all'", function()
 
   it("reaches none of the host's listeners: its loopback, its addresses on every interface, the stack's gateway",
     function()
-      local targets = { 'tcp:10.0.2.2:' .. l.tcp_port, 'udp:10.0.2.2:' .. l.tcp_port, 'tcp:10.0.2.2:22' }
+      -- the stack's addresses stand for the host's loopback when the stack lets them
+      local targets = { 'tcp:10.0.2.2:' .. l.tcp_port, 'udp:10.0.2.2:' .. l.tcp_port, 'tcp:10.0.2.2:22',
+        'tcp:10.0.2.5:' .. l.tcp_port, 'tcp:10.0.2.255:' .. l.tcp_port }
       local own = {}     -- the sandbox's own loopback: whatever answers there, it is not the host
       for _, ip in ipairs(l.addresses) do
         local list = (ip:match('^127%.') or ip == '::1') and own or targets
@@ -229,6 +231,33 @@ describe("the network of a local sandbox with 'all'", function()
       assert.are.equal(0, l.accepted, 'a connection from the sandbox reached a host listener')
       assert.are.equal(0, l.received, 'a datagram from the sandbox reached a host listener')
     end)
+
+  it("reaches the host's resolver through the stack on DNS alone", function()
+    -- the stack sends any port of its resolver's address to the host's resolver: tried only where
+    -- that resolver is on this machine, so nothing leaves it
+    local conf = io.open('/etc/resolv.conf')
+    local text = conf and conf:read('a') or ''
+    if conf then conf:close() end
+    local host_ips = {}
+    for _, ip in ipairs(l.addresses) do host_ips[ip] = true end
+    local servers, here = 0, true
+    for ns in ('\n' .. text):gmatch('\nnameserver%s+(%S+)') do
+      servers = servers + 1
+      here = here and (ns:match('^127%.') ~= nil or ns == '::1' or host_ips[ns] == true)
+    end
+    if servers == 0 or not here then
+      return pending("the host's resolver is not on this machine: trying it would send traffic off it")
+    end
+    local targets = { 'tcp:10.0.2.3:' .. l.tcp_port, 'udp:10.0.2.3:' .. l.tcp_port }
+    local r = common.abuse(a, { 'net', 'x.invalid', targets[1], targets[2] })
+    local got = net_results(r.stdout)
+    for _, t in ipairs(targets) do
+      assert.is_true(got[t] ~= 'CONNECTED' and got[t] ~= 'SENT', t .. ' is reachable (' .. tostring(got[t]) .. ')')
+    end
+    common.sleep(300)
+    assert.are.equal(0, l.accepted)
+    assert.are.equal(0, l.received)
+  end)
 
   it('cannot lift its firewall or reconfigure its link, and a blocked address stays blocked', function()
     local r = sh(a, '/usr/sbin/nft flush ruleset; echo nft=$?; /usr/sbin/ip addr add 10.0.2.200/24 dev tap0; ' ..

@@ -21,8 +21,10 @@
 --         an address of any host interface (every local and broadcast route of
 --         the host's namespace at create time: an address the host gets later
 --         is not in a running sandbox's list), link-local (169.254.0.0/16,
---         fe80::/10), multicast, or the stack's gateway 10.0.2.2; the sandbox's
---         processes hold no capability in that namespace, so cannot lift it;
+--         fe80::/10), multicast, or the stack's own addresses (10.0.2.0/24, its
+--         gateway and its resolver, which the stack maps to the host), but DNS
+--         (port 53) to its resolver; the sandbox's processes hold no capability
+--         in that namespace, so cannot lift it;
 --       - slirp4netns (kept per sandbox, as root, in a sandbox of its own:
 --         --enable-sandbox, --enable-seccomp) carries everything else to the
 --         outside; --disable-host-loopback keeps its gateway off the host's
@@ -61,9 +63,11 @@ local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
 local WORKDIR = '/workspace'
 local AGENT_PATH = '/.mayura/agent'
--- Addresses the stack (slirp4netns, its defaults) gives the sandbox's side of its link.
-local NET_GATEWAY = '10.0.2.2'     -- the stack itself; the host's loopback unless --disable-host-loopback
-local NET_DNS = '10.0.2.3'         -- the stack's resolver, relaying to the host's resolvers
+-- The stack's network (slirp4netns's defaults): the sandbox is 10.0.2.100; every other address of it
+-- is the stack itself, which takes 10.0.2.3 to the host's resolver (whatever the port) and the rest
+-- to the host's loopback unless --disable-host-loopback
+local NET_STACK = '10.0.2.0/24'
+local NET_DNS = '10.0.2.3'
 local NET_RESOLV = 'nameserver ' .. NET_DNS .. '\n'
 -- descriptors bubblewrap gets for a sandbox with 'all' (3 is the agent's socket)
 local INFO_FD, BLOCK_FD = 4, 5
@@ -299,9 +303,9 @@ end
 
 --- The IPv4 destinations no sandbox reaches: the host's loopback, its own addresses (every local
 -- route of the host's network namespace now, from /proc/net/fib_trie, broadcast ones too),
--- link-local, multicast, "this network", and the stack's gateway (the host's loopback in slirp).
+-- link-local, multicast, "this network", and the stack's own addresses (but DNS, see net_rules).
 local function blocked_ipv4()
-  local out = { '0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255', NET_GATEWAY }
+  local out = { '0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255', NET_STACK }
   local seen, last = {}, nil
   for line in (read_plain('/proc/net/fib_trie') or ''):gmatch('[^\n]+') do
     local addr = line:match('^[%s|]*|%-%- (%d+%.%d+%.%d+%.%d+)%s*$')
@@ -323,8 +327,10 @@ end
 
 --- The sandbox's firewall, loaded into its network namespace from the host before anything in it
 -- runs: its own loopback is free, and so are the answers to connections made to it (a forwarded
--- port's come from the stack's gateway); otherwise IPv6 leaves by no other way (the stack carries
--- IPv4 only), nor does anything to `blocked` (a set that merges the overlapping entries).
+-- port's come from the stack's gateway), and DNS to the stack's resolver (port 53 alone: the stack
+-- sends any port of that address to the host's resolver, which may be on the host's loopback);
+-- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to
+-- `blocked` (a set that merges the overlapping entries).
 local function net_rules(blocked)
   return table.concat({
     'table inet mayura {',
@@ -336,6 +342,8 @@ local function net_rules(blocked)
     '    type filter hook output priority 0; policy accept;',
     '    oif "lo" accept',
     '    ct state established,related accept',
+    '    ip daddr ' .. NET_DNS .. ' udp dport 53 accept',
+    '    ip daddr ' .. NET_DNS .. ' tcp dport 53 accept',
     '    meta nfproto ipv6 reject with icmpx type admin-prohibited',
     '    ip daddr @blocked4 reject with icmpx type admin-prohibited',
     '  }',
