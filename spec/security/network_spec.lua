@@ -411,6 +411,15 @@ describe("the network of a local sandbox with 'all'", function()
     assert.are.same({}, local_entry.leftovers(c))
     assert.is_nil(io.open('/proc/' .. pid .. '/cmdline'))
   end)
+
+  it('ends its stack when its lifetime is over, before any release', function()
+    local c = pool:create({ lifetime_ms = 1500, network = 'all', ports = { 8080 } })
+    assert.matches('network stack', table.concat(local_entry.leftovers(c), '\n'))
+    assert.is_true(common.eventually(function() return #local_entry.leftovers(c) == 0 end, 10000),
+      table.concat(local_entry.leftovers(c), ', '))
+    assert.is_true(common.is_gone(select(2, pcall(c.exec, c, { 'true' }))))
+    c:release()
+  end)
 end)
 
 describe('a host killed with SIGKILL while a local sandbox with all runs', function()
