@@ -4,7 +4,8 @@
 --
 -- exec of `true` in a local sandbox against a fork+exec of `true` on the host
 -- (core.spawn), against a one-shot `bwrap ... true`, and against `docker exec`
--- when a Docker daemon answers; create+release of a sandbox.
+-- when a Docker daemon answers; create+release of a sandbox, with network 'none' and,
+-- where the provider offers it, 'all' (its stack and firewall), without and with a port.
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
 local process = require('mayura.process')
@@ -33,6 +34,18 @@ end, math.min(N, 100))
 add('bwrap --unshare-all true (one-shot)', bwrap)
 local cr = measure(function() pool:create({ lifetime_ms = 60000 }):release() end, math.min(N, 100))
 add('local sandbox create+release', cr)
+local cr_all, cr_port
+if provider.features.network[2] == 'all' then
+  local open = sandbox.create_sandboxes(provider, { max_sandboxes = 2, max_lifetime_ms = 600000,
+    network = { 'none', 'all' } })
+  cr_all = measure(function() open:create({ lifetime_ms = 60000, network = 'all' }):release() end, math.min(N, 50))
+  add("local sandbox create+release, network 'all'", cr_all)
+  cr_port = measure(function()
+    open:create({ lifetime_ms = 60000, network = 'all', ports = { 3000 } }):release()
+  end, math.min(N, 50))
+  add("local sandbox create+release, 'all' + 1 port", cr_port)
+  open:close()
+end
 
 local docker_ms
 local probe = process.run({ 'sh', '-c', 'docker info >/dev/null 2>&1 && docker ps -q | head -1' })
@@ -51,3 +64,7 @@ print(('sandbox exec / host fork+exec      %6.2fx   (target <= 2x)'):format(exec
 print(('sandbox exec / bwrap one-shot      %6.3fx'):format(exec / bwrap))
 if docker_ms then print(('sandbox exec / docker exec         %6.3fx'):format(exec / docker_ms)) end
 print(('create+release median              %6.1f ms (target <= 30 ms)'):format(cr))
+if cr_all then
+  print(("create+release 'all' / 'none'       %6.2fx"):format(cr_all / cr))
+  print(("create+release 'all'+port / 'none'  %6.2fx"):format(cr_port / cr))
+end

@@ -18,8 +18,13 @@
 **   abuse swap A B MS        swap A and B with RENAME_EXCHANGE until MS ms; swaps=<count>
 **   abuse flood BYTES        write BYTES of 'x' to stdout, no newline; wrote=<bytes> (on stderr)
 **   abuse sysctl             try writing kernel knobs under /proc/sys and /sys; one line each
-**   abuse net NAME T...      per target (tcp:ADDR:PORT, udp:ADDR:PORT, raw:ADDR) connect, send a DNS
-**                            query for NAME, or open a raw socket; <target>=CONNECTED|SENT|OPENED|<errno>
+**   abuse net NAME T...      per target (tcp:ADDR:PORT, udp:ADDR:PORT, raw:ADDR, unix:PATH or
+**                            unix:@ABSTRACT) connect, send a DNS query for NAME, or open a raw socket;
+**                            <target>=CONNECTED|SENT|OPENED|<errno>
+**   abuse serve T MS TEXT    listen on T (tcp:ADDR:PORT or unix:...) and answer every connection
+**                            with an HTTP response whose body is TEXT, for MS ms, from a child in a
+**                            session of its own; serve=LISTENING pid=<child> or serve=<errno>
+**   abuse get ADDR:PORT      an HTTP GET of /; get=CONNECTED|<errno> body=<the body's first line>
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,6 +33,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,6 +46,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -339,7 +346,64 @@ static size_t dns_query(unsigned char *buf, const char *name) {
     return n;
 }
 
-/* kind:addr:port, e.g. tcp:1.1.1.1:80, udp:::1:53 (the port after the last colon); raw:addr */
+/* A unix socket address of PATH, or of an abstract NAME written @NAME; its length, 0 when too long. */
+static socklen_t unix_addr(struct sockaddr_storage *ss, const char *name) {
+    struct sockaddr_un *a = (struct sockaddr_un *)ss;
+    size_t len = strlen(name);
+    memset(ss, 0, sizeof *ss);
+    a->sun_family = AF_UNIX;
+    if (len == 0 || len >= sizeof a->sun_path) return 0;
+    memcpy(a->sun_path, name, len);
+    if (name[0] == '@') a->sun_path[0] = '\0';
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
+}
+
+/* An IPv4 or IPv6 address of ADDR:PORT (the port after the last colon); its length, 0 when bad. */
+static socklen_t inet_addr_port(struct sockaddr_storage *ss, const char *s) {
+    char addr[128] = {0};
+    const char *c = strrchr(s, ':');
+    memset(ss, 0, sizeof *ss);
+    if (c == NULL || (size_t)(c - s) >= sizeof addr) return 0;
+    memcpy(addr, s, (size_t)(c - s));
+    if (strchr(addr, ':') != NULL) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((unsigned short)atoi(c + 1));
+        return inet_pton(AF_INET6, addr, &a->sin6_addr) == 1 ? (socklen_t)sizeof *a : 0;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((unsigned short)atoi(c + 1));
+        return inet_pton(AF_INET, addr, &a->sin_addr) == 1 ? (socklen_t)sizeof *a : 0;
+    }
+}
+
+/* Connects fd to the address, waiting up to ms; 0 or an errno. */
+static int connect_wait(int fd, const struct sockaddr_storage *ss, socklen_t sl, int ms) {
+    int err = 0;
+    socklen_t el = sizeof err;
+    struct pollfd pf = { fd, POLLOUT, 0 };
+    if (connect(fd, (const struct sockaddr *)ss, sl) == 0) return 0;
+    if (errno != EINPROGRESS) return errno;
+    if (poll(&pf, 1, ms) <= 0) return ETIMEDOUT;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    return err;
+}
+
+/* unix:PATH or unix:@NAME: a connect to a unix stream socket. */
+static void try_unix(const char *target, const char *name) {
+    struct sockaddr_storage ss;
+    socklen_t sl = unix_addr(&ss, name);
+    int fd, rc;
+    if (sl == 0) { printf("%s=BADADDR\n", target); return; }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) { printf("%s=%s\n", target, ename(errno)); return; }
+    rc = connect_wait(fd, &ss, sl, 1500);
+    printf("%s=%s\n", target, rc == 0 ? "CONNECTED" : ename(rc));
+    close(fd);
+}
+
+/* kind:addr:port, e.g. tcp:1.1.1.1:80, udp:::1:53 (the port after the last colon); raw:addr; unix:name */
 static void try_net(const char *target, const char *name) {
     char kind[8] = {0}, addr[128] = {0};
     const char *c1 = strchr(target, ':'), *c2 = strrchr(target, ':');
@@ -349,6 +413,7 @@ static void try_net(const char *target, const char *name) {
     memset(&ss, 0, sizeof ss);
     if (c1 == NULL || (size_t)(c1 - target) >= sizeof kind) { printf("%s=BADTARGET\n", target); return; }
     memcpy(kind, target, (size_t)(c1 - target));
+    if (strcmp(kind, "unix") == 0) { try_unix(target, c1 + 1); return; }
     if (strcmp(kind, "raw") == 0) {
         snprintf(addr, sizeof addr, "%s", c1 + 1);
     } else {
@@ -398,6 +463,100 @@ static void try_net(const char *target, const char *name) {
     close(fd);
 }
 
+/* Answers connections on the listening fd with an HTTP response carrying text, until `until_ms`. */
+static void serve_loop(int lfd, const char *text, long long until_ms) {
+    char req[1024], resp[512];
+    int n = snprintf(resp, sizeof resp, "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n", strlen(text) + 1, text);
+    if (n < 0 || (size_t)n >= sizeof resp) return;
+    for (;;) {
+        long long left = until_ms - now_ms();
+        struct pollfd pf = { lfd, POLLIN, 0 };
+        int c;
+        if (left <= 0) return;
+        if (poll(&pf, 1, (int)(left > 1000 ? 1000 : left)) <= 0) continue;
+        c = accept(lfd, NULL, NULL);
+        if (c < 0) continue;
+        {
+            struct pollfd cf = { c, POLLIN, 0 };
+            if (poll(&cf, 1, 500) > 0 && read(c, req, sizeof req) < 0) { /* the request is not needed */ }
+        }
+        if (write(c, resp, (size_t)n) < 0) { /* the client left */ }
+        close(c);
+    }
+}
+
+static int cmd_serve(const char *target, long ms, const char *text) {
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    int fd, one = 1, sync[2];
+    pid_t pid;
+    char b;
+    if (strncmp(target, "tcp:", 4) == 0) sl = inet_addr_port(&ss, target + 4);
+    else if (strncmp(target, "unix:", 5) == 0) sl = unix_addr(&ss, target + 5);
+    if (sl == 0) { printf("serve=BADTARGET\n"); return 1; }
+    fd = socket(ss.ss_family, SOCK_STREAM, 0);
+    if (fd < 0) { printf("serve=%s\n", ename(errno)); return 1; }
+    if (ss.ss_family != AF_UNIX) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, 16) != 0) {
+        printf("serve=%s\n", ename(errno));
+        return 1;
+    }
+    if (pipe(sync) != 0) { printf("serve=%s\n", ename(errno)); return 1; }
+    pid = fork();
+    if (pid < 0) { printf("serve=%s\n", ename(errno)); return 1; }
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        long long until = now_ms() + ms;
+        setsid();
+        if (null >= 0) { dup2(null, 0); dup2(null, 1); dup2(null, 2); if (null > 2) close(null); }
+        close(sync[0]);
+        close(sync[1]);   /* the parent may go */
+        serve_loop(fd, text, until);
+        _exit(0);
+    }
+    close(sync[1]);
+    if (read(sync[0], &b, 1) < 0) { /* EOF once the child is detached */ }
+    printf("serve=LISTENING pid=%ld\n", (long)pid);
+    return 0;
+}
+
+static int cmd_get(const char *target) {
+    struct sockaddr_storage ss;
+    socklen_t sl = inet_addr_port(&ss, target);
+    char buf[4096];
+    size_t len = 0;
+    long long until;
+    int fd, rc;
+    const char *req = "GET / HTTP/1.0\r\n\r\n";
+    char *body, *nl;
+    if (sl == 0) { printf("get=BADADDR\n"); return 1; }
+    fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) { printf("get=%s\n", ename(errno)); return 0; }
+    rc = connect_wait(fd, &ss, sl, 1500);
+    printf("get=%s\n", rc == 0 ? "CONNECTED" : ename(rc));
+    if (rc != 0) { close(fd); return 0; }
+    if (write(fd, req, strlen(req)) < 0) { close(fd); return 0; }
+    until = now_ms() + 3000;
+    while (len < sizeof buf - 1 && now_ms() < until) {
+        struct pollfd pf = { fd, POLLIN, 0 };
+        ssize_t n;
+        if (poll(&pf, 1, 200) <= 0) continue;
+        n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    buf[len] = '\0';
+    body = strstr(buf, "\r\n\r\n");
+    if (body == NULL) { printf("body=NONE\n"); return 0; }
+    body += 4;
+    nl = strchr(body, '\n');
+    if (nl != NULL) *nl = '\0';
+    printf("body=%s\n", body);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -412,11 +571,13 @@ int main(int argc, char **argv) {
     if (strcmp(c, "swap") == 0 && argc > 4) return cmd_swap(argv[2], argv[3], atol(argv[4]));
     if (strcmp(c, "flood") == 0 && argc > 2) return cmd_flood(atoll(argv[2]));
     if (strcmp(c, "sysctl") == 0) return cmd_sysctl();
+    if (strcmp(c, "serve") == 0 && argc > 4) return cmd_serve(argv[2], atol(argv[3]), argv[4]);
+    if (strcmp(c, "get") == 0 && argc > 2) return cmd_get(argv[2]);
     if (strcmp(c, "net") == 0 && argc > 3) {
         int i;
         for (i = 3; i < argc; i++) try_net(argv[i], argv[2]);
         return 0;
     }
-    fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net ...\n");
+    fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net|serve|get ...\n");
     return 2;
 }

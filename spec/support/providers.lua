@@ -16,8 +16,9 @@
 --     small limits by default (memory 128 MiB, 64 processes, 16 MiB /tmp and workspace), so a
 --     bomb ends quickly;
 --   * `leftovers(sb)` lists, as strings, what of the sandbox `sb` still exists on the host:
---     processes, cgroups, containers, socket directories, and (Docker) overlay mounts that no
---     container owns any more. Empty once it is all gone. Call it with
+--     processes, cgroups, containers, socket directories, (local, network 'all') the network
+--     stack process and its API socket, and (Docker) overlay mounts that no container owns any
+--     more. Empty once it is all gone. Call it with
 --     the sandbox object (released or not): it reads the ids the backend recorded.
 --
 -- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
@@ -95,6 +96,16 @@ local function local_leftovers(sb)
   end
   local launcher = sb._backend and sb._backend.proc
   if launcher and not sb._backend.exited then out[#out + 1] = 'launcher still running' end
+  -- with network 'all': its user-mode network stack (outside the cgroups), and the stack's API socket
+  local net = sb._backend and sb._backend.net
+  if net and net.pid then
+    local stat = read_file('/proc/' .. net.pid .. '/stat') or ''
+    local cmd = (read_file('/proc/' .. net.pid .. '/cmdline') or ''):gsub('%z', ' ')
+    if stat ~= '' and stat:match('%) (%a)') ~= 'Z' and cmd:find('slirp4netns', 1, true) then
+      out[#out + 1] = 'network stack ' .. net.pid
+    end
+  end
+  if net and net.api and select(2, M.host('test -e ' .. net.api)) then out[#out + 1] = 'stack API socket ' .. net.api end
   return out
 end
 

@@ -9,8 +9,35 @@
 --     file system directory given as `image`; never the host's /home, /root,
 --     /var, /run, /tmp or the secrets of its /etc;
 --   * /workspace and /tmp are tmpfs with size caps; the user is uid 1000 with
---     no capabilities and no_new_privs; no network unless 'all' (then the
---     host's network, and url(port) is on 127.0.0.1);
+--     no capabilities and no_new_privs;
+--   * every sandbox has a network namespace of its own: with 'none' it holds
+--     only a loopback; with 'all' (offered when run as root with slirp4netns,
+--     nft and nsenter here) bubblewrap waits before the agent starts while the
+--     host connects it (see "The network of a sandbox with 'all'"):
+--       - a firewall in the sandbox's namespace, loaded from the host (root
+--         entering that namespace alone, nft): nothing leaves but by its own
+--         loopback or the stack, and nothing goes to the host's loopback
+--         (127.0.0.0/8; ::1 and all IPv6: the stack carries IPv4 only), to
+--         an address of any host interface (every local and broadcast route of
+--         the host's namespace at create time: an address the host gets later
+--         is not in a running sandbox's list), link-local (169.254.0.0/16,
+--         fe80::/10), multicast, or the stack's own addresses (10.0.2.0/24, its
+--         gateway and its resolver, which the stack maps to the host), but DNS
+--         (port 53) to its resolver; the sandbox's processes hold no capability
+--         in that namespace, so cannot lift it;
+--       - slirp4netns (kept per sandbox, as root, in a sandbox of its own:
+--         --enable-sandbox, --enable-seccomp) carries everything else to the
+--         outside; --disable-host-loopback keeps its gateway off the host's
+--         loopback; it ends when the host's end of its exit socket closes
+--         (release, the sandbox's end, the host killed with SIGKILL);
+--       - /etc/resolv.conf names the stack's resolver (10.0.2.3, relaying to
+--         the host's resolvers), never the host's file;
+--       - each of `ports` is forwarded from a host port of 127.0.0.1 that the
+--         stack alone listens on, given by url(port), to the sandbox's address
+--         10.0.2.100 (a server there listens on 0.0.0.0, not 127.0.0.1); the
+--         stack's API socket (root's, 0700) is removed once they are set up;
+--     run as another user the host cannot enter the namespace bubblewrap
+--     makes, so `features.network` is { 'none' } and ports are not served;
 --   * run as root, each sandbox runs under a host uid of its own (no host
 --     root behind the sandbox's user), and `cpus`, `memory_mib` and `pids` are
 --     enforced with cgroups (v1 or v2); run as another user, the host's
@@ -36,6 +63,14 @@ local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
 local WORKDIR = '/workspace'
 local AGENT_PATH = '/.mayura/agent'
+-- The stack's network (slirp4netns's defaults): the sandbox is 10.0.2.100; every other address of it
+-- is the stack itself, which takes 10.0.2.3 to the host's resolver (whatever the port) and the rest
+-- to the host's loopback unless --disable-host-loopback
+local NET_STACK = '10.0.2.0/24'
+local NET_DNS = '10.0.2.3'
+local NET_RESOLV = 'nameserver ' .. NET_DNS .. '\n'
+-- descriptors bubblewrap gets for a sandbox with 'all' (3 is the agent's socket)
+local INFO_FD, BLOCK_FD = 4, 5
 
 -- {======================================================
 -- Host helpers
@@ -52,6 +87,12 @@ end
 
 local function readlink_type(path)
   local st = await_cb(function(cb) core.fs.stat(path, cb) end)
+  return st and st.type
+end
+
+-- The type of `path` itself (a symbolic link is 'link'), or nil.
+local function lstat_type(path)
+  local st = require('luv').fs_lstat(path)
   return st and st.type
 end
 
@@ -216,7 +257,10 @@ local function bwrap_argv(p, spec, sb_id)
     '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
-  if spec.network ~= 'all' then add('--unshare-net') end
+  -- a network namespace of its own, always; with 'all' the host connects it (connect_network)
+  -- while bubblewrap waits, before the agent starts
+  add('--unshare-net')
+  if spec.network == 'all' then add('--info-fd', tostring(INFO_FD), '--block-fd', tostring(BLOCK_FD)) end
   local image = spec.image or p.image
   if image then
     add('--ro-bind', image, '/')
@@ -232,9 +276,10 @@ local function bwrap_argv(p, spec, sb_id)
     for _, name in ipairs(ETC_HOST) do
       if p.etc_host[name] then add('--ro-bind', '/etc/' .. name, '/etc/' .. name) end
     end
-    if spec.network == 'all' and p.etc_host['resolv'] then
-      add('--ro-bind', '/etc/resolv.conf', '/etc/resolv.conf')
-    end
+  end
+  -- with 'all', the stack's resolver; an image gets it only over a resolv.conf file of its own
+  if spec.network == 'all' and (not image or lstat_type(image .. '/etc/resolv.conf') == 'file') then
+    add('--ro-bind', p.net_etc .. '/resolv.conf', '/etc/resolv.conf')
   end
   add('--proc', '/proc', '--dev', '/dev')
   -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
@@ -253,6 +298,272 @@ end
 -- }======================================================
 
 -- {======================================================
+-- The network of a sandbox with 'all'
+-- =======================================================
+
+--- The IPv4 destinations no sandbox reaches: the host's loopback, its own addresses (every local
+-- route of the host's network namespace now, from /proc/net/fib_trie, broadcast ones too),
+-- link-local, multicast, "this network", and the stack's own addresses (but DNS, see net_rules).
+local function blocked_ipv4()
+  local out = { '0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255', NET_STACK }
+  local seen, last = {}, nil
+  for line in (read_plain('/proc/net/fib_trie') or ''):gmatch('[^\n]+') do
+    local addr = line:match('^[%s|]*|%-%- (%d+%.%d+%.%d+%.%d+)%s*$')
+    if addr then
+      last = addr
+    elseif last then
+      local bits, kind = line:match('^%s*/(%d+) %a+ (%u+)')
+      if kind == 'LOCAL' or kind == 'BROADCAST' then
+        local cidr = bits == '32' and last or (last .. '/' .. bits)
+        if not seen[cidr] then
+          seen[cidr] = true
+          out[#out + 1] = cidr
+        end
+      end
+    end
+  end
+  return out
+end
+
+--- The sandbox's firewall, loaded into its network namespace from the host before anything in it
+-- runs: its own loopback is free, and so are the answers to connections made to it (a forwarded
+-- port's come from the stack's gateway), and DNS to the stack's resolver (port 53 alone: the stack
+-- sends any port of that address to the host's resolver, which may be on the host's loopback);
+-- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to
+-- `blocked` (a set that merges the overlapping entries).
+local function net_rules(blocked)
+  return table.concat({
+    'table inet mayura {',
+    '  set blocked4 {',
+    '    type ipv4_addr; flags interval; auto-merge;',
+    '    elements = { ' .. table.concat(blocked, ', ') .. ' }',
+    '  }',
+    '  chain output {',
+    '    type filter hook output priority 0; policy accept;',
+    '    oif "lo" accept',
+    '    ct state established,related accept',
+    '    ip daddr ' .. NET_DNS .. ' udp dport 53 accept',
+    '    ip daddr ' .. NET_DNS .. ' tcp dport 53 accept',
+    '    meta nfproto ipv6 reject with icmpx type admin-prohibited',
+    '    ip daddr @blocked4 reject with icmpx type admin-prohibited',
+    '  }',
+    '}',
+    '',
+  }, '\n')
+end
+
+--- A luv pipe over the descriptor `fd` (closing the pipe closes it).
+local function fd_pipe(fd)
+  local pipe = require('luv').new_pipe(false)
+  pipe:open(fd)
+  return pipe
+end
+
+--- Reads the luv `pipe` until `enough(text)` holds, the other end closes, or `ms` pass; returns
+-- the text, nil when it did not come. The pipe stays open.
+local function read_pipe(pipe, enough, ms)
+  local uv = require('luv')
+  local chunks = {}
+  local text = task.await(function(done)
+    local timer = uv.new_timer()
+    local finished = false
+    local function finish(ok)
+      if finished then return end
+      finished = true
+      timer:stop()
+      timer:close()
+      pipe:read_stop()
+      done(ok and table.concat(chunks) or nil)
+    end
+    timer:start(ms, 0, function() finish(false) end)
+    pipe:read_start(function(err, chunk)
+      if err or not chunk then return finish(false) end
+      chunks[#chunks + 1] = chunk
+      if #chunks > 64 then return finish(false) end
+      if enough(table.concat(chunks)) then finish(true) end
+    end)
+  end)
+  return text
+end
+
+--- One request to the stack's API socket; the decoded reply, or nil.
+local function stack_api(path, request)
+  local uv = require('luv')
+  local pipe = uv.new_pipe(false)
+  local out = task.await(function(done)
+    local chunks, finished = {}, false
+    local timer = uv.new_timer()
+    local function finish(text)
+      if finished then return end
+      finished = true
+      timer:stop()
+      timer:close()
+      if not pipe:is_closing() then pipe:close() end
+      done(text)
+    end
+    timer:start(5000, 0, function() finish(nil) end)
+    pipe:connect(path, function(err)
+      if err then return finish(nil) end
+      pipe:write(core.json.encode(request))
+      pipe:read_start(function(rerr, chunk)
+        if rerr then return finish(nil) end
+        if not chunk then return finish(table.concat(chunks)) end
+        chunks[#chunks + 1] = chunk
+      end)
+    end)
+  end)
+  local ok, reply = pcall(core.json.decode, out or '')
+  return ok and type(reply) == 'table' and reply or nil
+end
+
+--- A TCP port of 127.0.0.1 free at this moment (the kernel's pick), or nil.
+local function free_port()
+  local uv = require('luv')
+  local tcp = uv.new_tcp()
+  local ok = tcp:bind('127.0.0.1', 0)
+  local name = ok and tcp:getsockname()
+  tcp:close()
+  return name and name.port
+end
+
+--- Starts a host command (`core.spawn` options); returns a function that waits for its result
+-- (a table with `error` when it did not start).
+local function start_process(spec)
+  local result, waiting
+  local proc, err = core.spawn(spec, function(res)
+    result = res
+    if waiting then waiting(res) end
+  end)
+  if not proc then result = { error = err } end
+  return function()
+    if result then return result end
+    return task.await(function(done) waiting = done end)
+  end
+end
+
+--- Waits (up to `ms`) for bubblewrap's sandbox process `pid` to be done with its namespaces: it
+-- drops its capabilities once every setup step is over (its own loopback among them, which the
+-- stack must not race) and then waits on BLOCK_FD. False when it ended instead.
+local function wait_setup_done(pid, ms)
+  local deadline = core.hrtime_ms() + ms
+  while core.hrtime_ms() < deadline do
+    local status = read_plain('/proc/' .. pid .. '/status')
+    if not status then return false end
+    if status:match('\nCapEff:%s*0+\n') then return true end
+    task.sleep(1)
+  end
+  return false
+end
+
+--- For a sandbox with 'all', the socket pairs of bubblewrap's INFO_FD and BLOCK_FD (host and child
+-- ends), or nil.
+local function network_fds(spec)
+  if spec.network ~= 'all' then return nil end
+  local t = {}
+  t.info_host, t.info_child = core.socketpair()
+  t.block_host, t.block_child = core.socketpair()
+  if not t.info_host or not t.block_host then
+    for _, k in ipairs({ 'info_host', 'info_child', 'block_host', 'block_child' }) do
+      if t[k] then core.close_fd(t[k]) end
+    end
+    error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
+  end
+  return t
+end
+
+--- Stops the sandbox's stack: closing our end of its exit socket ends it. Its API socket goes too.
+local function stop_network(backend)
+  local net = backend.net
+  if not net then return end
+  if net.pipe and not net.pipe:is_closing() then net.pipe:close() end
+  if net.api then os.remove(net.api) end
+end
+
+--- Connects a sandbox with 'all' that bubblewrap holds before its agent starts: learns its pid
+-- (`info`, bubblewrap's --info-fd), loads its firewall, starts its stack and waits for the stack
+-- to say its side is configured, and forwards `spec.ports`; the caller then lets bubblewrap go on
+-- (its --block-fd). Raises on any failure; `backend.net` holds the stack.
+local function connect_network(p, backend, spec, info)
+  local uv = require('luv')
+  local function fail(what)
+    error(errors.sandbox('unavailable', 'cannot connect the sandbox\'s network: ' .. what), 0)
+  end
+  local info_pipe = fd_pipe(info)
+  local text = read_pipe(info_pipe, function(s) return s:find('}', 1, true) ~= nil end, 10000)
+  info_pipe:close()
+  local pid = text and tonumber(text:match('"child%-pid"%s*:%s*(%d+)'))
+  local ns_id = text and text:match('"net%-namespace"%s*:%s*(%d+)')
+  if not pid or not ns_id then fail('bubblewrap did not start') end
+  -- held open from here, so every step below acts on this namespace, never on one a reused pid has;
+  -- and never on the host's own, whatever went wrong
+  local ns_fd = uv.fs_open('/proc/' .. pid .. '/ns/net', 'r', 0)
+  if not ns_fd then fail('the sandbox is gone') end
+  local link = uv.fs_readlink('/proc/self/fd/' .. ns_fd)
+  if link ~= 'net:[' .. ns_id .. ']' or link == uv.fs_readlink('/proc/self/ns/net') then
+    uv.fs_close(ns_fd)
+    fail('not the sandbox\'s namespace')
+  end
+  local net = { ports = {} }
+  backend.net = net
+  -- the firewall (root, in the namespace only), while bubblewrap sets the namespace up and the
+  -- stack starts; bubblewrap goes on only once both are done
+  local rules = start_process({
+    argv = { p.nsenter, '--net=/proc/self/fd/3', '--', p.nft, '-f', '-' }, fds = { ns_fd },
+    stdin = net_rules(blocked_ipv4()), timeout_ms = 10000, max_output_bytes = 4096,
+    env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
+  })
+  -- the stack brings the loopback up too: not before bubblewrap has set it up
+  if not wait_setup_done(pid, 10000) then uv.fs_close(ns_fd); fail('bubblewrap did not get ready') end
+  local api = nil
+  if spec.ports and #spec.ports > 0 then
+    api = p.net_dir .. '/' .. backend.id .. '.sock'
+    os.remove(api)
+    net.api = api
+  end
+  -- the stack: fd 3 ends it when our end closes, fd 4 says it is ready, fd 5 is the namespace
+  local mine, its = core.socketpair()
+  if not mine then uv.fs_close(ns_fd); fail('no socket pair') end
+  local argv = { p.slirp4netns, '--configure', '--mtu=65520', '--disable-host-loopback',
+    '--enable-sandbox', '--enable-seccomp', '--exit-fd=3', '--ready-fd=4', '--netns-type=path' }
+  if api then argv[#argv + 1] = '--api-socket=' .. api end
+  argv[#argv + 1] = '/proc/self/fd/5'
+  argv[#argv + 1] = 'tap0'
+  local proc = core.spawn({
+    argv = argv, fds = { its, its, ns_fd }, max_output_bytes = 4096,
+    env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
+  }, function()
+    net.exited = true
+    if net.on_exit then net.on_exit() end
+  end)
+  core.close_fd(its)
+  net.pipe = fd_pipe(mine)
+  uv.fs_close(ns_fd)
+  if not proc then fail('slirp4netns did not start') end
+  net.proc = proc
+  net.pid = proc:pid()
+  if rules().exit_code ~= 0 then fail('the firewall did not load') end
+  if read_pipe(net.pipe, function(s) return #s > 0 end, 10000) ~= '1' then fail('slirp4netns did not get ready') end
+  for _, port in ipairs(spec.ports or {}) do
+    local reply
+    for _ = 1, 8 do
+      local host_port = free_port()
+      reply = host_port and stack_api(api, { execute = 'add_hostfwd', arguments = {
+        proto = 'tcp', host_addr = '127.0.0.1', host_port = host_port, guest_port = port } })
+      if reply and reply['return'] then
+        net.ports[port] = host_port
+        break
+      end
+    end
+    if not net.ports[port] then fail('cannot forward port ' .. port) end
+  end
+  -- nobody adds a forward later: the API socket goes once the ports are there
+  if api then os.remove(api) end
+  net.api = nil
+end
+
+-- }======================================================
+
+-- {======================================================
 -- A sandbox backend over the agent
 -- =======================================================
 
@@ -265,16 +576,24 @@ function Backend:oom_kills()
   return oom_kills(self.cg_mode, self.cg_dirs)
 end
 
+-- The host port of 127.0.0.1 that the sandbox's stack forwards to `port` (one of spec.ports).
 function Backend:url(port)
   if self.network ~= 'all' then
     errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
   end
-  return 'http://127.0.0.1:' .. port
+  local host_port = self.net and self.net.ports[port]
+  if not host_port then
+    errors.raise('INVALID_INPUT', 'port ' .. tostring(port) .. ' is not one of the ports the sandbox was created with',
+      nil, 0)
+  end
+  return 'http://127.0.0.1:' .. host_port
 end
 
 function Backend:release()
   if self.released then return end
   self.released = true
+  -- its network stack ends as soon as our end of its exit socket closes, meanwhile the rest does
+  stop_network(self)
   if not self.closed then
     -- ask the agent to end everything; closing our end ends it too
     pcall(self.ch.call, self.ch, { op = 'shutdown' }, function() end)
@@ -296,6 +615,26 @@ function Backend:release()
       self.on_exit = finish
       timer:start(5000, 0, function()
         if self.proc then self.proc:cancel() end
+        finish()
+      end)
+    end)
+  end
+  -- then wait for the stack too
+  local net = self.net
+  if net and net.proc and not net.exited then
+    local uv = require('luv')
+    task.await(function(done)
+      local timer = uv.new_timer()
+      local fired = false
+      local function finish()
+        if fired then return end
+        fired = true
+        if not timer:is_closing() then timer:stop(); timer:close() end
+        done()
+      end
+      net.on_exit = finish
+      timer:start(2000, 0, function()
+        net.proc:cancel()
         finish()
       end)
     end)
@@ -351,7 +690,15 @@ function M.local_sandboxes(options)
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   p.cg_mode = cgroup_mode()
   p.root = is_root()
-  p.features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } }
+  -- 'all' is a namespace of its own behind a user-mode stack; joining that namespace (for the stack
+  -- and the firewall) needs root here, so run as another user, or without the programs, there is no 'all'
+  p.slirp4netns = find_in_path('slirp4netns')
+  p.nft = find_in_path('nft') or find_in_path('/usr/sbin/nft') or find_in_path('/sbin/nft')
+  p.nsenter = find_in_path('nsenter') or find_in_path('/usr/bin/nsenter')
+  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil
+  p.features = {
+    stdin = true, ports = can_connect, desktop = false, network = can_connect and { 'none', 'all' } or { 'none' },
+  }
   -- what holds where: cgroups need root here; without them the host's limits apply
   p.enforced = {
     memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
@@ -363,9 +710,15 @@ function M.local_sandboxes(options)
   end
   p.etc_host = {}
   for _, name in ipairs(ETC_HOST) do p.etc_host[name] = readlink_type('/etc/' .. name) ~= nil end
-  p.etc_host.resolv = exists('/etc/resolv.conf')
   local base = runtime_base()
   p.etc = install(base, 'etc-1', ETC, 420, 'the sandbox /etc')
+  if can_connect then
+    p.net_etc = install(base, 'net-1', { ['resolv.conf'] = NET_RESOLV }, 420, 'the sandbox resolv.conf')
+    -- the stacks' API sockets, for root alone, each there only while its ports are added
+    p.net_dir = base .. '/net-api'
+    await_cb(function(cb) core.fs.mkdir(p.net_dir, { mode = 448 }, cb) end)
+    require('mayura.process').run({ 'chmod', '0700', p.net_dir })
+  end
   -- a copy of the agent beside it: the checkout it was built in may be closed to other uids
   local agent_bytes = read_plain(p.agent)
   if not agent_bytes then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
@@ -377,6 +730,9 @@ function M.local_sandboxes(options)
   local counter = 0
 
   function p.create(self, spec)
+    if spec.network == 'all' and not self.net_dir then
+      errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
+    end
     if spec.ports and #spec.ports > 0 and spec.network ~= 'all' then
       errors.raise('INVALID_INPUT', 'ports are served only with network all', nil, 0)
     end
@@ -411,8 +767,17 @@ function M.local_sandboxes(options)
       id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs,
       closed = false, released = false, exited = false,
     }, Backend)
+    -- with 'all', bubblewrap says its pid (INFO_FD) and waits (BLOCK_FD) while the host connects it
+    local fds, fds_ok, net_fds = { b }, pcall(network_fds, spec)
+    if not fds_ok then
+      core.close_fd(a)
+      core.close_fd(b)
+      remove_cgroups(cg_dirs)
+      error(net_fds, 0)
+    end
+    if net_fds then fds[INFO_FD - 2], fds[BLOCK_FD - 2] = net_fds.info_child, net_fds.block_child end
     local proc, err = core.spawn({
-      argv = argv, fds = { b }, max_output_bytes = 65536,
+      argv = argv, fds = fds, max_output_bytes = 65536,
       env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
     }, function(res)
       backend.exited = true
@@ -421,11 +786,14 @@ function M.local_sandboxes(options)
         backend.closed = true
         pcall(backend.ch.close, backend.ch)
       end
+      stop_network(backend)
       if backend.on_exit then backend.on_exit() end
     end)
     core.close_fd(b)
+    if net_fds then core.close_fd(net_fds.info_child); core.close_fd(net_fds.block_child) end
     if not proc then
       core.close_fd(a)
+      if net_fds then core.close_fd(net_fds.info_host); core.close_fd(net_fds.block_host) end
       remove_cgroups(cg_dirs)
       local _ = err
       error(errors.sandbox('unavailable', 'cannot start the sandbox'), 0)
@@ -435,6 +803,17 @@ function M.local_sandboxes(options)
       max_frame_bytes = agent_backend.MAX_FRAME_BYTES,
       on_close = function() backend.closed = true end,
     })
+    if net_fds then
+      local nok, nerr = pcall(connect_network, self, backend, spec, net_fds.info_host)
+      if not nok then
+        -- the agent must never serve: its socket closes before bubblewrap goes on, so it ends at once
+        backend.closed = true
+        pcall(backend.ch.close, backend.ch)
+      end
+      -- bubblewrap goes on when its BLOCK_FD is readable, at EOF too
+      core.close_fd(net_fds.block_host)
+      if not nok then agent_backend.start_failed(backend, nerr) end
+    end
     -- the agent answers once the namespaces are up; then it gets the env, never on a command line
     local ok, cerr = pcall(agent_backend.handshake, backend, spec.env, WORKDIR)
     if not ok then agent_backend.start_failed(backend, cerr) end
