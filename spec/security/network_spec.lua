@@ -370,9 +370,9 @@ describe("the network of a local sandbox with 'all'", function()
       -- on the host's loopback only, not on its other addresses
       local tcp = io.open('/proc/net/tcp'):read('a')
       assert.matches('0100007F:' .. ('%04X'):format(tonumber(pa)) .. ' 00000000:0000 0A', tcp)
-      local err = common.raises('INVALID_INPUT', a.url, a, 3001)
+      local err = assert.raises_code('INVALID_INPUT', a.url, a, 3001)
       assert.matches('3001', err.message)
-      common.raises('INVALID_INPUT', a._backend.url, a._backend, 3001)
+      assert.raises_code('INVALID_INPUT', a._backend.url, a._backend, 3001)
     end)
 
   it("cannot reach another sandbox's servers, by any address", function()
