@@ -8,20 +8,52 @@
 --     synthesized /etc (passwd, group, hosts, an empty resolv.conf), or a root
 --     file system directory given as `image`; never the host's /home, /root,
 --     /var, /run, /tmp or the secrets of its /etc;
---   * /workspace and /tmp are tmpfs with size caps; the user is uid 1000 with
---     no capabilities and no_new_privs; no network unless 'all' (then the
---     host's network, and url(port) is on 127.0.0.1);
+--   * /workspace, /tmp and /dev/shm are tmpfs with size caps; the user is uid
+--     1000 with no capabilities and no_new_privs; no network unless 'all'
+--     (then the host's network, and url(port) is on 127.0.0.1);
 --   * run as root, each sandbox runs under a host uid of its own (no host
 --     root behind the sandbox's user), and `cpus`, `memory_mib` and `pids` are
 --     enforced with cgroups (v1 or v2); run as another user, the host's
 --     limits apply and `provider.enforced` says so;
 --   * commands and file calls go to the agent over a socket pair, so
 --     environment values never appear on a host command line, and file calls
---     happen in the sandbox's own view of its files;
---   * the lifetime is enforced by the agent: it exits at the end of it, and as
---     PID 1 its exit ends every process of the sandbox. It also exits when the
---     host end of its socket closes, so a host killed with SIGKILL leaves no
---     sandbox behind; the launcher then removes the sandbox's cgroups.
+--     happen in the sandbox's own view of its files.
+--
+-- The host holds each sandbox's lifetime and its release, not the agent: code
+-- in the sandbox runs as the agent's own user and can lower its priority or
+-- starve it. A launcher process (a shell, outside the sandbox's cgroups and
+-- out of the host process's own process tree) starts bubblewrap and keeps the
+-- sandbox: at the end of the lifetime (plus a second of grace), when the host
+-- releases the sandbox, or when the host process is gone (the end of a
+-- control socket), it kills the sandbox's PID 1, and the kernel ends the whole
+-- pid namespace with it (bubblewrap's --die-with-parent does the same should
+-- the launcher itself be killed); as root it then kills whatever is left in
+-- the sandbox's cgroups (v1: a freezer cgroup, frozen, every process killed,
+-- thawed; v2: cgroup.kill) and removes them. `release()` returns once all of
+-- that is done. The agent also exits at the lifetime on its own; the kill
+-- from the host is what holds it.
+--
+-- What the sandbox is made of never comes from a directory on the host that
+-- another user could reach: the agent's bytes are read once by the provider and
+-- handed to each launcher on a pipe, and the /etc files travel in the
+-- launcher's environment. As root the launcher builds the sandbox in a mount
+-- namespace of its own (never visible on the host, gone with the sandbox):
+-- the root, /workspace, /tmp and /dev/shm are tmpfs it mounts itself with
+-- `size=`, `nr_inodes=` (one inode per 4 KiB page, so only empty files,
+-- directories and links can run out of inodes before bytes do) and `mode=`,
+-- owned by host root (so their options name no host uid), /dev holds binds
+-- of the usual device nodes and a devpts instance of its own; the sandbox's
+-- mount table then names no host path but /usr and /etc's shared parts, and no
+-- host uid. As another user, bubblewrap makes those tmpfs (no inode cap:
+-- `enforced.inodes` is false, and their options show the user's uid) and the
+-- files are copied in with --file.
+--
+-- The agent is shielded from the OOM killer (oom_score_adj -1000, set through
+-- the legacy oom_adj knob so that its commands cannot take the shield back)
+-- where the kernel allows it; `enforced.oom_protected` says whether it does,
+-- and the provider says so on stderr once when it does not: the tmpfs caps
+-- count toward `memory_mib` and may add up to more than it, and an agent left
+-- unshielded may then be what the kernel kills.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -55,6 +87,12 @@ local function readlink_type(path)
   return st and st.type
 end
 
+-- The type of what `path` names, through symbolic links ('directory', 'file', ...), or nil.
+local function target_type(path)
+  local err, st = await_cb(function(cb) require('luv').fs_stat(path, cb) end)
+  return not err and st and st.type or nil
+end
+
 local function is_root()
   return host.uid() == 0
 end
@@ -73,35 +111,47 @@ local ETC = {
   ['resolv.conf'] = '',
   ['nsswitch.conf'] = 'passwd: files\ngroup: files\nhosts: files dns\n',
 }
+-- Their order in the launcher's environment (MAYURA_ETC_1..5) and, run as another user, the
+-- descriptors bubblewrap copies them from (5..9: START's here-documents).
+local ETC_NAMES = { 'passwd', 'group', 'hosts', 'resolv.conf', 'nsswitch.conf' }
 
 -- Parts of the host's /etc that hold no secrets and that programs need.
 local ETC_HOST = { 'alternatives', 'ld.so.cache', 'localtime', 'ssl/certs', 'ca-certificates' }
 
--- Where the provider keeps what every sandbox binds read-only: root's /run, else the user's runtime dir.
-local function runtime_base()
-  if is_root() then return '/run/mayura' end
-  local rt = os.getenv('XDG_RUNTIME_DIR')
-  return (rt and rt ~= '') and (rt .. '/mayura') or ('/tmp/mayura-' .. (os.getenv('USER') or 'user'))
+-- The device nodes of the sandbox's /dev (binds of the host's).
+local DEVICES = { 'null', 'zero', 'full', 'random', 'urandom', 'tty' }
+
+-- Run as root, the launcher mounts the sandbox's file systems here, in a mount namespace of its
+-- own: the host sees only an empty directory owned by root.
+local STAGE = '/run/mayura'
+
+local function lstat(path)
+  local uv = require('luv')
+  local err, st = await_cb(function(cb) uv.fs_lstat(path, cb) end)
+  if err then return nil, err end
+  return st
 end
 
--- Writes `files` (name -> content) with `mode` into base/name, rewriting only what differs, readable
--- by the sandboxes' own host uids whatever the umask and the checkout's directory modes are.
-local function install(base, name, files, mode, what)
-  local dir = base .. '/' .. name
-  local ok, err = await_cb(function(cb) core.fs.mkdir(dir, { mode = 493 }, cb) end)
-  if not ok then errors.raise('INVALID_CONFIG', 'cannot make ' .. what .. ': ' .. tostring(err and err.errno)) end
-  require('mayura.process').run({ 'chmod', '0755', base, dir })
-  for file, content in pairs(files) do
-    if read_plain(dir .. '/' .. file) ~= content then
-      local w, werr = await_cb(function(cb) core.fs.write(dir .. '/' .. file, content, { mode = mode }, cb) end)
-      if not w then errors.raise('INVALID_CONFIG', 'cannot write ' .. what .. ': ' .. tostring(werr and werr.errno)) end
-    end
+local function bit(n, b) return math.floor(n / b) % 2 == 1 end
+
+-- Makes STAGE when it is missing; refuses it unless it is a directory (not a link) owned by root
+-- that nobody else may write.
+local function make_stage()
+  local uv = require('luv')
+  await_cb(function(cb) uv.fs_mkdir(STAGE, 448, cb) end)   -- 0700; already there is fine
+  local st = lstat(STAGE)
+  if not st or st.type ~= 'directory' or st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
+    errors.raise('INVALID_CONFIG', STAGE .. ' must be a directory owned by root that only root may write', nil, 3)
   end
-  return dir
+end
+
+-- tmpfs options: `bytes`, one inode per 4 KiB page (every file with data takes a page anyway, so
+-- only empty files, directories and links can run out of inodes before the bytes run out), `mode`.
+local function tmpfs_options(bytes, mode)
+  return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
 end
 
 -- }======================================================
-
 -- {======================================================
 -- cgroups
 -- =======================================================
@@ -116,50 +166,62 @@ local function cgroup_mode()
   return nil
 end
 
--- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins).
+local function remove_cgroups(dirs)
+  for i = #dirs, 1, -1 do os.remove(dirs[i]) end
+end
+
+-- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins, the
+-- memory one first) and how the launcher kills what is in them: `{ freezer = dir }` (v1) or
+-- `{ v2 = dir }`. Nothing is left behind when one cannot be made.
 local function make_cgroups(mode, id, limits)
-  local dirs = {}
+  local dirs, kill = {}, {}
   local function mk(path)
     local ok = await_cb(function(cb) core.fs.mkdir(path, nil, cb) end)
-    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup')) end
+    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup'), 0) end
     dirs[#dirs + 1] = path
     return path
   end
   local function set(path, value, optional)
     if not write_plain(path, value) and not optional then
-      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'))
+      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'), 0)
     end
   end
   local bytes = tostring(limits.memory_mib * MIB)
   local quota = math.floor(limits.cpus * 100000 + 0.5)
-  if mode == 'v1' then
-    local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
-    set(mem .. '/memory.limit_in_bytes', bytes)
-    set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
-    set(mem .. '/memory.swappiness', '0', true)
-    local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
-    set(pids .. '/pids.max', tostring(limits.pids))
-    if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
-      local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
-      set(cpu .. '/cpu.cfs_period_us', '100000')
-      set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+  local ok, err = pcall(function()
+    if mode == 'v1' then
+      local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
+      set(mem .. '/memory.limit_in_bytes', bytes)
+      set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
+      set(mem .. '/memory.swappiness', '0', true)
+      local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
+      set(pids .. '/pids.max', tostring(limits.pids))
+      if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
+        local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
+        set(cpu .. '/cpu.cfs_period_us', '100000')
+        set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+      end
+      -- what the launcher freezes to kill every process in it at once (a fork bomb too)
+      if exists('/sys/fs/cgroup/freezer/cgroup.procs') then
+        kill.freezer = mk('/sys/fs/cgroup/freezer/mayura/' .. id)
+      end
+    else
+      write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
+      await_cb(function(cb) core.fs.mkdir('/sys/fs/cgroup/mayura', nil, cb) end)
+      write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
+      local cg = mk('/sys/fs/cgroup/mayura/' .. id)
+      set(cg .. '/memory.max', bytes)
+      set(cg .. '/memory.swap.max', '0', true)
+      set(cg .. '/pids.max', tostring(limits.pids))
+      set(cg .. '/cpu.max', quota .. ' 100000', true)
+      kill.v2 = cg
     end
-  else
-    write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
-    mk('/sys/fs/cgroup/mayura')
-    dirs = {}
-    write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
-    local cg = mk('/sys/fs/cgroup/mayura/' .. id)
-    set(cg .. '/memory.max', bytes)
-    set(cg .. '/memory.swap.max', '0', true)
-    set(cg .. '/pids.max', tostring(limits.pids))
-    set(cg .. '/cpu.max', quota .. ' 100000', true)
+  end)
+  if not ok then
+    remove_cgroups(dirs)
+    error(err, 0)
   end
-  return dirs
-end
-
-local function remove_cgroups(dirs)
-  for i = #dirs, 1, -1 do os.remove(dirs[i]) end
+  return dirs, kill
 end
 
 -- How many times the sandbox's memory cgroup has killed a process for memory.
@@ -180,55 +242,179 @@ end
 -- The launcher
 -- =======================================================
 
--- Runs bubblewrap in the cgroups, then removes them. The launcher itself
--- stays outside them: were it inside, the sandbox's own memory limit could
--- have it killed (an OOM in the sandbox), and nothing would remove them.
--- Arguments: the number of cgroup directories, the directories, the command.
-local LAUNCHER = [[
-n=$1; shift; dirs=; i=$n
-for d; do
-  [ "$i" -gt 0 ] || break
-  dirs="$d $dirs"; i=$((i - 1))
-done
-/bin/sh -c '
-n=$1; shift
-while [ "$n" -gt 0 ]; do
-  echo $$ > "$1/cgroup.procs" || exit 125
-  shift; n=$((n - 1))
-done
-echo -1000 > /proc/self/oom_score_adj 2>/dev/null
-exec "$@"' mayura-join "$n" "$@"
-rc=$?
-# bubblewrap may end first (killed for memory, say): the rest of the sandbox ends soon after
-# (the agent at its lifetime at the latest), and only an empty cgroup can be removed
-for d in $dirs; do
-  while [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ]; do sleep 0.05; done
-  rmdir "$d" 2>/dev/null
-done
-exit $rc
-]]
+-- How long past its lifetime the launcher gives the agent to end the sandbox by itself.
+local GRACE_MS = 1000
 
-local function bwrap_argv(p, spec, sb_id)
+-- The keeper of one sandbox; it runs outside the sandbox's cgroups (were it inside, the
+-- sandbox's own memory limit could have it killed) and out of the host's process tree (setsid,
+-- without the host's tree tag), so it outlives the host. It starts the sandbox (START, as a child
+-- of a subshell that says when it has ended), then waits for the first of: the end of the
+-- lifetime, the sandbox's own end, a word from the host or the end of the host's control socket.
+-- Then it kills the sandbox's PID 1 (the kernel ends the pid namespace with it, and bubblewrap
+-- exits once it is empty), as root everything in its cgroups too, waits until all of it is gone
+-- and removes the cgroups.
+-- Environment: MAYURA_LIFE (seconds), MAYURA_CG (the cgroup directories), MAYURA_FREEZER (v1) or
+-- MAYURA_CGKILL (v2), MAYURA_START and what it reads. fd 0: the agent's bytes, 3: the agent's
+-- socket, 4: the host's control socket. Arguments: bubblewrap's command line.
+local LAUNCHER = [=[
+trap '' PIPE
+# the children of a process, into $kids (without /proc/PID/task/TID/children here: from every PPid)
+if [ -r "/proc/$$/task/$$/children" ]; then
+  kids() { kids=; read -r kids 2>/dev/null < "/proc/$1/task/$1/children"; }
+else
+  kids() { kids=$(grep -l "^PPid:[[:space:]]*$1\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3); }
+fi
+held() { read -r _ 2>/dev/null < "$1/cgroup.procs"; }
+kill_procs() { while read -r p; do kill -KILL "$p"; done 2>/dev/null < "$1/cgroup.procs"; }
+# every process in the cgroups: frozen (no fork can race the kill), killed, thawed
+kill_cgroups() {
+  if [ -n "$MAYURA_CGKILL" ] && [ -e "$MAYURA_CGKILL/cgroup.kill" ]; then
+    echo 1 2>/dev/null > "$MAYURA_CGKILL/cgroup.kill"
+  elif [ -n "$MAYURA_FREEZER" ]; then
+    echo FROZEN 2>/dev/null > "$MAYURA_FREEZER/freezer.state"
+    i=0
+    while read -r st 2>/dev/null < "$MAYURA_FREEZER/freezer.state" && [ "$st" = FREEZING ] && [ $i -lt 40 ]; do
+      sleep 0.05
+      i=$((i + 1))
+    done
+    kill_procs "$MAYURA_FREEZER"
+    echo THAWED 2>/dev/null > "$MAYURA_FREEZER/freezer.state"
+  else
+    for d in $MAYURA_CG; do kill_procs "$d"; done
+  fi
+}
+# PID 1 (the child of bubblewrap: its pid namespace ends with it), or whatever is still starting it
+end_sandbox() {
+  kids "$sb"
+  for b in $kids; do
+    c=
+    read -r c 2>/dev/null < "/proc/$b/comm"
+    kids "$b"
+    if [ "$c" != bwrap ]; then kill -KILL "$b" $kids 2>/dev/null
+    elif [ -n "$kids" ]; then kill -KILL $kids 2>/dev/null
+    else kill -KILL "$b" 2>/dev/null; fi
+  done
+}
+exec 5<&0 </dev/null
+# a notice ends the current wait at once, even one that comes before it: it kills the wait's timer
+# (USR1: the host's word; USR2: the sandbox has ended)
+tm=
+ended=
+trap '[ -z "$tm" ] || kill -KILL $tm 2>/dev/null' USR1
+trap 'ended=1; [ -z "$tm" ] || kill -KILL $tm 2>/dev/null' USR2
+sleep "$MAYURA_LIFE" &
+tm=$!
+(
+  /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  exec 3<&- 5<&-
+  wait $!
+  kill -USR2 $$
+) 4<&- &
+sb=$!
+exec 3<&- 5<&-
+( read -r _; kill -USR1 $$ ) <&4 &
+rd=$!
+exec 4<&-
+# until the lifetime, the sandbox's own end or the host's word
+wait $tm
+wait $tm 2>/dev/null
+tm=
+kill -KILL $rd 2>/dev/null
+wait $rd 2>/dev/null
+# kill, then wait for the sandbox to end; every half second, again and the cgroups too
+n=0
+while [ -z "$ended" ] && read -r _ _ state _ 2>/dev/null < "/proc/$sb/stat" && [ "$state" != Z ]; do
+  sleep 0.5 &
+  tm=$!
+  if [ -z "$ended" ]; then
+    end_sandbox
+    [ $n -eq 0 ] || kill_cgroups
+    n=1
+  else
+    kill -KILL $tm 2>/dev/null
+  fi
+  wait $tm
+  wait $tm 2>/dev/null
+  tm=
+done
+wait $sb
+# what is left in the cgroups (nothing, as a rule), for 10 s at most; then they go
+for d in $MAYURA_CG; do
+  i=0
+  while held "$d" && [ $i -lt 200 ]; do kill_cgroups; sleep 0.05; i=$((i + 1)); done
+done
+[ -z "$MAYURA_CG" ] || rmdir $MAYURA_CG 2>/dev/null
+exit 0
+]=]
+
+-- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
+-- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
+-- commands may go down to at 0), then becomes bubblewrap (as root through MOUNT, in a mount
+-- namespace of its own), with the agent's bytes on fd 0 and, without an image, the /etc files on
+-- descriptors 5..9. fd 5: the agent's bytes.
+local START = [=[
+for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
+echo -17 > /proc/self/oom_adj 2>/dev/null
+if [ -n "$MAYURA_UID" ]; then
+  set -- unshare --mount --propagation private /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
+fi
+if [ -z "$MAYURA_ETC_FDS" ]; then exec "$@" 0<&5 5<&-; fi
+exec "$@" 0<&5 5<<E1 6<<E2 7<<E3 8<<E4 9<<E5
+$MAYURA_ETC_1
+E1
+$MAYURA_ETC_2
+E2
+$MAYURA_ETC_3
+E3
+$MAYURA_ETC_4
+E4
+$MAYURA_ETC_5
+E5
+]=]
+
+-- As root, in the launcher's own mount namespace: mounts the sandbox's file systems under
+-- MAYURA_STAGE (tmpfs owned by host root, capped in bytes and inodes, their roots given to the
+-- sandbox's host uid; a devpts instance of its own), then becomes bubblewrap under that uid.
+local MOUNT = [=[
+set -e
+r=$MAYURA_STAGE
+mount -t tmpfs -o "$MAYURA_ROOT_OPTS" mayura "$r"
+mkdir "$r/root" "$r/w" "$r/t" "$r/s" "$r/pts"
+mount -t tmpfs -o "$MAYURA_WS_OPTS" mayura "$r/w"
+mount -t tmpfs -o "$MAYURA_TMP_OPTS" mayura "$r/t"
+mount -t tmpfs -o "$MAYURA_SHM_OPTS" mayura "$r/s"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$r/pts"
+chown "$MAYURA_UID:$MAYURA_UID" "$r/root" "$r/w"
+cd /
+exec setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"
+]=]
+
+local function bwrap_argv(p, spec)
   local a = { p.bwrap,
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
     '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
     '--hostname', 'sandbox',
     '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
+    '--die-with-parent',
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   if spec.network ~= 'all' then add('--unshare-net') end
   local image = spec.image or p.image
+  local staged = p.root    -- the launcher mounts the file systems under STAGE
   if image then
     add('--ro-bind', image, '/')
   else
+    -- as root the root is the launcher's tmpfs (else bubblewrap's own), read-only once made
+    if staged then add('--bind', STAGE .. '/root', '/') end
     add('--ro-bind', '/usr', '/usr')
     for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
       local t = p.root_links[d]
       if t == 'symlink' then add('--symlink', 'usr/' .. d, '/' .. d)
       elseif t == 'directory' then add('--ro-bind', '/' .. d, '/' .. d) end
     end
+    -- copies, never binds of host files
     add('--dir', '/etc')
-    for name in pairs(ETC) do add('--ro-bind', p.etc .. '/' .. name, '/etc/' .. name) end
+    for i, name in ipairs(ETC_NAMES) do add('--file', tostring(4 + i), '/etc/' .. name) end
     for _, name in ipairs(ETC_HOST) do
       if p.etc_host[name] then add('--ro-bind', '/etc/' .. name, '/etc/' .. name) end
     end
@@ -236,18 +422,96 @@ local function bwrap_argv(p, spec, sb_id)
       add('--ro-bind', '/etc/resolv.conf', '/etc/resolv.conf')
     end
   end
-  add('--proc', '/proc', '--dev', '/dev')
-  -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
-  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
-  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
-  add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
-  add('--ro-bind', p.agent, AGENT_PATH)
-  -- the root (bubblewrap's tmpfs, with no cap) and /dev hold no writable place of their own
-  add('--remount-ro', '/dev', '--remount-ro', '/')
+  add('--proc', '/proc')
+  if staged and not image then
+    -- bubblewrap's --dev would be a tmpfs naming the host uid
+    add('--dir', '/dev')
+    for _, d in ipairs(DEVICES) do add('--dev-bind', '/dev/' .. d, '/dev/' .. d) end
+    for _, l in ipairs({ { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, { '/proc/self/fd/1', 'stdout' },
+        { '/proc/self/fd/2', 'stderr' }, { 'pts/ptmx', 'ptmx' } }) do
+      add('--symlink', l[1], '/dev/' .. l[2])
+    end
+    add('--dev-bind', STAGE .. '/pts', '/dev/pts')
+  else
+    add('--dev', '/dev')
+  end
+  if staged then
+    add('--bind', STAGE .. '/s', '/dev/shm', '--bind', STAGE .. '/t', '/tmp', '--bind', STAGE .. '/w', WORKDIR)
+  else
+    -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
+    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
+    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
+    add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
+  end
+  -- the agent's bytes come on fd 0: a copy, never a bind of a host path
+  if image then
+    add('--perms', '0555', '--ro-bind-data', '0', AGENT_PATH)
+    add('--remount-ro', '/dev')
+  else
+    add('--dir', '/.mayura', '--perms', '0555', '--file', '0', AGENT_PATH)
+    -- the root and /dev (bubblewrap's tmpfs have no cap) hold no writable place of their own
+    if not staged then add('--remount-ro', '/dev') end
+    add('--remount-ro', '/')
+  end
   add('--chdir', '/')
   add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-  local _ = sb_id
   return a
+end
+
+-- The launcher's environment for one sandbox.
+local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
+  local life = spec.lifetime_ms + GRACE_MS
+  local env = {
+    PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
+    MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
+    MAYURA_CG = table.concat(cg_dirs, ' '),
+    MAYURA_FREEZER = cg_kill.freezer or '',
+    MAYURA_CGKILL = cg_kill.v2 or '',
+    MAYURA_START = START,
+  }
+  if not (spec.image or p.image) then
+    env.MAYURA_ETC_FDS = '1'
+    -- a here-document ends its text with a newline of its own
+    for i, name in ipairs(ETC_NAMES) do env['MAYURA_ETC_' .. i] = (ETC[name]:gsub('\n$', '')) end
+  end
+  if p.root then
+    env.MAYURA_UID = tostring(host_uid)
+    env.MAYURA_MOUNT = MOUNT
+    env.MAYURA_STAGE = STAGE
+    env.MAYURA_ROOT_OPTS = tmpfs_options(#p.agent_bytes + MIB, '0755')
+    env.MAYURA_WS_OPTS = tmpfs_options(p.workspace_mib * MIB, '0755')
+    env.MAYURA_TMP_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
+    env.MAYURA_SHM_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
+  end
+  return env
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The agent's shield from the OOM killer
+-- =======================================================
+
+local shield_works, warned
+
+-- Whether a process here can shield itself from the OOM killer the way START does (the kernel
+-- refuses without CAP_SYS_RESOURCE, and some refuse root too). Asked once per process.
+local function oom_shield_works()
+  if shield_works == nil then
+    local ok, r = pcall(require('mayura.process').run,
+      { '/bin/sh', '-c', 'echo -17 > /proc/self/oom_adj; cat /proc/self/oom_score_adj' },
+      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    shield_works = ok and r.stdout == '-1000\n'
+  end
+  return shield_works
+end
+
+local function warn_unshielded()
+  if warned then return end
+  warned = true
+  io.stderr:write('mayura: the kernel refuses to shield local sandbox agents from the OOM killer ',
+    '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ',
+    '(provider.enforced.oom_protected is false)\n')
 end
 
 -- }======================================================
@@ -272,34 +536,45 @@ function Backend:url(port)
   return 'http://127.0.0.1:' .. port
 end
 
+-- Ends the sandbox from the host: closing the control socket has the launcher kill it (or the
+-- launcher is already ending it); returns once the launcher has exited, so once every process
+-- of the sandbox has ended and its cgroups are removed.
 function Backend:release()
-  if self.released then return end
-  self.released = true
-  if not self.closed then
-    -- ask the agent to end everything; closing our end ends it too
-    pcall(self.ch.call, self.ch, { op = 'shutdown' }, function() end)
-    self.closed = true
-    self.ch:close()
+  if not self.released then
+    self.released = true
+    if not self.closed then
+      self.closed = true
+      self.ch:close()
+    end
+    self:_close_control()
   end
-  -- wait for the launcher (and so bubblewrap and the cgroups) to be gone, a few seconds at most
   if not self.exited then
-    local uv = require('luv')
     task.await(function(done)
-      local timer = uv.new_timer()
-      local fired = false
-      local function finish()
-        if fired then return end
-        fired = true
-        if not timer:is_closing() then timer:stop(); timer:close() end
-        done()
-      end
-      self.on_exit = finish
-      timer:start(5000, 0, function()
-        if self.proc then self.proc:cancel() end
-        finish()
-      end)
+      self.waiters = self.waiters or {}
+      self.waiters[#self.waiters + 1] = done
     end)
   end
+end
+
+function Backend:_close_control()
+  if self.control then
+    core.close_fd(self.control)
+    self.control = nil
+  end
+end
+
+-- The launcher has exited: the sandbox is over, and whoever waits in release() goes on.
+function Backend:_exited(res)
+  self.exited = true
+  self.launcher_result = res
+  if not self.closed then
+    self.closed = true
+    pcall(self.ch.close, self.ch)
+  end
+  self:_close_control()
+  local waiters = self.waiters or {}
+  self.waiters = nil
+  for _, done in ipairs(waiters) do done() end
 end
 
 -- }======================================================
@@ -352,28 +627,26 @@ function M.local_sandboxes(options)
   p.cg_mode = cgroup_mode()
   p.root = is_root()
   p.features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } }
-  -- what holds where: cgroups need root here; without them the host's limits apply
-  p.enforced = {
-    memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
-    workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
-  }
   p.root_links = {}
   for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
     p.root_links[d] = readlink_type('/' .. d)
   end
   p.etc_host = {}
-  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = readlink_type('/etc/' .. name) ~= nil end
+  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = target_type('/etc/' .. name) end
   p.etc_host.resolv = exists('/etc/resolv.conf')
-  local base = runtime_base()
-  p.etc = install(base, 'etc-1', ETC, 420, 'the sandbox /etc')
-  -- a copy of the agent beside it: the checkout it was built in may be closed to other uids
-  local agent_bytes = read_plain(p.agent)
-  if not agent_bytes then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
-  -- named by its content, so two checkouts (or builds) never replace each other's agent
-  local sum = require('mayura.process').run({ 'sha256sum' }, { stdin = agent_bytes }).stdout:match('^(%x+)')
-  if not sum then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
-  p.agent = install(base, 'agent-' .. sum:sub(1, 16), { ['mayura-agent'] = agent_bytes }, 493, 'the sandbox agent') ..
-    '/mayura-agent'
+  if p.root then make_stage() end
+  -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
+  -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
+  -- could be replaced by another user)
+  p.agent_bytes = read_plain(p.agent)
+  if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
+  p.enforced = {
+    memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
+    workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
+    inodes = p.root, oom_protected = oom_shield_works(),
+  }
+  if not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
   function p.create(self, spec)
@@ -390,42 +663,35 @@ function M.local_sandboxes(options)
       cpus = math.min(spec.cpus or self.cpus, self.cpus),
       pids = self.pids,
     }
-    local cg_dirs = {}
-    if self.cg_mode then cg_dirs = make_cgroups(self.cg_mode, id, limits) end
-    local argv = { '/bin/sh', '-c', LAUNCHER, 'mayura-launch', tostring(#cg_dirs) }
-    for _, d in ipairs(cg_dirs) do argv[#argv + 1] = d end
-    if self.root then
-      local uid = tostring(HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter))
-      for _, x in ipairs({ 'setpriv', '--reuid', uid, '--regid', uid, '--clear-groups', '--' }) do
-        argv[#argv + 1] = x
-      end
-    end
-    for _, x in ipairs(bwrap_argv(self, spec, id)) do argv[#argv + 1] = x end
+    local cg_dirs, cg_kill = {}, {}
+    if self.cg_mode then cg_dirs, cg_kill = make_cgroups(self.cg_mode, id, limits) end
+    local host_uid = self.root and (HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter)) or nil
+    -- out of the host's process tree (a session of its own, without the tree's tag), so that
+    -- the host ending, even its state closing, never kills the launcher before it cleans up
+    local argv = { 'setsid', '-w', 'env', '-u', 'MAYURA_TREE', '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
+    for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
-    if not a then
+    local c, d
+    if a then c, d = core.socketpair() end
+    if not c then
+      for _, fd in ipairs({ a, b }) do core.close_fd(fd) end
       remove_cgroups(cg_dirs)
       error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
     end
     local backend = setmetatable({
-      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs,
-      closed = false, released = false, exited = false,
+      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
+      control = c, closed = false, released = false, exited = false,
     }, Backend)
     local proc, err = core.spawn({
-      argv = argv, fds = { b }, max_output_bytes = 65536,
-      env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
-    }, function(res)
-      backend.exited = true
-      backend.launcher_result = res
-      if not backend.closed then
-        backend.closed = true
-        pcall(backend.ch.close, backend.ch)
-      end
-      if backend.on_exit then backend.on_exit() end
-    end)
+      argv = argv, fds = { b, d }, stdin = self.agent_bytes, max_output_bytes = 65536,
+      env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid),
+    }, function(res) backend:_exited(res) end)
     core.close_fd(b)
+    core.close_fd(d)
     if not proc then
       core.close_fd(a)
+      backend:_close_control()
       remove_cgroups(cg_dirs)
       local _ = err
       error(errors.sandbox('unavailable', 'cannot start the sandbox'), 0)
