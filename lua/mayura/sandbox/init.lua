@@ -377,13 +377,25 @@ function Sandbox:url(port)
   return url
 end
 
---- Ends the sandbox. Releasing again does nothing.
+--- Ends the sandbox. Every call fails with `gone` from then on; the pool's slot is freed once
+-- the provider's release has returned (the sandbox is really over), even when that comes after
+-- the call timeout this waits at most. Releasing again waits for the same release.
 function Sandbox:release()
-  if self._released then return end
-  self._released = true
-  self._pool:_forget(self)
-  local backend = self._backend
-  pcall(with_deadline, self._pool.call_timeout_ms, function() backend:release() end)
+  local pool = self._pool
+  if not self._released then
+    self._released = true
+    pool:_stop_timer(self)
+    local backend = self._backend
+    -- a task of its own: it goes on (and frees the slot) past a deadline the caller gave up at
+    self._releasing = task.spawn(function()
+      pcall(backend.release, backend)
+      pool:_free(self)
+    end)
+  end
+  local releasing = self._releasing
+  if releasing and not releasing.done then
+    pcall(with_deadline, pool.call_timeout_ms, function() releasing:wait() end)
+  end
 end
 
 -- }======================================================
@@ -525,14 +537,19 @@ function Pool:create(options)
   self._count = self._count + 1
   local started = core.hrtime_ms()
   local provider = self.provider
+  local returned = false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
-    return provider:create(spec)
+    local r = task_pack(pcall(provider.create, provider, spec))
+    returned = true
+    if not r[1] then error(r[2], 0) end
+    return check.unpack(r, 2, r.n)
   end, function(late)
-    -- created after the pool gave up on it: release it at once
+    -- created after the pool gave up on it: released at once, and only then is its slot free
     if late[1] and type(late[2]) == 'table' and late[2].release then pcall(late[2].release, late[2]) end
+    self._count = self._count - 1
   end)
   if not ok then
-    self._count = self._count - 1
+    if returned then self._count = self._count - 1 end   -- else once the late create has ended
     error(provider_error(backend), 2)
   end
   if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then
@@ -540,8 +557,8 @@ function Pool:create(options)
     error(bad_reply('backend'), 2)
   end
   if self._closed then
-    self._count = self._count - 1
     pcall(backend.release, backend)
+    self._count = self._count - 1
     error(errors.sandbox('closed', 'the pool was closed'), 2)
   end
   local sandbox = setmetatable({
@@ -578,11 +595,7 @@ function Pool._expire(_, sandbox)
   sandbox:release()
 end
 
-function Pool:_forget(sandbox)
-  if self._alive[sandbox] then
-    self._alive[sandbox] = nil
-    self._count = self._count - 1
-  end
+function Pool._stop_timer(_, sandbox)
   if sandbox._timer and not sandbox._timer:is_closing() then
     sandbox._timer:stop()
     sandbox._timer:close()
@@ -590,7 +603,16 @@ function Pool:_forget(sandbox)
   end
 end
 
---- How many sandboxes are alive or being created.
+-- The provider has released the sandbox: its slot is free.
+function Pool:_free(sandbox)
+  if self._alive[sandbox] then
+    self._alive[sandbox] = nil
+    self._count = self._count - 1
+  end
+end
+
+--- How many sandboxes are alive, being created, or being released (until the provider's release
+-- has returned).
 function Pool:count()
   return self._count
 end
