@@ -34,19 +34,23 @@
 -- from the host is what holds it.
 --
 -- What the sandbox is made of never comes from a directory on the host that
--- another user could reach: the agent's bytes are read once by the provider and
--- handed to each launcher on a pipe, and the /etc files travel in the
--- launcher's environment. As root the launcher builds the sandbox in a mount
--- namespace of its own (never visible on the host, gone with the sandbox):
--- the root, /workspace, /tmp and /dev/shm are tmpfs it mounts itself with
--- `size=`, `nr_inodes=` (one inode per 4 KiB page, so only empty files,
--- directories and links can run out of inodes before bytes do) and `mode=`,
--- owned by host root (so their options name no host uid), /dev holds binds
--- of the usual device nodes and a devpts instance of its own; the sandbox's
--- mount table then names no host path but /usr and /etc's shared parts, and no
--- host uid. As another user, bubblewrap makes those tmpfs (no inode cap:
--- `enforced.inodes` is false, and their options show the user's uid) and the
--- files are copied in with --file.
+-- another user could reach or replace (there is no runtime directory): the
+-- agent's bytes are read once by the provider and handed to each launcher on
+-- a pipe, the /etc files travel in the launcher's environment, and bubblewrap
+-- copies both in (--file, --ro-bind-data), never binding a host path. As root
+-- the launcher mounts the sandbox's file systems in a mount namespace of its
+-- own (over /run/mayura there, never visible on the host, gone with the
+-- sandbox): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
+-- and links can run out of inodes before bytes do) and `mode=`, owned by host
+-- root (so their options name no host uid; the roots of the root and of
+-- /workspace are given to the sandbox's uid), and /dev holds binds of the
+-- usual device nodes and a devpts instance of its own. The sandbox's mount
+-- table then names no host path but /usr and the shared parts of /etc, and no
+-- host uid (its uid_map is bubblewrap's inner one, 1000 to 1000). As another
+-- user, bubblewrap makes the tmpfs and /dev: no inode cap (`enforced.inodes`
+-- is false), and their options show the user's uid; so do /dev and the
+-- agent's copy with an `image`, whose own path shows as the root.
 --
 -- The agent is shielded from the OOM killer (oom_score_adj -1000, set through
 -- the legacy oom_adj knob so that its commands cannot take the shield back)
