@@ -309,7 +309,8 @@ trap 'ended=1; [ -z "$tm" ] || kill -KILL $tm 2>/dev/null' USR2
 sleep "$MAYURA_LIFE" &
 tm=$!
 (
-  /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
+  ${MAYURA_UID:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
   exec 3<&- 5<&-
   wait $!
   kill -USR2 $$
@@ -353,15 +354,13 @@ exit 0
 
 -- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
 -- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
--- commands may go down to at 0), then becomes bubblewrap (as root through MOUNT, in a mount
--- namespace of its own), with the agent's bytes on fd 0 and, without an image, the /etc files on
--- descriptors 5..9. fd 5: the agent's bytes.
+-- commands may go down to at 0), then becomes bubblewrap (as root through MOUNT; the launcher has
+-- started it in a mount namespace of its own), with the agent's bytes on fd 0 and, without an
+-- image, the /etc files on descriptors 5..9. fd 5: the agent's bytes.
 local START = [=[
 for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
 echo -17 > /proc/self/oom_adj 2>/dev/null
-if [ -n "$MAYURA_UID" ]; then
-  set -- unshare --mount --propagation private /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
-fi
+[ -z "$MAYURA_UID" ] || set -- /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
 if [ -z "$MAYURA_ETC_FDS" ]; then exec "$@" 0<&5 5<&-; fi
 exec "$@" 0<&5 5<<E1 6<<E2 7<<E3 8<<E4 9<<E5
 $MAYURA_ETC_1
@@ -384,10 +383,10 @@ set -e
 r=$MAYURA_STAGE
 mount -t tmpfs -o "$MAYURA_ROOT_OPTS" mayura "$r"
 mkdir "$r/root" "$r/w" "$r/t" "$r/s" "$r/pts"
-mount -t tmpfs -o "$MAYURA_WS_OPTS" mayura "$r/w"
-mount -t tmpfs -o "$MAYURA_TMP_OPTS" mayura "$r/t"
-mount -t tmpfs -o "$MAYURA_SHM_OPTS" mayura "$r/s"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$r/pts"
+# the rest in one mount(8): a table of its own, outside what the sandbox sees
+printf '%s\n' "mayura $r/w tmpfs $MAYURA_WS_OPTS 0 0" "mayura $r/t tmpfs $MAYURA_TMP_OPTS 0 0" \
+  "mayura $r/s tmpfs $MAYURA_SHM_OPTS 0 0" "devpts $r/pts devpts newinstance,ptmxmode=0666,mode=0620 0 0" > "$r/fstab"
+mount -a -T "$r/fstab"
 chown "$MAYURA_UID:$MAYURA_UID" "$r/root" "$r/w"
 cd /
 exec setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"
