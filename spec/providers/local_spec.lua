@@ -36,6 +36,10 @@ describe('local_sandboxes', function()
     assert.are.same({ 'none', 'all' }, provider.features.network)
     assert.is_true(provider.features.stdin)
     assert.is_boolean(provider.enforced.memory)
+    assert.is_true(provider.enforced.lifetime)
+    -- inode caps come with the launcher's own tmpfs, as root; the OOM shield where the kernel allows it
+    assert.are.equal(require('mayura.sandbox._host').uid() == 0, provider.enforced.inodes)
+    assert.is_boolean(provider.enforced.oom_protected)
   end)
 end)
 
