@@ -38,8 +38,9 @@
 -- agent's bytes are read once by the provider and handed to each launcher on
 -- a pipe, the /etc files travel in the launcher's environment, and bubblewrap
 -- copies both in (--file, --ro-bind-data), never binding a host path. As root
--- the launcher mounts the sandbox's file systems in a mount namespace of its
--- own (over /run/mayura there, never visible on the host, gone with the
+-- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
+-- launcher mounts the sandbox's file systems in a mount namespace of its own
+-- (over /run/mayura there, never visible on the host, gone with the
 -- sandbox): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
 -- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
 -- and links can run out of inodes before bytes do) and `mode=`, owned by host
@@ -47,10 +48,10 @@
 -- /workspace are given to the sandbox's uid), and /dev holds binds of the
 -- usual device nodes and a devpts instance of its own. The sandbox's mount
 -- table then names no host path but /usr and the shared parts of /etc, and no
--- host uid (its uid_map is bubblewrap's inner one, 1000 to 1000). As another
--- user, bubblewrap makes the tmpfs and /dev: no inode cap (`enforced.inodes`
--- is false), and their options show the user's uid; so do /dev and the
--- agent's copy with an `image`, whose own path shows as the root.
+-- host uid (its uid_map is bubblewrap's inner one, 1000 to 1000). Otherwise,
+-- and as another user, bubblewrap makes the tmpfs and /dev: no inode cap
+-- (`enforced.inodes` is false), and their options show the user's uid; so do
+-- /dev and the agent's copy with an `image`, whose own path shows as the root.
 --
 -- The agent is shielded from the OOM killer (oom_score_adj -1000, set through
 -- the legacy oom_adj knob so that its commands cannot take the shield back)
@@ -147,6 +148,21 @@ local function make_stage()
   if not st or st.type ~= 'directory' or st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
     errors.raise('INVALID_CONFIG', STAGE .. ' must be a directory owned by root that only root may write', nil, 3)
   end
+  return true
+end
+
+local stage_ok
+
+-- Whether the launcher can mount tmpfs in a mount namespace of its own here (asked once).
+local function stage_works()
+  if stage_ok == nil then
+    local ok, r = pcall(require('mayura.process').run,
+      { 'unshare', '--mount', '--propagation', 'private', 'mount', '-t', 'tmpfs', '-o', 'size=4096,nr_inodes=16',
+        'mayura', STAGE },
+      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    stage_ok = ok and r.exit_code == 0
+  end
+  return stage_ok
 end
 
 -- tmpfs options: `bytes`, one inode per 4 KiB page (every file with data takes a page anyway, so
@@ -310,7 +326,7 @@ sleep "$MAYURA_LIFE" &
 tm=$!
 (
   # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
-  ${MAYURA_UID:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
   exec 3<&- 5<&-
   wait $!
   kill -USR2 $$
@@ -360,7 +376,8 @@ exit 0
 local START = [=[
 for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
 echo -17 > /proc/self/oom_adj 2>/dev/null
-[ -z "$MAYURA_UID" ] || set -- /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
+if [ -n "$MAYURA_MOUNT" ]; then set -- /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
+elif [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
 if [ -z "$MAYURA_ETC_FDS" ]; then exec "$@" 0<&5 5<&-; fi
 exec "$@" 0<&5 5<<E1 6<<E2 7<<E3 8<<E4 9<<E5
 $MAYURA_ETC_1
@@ -403,7 +420,7 @@ local function bwrap_argv(p, spec)
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   if spec.network ~= 'all' then add('--unshare-net') end
   local image = spec.image or p.image
-  local staged = p.root    -- the launcher mounts the file systems under STAGE
+  local staged = p.staged    -- the launcher mounts the file systems under STAGE
   if image then
     add('--ro-bind', image, '/')
   else
@@ -477,8 +494,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
     -- a here-document ends its text with a newline of its own
     for i, name in ipairs(ETC_NAMES) do env['MAYURA_ETC_' .. i] = (ETC[name]:gsub('\n$', '')) end
   end
-  if p.root then
-    env.MAYURA_UID = tostring(host_uid)
+  if p.root then env.MAYURA_UID = tostring(host_uid) end
+  if p.staged then
     env.MAYURA_MOUNT = MOUNT
     env.MAYURA_STAGE = STAGE
     env.MAYURA_ROOT_OPTS = tmpfs_options(#p.agent_bytes + MIB, '0755')
@@ -637,7 +654,9 @@ function M.local_sandboxes(options)
   p.etc_host = {}
   for _, name in ipairs(ETC_HOST) do p.etc_host[name] = target_type('/etc/' .. name) end
   p.etc_host.resolv = exists('/etc/resolv.conf')
-  if p.root then make_stage() end
+  -- as root, the launcher mounts the sandbox's tmpfs itself where it may (not in a container
+  -- without CAP_SYS_ADMIN, say: then bubblewrap makes them, as for another user)
+  p.staged = p.root and make_stage() and stage_works()
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
@@ -647,7 +666,7 @@ function M.local_sandboxes(options)
   p.enforced = {
     memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
     workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
-    inodes = p.root, oom_protected = oom_shield_works(),
+    inodes = p.staged, oom_protected = oom_shield_works(),
   }
   if not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
