@@ -215,11 +215,13 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
       end
       assert.is_true(reached, 'the fault was not met at containers/create: ' .. table.concat(server.seen, ', '))
       assert.is_nil(err.message:find('/var/lib/docker', 1, true), 'the daemon\'s words came through')
-      assert.are.equal(0, pool:count())
-      -- a stalled request ends when its connection does: then its directory goes too
+      -- a create the pool gave up on holds its slot until it has ended (a stall: below)
+      if c.how ~= 'stall' then assert.are.equal(0, pool:count()) end
+      -- a stalled request ends when its connection does: then its directory and its slot go too
       server.drop_clients()
       assert.is_true(util.eventually(function() return #left_dirs() == 0 end, 5000),
         'socket directories left: ' .. table.concat(left_dirs(), ' '))
+      assert.is_true(util.eventually(function() return pool:count() == 0 end, 5000))
       -- the pool is not stuck: the next create reaches the daemon again
       behaviour.how = { 429, '{}' }
       local seen = #server.seen

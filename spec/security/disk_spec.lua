@@ -110,3 +110,59 @@ for _, prov in ipairs(providers.list()) do
     end)
   end)
 end
+
+-- The local provider's own guarantees: run as root it caps the inodes of its tmpfs too (one per
+-- 4 KiB of their size), so a flood of empty files ends with "no space" in the command and the
+-- sandbox goes on; and its agent is shielded from the OOM killer, so tmpfs filled past memory_mib
+-- (their caps may add up to more) never take it down.
+for _, prov in ipairs(providers.list()) do
+  if prov.kind == 'local' then
+    describe('tmpfs of a local sandbox', function()
+      local pool, provider
+      setup(function()
+        pool, provider = prov.make_pool({ workspace_mib = CAP_MIB, tmp_mib = CAP_MIB, memory_mib = 64 })
+      end)
+      teardown(function() pool:close() end)
+
+      it('ends an inode flood in /workspace with "no space" in the command, and the sandbox goes on', function()
+        if not provider.enforced.inodes then
+          return pending('inodes are not capped by this provider here (not root: bubblewrap\'s tmpfs)')
+        end
+        local sb = pool:create({ lifetime_ms = 120000 })
+        common.install(sb)
+        sh(sb, 'mkdir /workspace/flood')
+        local _, kv = common.abuse(sb, { 'inodes', '/workspace/flood', '60000' }, { timeout_ms = 90000 })
+        assert.are.equal('ENOSPC', kv.err)
+        assert.is_true(tonumber(kv.files) <= CAP_MIB * MIB / 4096, kv.files .. ' files')
+        -- the sandbox goes on: a command, and the file API saying "no space" in its own words
+        assert.are.equal('after\n', sb:exec({ 'echo', 'after' }).stdout)
+        local err = assert.raises_code('LIMIT_EXCEEDED', sb.write_file, sb, '/workspace/one-more', 'x')
+        assert.matches('space', err.message)
+        assert.are.equal('cleaned\n', sh(sb, 'rm -rf /workspace/flood; echo cleaned', { timeout_ms = 60000 }).stdout)
+        sb:write_file('/workspace/one-more', 'x')
+        sb:release()
+        assert.are.same({}, prov.leftovers(sb))
+      end)
+
+      it('keeps its agent when /workspace, /tmp and /dev/shm are filled past memory_mib', function()
+        if not provider.enforced.oom_protected then
+          return pending('the kernel here refuses to shield the agent from the OOM killer ' ..
+            '(provider.enforced.oom_protected is false)')
+        end
+        local sb = pool:create({ lifetime_ms = 120000, memory_mib = 32 })
+        -- shielded, and its commands cannot take the shield for themselves
+        local r = sh(sb, 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj; ' ..
+          'echo -1000 > /proc/self/oom_score_adj 2>/dev/null && echo lowered; true')
+        assert.are.equal('-1000\n0\n', r.stdout)
+        -- 3 x 16 MiB of tmpfs against 32 MiB of memory
+        for _, d in ipairs({ '/workspace', '/tmp', '/dev/shm' }) do
+          pcall(sh, sb, 'head -c ' .. CAP_MIB .. 'm /dev/zero > ' .. d .. '/fill-$$', { timeout_ms = 60000 })
+        end
+        assert.are.equal('alive\n', sb:exec({ 'echo', 'alive' }).stdout)
+        sh(sb, 'rm -f /workspace/fill-* /tmp/fill-* /dev/shm/fill-*')
+        assert.are.equal('alive\n', sb:exec({ 'echo', 'alive' }).stdout)
+        sb:release()
+      end)
+    end)
+  end
+end

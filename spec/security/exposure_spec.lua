@@ -221,3 +221,41 @@ for _, prov in ipairs(providers.list()) do
     end)
   end)
 end
+
+-- What a local sandbox can learn about its host from its mount table and its own ids: no path of
+-- the checkout or of a runtime directory (its agent and /etc are copies, its tmpfs mounted under a
+-- private name), and run as root no host uid (its tmpfs are owned by host root, not by its uid).
+for _, prov in ipairs(providers.list()) do
+  if prov.kind == 'local' then
+    describe('what a local sandbox learns about its host', function()
+      local pool, provider
+      setup(function() pool, provider = prov.make_pool({}) end)
+      teardown(function() pool:close() end)
+
+      it('finds no checkout or runtime path in its mountinfo, status or id, and as root no host uid', function()
+        local sb = pool:create({ lifetime_ms = 60000 })
+        local r = sh(sb, 'cat /proc/self/mountinfo /proc/1/mountinfo /proc/self/status /proc/1/status ' ..
+          '/proc/self/uid_map /proc/self/gid_map; id; ls -ln / /dev /workspace /.mayura')
+        assert.are.equal(0, r.exit_code, r.stderr)
+        local text = r.stdout
+        local checkout = assert(os.getenv('PWD'))
+        local needles = { checkout, '/run/mayura', '/tmp/mayura', 'build/mayura-agent', 'mayura-agent' }
+        local rt = os.getenv('XDG_RUNTIME_DIR')
+        if rt and rt ~= '' then needles[#needles + 1] = rt end
+        for _, needle in ipairs(needles) do
+          assert.is_nil(text:find(needle, 1, true), 'the sandbox sees ' .. needle .. ':\n' .. text)
+        end
+        if provider.enforced.inodes then   -- run as root: a host uid of its own
+          local uid = sb._backend.host_uid
+          assert.is_number(uid)
+          assert.is_nil(text:find('%f[%d]' .. uid .. '%f[%D]'), 'the sandbox sees its host uid ' .. uid .. ':\n' .. text)
+        end
+        -- the root and the agent are read-only; /workspace is the sandbox user's
+        assert.matches('uid=1000%(sandbox%)', text)
+        assert.are_not.equal(0, sh(sb, 'touch /.mayura/agent /x /dev/x 2>/dev/null').exit_code)
+        assert.are.equal(0, sh(sb, 'touch /workspace/x /tmp/x /dev/shm/x').exit_code)
+        sb:release()
+      end)
+    end)
+  end
+end

@@ -30,8 +30,12 @@ local function bound_canaries(prov, sb, provider)
   end
   add(provider.agent)
   if prov.kind == 'local' then
-    for _, name in ipairs({ 'passwd', 'group', 'hosts', 'resolv.conf', 'nsswitch.conf' }) do
-      add(provider.etc .. '/' .. name)
+    -- its /etc files are copies; these parts of the host's /etc are bound read-only
+    for _, name in ipairs({ 'ld.so.cache', 'localtime' }) do
+      if read_host('/etc/' .. name) then add('/etc/' .. name) end
+    end
+    for _, name in ipairs({ 'alternatives', 'ssl/certs', 'ca-certificates' }) do
+      if select(2, providers.host("test -d '/etc/" .. name .. "'")) then add('/etc/' .. name, 'dir') end
     end
   else
     add(sb._backend.dir, 'dir')

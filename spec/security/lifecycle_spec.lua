@@ -150,7 +150,7 @@ require('mayura').sleep(600000)
           local ids = providers.host('docker ps -aq --filter label=mayura.sandbox=' .. s.id)
           if ids:find('%x') then out[#out + 1] = s.name .. ' container ' .. s.id end
         else
-          for _, ctrl in ipairs({ 'memory', 'pids', 'cpu', '' }) do
+          for _, ctrl in ipairs({ 'memory', 'pids', 'cpu', 'freezer', '' }) do
             local cg = '/sys/fs/cgroup/' .. ctrl .. (ctrl ~= '' and '/' or '') .. 'mayura/' .. s.id
             local _, there = providers.host('test -d ' .. cg)
             if there then out[#out + 1] = s.name .. ' cgroup ' .. cg end
@@ -173,4 +173,88 @@ require('mayura').sleep(600000)
     util.rmdir(dir)
     assert.are.same({}, remaining)
   end)
+end)
+
+-- What code in a local sandbox can still do to its PID 1 (the agent runs as the sandbox's own
+-- user): lower its priority, make it SCHED_IDLE, try to stop it, then starve it with CPU hogs and
+-- a fork bomb at the pids limit. The host's launcher ends the sandbox all the same.
+local function local_entry()
+  for _, p in ipairs(providers.list()) do
+    if p.kind == 'local' then return p end
+  end
+end
+
+local STARVE = 'renice -n 19 -p 1 >/dev/null 2>&1; chrt --idle -p 0 1 >/dev/null 2>&1; kill -STOP 1 2>/dev/null; ' ..
+  '(sleep 0.3; for i in 1 2 3 4 5 6; do setsid ' .. common.ABUSE .. ' spin 600000 4 & done; exec setsid ' ..
+  common.ABUSE .. ' bomb) >/dev/null 2>&1 </dev/null & echo started'
+
+-- A stand-in for the agent as the sandbox's PID 1, the worst an agent could be made to do: a shell
+-- that runs the real agent as its child with a lifetime of an hour and stays when the agent ends
+-- (its socket closed by a release). Only the host can end such a sandbox.
+local function stubborn_agent(dir)
+  local real = require('mayura.sandbox._host').find_agent()
+  local b64 = providers.host("base64 -w0 '" .. real .. "'")
+  local path = dir .. '/stubborn-agent'
+  local f = assert(io.open(path, 'w'))
+  f:write('#!/bin/sh\ntrap "" TERM INT HUP\nbase64 -d > /tmp/.agent <<EOF\n', b64, '\nEOF\n',
+    'chmod 755 /tmp/.agent\n/tmp/.agent --fd 3 --lifetime-ms 3600000 --workdir /workspace &\nexec 3<&-\n',
+    'while :; do sleep 1; done\n')
+  f:close()
+  return path
+end
+
+describe('a local sandbox whose code turns on its PID 1', function()
+  local prov = local_entry()
+  if not prov then
+    it('cannot run here: no local provider (bubblewrap and the agent)', function()
+      pending('no local provider here')
+    end)
+    return
+  end
+  local dir, agent
+  setup(function()
+    dir = util.tmpdir()
+    agent = stubborn_agent(dir)
+  end)
+  teardown(function() util.rmdir(dir) end)
+  local o = { timeout_ms = 10000, max_output_bytes = 65536 }
+
+  it('ends at its lifetime, killed by the host, when its agent does not end it', function()
+    -- the provider alone, without a pool: nothing on the host's side releases it at the lifetime
+    local provider = prov.make_provider({ agent = agent })
+    local b = provider:create({ lifetime_ms = 3000, network = 'none' })
+    assert.are.equal('up\n', b:exec({ 'echo', 'up' }, o).stdout)
+    -- the launcher's own watch ends it (lifetime + 1 s), the sandbox's processes and cgroups with it
+    assert.is_true(util.eventually(function() return b.exited end, 30000), 'the sandbox outlived its lifetime')
+    assert.are.same({}, prov.leftovers({ id = b.id, _backend = b }))
+  end)
+
+  it('ends at its lifetime under CPU and fork pressure, its PID 1 niced, idle-scheduled and sent SIGSTOP', function()
+    local provider = prov.make_provider({ pids = 64 })
+    local b = provider:create({ lifetime_ms = 3000, network = 'none' })
+    b:write_file(common.ABUSE, common.abuse_binary())
+    assert.are.equal(0, b:exec({ 'chmod', '755', common.ABUSE }, o).exit_code)
+    assert.are.equal('started\n', b:exec({ 'sh', '-c', STARVE }, o).stdout)
+    assert.is_true(util.eventually(function() return b.exited end, 30000), 'the sandbox outlived its lifetime')
+    assert.are.same({}, prov.leftovers({ id = b.id, _backend = b }))
+    assert.is_false(pcall(b.exec, b, { 'true' }, o))
+  end)
+
+  for _, stubborn in ipairs({ false, true }) do
+    it('is over when release returns: no process, no cgroup, and the pool\'s slot is free' ..
+        (stubborn and ' (an agent that does not end)' or ' (CPU and fork pressure)'), function()
+      local pool = prov.make_pool({ max_sandboxes = 1, pids = 64, agent = stubborn and agent or nil })
+      local sb = pool:create({ lifetime_ms = 120000 })
+      common.install(sb)
+      assert.are.equal('started\n', sh(sb, STARVE).stdout)
+      common.eventually(function() return #prov.leftovers(sb) > 20 end, 5000)
+      assert.is_true(#prov.leftovers(sb) > 0, 'the hogs did not start')
+      sb:release()
+      -- at once: release returned only once all of it was gone
+      assert.are.same({}, prov.leftovers(sb))
+      assert.are.equal(0, pool:count())
+      pool:create({ lifetime_ms = 10000 }):release()
+      pool:close()
+    end)
+  end
 end)

@@ -12,7 +12,9 @@ local function await_cb(start)
   return task.await(function(done) start(function(a, b) done(a, b) end) end)
 end
 
---- dir_sandboxes{ features = ..., delay_ms = n, fail_create = bool, hang = { op = true } }
+--- dir_sandboxes{ features = ..., delay_ms = n, fail_create = bool, hang = { op = true },
+--   hold_release = token }: with `hold_release` (a cancel token), a release ends only once the
+--   token is cancelled.
 function M.dir_sandboxes(opts)
   opts = opts or {}
   local provider = {
@@ -78,7 +80,10 @@ function M.dir_sandboxes(opts)
     end
     function backend.url(_, port) return 'http://127.0.0.1:' .. port end
     function backend.release()
-      if backend.released then return end
+      if backend.released or backend.releasing then return end
+      backend.releasing = true
+      local gate = opts.hold_release
+      if gate and not gate.cancelled then task.await(function(done) gate:on_cancel(done) end) end
       backend.released = true
       await_cb(function(cb) core.fs.remove(root, { recursive = true }, cb) end)
     end

@@ -165,6 +165,10 @@ end
 -- Calls with a deadline
 -- =======================================================
 
+local function pack(...)
+  return { n = select('#', ...), ... }
+end
+
 --- Runs `fn()` as a task and waits for it at most `ms`; past that raises
 -- SANDBOX_ERROR reason `timeout` (the call goes on; `on_late(ok, ...)` gets its result).
 local function with_deadline(ms, fn, on_late)
@@ -360,13 +364,25 @@ function Sandbox:url(port)
   return url
 end
 
---- Ends the sandbox. Releasing again does nothing.
+--- Ends the sandbox. Every call fails with `gone` from then on; the pool's slot is freed once
+-- the provider's release has returned (the sandbox is really over), even when that comes after
+-- the call timeout this waits at most. Releasing again waits for the same release.
 function Sandbox:release()
-  if self._released then return end
-  self._released = true
-  self._pool:_forget(self)
-  local backend = self._backend
-  pcall(with_deadline, self._pool.call_timeout_ms, function() backend:release() end)
+  local pool = self._pool
+  if not self._released then
+    self._released = true
+    pool:_stop_timer(self)
+    local backend = self._backend
+    -- a task of its own: it goes on (and frees the slot) past a deadline the caller gave up at
+    self._releasing = task.spawn(function()
+      pcall(backend.release, backend)
+      pool:_free(self)
+    end)
+  end
+  local releasing = self._releasing
+  if releasing and not releasing.done then
+    pcall(with_deadline, pool.call_timeout_ms, function() releasing:wait() end)
+  end
 end
 
 -- }======================================================
@@ -522,14 +538,19 @@ function Pool:create(options)
   self._count = self._count + 1
   local started = core.hrtime_ms()
   local provider = self.provider
+  local returned = false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
-    return provider:create(spec)
+    local r = pack(pcall(provider.create, provider, spec))
+    returned = true
+    if not r[1] then error(r[2], 0) end
+    return check.unpack(r, 2, r.n)
   end, function(created, late)
-    -- created after the pool gave up on it: release it at once
+    -- created after the pool gave up on it: released at once, and only then is its slot free
     if created and type(late) == 'table' and late.release then pcall(late.release, late) end
+    self._count = self._count - 1
   end)
   if not ok then
-    self._count = self._count - 1
+    if returned then self._count = self._count - 1 end   -- else once the late create has ended
     error(provider_error(backend), 2)
   end
   if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then
@@ -537,8 +558,8 @@ function Pool:create(options)
     error(bad_reply('backend'), 2)
   end
   if self._closed then
-    self._count = self._count - 1
     pcall(backend.release, backend)
+    self._count = self._count - 1
     error(errors.sandbox('closed', 'the pool was closed'), 2)
   end
   local sandbox = setmetatable({
@@ -571,18 +592,23 @@ function Pool._expire(_, sandbox)
   sandbox:release()
 end
 
-function Pool:_forget(sandbox)
-  if self._alive[sandbox] then
-    self._alive[sandbox] = nil
-    self._count = self._count - 1
-  end
+function Pool._stop_timer(_, sandbox)
   if sandbox._timer then
     sandbox._timer.cancel()
     sandbox._timer = nil
   end
 end
 
---- How many sandboxes are alive or being created.
+-- The provider has released the sandbox: its slot is free.
+function Pool:_free(sandbox)
+  if self._alive[sandbox] then
+    self._alive[sandbox] = nil
+    self._count = self._count - 1
+  end
+end
+
+--- How many sandboxes are alive, being created, or being released (until the provider's release
+-- has returned).
 function Pool:count()
   return self._count
 end

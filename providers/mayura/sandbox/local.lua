@@ -8,12 +8,12 @@
 --     synthesized /etc (passwd, group, hosts, an empty resolv.conf), or a root
 --     file system directory given as `image`; never the host's /home, /root,
 --     /var, /run, /tmp or the secrets of its /etc;
---   * /workspace and /tmp are tmpfs with size caps; the user is uid 1000 with
---     no capabilities and no_new_privs;
+--   * /workspace, /tmp and /dev/shm are tmpfs with size caps; the user is uid
+--     1000 with no capabilities and no_new_privs;
 --   * every sandbox has a network namespace of its own: with 'none' it holds
 --     only a loopback; with 'all' (offered when run as root with slirp4netns,
---     nft and nsenter here) bubblewrap waits before the agent starts while the
---     host connects it (see "The network of a sandbox with 'all'"):
+--     nft and nsenter here) the host connects it before the agent gets its
+--     setup (see "The network of a sandbox with 'all'"):
 --       - a firewall in the sandbox's namespace, loaded from the host (root
 --         entering that namespace alone, nft): nothing leaves but by its own
 --         loopback or the stack, and nothing goes to the host's loopback
@@ -44,11 +44,48 @@
 --     limits apply and `provider.enforced` says so;
 --   * commands and file calls go to the agent over a socket pair, so
 --     environment values never appear on a host command line, and file calls
---     happen in the sandbox's own view of its files;
---   * the lifetime is enforced by the agent: it exits at the end of it, and as
---     PID 1 its exit ends every process of the sandbox. It also exits when the
---     host end of its socket closes, so a host killed with SIGKILL leaves no
---     sandbox behind; the launcher then removes the sandbox's cgroups.
+--     happen in the sandbox's own view of its files.
+--
+-- The host holds each sandbox's lifetime and its release, not the agent: code
+-- in the sandbox runs as the agent's own user and can lower its priority or
+-- starve it. A launcher process (a shell, outside the sandbox's cgroups and
+-- out of the host process's own process tree) starts bubblewrap and keeps the
+-- sandbox: at the end of the lifetime (plus a second of grace), when the host
+-- releases the sandbox, or when the host process is gone (the end of a
+-- control socket), it kills the sandbox's PID 1, and the kernel ends the whole
+-- pid namespace with it (bubblewrap's --die-with-parent does the same should
+-- the launcher itself be killed); as root it then kills whatever is left in
+-- the sandbox's cgroups (v1: a freezer cgroup, frozen, every process killed,
+-- thawed; v2: cgroup.kill) and removes them. `release()` returns once all of
+-- that is done. The agent also exits at the lifetime on its own; the kill
+-- from the host is what holds it.
+--
+-- What the sandbox is made of never comes from a directory on the host that
+-- another user could reach or replace (there is no runtime directory): the
+-- agent's bytes are read once by the provider and handed to each launcher on
+-- a pipe, the /etc files travel in the launcher's environment, and bubblewrap
+-- copies both in (--file, --ro-bind-data), never binding a host path. As root
+-- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
+-- launcher mounts the sandbox's file systems in a mount namespace of its own
+-- (over /run/mayura there, never visible on the host, gone with the
+-- sandbox): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
+-- and links can run out of inodes before bytes do) and `mode=`, owned by host
+-- root (so their options name no host uid; the roots of the root and of
+-- /workspace are given to the sandbox's uid), and /dev holds binds of the
+-- usual device nodes and a devpts instance of its own. The sandbox's mount
+-- table then names no host path but /usr and the shared parts of /etc, and no
+-- host uid (its uid_map is bubblewrap's inner one, 1000 to 1000). Otherwise,
+-- and as another user, bubblewrap makes the tmpfs and /dev: no inode cap
+-- (`enforced.inodes` is false), and their options show the user's uid; so do
+-- /dev and the agent's copy with an `image`, whose own path shows as the root.
+--
+-- The agent is shielded from the OOM killer (oom_score_adj -1000, set through
+-- the legacy oom_adj knob so that its commands cannot take the shield back)
+-- where the kernel allows it; `enforced.oom_protected` says whether it does,
+-- and the provider says so on stderr once when it does not: the tmpfs caps
+-- count toward `memory_mib` and may add up to more than it, and an agent left
+-- unshielded may then be what the kernel kills.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -70,7 +107,11 @@ local NET_STACK = '10.0.2.0/24'
 local NET_DNS = '10.0.2.3'
 local NET_RESOLV = 'nameserver ' .. NET_DNS .. '\n'
 -- descriptors bubblewrap gets for a sandbox with 'all' (3 is the agent's socket)
-local INFO_FD, BLOCK_FD = 4, 5
+-- the descriptor on which bubblewrap says the sandbox's pid, for a sandbox with 'all' (0 is the
+-- agent's bytes, 3 its socket, 5..9 the /etc files)
+local INFO_FD = 4
+-- where the stacks' API sockets are, for root alone, each only while its ports are added
+local NET_DIR = '/run/mayura-net'
 
 -- {======================================================
 -- Host helpers
@@ -88,6 +129,12 @@ end
 local function readlink_type(path)
   local st = await_cb(function(cb) core.fs.stat(path, cb) end)
   return st and st.type
+end
+
+-- The type of what `path` names, through symbolic links ('directory', 'file', ...), or nil.
+local function target_type(path)
+  local err, st = await_cb(function(cb) require('luv').fs_stat(path, cb) end)
+  return not err and st and st.type or nil
 end
 
 -- The type of `path` itself (a symbolic link is 'link'), or nil.
@@ -114,35 +161,72 @@ local ETC = {
   ['resolv.conf'] = '',
   ['nsswitch.conf'] = 'passwd: files\ngroup: files\nhosts: files dns\n',
 }
+-- Their order in the launcher's environment (MAYURA_ETC_1..5) and, run as another user, the
+-- descriptors bubblewrap copies them from (5..9: START's here-documents).
+local ETC_NAMES = { 'passwd', 'group', 'hosts', 'resolv.conf', 'nsswitch.conf' }
 
 -- Parts of the host's /etc that hold no secrets and that programs need.
 local ETC_HOST = { 'alternatives', 'ld.so.cache', 'localtime', 'ssl/certs', 'ca-certificates' }
 
--- Where the provider keeps what every sandbox binds read-only: root's /run, else the user's runtime dir.
-local function runtime_base()
-  if is_root() then return '/run/mayura' end
-  local rt = os.getenv('XDG_RUNTIME_DIR')
-  return (rt and rt ~= '') and (rt .. '/mayura') or ('/tmp/mayura-' .. (os.getenv('USER') or 'user'))
+-- The device nodes of the sandbox's /dev (binds of the host's).
+local DEVICES = { 'null', 'zero', 'full', 'random', 'urandom', 'tty' }
+
+-- Run as root, the launcher mounts the sandbox's file systems here, in a mount namespace of its
+-- own: the host sees only an empty directory owned by root.
+local STAGE = '/run/mayura'
+
+local function lstat(path)
+  local uv = require('luv')
+  local err, st = await_cb(function(cb) uv.fs_lstat(path, cb) end)
+  if err then return nil, err end
+  return st
 end
 
--- Writes `files` (name -> content) with `mode` into base/name, rewriting only what differs, readable
--- by the sandboxes' own host uids whatever the umask and the checkout's directory modes are.
-local function install(base, name, files, mode, what)
-  local dir = base .. '/' .. name
-  local ok, err = await_cb(function(cb) core.fs.mkdir(dir, { mode = 493 }, cb) end)
-  if not ok then errors.raise('INVALID_CONFIG', 'cannot make ' .. what .. ': ' .. tostring(err and err.errno)) end
-  require('mayura.process').run({ 'chmod', '0755', base, dir })
-  for file, content in pairs(files) do
-    if read_plain(dir .. '/' .. file) ~= content then
-      local w, werr = await_cb(function(cb) core.fs.write(dir .. '/' .. file, content, { mode = mode }, cb) end)
-      if not w then errors.raise('INVALID_CONFIG', 'cannot write ' .. what .. ': ' .. tostring(werr and werr.errno)) end
-    end
+local function bit(n, b) return math.floor(n / b) % 2 == 1 end
+
+-- Makes NET_DIR, root's alone (0700, not a link, owned by root), or says it cannot.
+local function make_net_dir()
+  local uv = require('luv')
+  uv.fs_mkdir(NET_DIR, 448)
+  local st = uv.fs_lstat(NET_DIR)
+  if not st or st.type ~= 'directory' or st.uid ~= 0 then return false end
+  if st.mode % 512 ~= 448 and not uv.fs_chmod(NET_DIR, 448) then return false end
+  return true
+end
+
+-- Makes STAGE when it is missing; refuses it unless it is a directory (not a link) owned by root
+-- that nobody else may write.
+local function make_stage()
+  local uv = require('luv')
+  await_cb(function(cb) uv.fs_mkdir(STAGE, 448, cb) end)   -- 0700; already there is fine
+  local st = lstat(STAGE)
+  if not st or st.type ~= 'directory' or st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
+    errors.raise('INVALID_CONFIG', STAGE .. ' must be a directory owned by root that only root may write', nil, 3)
   end
-  return dir
+  return true
+end
+
+local stage_ok
+
+-- Whether the launcher can mount tmpfs in a mount namespace of its own here (asked once).
+local function stage_works()
+  if stage_ok == nil then
+    local ok, r = pcall(require('mayura.process').run,
+      { 'unshare', '--mount', '--propagation', 'private', 'mount', '-t', 'tmpfs', '-o', 'size=4096,nr_inodes=16',
+        'mayura', STAGE },
+      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    stage_ok = ok and r.exit_code == 0
+  end
+  return stage_ok
+end
+
+-- tmpfs options: `bytes`, one inode per 4 KiB page (every file with data takes a page anyway, so
+-- only empty files, directories and links can run out of inodes before the bytes run out), `mode`.
+local function tmpfs_options(bytes, mode)
+  return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
 end
 
 -- }======================================================
-
 -- {======================================================
 -- cgroups
 -- =======================================================
@@ -157,50 +241,62 @@ local function cgroup_mode()
   return nil
 end
 
--- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins).
+local function remove_cgroups(dirs)
+  for i = #dirs, 1, -1 do os.remove(dirs[i]) end
+end
+
+-- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins, the
+-- memory one first) and how the launcher kills what is in them: `{ freezer = dir }` (v1) or
+-- `{ v2 = dir }`. Nothing is left behind when one cannot be made.
 local function make_cgroups(mode, id, limits)
-  local dirs = {}
+  local dirs, kill = {}, {}
   local function mk(path)
     local ok = await_cb(function(cb) core.fs.mkdir(path, nil, cb) end)
-    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup')) end
+    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup'), 0) end
     dirs[#dirs + 1] = path
     return path
   end
   local function set(path, value, optional)
     if not write_plain(path, value) and not optional then
-      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'))
+      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'), 0)
     end
   end
   local bytes = tostring(limits.memory_mib * MIB)
   local quota = math.floor(limits.cpus * 100000 + 0.5)
-  if mode == 'v1' then
-    local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
-    set(mem .. '/memory.limit_in_bytes', bytes)
-    set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
-    set(mem .. '/memory.swappiness', '0', true)
-    local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
-    set(pids .. '/pids.max', tostring(limits.pids))
-    if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
-      local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
-      set(cpu .. '/cpu.cfs_period_us', '100000')
-      set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+  local ok, err = pcall(function()
+    if mode == 'v1' then
+      local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
+      set(mem .. '/memory.limit_in_bytes', bytes)
+      set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
+      set(mem .. '/memory.swappiness', '0', true)
+      local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
+      set(pids .. '/pids.max', tostring(limits.pids))
+      if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
+        local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
+        set(cpu .. '/cpu.cfs_period_us', '100000')
+        set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+      end
+      -- what the launcher freezes to kill every process in it at once (a fork bomb too)
+      if exists('/sys/fs/cgroup/freezer/cgroup.procs') then
+        kill.freezer = mk('/sys/fs/cgroup/freezer/mayura/' .. id)
+      end
+    else
+      write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
+      await_cb(function(cb) core.fs.mkdir('/sys/fs/cgroup/mayura', nil, cb) end)
+      write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
+      local cg = mk('/sys/fs/cgroup/mayura/' .. id)
+      set(cg .. '/memory.max', bytes)
+      set(cg .. '/memory.swap.max', '0', true)
+      set(cg .. '/pids.max', tostring(limits.pids))
+      set(cg .. '/cpu.max', quota .. ' 100000', true)
+      kill.v2 = cg
     end
-  else
-    write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
-    mk('/sys/fs/cgroup/mayura')
-    dirs = {}
-    write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
-    local cg = mk('/sys/fs/cgroup/mayura/' .. id)
-    set(cg .. '/memory.max', bytes)
-    set(cg .. '/memory.swap.max', '0', true)
-    set(cg .. '/pids.max', tostring(limits.pids))
-    set(cg .. '/cpu.max', quota .. ' 100000', true)
+  end)
+  if not ok then
+    remove_cgroups(dirs)
+    error(err, 0)
   end
-  return dirs
-end
-
-local function remove_cgroups(dirs)
-  for i = #dirs, 1, -1 do os.remove(dirs[i]) end
+  return dirs, kill
 end
 
 -- How many times the sandbox's memory cgroup has killed a process for memory.
@@ -221,78 +317,295 @@ end
 -- The launcher
 -- =======================================================
 
--- Runs bubblewrap in the cgroups, then removes them. The launcher itself
--- stays outside them: were it inside, the sandbox's own memory limit could
--- have it killed (an OOM in the sandbox), and nothing would remove them.
--- Arguments: the number of cgroup directories, the directories, the command.
-local LAUNCHER = [[
-n=$1; shift; dirs=; i=$n
-for d; do
-  [ "$i" -gt 0 ] || break
-  dirs="$d $dirs"; i=$((i - 1))
-done
-/bin/sh -c '
-n=$1; shift
-while [ "$n" -gt 0 ]; do
-  echo $$ > "$1/cgroup.procs" || exit 125
-  shift; n=$((n - 1))
-done
-echo -1000 > /proc/self/oom_score_adj 2>/dev/null
-exec "$@"' mayura-join "$n" "$@"
-rc=$?
-# bubblewrap may end first (killed for memory, say): the rest of the sandbox ends soon after
-# (the agent at its lifetime at the latest), and only an empty cgroup can be removed
-for d in $dirs; do
-  while [ -n "$(cat "$d/cgroup.procs" 2>/dev/null)" ]; do sleep 0.05; done
-  rmdir "$d" 2>/dev/null
-done
-exit $rc
-]]
+-- How long past its lifetime the launcher gives the agent to end the sandbox by itself.
+local GRACE_MS = 1000
 
-local function bwrap_argv(p, spec, sb_id)
+-- The keeper of one sandbox; it runs outside the sandbox's cgroups (were it inside, the
+-- sandbox's own memory limit could have it killed) and out of the host's process tree (setsid,
+-- without the host's tree tag), so it outlives the host. It starts the sandbox (START, as a child
+-- of a subshell that says when it has ended), then waits for the first of: the end of the
+-- lifetime, the sandbox's own end, a word from the host or the end of the host's control socket.
+-- Then it kills the sandbox's PID 1 (the kernel ends the pid namespace with it, and bubblewrap
+-- exits once it is empty), as root everything in its cgroups too, waits until all of it is gone
+-- and removes the cgroups.
+-- Environment: MAYURA_LIFE (seconds), MAYURA_CG (the cgroup directories), MAYURA_FREEZER (v1) or
+-- MAYURA_CGKILL (v2), MAYURA_START and what it reads. fd 0: the agent's bytes, 3: the agent's
+-- socket, 4: the host's control socket. Arguments: bubblewrap's command line.
+local LAUNCHER = [=[
+trap '' PIPE
+# the children of a process, into $kids (without /proc/PID/task/TID/children here: from every PPid)
+if [ -r "/proc/$$/task/$$/children" ]; then
+  kids() { kids=; read -r kids 2>/dev/null < "/proc/$1/task/$1/children"; }
+else
+  kids() { kids=$(grep -l "^PPid:[[:space:]]*$1\$" /proc/[0-9]*/status 2>/dev/null | cut -d/ -f3); }
+fi
+held() { read -r _ 2>/dev/null < "$1/cgroup.procs"; }
+kill_procs() { while read -r p; do kill -KILL "$p"; done 2>/dev/null < "$1/cgroup.procs"; }
+# every process in the cgroups: frozen (no fork can race the kill), killed, thawed
+kill_cgroups() {
+  if [ -n "$MAYURA_CGKILL" ] && [ -e "$MAYURA_CGKILL/cgroup.kill" ]; then
+    echo 1 2>/dev/null > "$MAYURA_CGKILL/cgroup.kill"
+  elif [ -n "$MAYURA_FREEZER" ]; then
+    echo FROZEN 2>/dev/null > "$MAYURA_FREEZER/freezer.state"
+    i=0
+    while read -r st 2>/dev/null < "$MAYURA_FREEZER/freezer.state" && [ "$st" = FREEZING ] && [ $i -lt 40 ]; do
+      sleep 0.05
+      i=$((i + 1))
+    done
+    kill_procs "$MAYURA_FREEZER"
+    echo THAWED 2>/dev/null > "$MAYURA_FREEZER/freezer.state"
+  else
+    for d in $MAYURA_CG; do kill_procs "$d"; done
+  fi
+}
+# PID 1 (the child of bubblewrap: its pid namespace ends with it), or whatever is still starting it
+end_sandbox() {
+  kids "$sb"
+  for b in $kids; do
+    c=
+    read -r c 2>/dev/null < "/proc/$b/comm"
+    kids "$b"
+    if [ "$c" != bwrap ]; then kill -KILL "$b" $kids 2>/dev/null
+    elif [ -n "$kids" ]; then kill -KILL $kids 2>/dev/null
+    else kill -KILL "$b" 2>/dev/null; fi
+  done
+}
+# with 'all', bubblewrap's info descriptor comes on 5: kept on 7 until START puts it on 4
+if [ -n "$MAYURA_INFO" ]; then exec 7<&5 5<&-; fi
+exec 5<&0 </dev/null
+# a notice ends the current wait at once, even one that comes before it: it kills the wait's timer
+# (USR1: the host's word; USR2: the sandbox has ended)
+tm=
+ended=
+trap '[ -z "$tm" ] || kill -KILL $tm 2>/dev/null' USR1
+trap 'ended=1; [ -z "$tm" ] || kill -KILL $tm 2>/dev/null' USR2
+sleep "$MAYURA_LIFE" &
+tm=$!
+(
+  # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
+  ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  exec 3<&- 5<&- 7<&-
+  wait $!
+  kill -USR2 $$
+) 4<&- &
+sb=$!
+exec 3<&- 5<&- 7<&-
+( read -r _; kill -USR1 $$ ) <&4 &
+rd=$!
+exec 4<&-
+# until the lifetime, the sandbox's own end or the host's word
+wait $tm
+wait $tm 2>/dev/null
+tm=
+kill -KILL $rd 2>/dev/null
+wait $rd 2>/dev/null
+# kill, then wait for the sandbox to end; every half second, again and the cgroups too
+n=0
+while [ -z "$ended" ] && read -r _ _ state _ 2>/dev/null < "/proc/$sb/stat" && [ "$state" != Z ]; do
+  sleep 0.5 &
+  tm=$!
+  if [ -z "$ended" ]; then
+    end_sandbox
+    [ $n -eq 0 ] || kill_cgroups
+    n=1
+  else
+    kill -KILL $tm 2>/dev/null
+  fi
+  wait $tm
+  wait $tm 2>/dev/null
+  tm=
+done
+wait $sb
+# what is left in the cgroups (nothing, as a rule), for 10 s at most; then they go
+for d in $MAYURA_CG; do
+  i=0
+  while held "$d" && [ $i -lt 200 ]; do kill_cgroups; sleep 0.05; i=$((i + 1)); done
+done
+[ -z "$MAYURA_CG" ] || rmdir $MAYURA_CG 2>/dev/null
+exit 0
+]=]
+
+-- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
+-- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
+-- commands may go down to at 0), then becomes bubblewrap (as root through MOUNT; the launcher has
+-- started it in a mount namespace of its own), with the agent's bytes on fd 0 and, without an
+-- image, the /etc files on descriptors 5..9. fd 5: the agent's bytes.
+local START = [=[
+for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
+echo -17 > /proc/self/oom_adj 2>/dev/null
+if [ -n "$MAYURA_MOUNT" ]; then set -- /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
+elif [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
+if [ -n "$MAYURA_INFO" ]; then exec 4<&7 7<&-; fi
+if [ -z "$MAYURA_ETC_FDS" ] && [ -n "$MAYURA_RESOLV" ]; then exec "$@" 0<&5 5<<E1
+$MAYURA_RESOLV
+E1
+fi
+if [ -z "$MAYURA_ETC_FDS" ]; then exec "$@" 0<&5 5<&-; fi
+exec "$@" 0<&5 5<<E1 6<<E2 7<<E3 8<<E4 9<<E5
+$MAYURA_ETC_1
+E1
+$MAYURA_ETC_2
+E2
+$MAYURA_ETC_3
+E3
+$MAYURA_ETC_4
+E4
+$MAYURA_ETC_5
+E5
+]=]
+
+-- As root, in the launcher's own mount namespace: mounts the sandbox's file systems under
+-- MAYURA_STAGE (tmpfs owned by host root, capped in bytes and inodes, their roots given to the
+-- sandbox's host uid; a devpts instance of its own), then becomes bubblewrap under that uid.
+local MOUNT = [=[
+set -e
+r=$MAYURA_STAGE
+mount -t tmpfs -o "$MAYURA_ROOT_OPTS" mayura "$r"
+mkdir "$r/root" "$r/w" "$r/t" "$r/s" "$r/pts"
+# the rest in one mount(8): a table of its own, outside what the sandbox sees
+printf '%s\n' "mayura $r/w tmpfs $MAYURA_WS_OPTS 0 0" "mayura $r/t tmpfs $MAYURA_TMP_OPTS 0 0" \
+  "mayura $r/s tmpfs $MAYURA_SHM_OPTS 0 0" "devpts $r/pts devpts newinstance,ptmxmode=0666,mode=0620 0 0" > "$r/fstab"
+mount -a -T "$r/fstab"
+chown "$MAYURA_UID:$MAYURA_UID" "$r/root" "$r/w"
+cd /
+exec setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"
+]=]
+
+local function bwrap_argv(p, spec)
   local a = { p.bwrap,
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
     '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
     '--hostname', 'sandbox',
     '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
+    '--die-with-parent',
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   -- a network namespace of its own, always; with 'all' the host connects it (connect_network)
-  -- while bubblewrap waits, before the agent starts
+  -- before the agent gets its setup
   add('--unshare-net')
-  if spec.network == 'all' then add('--info-fd', tostring(INFO_FD), '--block-fd', tostring(BLOCK_FD)) end
+  if spec.network == 'all' then add('--info-fd', tostring(INFO_FD)) end
   local image = spec.image or p.image
+  local staged = p.staged    -- the launcher mounts the file systems under STAGE
   if image then
     add('--ro-bind', image, '/')
   else
+    -- as root the root is the launcher's tmpfs (else bubblewrap's own), read-only once made
+    if staged then add('--bind', STAGE .. '/root', '/') end
     add('--ro-bind', '/usr', '/usr')
     for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
       local t = p.root_links[d]
       if t == 'symlink' then add('--symlink', 'usr/' .. d, '/' .. d)
       elseif t == 'directory' then add('--ro-bind', '/' .. d, '/' .. d) end
     end
+    -- copies, never binds of host files
     add('--dir', '/etc')
-    for name in pairs(ETC) do add('--ro-bind', p.etc .. '/' .. name, '/etc/' .. name) end
+    for i, name in ipairs(ETC_NAMES) do add('--file', tostring(4 + i), '/etc/' .. name) end
     for _, name in ipairs(ETC_HOST) do
       if p.etc_host[name] then add('--ro-bind', '/etc/' .. name, '/etc/' .. name) end
     end
   end
-  -- with 'all', the stack's resolver; an image gets it only over a resolv.conf file of its own
-  if spec.network == 'all' and (not image or lstat_type(image .. '/etc/resolv.conf') == 'file') then
-    add('--ro-bind', p.net_etc .. '/resolv.conf', '/etc/resolv.conf')
+  -- with 'all' and an image, the stack's resolver over the image's own resolv.conf file (without an
+  -- image it is one of the /etc copies)
+  if spec.network == 'all' and image and lstat_type(image .. '/etc/resolv.conf') == 'file' then
+    add('--ro-bind-data', '5', '/etc/resolv.conf')
   end
-  add('--proc', '/proc', '--dev', '/dev')
-  -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
-  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
-  add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
-  add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
-  add('--ro-bind', p.agent, AGENT_PATH)
-  -- the root (bubblewrap's tmpfs, with no cap) and /dev hold no writable place of their own
-  add('--remount-ro', '/dev', '--remount-ro', '/')
+  add('--proc', '/proc')
+  if staged and not image then
+    -- bubblewrap's --dev would be a tmpfs naming the host uid
+    add('--dir', '/dev')
+    for _, d in ipairs(DEVICES) do add('--dev-bind', '/dev/' .. d, '/dev/' .. d) end
+    for _, l in ipairs({ { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, { '/proc/self/fd/1', 'stdout' },
+        { '/proc/self/fd/2', 'stderr' }, { 'pts/ptmx', 'ptmx' } }) do
+      add('--symlink', l[1], '/dev/' .. l[2])
+    end
+    add('--dev-bind', STAGE .. '/pts', '/dev/pts')
+  else
+    add('--dev', '/dev')
+  end
+  if staged then
+    add('--bind', STAGE .. '/s', '/dev/shm', '--bind', STAGE .. '/t', '/tmp', '--bind', STAGE .. '/w', WORKDIR)
+  else
+    -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
+    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
+    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
+    add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
+  end
+  -- the agent's bytes come on fd 0: a copy, never a bind of a host path
+  if image then
+    add('--perms', '0555', '--ro-bind-data', '0', AGENT_PATH)
+    add('--remount-ro', '/dev')
+  else
+    add('--dir', '/.mayura', '--perms', '0555', '--file', '0', AGENT_PATH)
+    -- the root and /dev (bubblewrap's tmpfs have no cap) hold no writable place of their own
+    if not staged then add('--remount-ro', '/dev') end
+    add('--remount-ro', '/')
+  end
   add('--chdir', '/')
   add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-  local _ = sb_id
   return a
+end
+
+-- The launcher's environment for one sandbox.
+local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
+  local life = spec.lifetime_ms + GRACE_MS
+  local env = {
+    PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
+    MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
+    MAYURA_CG = table.concat(cg_dirs, ' '),
+    MAYURA_FREEZER = cg_kill.freezer or '',
+    MAYURA_CGKILL = cg_kill.v2 or '',
+    MAYURA_START = START,
+  }
+  if not (spec.image or p.image) then
+    env.MAYURA_ETC_FDS = '1'
+    -- a here-document ends its text with a newline of its own
+    for i, name in ipairs(ETC_NAMES) do
+      local text = ETC[name]
+      if name == 'resolv.conf' and spec.network == 'all' then text = NET_RESOLV end
+      env['MAYURA_ETC_' .. i] = (text:gsub('\n$', ''))
+    end
+  elseif spec.network == 'all' then
+    env.MAYURA_RESOLV = (NET_RESOLV:gsub('\n$', ''))
+  end
+  if spec.network == 'all' then env.MAYURA_INFO = '1' end
+  if p.root then env.MAYURA_UID = tostring(host_uid) end
+  if p.staged then
+    env.MAYURA_MOUNT = MOUNT
+    env.MAYURA_STAGE = STAGE
+    env.MAYURA_ROOT_OPTS = tmpfs_options(#p.agent_bytes + MIB, '0755')
+    env.MAYURA_WS_OPTS = tmpfs_options(p.workspace_mib * MIB, '0755')
+    env.MAYURA_TMP_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
+    env.MAYURA_SHM_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
+  end
+  return env
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The agent's shield from the OOM killer
+-- =======================================================
+
+local shield_works, warned
+
+-- Whether a process here can shield itself from the OOM killer the way START does (the kernel
+-- refuses without CAP_SYS_RESOURCE, and some refuse root too). Asked once per process.
+local function oom_shield_works()
+  if shield_works == nil then
+    local ok, r = pcall(require('mayura.process').run,
+      { '/bin/sh', '-c', 'echo -17 > /proc/self/oom_adj; cat /proc/self/oom_score_adj' },
+      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    shield_works = ok and r.stdout == '-1000\n'
+  end
+  return shield_works
+end
+
+local function warn_unshielded()
+  if warned then return end
+  warned = true
+  io.stderr:write('mayura: the kernel refuses to shield local sandbox agents from the OOM killer ',
+    '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ',
+    '(provider.enforced.oom_protected is false)\n')
 end
 
 -- }======================================================
@@ -443,7 +756,7 @@ end
 
 --- Waits (up to `ms`) for bubblewrap's sandbox process `pid` to be done with its namespaces: it
 -- drops its capabilities once every setup step is over (its own loopback among them, which the
--- stack must not race) and then waits on BLOCK_FD. False when it ended instead.
+-- stack must not race) before it becomes the agent. False when it ended instead.
 local function wait_setup_done(pid, ms)
   local deadline = core.hrtime_ms() + ms
   while core.hrtime_ms() < deadline do
@@ -455,19 +768,12 @@ local function wait_setup_done(pid, ms)
   return false
 end
 
---- For a sandbox with 'all', the socket pairs of bubblewrap's INFO_FD and BLOCK_FD (host and child
--- ends), or nil.
+--- For a sandbox with 'all', the socket pair of bubblewrap's INFO_FD (host and child ends), or nil.
 local function network_fds(spec)
   if spec.network ~= 'all' then return nil end
   local t = {}
   t.info_host, t.info_child = core.socketpair()
-  t.block_host, t.block_child = core.socketpair()
-  if not t.info_host or not t.block_host then
-    for _, k in ipairs({ 'info_host', 'info_child', 'block_host', 'block_child' }) do
-      if t[k] then core.close_fd(t[k]) end
-    end
-    error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
-  end
+  if not t.info_host then error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0) end
   return t
 end
 
@@ -479,10 +785,10 @@ local function stop_network(backend)
   if net.api then os.remove(net.api) end
 end
 
---- Connects a sandbox with 'all' that bubblewrap holds before its agent starts: learns its pid
--- (`info`, bubblewrap's --info-fd), loads its firewall, starts its stack and waits for the stack
--- to say its side is configured, and forwards `spec.ports`; the caller then lets bubblewrap go on
--- (its --block-fd). Raises on any failure; `backend.net` holds the stack.
+--- Connects a sandbox with 'all' before its agent gets its setup (so before any command can run):
+-- learns its pid (`info`, bubblewrap's --info-fd), loads its firewall, starts its stack and waits
+-- for the stack to say its side is configured, and forwards `spec.ports`. Raises on any failure;
+-- `backend.net` holds the stack.
 local function connect_network(p, backend, spec, info)
   local uv = require('luv')
   local function fail(what)
@@ -516,7 +822,7 @@ local function connect_network(p, backend, spec, info)
   if not wait_setup_done(pid, 10000) then uv.fs_close(ns_fd); fail('bubblewrap did not get ready') end
   local api = nil
   if spec.ports and #spec.ports > 0 then
-    api = p.net_dir .. '/' .. backend.id .. '.sock'
+    api = NET_DIR .. '/' .. backend.id .. '.sock'
     os.remove(api)
     net.api = api
   end
@@ -576,7 +882,6 @@ function Backend:oom_kills()
   return oom_kills(self.cg_mode, self.cg_dirs)
 end
 
--- The host port of 127.0.0.1 that the sandbox's stack forwards to `port` (one of spec.ports).
 function Backend:url(port)
   if self.network ~= 'all' then
     errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
@@ -589,56 +894,57 @@ function Backend:url(port)
   return 'http://127.0.0.1:' .. host_port
 end
 
+-- Ends the sandbox from the host: closing the control socket has the launcher kill it (or the
+-- launcher is already ending it); returns once the launcher has exited, so once every process
+-- of the sandbox has ended and its cgroups are removed.
 function Backend:release()
-  if self.released then return end
-  self.released = true
-  -- its network stack ends as soon as our end of its exit socket closes, meanwhile the rest does
-  stop_network(self)
-  if not self.closed then
-    -- ask the agent to end everything; closing our end ends it too
-    pcall(self.ch.call, self.ch, { op = 'shutdown' }, function() end)
-    self.closed = true
-    self.ch:close()
+  if not self.released then
+    self.released = true
+    -- its network stack ends as soon as our end of its exit socket closes, meanwhile the rest does
+    stop_network(self)
+    if not self.closed then
+      self.closed = true
+      self.ch:close()
+    end
+    self:_close_control()
   end
-  -- wait for the launcher (and so bubblewrap and the cgroups) to be gone, a few seconds at most
   if not self.exited then
-    local uv = require('luv')
     task.await(function(done)
-      local timer = uv.new_timer()
-      local fired = false
-      local function finish()
-        if fired then return end
-        fired = true
-        if not timer:is_closing() then timer:stop(); timer:close() end
-        done()
-      end
-      self.on_exit = finish
-      timer:start(5000, 0, function()
-        if self.proc then self.proc:cancel() end
-        finish()
-      end)
+      self.waiters = self.waiters or {}
+      self.waiters[#self.waiters + 1] = done
     end)
   end
-  -- then wait for the stack too
+  -- then for the stack too
   local net = self.net
   if net and net.proc and not net.exited then
-    local uv = require('luv')
-    task.await(function(done)
-      local timer = uv.new_timer()
-      local fired = false
-      local function finish()
-        if fired then return end
-        fired = true
-        if not timer:is_closing() then timer:stop(); timer:close() end
-        done()
-      end
-      net.on_exit = finish
-      timer:start(2000, 0, function()
-        net.proc:cancel()
-        finish()
-      end)
+    local waited = task.await(function(done)
+      net.on_exit = function() done(true) end
+      task.after(2000, function() done(false) end)
     end)
+    if not waited and not net.exited then net.proc:cancel() end
   end
+end
+
+function Backend:_close_control()
+  if self.control then
+    core.close_fd(self.control)
+    self.control = nil
+  end
+end
+
+-- The launcher has exited: the sandbox is over, and whoever waits in release() goes on.
+function Backend:_exited(res)
+  self.exited = true
+  self.launcher_result = res
+  if not self.closed then
+    self.closed = true
+    pcall(self.ch.close, self.ch)
+  end
+  self:_close_control()
+  stop_network(self)
+  local waiters = self.waiters or {}
+  self.waiters = nil
+  for _, done in ipairs(waiters) do done() end
 end
 
 -- }======================================================
@@ -695,42 +1001,37 @@ function M.local_sandboxes(options)
   p.slirp4netns = find_in_path('slirp4netns')
   p.nft = find_in_path('nft') or find_in_path('/usr/sbin/nft') or find_in_path('/sbin/nft')
   p.nsenter = find_in_path('nsenter') or find_in_path('/usr/bin/nsenter')
-  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil
+  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
   p.features = {
     stdin = true, ports = can_connect, desktop = false, network = can_connect and { 'none', 'all' } or { 'none' },
   }
-  -- what holds where: cgroups need root here; without them the host's limits apply
-  p.enforced = {
-    memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
-    workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
-  }
+  p.can_connect = can_connect
   p.root_links = {}
   for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
     p.root_links[d] = readlink_type('/' .. d)
   end
   p.etc_host = {}
-  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = readlink_type('/etc/' .. name) ~= nil end
-  local base = runtime_base()
-  p.etc = install(base, 'etc-1', ETC, 420, 'the sandbox /etc')
-  if can_connect then
-    p.net_etc = install(base, 'net-1', { ['resolv.conf'] = NET_RESOLV }, 420, 'the sandbox resolv.conf')
-    -- the stacks' API sockets, for root alone, each there only while its ports are added
-    p.net_dir = base .. '/net-api'
-    await_cb(function(cb) core.fs.mkdir(p.net_dir, { mode = 448 }, cb) end)
-    require('mayura.process').run({ 'chmod', '0700', p.net_dir })
-  end
-  -- a copy of the agent beside it: the checkout it was built in may be closed to other uids
-  local agent_bytes = read_plain(p.agent)
-  if not agent_bytes then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
-  -- named by its content, so two checkouts (or builds) never replace each other's agent
-  local sum = require('mayura.process').run({ 'sha256sum' }, { stdin = agent_bytes }).stdout:match('^(%x+)')
-  if not sum then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
-  p.agent = install(base, 'agent-' .. sum:sub(1, 16), { ['mayura-agent'] = agent_bytes }, 493, 'the sandbox agent') ..
-    '/mayura-agent'
+  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = target_type('/etc/' .. name) end
+  p.etc_host.resolv = exists('/etc/resolv.conf')
+  -- as root, the launcher mounts the sandbox's tmpfs itself where it may (not in a container
+  -- without CAP_SYS_ADMIN, say: then bubblewrap makes them, as for another user)
+  p.staged = p.root and make_stage() and stage_works()
+  -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
+  -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
+  -- could be replaced by another user)
+  p.agent_bytes = read_plain(p.agent)
+  if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
+  p.enforced = {
+    memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
+    workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
+    inodes = p.staged, oom_protected = oom_shield_works(),
+  }
+  if not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
   function p.create(self, spec)
-    if spec.network == 'all' and not self.net_dir then
+    if spec.network == 'all' and not self.can_connect then
       errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
     end
     if spec.ports and #spec.ports > 0 and spec.network ~= 'all' then
@@ -746,54 +1047,45 @@ function M.local_sandboxes(options)
       cpus = math.min(spec.cpus or self.cpus, self.cpus),
       pids = self.pids,
     }
-    local cg_dirs = {}
-    if self.cg_mode then cg_dirs = make_cgroups(self.cg_mode, id, limits) end
-    local argv = { '/bin/sh', '-c', LAUNCHER, 'mayura-launch', tostring(#cg_dirs) }
-    for _, d in ipairs(cg_dirs) do argv[#argv + 1] = d end
-    if self.root then
-      local uid = tostring(HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter))
-      for _, x in ipairs({ 'setpriv', '--reuid', uid, '--regid', uid, '--clear-groups', '--' }) do
-        argv[#argv + 1] = x
-      end
-    end
-    for _, x in ipairs(bwrap_argv(self, spec, id)) do argv[#argv + 1] = x end
+    local cg_dirs, cg_kill = {}, {}
+    if self.cg_mode then cg_dirs, cg_kill = make_cgroups(self.cg_mode, id, limits) end
+    local host_uid = self.root and (HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter)) or nil
+    -- out of the host's process tree (a session of its own, without the tree's tag), so that
+    -- the host ending, even its state closing, never kills the launcher before it cleans up
+    local argv = { 'setsid', '-w', 'env', '-u', 'MAYURA_TREE', '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
+    for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
-    if not a then
+    local c, d
+    if a then c, d = core.socketpair() end
+    if not c then
+      for _, fd in ipairs({ a, b }) do core.close_fd(fd) end
       remove_cgroups(cg_dirs)
       error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
     end
     local backend = setmetatable({
-      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs,
-      closed = false, released = false, exited = false,
+      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
+      control = c, closed = false, released = false, exited = false,
     }, Backend)
-    -- with 'all', bubblewrap says its pid (INFO_FD) and waits (BLOCK_FD) while the host connects it
-    local fds, fds_ok, net_fds = { b }, pcall(network_fds, spec)
+    -- with 'all', bubblewrap says its pid on INFO_FD (the launcher's 5) while the host connects it
+    local fds_ok, net_fds = pcall(network_fds, spec)
     if not fds_ok then
-      core.close_fd(a)
-      core.close_fd(b)
+      for _, fd in ipairs({ a, b, d }) do core.close_fd(fd) end
+      backend:_close_control()
       remove_cgroups(cg_dirs)
       error(net_fds, 0)
     end
-    if net_fds then fds[INFO_FD - 2], fds[BLOCK_FD - 2] = net_fds.info_child, net_fds.block_child end
     local proc, err = core.spawn({
-      argv = argv, fds = fds, max_output_bytes = 65536,
-      env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
-    }, function(res)
-      backend.exited = true
-      backend.launcher_result = res
-      if not backend.closed then
-        backend.closed = true
-        pcall(backend.ch.close, backend.ch)
-      end
-      stop_network(backend)
-      if backend.on_exit then backend.on_exit() end
-    end)
+      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil }, stdin = self.agent_bytes,
+      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid),
+    }, function(res) backend:_exited(res) end)
     core.close_fd(b)
-    if net_fds then core.close_fd(net_fds.info_child); core.close_fd(net_fds.block_child) end
+    core.close_fd(d)
+    if net_fds then core.close_fd(net_fds.info_child) end
     if not proc then
       core.close_fd(a)
-      if net_fds then core.close_fd(net_fds.info_host); core.close_fd(net_fds.block_host) end
+      if net_fds then core.close_fd(net_fds.info_host) end
+      backend:_close_control()
       remove_cgroups(cg_dirs)
       local _ = err
       error(errors.sandbox('unavailable', 'cannot start the sandbox'), 0)
@@ -805,13 +1097,6 @@ function M.local_sandboxes(options)
     })
     if net_fds then
       local nok, nerr = pcall(connect_network, self, backend, spec, net_fds.info_host)
-      if not nok then
-        -- the agent must never serve: its socket closes before bubblewrap goes on, so it ends at once
-        backend.closed = true
-        pcall(backend.ch.close, backend.ch)
-      end
-      -- bubblewrap goes on when its BLOCK_FD is readable, at EOF too
-      core.close_fd(net_fds.block_host)
       if not nok then agent_backend.start_failed(backend, nerr) end
     end
     -- the agent answers once the namespaces are up; then it gets the env, never on a command line
