@@ -145,3 +145,14 @@ write('tree', 'environ_first', string.char(#tag - 1) .. tag .. '\0' .. 'MAYURA_E
 write('tree', 'environ_prefix', string.char(#tag - 1) .. tag .. '\5' .. 'MAYURA_EXEC=4242.17.30\0')
 write('tree', 'stat_zombie', '\0' .. 'x' .. '\7' .. '123 (sh) Z 1 123 123 0 -1')
 write('tree', 'stat_paren_name', '\0' .. 'x' .. '\7' .. '77 (a) R (b)) S 1 77 77 0 -1 4194560')
+
+-- listing: the text of sandbox_scripts.list (odd first byte) and builder programs (even; see listing_fuzz.c)
+write('listing', 'raw', '\1' .. 'L\n81a4 5 1700000000.123 66696c652e747874\n41ed 4096 1700000000 737562\n' ..
+  'a1ff 8 -5 6e65770a6c696e65\nend\n')
+write('listing', 'raw_empty', '\1' .. 'L\nend\n')
+write('listing', 'raw_missing', '\1' .. 'N\n')
+write('listing', 'raw_error', '\1' .. 'E not_directory\n')
+write('listing', 'raw_bad_name', '\1' .. 'L\n81a4 5 1 2e2e\n81a4 1 2 612f62\nend\n')
+write('listing', 'raw_cut', '\1' .. 'L\n81a4 5 17000')
+write('listing', 'built', '\0' .. '\0\5\6\3abc' .. '\129\1\2\3\2\10\255' .. '\2\0\0\1z')
+write('listing', 'built_bad', '\0' .. '\0\1\1\1/' .. '\3\1\1\2..' .. '\4\0\0\0')

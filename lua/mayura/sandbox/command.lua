@@ -66,7 +66,7 @@ local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
 local TOOLS = { 'base64', 'stat', 'dd', 'od', 'awk', 'tr', 'grep', 'mkdir', 'mv', 'rm', 'rmdir', 'ln', 'kill',
-  'sleep', 'setsid', 'cat' }
+  'sleep', 'setsid', 'head' }
 
 local q = scripts.quote
 
@@ -327,14 +327,15 @@ local function report(dir)
     'o=$(stat -c %s "$d/out" 2>/dev/null||echo 0);e=$(stat -c %s "$d/err" 2>/dev/null||echo 0)\n' ..
     'echo "$o $e"\n' ..
     'if [ "$o" -le ' .. INLINE .. ' ]&&[ "$e" -le ' .. INLINE .. ' ];then ' ..
-    'base64 "$d/out";echo -;base64 "$d/err";echo .;rm -rf -- "$d";else echo .;fi\n'
+    'head -c ' .. INLINE .. ' "$d/out"|base64;echo -;head -c ' .. INLINE .. ' "$d/err"|base64;echo .;rm -rf -- "$d"' ..
+    ';else echo .;fi\n'
 end
 
 local function poll_script(dir)
   return 'd=' .. q(dir) .. '\n' ..
-    'if [ ! -f "$d/rc" ];then if kill -0 "$(cat "$d/pid" 2>/dev/null)" 2>/dev/null;then echo R;exit 0;fi\n' ..
+    'if [ ! -f "$d/rc" ];then if kill -0 "$(head -c 32 "$d/pid" 2>/dev/null)" 2>/dev/null;then echo R;exit 0;fi\n' ..
     'if [ ! -f "$d/rc" ];then echo X;exit 0;fi;fi\n' ..
-    'echo D;cat "$d/rc"\n' .. report(dir)
+    'echo D;head -c 32 "$d/rc"\n' .. report(dir)
 end
 
 -- Reads report()'s lines from `i`: sizes, and the outputs when they came inline.

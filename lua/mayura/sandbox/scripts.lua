@@ -71,11 +71,14 @@ local function count_arg(v, what)
   return string.format('%d', v)
 end
 
--- Names a failed command's error from its (C locale) message; `o` holds the message.
-local CLASSIFY = 'LC_ALL=C;export LC_ALL;e(){ case $1 in *space*|*quota*|*large*)c=ENOSPC;;' ..
-  '*ermission*|*permitted*)c=EACCES;;*Read-only*)c=EROFS;;*exists*|*"Not a dir"*)c=ENOTDIR;;' ..
-  '*"Is a dir"*)c=EISDIR;;*"not empty"*)c=ENOTEMPTY;;*"No such"*)c=ENOENT;;*"too long"*)c=ENAMETOOLONG;;' ..
-  '*"symbolic links"*)c=ELOOP;;*)c=failed;;esac;echo "E $c";exit 0;}\n'
+-- Names a failed command's error from its (C locale) message, `$1`: by the strerror text after
+-- the message's last ': ', so that a path in the message (the caller's, or the sandbox's) cannot
+-- change the answer.
+local CLASSIFY = 'LC_ALL=C;export LC_ALL;e(){ case ${1##*: } in "No space"*|"Disk quota"*|"File too large"*)c=ENOSPC;;' ..
+  '"Permission denied"*|"Operation not permitted"*)c=EACCES;;"Read-only"*)c=EROFS;;' ..
+  '"File exists"*|"Not a directory"*)c=ENOTDIR;;"Is a directory"*)c=EISDIR;;"Directory not empty"*)c=ENOTEMPTY;;' ..
+  '"No such file"*|"Directory nonexistent"*|"nonexistent directory"*)c=ENOENT;;"File name too long"*)c=ENAMETOOLONG;;' ..
+  '"Too many levels"*)c=ELOOP;;*)c=failed;;esac;echo "E $c";exit 0;}\n'
 
 --- The bytes [offset, offset + length) of a regular file, base64, after a line 'F <size>'.
 function M.read(path, offset, length)
@@ -130,8 +133,8 @@ function M.write_chunk(target, b64)
     end
     src = "printf %s '" .. b64 .. "'|"
   end
-  return 'o=$(' .. src .. 'base64 -d 2>&1 >>' .. t .. ')||{ case $o in *space*|*quota*|*large*)echo "E ENOSPC";;' ..
-    '*)echo "E failed";;esac;exit 0;}\necho OK\n'
+  return 'o=$(' .. src .. 'base64 -d 2>&1 >>' .. t .. ')||{ case ${o##*: } in "No space"*|"Disk quota"*|"File too"*)' ..
+    'echo "E ENOSPC";;*)echo "E failed";;esac;exit 0;}\necho OK\n'
 end
 
 --- Renames `tmp` to `path` (replacing a file or a symlink, never a directory) and removes `link`.
