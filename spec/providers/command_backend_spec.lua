@@ -166,25 +166,26 @@ describe('sandbox_scripts', function()
       end)
 
       it('kill stops every process with the tag, also in other sessions, and no other', function()
-        local tag = 'spec' .. math.random(1000000)
-        local job = 'sleep 91 & setsid sleep 92 </dev/null >/dev/null 2>&1 & (while :; do sleep 93; done) & sleep 94'
+        local n = math.random(100000, 999999)
+        local tag = 'spec' .. n
+        local function s(i) return 'sleep ' .. i .. n end   -- sleeps no other test starts
+        finally(function()
+          process.run({ 'sh', '-c', scripts.kill(tag) .. scripts.kill(tag .. '0') })
+        end)
+        local job = s(1) .. ' & setsid ' .. s(2) .. ' </dev/null >/dev/null 2>&1 & (while :; do ' .. s(3) ..
+          '; done) & ' .. s(4)
         process.run({ 'sh', '-c', 'setsid sh -c "$1" </dev/null >/dev/null 2>&1 &', 'sh', job },
           { env = { PATH = '/usr/bin:/bin', MAYURA_EXEC = tag } })
-        process.run({ 'sh', '-c', 'setsid sleep 95 </dev/null >/dev/null 2>&1 &' },
+        process.run({ 'sh', '-c', 'setsid ' .. s(5) .. ' </dev/null >/dev/null 2>&1 &' },
           { env = { PATH = '/usr/bin:/bin', MAYURA_EXEC = tag .. '0' } })
         for _ = 1, 100 do
-          if #util.procs_matching('sleep 94') > 0 and #util.procs_matching('sleep 92') > 0 then break end
+          if #util.procs_matching(s(4)) > 0 and #util.procs_matching(s(2)) > 0 then break end
           task.sleep(20)
         end
-        assert.are.equal(1, #util.procs_matching('sleep 92'))
+        assert.is_true(#util.procs_matching(s(2)) > 0)
         assert.are.equal('OK\n', sh(scripts.kill(tag)))
-        for _ = 1, 50 do
-          if #util.procs_matching('sleep 9') <= 1 then break end
-          task.sleep(20)
-        end
-        for n = 91, 94 do assert.are.same({}, util.procs_matching('sleep ' .. n)) end
-        assert.are.equal(1, #util.procs_matching('sleep 95'))
-        util.kill_matching('sleep 95')
+        for i = 1, 4 do assert.are.same({}, util.procs_matching(s(i))) end
+        assert.are.equal(1, #util.procs_matching(s(5)))
       end)
     end)
   end

@@ -74,11 +74,12 @@ end
 -- Names a failed command's error from its (C locale) message, `$1`: by the strerror text after
 -- the message's last ': ', so that a path in the message (the caller's, or the sandbox's) cannot
 -- change the answer.
-local CLASSIFY = 'LC_ALL=C;export LC_ALL;e(){ case ${1##*: } in "No space"*|"Disk quota"*|"File too large"*)c=ENOSPC;;' ..
+local CLASSIFY = 'LC_ALL=C;export LC_ALL;e(){ case ${1##*: } in ' ..
+  '"No space"*|"Disk quota"*|"File too large"*)c=ENOSPC;;' ..
   '"Permission denied"*|"Operation not permitted"*)c=EACCES;;"Read-only"*)c=EROFS;;' ..
   '"File exists"*|"Not a directory"*)c=ENOTDIR;;"Is a directory"*)c=EISDIR;;"Directory not empty"*)c=ENOTEMPTY;;' ..
-  '"No such file"*|"Directory nonexistent"*|"nonexistent directory"*)c=ENOENT;;"File name too long"*)c=ENAMETOOLONG;;' ..
-  '"Too many levels"*)c=ELOOP;;*)c=failed;;esac;echo "E $c";exit 0;}\n'
+  '"No such file"*|"Directory nonexistent"*|"nonexistent directory"*)c=ENOENT;;' ..
+  '"File name too long"*)c=ENAMETOOLONG;;"Too many levels"*)c=ELOOP;;*)c=failed;;esac;echo "E $c";exit 0;}\n'
 
 --- The bytes [offset, offset + length) of a regular file, base64, after a line 'F <size>'.
 function M.read(path, offset, length)
