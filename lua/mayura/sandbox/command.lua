@@ -58,7 +58,7 @@ local scripts = require('mayura.sandbox.scripts')
 local M = {}
 
 local KIB, MIB = 1024, 1048576
-local READ_CHUNK = 384 * KIB      -- raw bytes per read (512 KiB of base64 out)
+local READ_CHUNK = 768 * KIB      -- raw bytes per read (1 MiB of base64 out)
 local STDIN_CHUNK = 768 * KIB     -- raw bytes per write on standard input (1 MiB of base64)
 local INLINE = 48 * KIB           -- outputs up to this come back with the poll that sees the end
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
@@ -292,18 +292,21 @@ end
 -- Commands
 -- =======================================================
 
+-- A command's files are <base>.in, .out, .err, .rc (its exit code, written in one write once it
+-- ended) and .pid, with <base> = <state dir>/x<n>: no directory to make, one rm to remove them.
+
 -- The command's own shell, in a session of its own: checks the cwd, sets the env, runs the
 -- command with its files, writes the exit code, then ends what is left in its process group.
-local JOB = 'd=$1 c=$2 i=$3 n=$4;shift 4\n' ..
+local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
   'if [ ! -d "$c" ];then if [ -e "$c" ];then r="E ENOTDIR";else r="E ENOENT";fi\n' ..
   'elif ! cd -- "$c" 2>/dev/null;then r="E EACCES"\n' ..
-  'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$d/out" 2>"$d/err"' ..
+  'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$b.out" 2>"$b.err"' ..
   ';r=$?;fi\n' ..
-  ': >>"$d/out";: >>"$d/err";echo "$r" >"$d/rc.t"&&mv -f "$d/rc.t" "$d/rc"\n' ..
+  ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
   'sleep 1;kill -9 0\n'
 
-local function start_script(dir, tag, cwd, stdin_file, env, argv)
-  local words = { q(dir), q(cwd), q(stdin_file or '/dev/null') }
+local function start_script(base, tag, cwd, stdin_file, env, argv)
+  local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
   local names = {}
   for k in pairs(env) do names[#names + 1] = k end
   table.sort(names)
@@ -313,29 +316,38 @@ local function start_script(dir, tag, cwd, stdin_file, env, argv)
     words[#words + 1] = q(env[k])
   end
   for _, a in ipairs(argv) do words[#words + 1] = q(a) end
-  return 'd=' .. q(dir) .. '\n' ..
+  return 'b=' .. q(base) .. '\n' ..
     'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
-    'o=$(umask 077;mkdir -p -- "$d" 2>&1)||exit 3\n' ..
     scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
     ' </dev/null >/dev/null 2>&1 &\n' ..
-    'echo $! >"$d/pid"\necho OK\n'
+    'echo $! >"$b.pid"\necho OK\n'
 end
 
--- The sizes of out and err, then both as base64 (when small; the directory is then removed).
-local function report(dir)
-  return 'd=' .. q(dir) .. '\n' ..
-    'o=$(stat -c %s "$d/out" 2>/dev/null||echo 0);e=$(stat -c %s "$d/err" 2>/dev/null||echo 0)\n' ..
+-- The command's files, removed in the background (the answer does not wait for rm).
+local function remove_files(base)
+  return 'rm -f -- ' .. q(base) .. '.* </dev/null >/dev/null 2>&1 &\n'
+end
+
+-- The sizes of out and err, then both as base64 when small (the files are then removed). Only
+-- what is not empty costs a process; `head -c` bounds what is read whatever the file became.
+local function report(base)
+  local inl = tostring(INLINE)
+  return 'b=' .. q(base) .. '\no=0;e=0\n' ..
+    'if [ -s "$b.out" ];then o=$(stat -c %s -- "$b.out" 2>/dev/null)||o=0;fi\n' ..
+    'if [ -s "$b.err" ];then e=$(stat -c %s -- "$b.err" 2>/dev/null)||e=0;fi\n' ..
     'echo "$o $e"\n' ..
-    'if [ "$o" -le ' .. INLINE .. ' ]&&[ "$e" -le ' .. INLINE .. ' ];then ' ..
-    'head -c ' .. INLINE .. ' "$d/out"|base64;echo -;head -c ' .. INLINE .. ' "$d/err"|base64;echo .;rm -rf -- "$d"' ..
-    ';else echo .;fi\n'
+    'if [ "$o" -le ' .. inl .. ' ]&&[ "$e" -le ' .. inl .. ' ];then\n' ..
+    'if [ "$o" -gt 0 ];then head -c ' .. inl .. ' "$b.out"|base64;fi;echo -\n' ..
+    'if [ "$e" -gt 0 ];then head -c ' .. inl .. ' "$b.err"|base64;fi;echo .\n' ..
+    remove_files(base) .. 'else echo .;fi\n'
 end
 
-local function poll_script(dir)
-  return 'd=' .. q(dir) .. '\n' ..
-    'if [ ! -f "$d/rc" ];then if kill -0 "$(head -c 32 "$d/pid" 2>/dev/null)" 2>/dev/null;then echo R;exit 0;fi\n' ..
-    'if [ ! -f "$d/rc" ];then echo X;exit 0;fi;fi\n' ..
-    'echo D;head -c 32 "$d/rc"\n' .. report(dir)
+local function poll_script(base)
+  return 'b=' .. q(base) .. '\n' ..
+    'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R;exit 0;fi\n' ..
+    'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
+    -- rc is one short line written in one write; read stops at its newline
+    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
 end
 
 -- Reads report()'s lines from `i`: sizes, and the outputs when they came inline.
@@ -375,29 +387,29 @@ local function nap(rec, ms)
   end)
 end
 
--- The outputs, from the report or read in chunks, cut at the cap; then the directory is removed.
-function Backend:_outputs(dir, rep, cap)
+-- The outputs, from the report or read in chunks, cut at the cap; then the files are removed.
+function Backend:_outputs(base, rep, cap)
   local res = { truncated = rep.out_size > cap or rep.err_size > cap }
   if rep.out then
     res.stdout, res.stderr = rep.out, rep.err
   else
-    res.stdout = self:_read_upto(dir .. '/out', cap) or ''
-    res.stderr = self:_read_upto(dir .. '/err', cap) or ''
-    self:_run('rm -rf -- ' .. q(dir) .. '\n')
+    res.stdout = self:_read_upto(base .. '.out', cap) or ''
+    res.stderr = self:_read_upto(base .. '.err', cap) or ''
+    self:_run(remove_files(base))
   end
   if #res.stdout > cap then res.stdout, res.truncated = res.stdout:sub(1, cap), true end
   if #res.stderr > cap then res.stderr, res.truncated = res.stderr:sub(1, cap), true end
   return res
 end
 
--- Kills the command's processes and removes its directory (best effort: used on the way out).
+-- Kills the command's processes and removes its files (best effort: used on the way out).
 function Backend:_stop(rec)
-  pcall(self._raw, self, scripts.kill(rec.tag) .. 'rm -rf -- ' .. q(rec.dir) .. '\n')
+  pcall(self._raw, self, scripts.kill(rec.tag) .. remove_files(rec.base))
 end
 
 function Backend:exec(argv, o)
   local id = self:_id()
-  local rec = { tag = self._prefix .. '.' .. id, dir = self._state .. '/x' .. id }
+  local rec = { tag = self._prefix .. '.' .. id, base = self._state .. '/x' .. id }
   local cap = o.max_output_bytes or MIB
   local started = core.hrtime_ms()
   local env = {}
@@ -405,7 +417,7 @@ function Backend:exec(argv, o)
   for k, v in pairs(o.env or {}) do env[k] = v end
   local stdin_file
   if o.stdin then
-    stdin_file = rec.dir .. '/in'
+    stdin_file = rec.base .. '.in'
     self:_put(stdin_file, o.stdin)
   end
   local token = o.signal
@@ -418,7 +430,7 @@ function Backend:exec(argv, o)
   end
   self._running[rec] = true
   local ok, res = pcall(function()
-    local out = self:_run(start_script(rec.dir, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
+    local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
     rec.started = true
     expect_ok(out, 1, 'the command')
     local deadline = started + (o.timeout_ms or 60000)
@@ -431,7 +443,7 @@ function Backend:exec(argv, o)
       delay = math.min(delay * 2, POLL_MAX_MS)
       if self._closed then error(gone(), 0) end
       if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local lines = lines_of(self:_run(poll_script(rec.dir), nil, token))
+      local lines = lines_of(self:_run(poll_script(rec.base), nil, token))
       if lines[1] == 'X' and #lines == 1 then
         error(errors.sandbox('failed', 'the command ended without an exit status'), 0)
       elseif lines[1] == 'D' then
@@ -440,7 +452,7 @@ function Backend:exec(argv, o)
         if code then error(scripts.script_error(code, 'cwd'), 0) end
         local exit_code = int_of(rc)
         if not exit_code then error(nonsense(), 0) end
-        local r = self:_outputs(rec.dir, parse_report(lines, 3), cap)
+        local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
         r.exit_code, r.timed_out = exit_code, false
         return r
       elseif lines[1] ~= 'R' or #lines ~= 1 then
@@ -448,9 +460,9 @@ function Backend:exec(argv, o)
       end
     end
     -- the timeout: stop everything, then take what the command wrote
-    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.dir)))
+    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base)))
     if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
-    local r = self:_outputs(rec.dir, parse_report(lines, 3), cap)
+    local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
     r.timed_out = true
     return r
   end)
