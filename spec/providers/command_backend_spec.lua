@@ -9,6 +9,7 @@ local errors = require('mayura.errors')
 local task = require('mayura._task')
 local process = require('mayura.process')
 local transports = require('support.command_transports')
+local providers = require('support.providers')
 local util = require('support.util')
 
 local scripts = sandbox.sandbox_scripts
@@ -270,48 +271,66 @@ describe('parse_sandbox_listing', function()
   end)
 end)
 
--- The procs of the sandbox under a command backend, seen through the local sandbox itself.
-local function inner_running(backend, marker)
-  local r = backend.inner:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do tr "\\000" " " < $p/cmdline 2>/dev/null; echo; done' })
+-- Whether a process whose command line holds `marker` runs in the sandbox: seen through the
+-- local sandbox under the backend when there is one, else through the sandbox itself.
+local function running(sb, marker)
+  local target = sb._backend.inner or sb
+  local r = target:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do tr "\\000" " " < $p/cmdline 2>/dev/null; echo; done' })
   return r.stdout:find(marker, 1, true) ~= nil
 end
 
-local function gone_soon(backend, marker)
+local function gone_soon(sb, marker)
   for _ = 1, 100 do
-    if not inner_running(backend, marker) then return true end
+    if not running(sb, marker) then return true end
     task.sleep(50)
   end
   return false
 end
 
+local EXAMPLE = 'examples/providers/docker_exec.lua'
+local _, docker_answers = providers.host('docker info')
+local _, busybox_image = providers.host('docker image inspect ' .. providers.BUSYBOX)
+
 local KINDS = {
-  { name = 'with standard input (dash)', opts = { stdin = true, max_command_bytes = 65536 } },
-  { name = 'without standard input, 4096-byte commands (BusyBox sh)',
+  { name = 'with standard input (dash)', opts = { stdin = true, max_command_bytes = 65536 }, conformance = true },
+  { name = 'without standard input, 4096-byte commands (BusyBox sh)', conformance = true,
     opts = { stdin = false, max_command_bytes = 4096, shell = { BUSYBOX, 'sh' } } },
+  -- the conformance suite runs on it in spec/examples/docker_exec_spec.lua
+  { name = 'over docker exec in the BusyBox image (only BusyBox sh and applets)', docker = true },
 }
 
 for _, kind in ipairs(KINDS) do
   describe('command_sandbox_backend ' .. kind.name, function()
-    local provider = transports.command_provider(kind.opts)
+    if kind.docker and not (docker_answers and busybox_image) then
+      pending('needs a Docker daemon and ' .. providers.BUSYBOX .. ' (scripts/docker-setup.sh)')
+      return
+    end
+    local provider
+    if kind.docker then
+      provider = dofile(EXAMPLE).docker_exec_sandboxes({ image = providers.BUSYBOX })
+    else
+      provider = transports.command_provider(kind.opts)
+    end
     local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 600000 })
     local sb = pool:create({ lifetime_ms = 600000, env = { FROM_CREATE = 'created' } })
-    local backend = sb._backend
-    local transport = provider.transports[1]
     teardown(function()
       pool:close()
-      provider.pool:close()
+      if provider.pool then provider.pool:close() end
     end)
 
-    describe('passes the conformance suite', function()
-      for _, case in ipairs(testing.sandbox_conformance) do
-        it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-      end
-    end)
+    if kind.conformance then
+      describe('passes the conformance suite', function()
+        for _, case in ipairs(testing.sandbox_conformance) do
+          it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
+        end
+      end)
 
-    it('keeps every command within the transport\'s max_command_bytes', function()
-      assert.is_true(transport.longest <= kind.opts.max_command_bytes)
-      assert.is_true(transport.calls > 0)
-    end)
+      it('keeps every command within the transport\'s max_command_bytes', function()
+        local transport = provider.transports[1]
+        assert.is_true(transport.longest <= kind.opts.max_command_bytes)
+        assert.is_true(transport.calls > 0)
+      end)
+    end
 
     it('round-trips a 1 MiB file of every byte value', function()
       local data = bytes(MIB, 3)
@@ -390,7 +409,7 @@ for _, kind in ipairs(KINDS) do
       assert.is_true(r.timed_out)
       assert.is_nil(r.exit_code)
       assert.are.equal('partial\n', r.stdout)
-      for _, m in ipairs({ 'sleep 81', 'sleep 82', 'sleep 83' }) do assert.is_true(gone_soon(backend, m), m) end
+      for _, m in ipairs({ 'sleep 81', 'sleep 82', 'sleep 83' }) do assert.is_true(gone_soon(sb, m), m) end
     end)
 
     it('a cancel kills the command and everything it started', function()
@@ -400,24 +419,24 @@ for _, kind in ipairs(KINDS) do
           { signal = token, timeout_ms = 30000 })
       end)
       for _ = 1, 100 do
-        if inner_running(backend, 'sleep 85') then break end
+        if running(sb, 'sleep 85') then break end
         task.sleep(20)
       end
-      assert.is_true(inner_running(backend, 'sleep 84'))
+      assert.is_true(running(sb, 'sleep 84'))
       token:cancel()
       local ok, err = t:wait()
       assert.is_false(ok)
       assert.are.equal('CANCELLED', err.code)
-      assert.is_true(gone_soon(backend, 'sleep 84'))
-      assert.is_true(gone_soon(backend, 'sleep 85'))
+      assert.is_true(gone_soon(sb, 'sleep 84'))
+      assert.is_true(gone_soon(sb, 'sleep 85'))
     end)
 
     it('ends what a command left in its group after it ends; setsid processes stay', function()
       local r = sb:exec({ 'sh', '-c', 'sleep 86 & setsid sleep 87 </dev/null >/dev/null 2>&1 & echo ok' })
       assert.are.equal('ok\n', r.stdout)
-      assert.is_true(gone_soon(backend, 'sleep 86'))
-      assert.is_true(inner_running(backend, 'sleep 87'))
-      backend.inner:exec({ 'sh', '-c', scripts.kill('nothing') .. 'for p in /proc/[0-9]*; do ' ..
+      assert.is_true(gone_soon(sb, 'sleep 86'))
+      assert.is_true(running(sb, 'sleep 87'))
+      sb:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do ' ..
         'if tr "\\000" " " < $p/cmdline 2>/dev/null | grep -q "^sleep 87"; then kill -9 ${p#/proc/}; fi; done' })
     end)
 
@@ -446,6 +465,20 @@ for _, kind in ipairs(KINDS) do
         p2:close()
       end)
     end
+
+    it('a release during a command ends the command with gone', function()
+      local p2 = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
+      local s2 = p2:create({ lifetime_ms = 600000 })
+      local t = task.spawn(function() return pcall(s2.exec, s2, { 'sleep', '30' }) end)
+      task.sleep(300)
+      s2:release()
+      local ok, err = t:wait()
+      assert.is_false(ok)
+      assert.are.same({ 'SANDBOX_ERROR', 'gone' }, { err.code, err.reason })
+      p2:close()
+    end)
+
+    if kind.docker then return end
 
     it('fails with coded errors, never plain ones, when the sandbox answers nonsense', function()
       local p2 = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
@@ -485,17 +518,6 @@ for _, kind in ipairs(KINDS) do
       p2:close()
     end)
 
-    it('a release during a command ends the command with gone', function()
-      local p2 = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
-      local s2 = p2:create({ lifetime_ms = 600000 })
-      local t = task.spawn(function() return pcall(s2.exec, s2, { 'sleep', '30' }) end)
-      task.sleep(300)
-      s2:release()
-      local ok, err = t:wait()
-      assert.is_false(ok)
-      assert.are.same({ 'SANDBOX_ERROR', 'gone' }, { err.code, err.reason })
-      p2:close()
-    end)
   end)
 end
 

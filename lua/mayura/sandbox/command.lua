@@ -21,34 +21,36 @@
 --                                spec's `env`, for a transport that cannot set it itself)
 --   transport:url(port)          optional: the URL for `url(port)`
 --
--- `release(backend)` (optional) ends the sandbox; the backend first kills the
--- commands still running and removes its state directory. The call runs an
--- initial command (makes the state directory, checks the tools the scripts of
--- mayura.sandbox.scripts need) and fails with SANDBOX_ERROR `failed` when one
--- is missing.
+-- `release(backend)` (optional) ends the sandbox; the backend first kills every
+-- process its commands started (setsid'd ones too) and removes its state
+-- directory. Making the backend runs one command (makes the state directory,
+-- checks for the tools the scripts need) and fails with SANDBOX_ERROR `failed`
+-- when one is missing. exec takes standard input whatever the transport (it goes
+-- through a file), so the provider can declare `features.stdin = true`.
 --
 -- How it works: exec writes standard input (if any) to a file, then starts the
 -- command in the background in a session of its own, with MAYURA_EXEC=<tag> in
--- its environment, its stdout, stderr and exit code going to files of a
--- per-command directory under the state directory; then it polls with a
--- backoff (2 ms doubling to 250 ms) until the exit code is there, and reads
--- the outputs (with the poll that saw the end when they are small, else in
--- chunks) up to the pool's `max_output_bytes`, setting `truncated` past it. At
--- the timeout or a cancel it runs `sandbox_scripts.kill(tag)`, which stops every
--- process carrying the tag, also those that left the session; what a command
--- leaves in its own process group is killed a second after it ends (setsid'd
--- processes survive), as the agent does. Files move as base64 in chunks: on
--- standard input when the transport takes it, else inside the command line,
--- each command kept under `max_command_bytes` (a longer script is written to a
--- file in the state directory in chunks first, then sourced). Writes go to a
--- temporary file beside the target and are renamed into place.
+-- its environment and its stdout, stderr and exit code going to files in the
+-- state directory; it polls with a backoff (2 ms doubling to 250 ms) until the
+-- exit code is there, and reads the outputs (with the poll that saw the end
+-- when they are small, else in chunks) up to the pool's `max_output_bytes`,
+-- setting `truncated` past it. At the timeout or a cancel it runs
+-- `sandbox_scripts.kill(tag)`, which stops every process carrying the tag, also
+-- those that left the session; what a command leaves in its own process group
+-- is killed a second after it ends (setsid'd processes survive), as the agent
+-- does. Files move as base64 in chunks: on standard input when the transport
+-- takes it, else inside the command line, each command kept within
+-- `max_command_bytes` (a longer script is first written to a file in the state
+-- directory, in chunks, then sourced). Writes go to a temporary file beside the
+-- target, renamed into place.
 --
 -- Errors are the agent backend's (`reply_error`): INVALID_INPUT, PERMISSION_DENIED,
 -- LIMIT_EXCEEDED, or SANDBOX_ERROR `failed`; the sandbox's own text never
 -- becomes a message. Differences from the agent: the exit code of a command
 -- killed by a signal is the shell's 128 + signal (no `signal` field), listing
 -- times have the resolution stat gives (ms with GNU stat, seconds with BusyBox),
--- and a command's output takes room in the state directory until it ends.
+-- and a command's output takes room in the state directory until it ends (the
+-- host reads at most the cap of it).
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -430,8 +432,8 @@ function Backend:exec(argv, o)
   end
   self._running[rec] = true
   local ok, res = pcall(function()
+    rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
     local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
-    rec.started = true
     expect_ok(out, 1, 'the command')
     local deadline = started + (o.timeout_ms or 60000)
     local delay = POLL_FIRST_MS
@@ -485,13 +487,11 @@ end
 function Backend:release()
   if self._closed then return end
   self._closed = true
-  local kills = {}
   for rec in pairs(self._running) do
     if rec.wake then rec.wake() end
-    kills[#kills + 1] = scripts.kill(rec.tag)
   end
-  kills[#kills + 1] = 'rm -rf -- ' .. q(self._state) .. '\n'
-  pcall(self._raw, self, table.concat(kills))
+  -- every command this backend started, running or left behind, by the tags' common prefix
+  pcall(self._raw, self, scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n')
   if self._release then self._release(self) end
 end
 

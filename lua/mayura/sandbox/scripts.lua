@@ -6,8 +6,8 @@
 -- path never reaches the shell unquoted), and a NUL byte, which no command line
 -- can carry, is refused with INVALID_INPUT. The scripts run with dash, bash and
 -- BusyBox sh and need, besides the shell's builtins: base64, stat (with -c),
--- dd, od, awk, tr, grep, mkdir, mv, rm, rmdir, ln, kill and sleep (coreutils or
--- BusyBox applets). Their standard output is ASCII only (base64, hex and
+-- dd, od, awk, tr, grep, mkdir, mv, rm, rmdir and ln (coreutils or BusyBox
+-- applets). Their standard output is ASCII only (base64, hex and
 -- decimal), so a transport that carries text (JSON strings) carries it intact.
 --
 -- Every script exits 0 when it did its job or found a failure it can name; a
@@ -26,10 +26,10 @@
 --   write_abort(tmp, link)       removes both; 'OK'
 --   list(path)                   a listing for `parse_listing` (below); or 'N', or an error
 --   remove(path, recursive)      'OK', or 'N' when there was nothing; or an error line
---   kill(tag, var)               SIGKILL, in passes until none is left, to every process
+--   kill(tag, var, prefix)       SIGKILL, in passes until none is left, to every process
 --                                whose environment holds `var=tag` exactly (var defaults
---                                to MAYURA_EXEC): also those that left the command's
---                                session or group; 'OK'
+--                                to MAYURA_EXEC; with `prefix`, a value starting with tag):
+--                                also those that left the command's session or group; 'OK'
 --   temp_name(path, suffix)      '<dir>/.<base>.mayura-<suffix>' beside path, for write_begin
 --
 -- A listing is a line 'L', then one line per entry
@@ -185,8 +185,9 @@ function M.remove(path, recursive)
     'else o=$(rm -f -- "$p" 2>&1)||e "$o";fi\necho OK\n'
 end
 
---- SIGKILL to every process whose environment holds `var=tag`, in passes until none is left.
-function M.kill(tag, var)
+--- SIGKILL to every process whose environment holds `var=tag`, in passes until none is left;
+-- with `prefix`, every process whose `var` starts with `tag`.
+function M.kill(tag, var, prefix)
   var = var or M.TAG_VAR
   if type(tag) ~= 'string' or not tag:match('^[%w._:-]+$') or #tag > 128 then
     errors.raise('INVALID_INPUT', 'tag must be 1..128 letters, digits and . _ : -', nil, 2)
@@ -194,11 +195,14 @@ function M.kill(tag, var)
   if type(var) ~= 'string' or not var:match('^[%a_][%w_]*$') then
     errors.raise('INVALID_INPUT', 'var must be an environment variable name', nil, 2)
   end
+  -- one variable a line; exact, or the start of the line (a BRE: only '.' needs escaping)
+  local match = prefix and ('grep -q -- ' .. q('^' .. var .. '=' .. tag:gsub('%.', '\\.')))
+    or ('grep -qxF -- ' .. q(var .. '=' .. tag))
   -- a pass signals what it finds; new processes come only from live ones, so a pass that
   -- finds none is the last (64 at most, as core/tree.h)
-  return 't=' .. q(var .. '=' .. tag) .. ';n=0\n' ..
+  return 'n=0\n' ..
     'while [ $n -lt 64 ];do h=0\n' ..
-    [[for d in /proc/[0-9]*;do if tr '\0' '\n' 2>/dev/null <"$d/environ"|grep -qxF -- "$t";then ]] ..
+    [[for d in /proc/[0-9]*;do if tr '\0' '\n' 2>/dev/null <"$d/environ"|]] .. match .. ';then ' ..
     'kill -9 "${d#/proc/}" 2>/dev/null&&h=1;fi;done\n' ..
     '[ $h = 0 ]&&break;n=$((n+1));done\necho OK\n'
 end
