@@ -188,6 +188,28 @@ describe('sandbox_scripts', function()
         for i = 1, 4 do assert.are.same({}, util.procs_matching(s(i))) end
         assert.are.equal(1, #util.procs_matching(s(5)))
       end)
+
+      it('kill with prefix stops every tag that starts so, and no other', function()
+        local n = math.random(100000, 999999)
+        local prefix = 'p' .. n .. '.'
+        local function s(i) return 'sleep ' .. i .. n end
+        finally(function()
+          process.run({ 'sh', '-c', scripts.kill(prefix, nil, true) .. scripts.kill('p' .. n .. 'x3') })
+        end)
+        for i, tag in ipairs({ prefix .. '1', prefix .. '22', 'p' .. n .. 'x3' }) do
+          process.run({ 'sh', '-c', 'setsid ' .. s(i) .. ' </dev/null >/dev/null 2>&1 &' },
+            { env = { PATH = '/usr/bin:/bin', MAYURA_EXEC = tag } })
+        end
+        for _ = 1, 100 do
+          if #util.procs_matching(s(1)) + #util.procs_matching(s(2)) + #util.procs_matching(s(3)) == 3 then break end
+          task.sleep(20)
+        end
+        assert.are.equal(1, #util.procs_matching(s(2)))
+        assert.are.equal('OK\n', sh(scripts.kill(prefix, nil, true)))
+        assert.are.same({}, util.procs_matching(s(1)))
+        assert.are.same({}, util.procs_matching(s(2)))
+        assert.are.equal(1, #util.procs_matching(s(3)))   -- 'x' is not the prefix's '.'
+      end)
     end)
   end
 end)

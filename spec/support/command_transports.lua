@@ -9,7 +9,9 @@
 --
 -- A transport keeps `calls` and `longest` (the longest command it was given), and
 -- refuses a command longer than it declared or standard input it does not take
--- (with a plain error, which the backend turns into SANDBOX_ERROR `failed`).
+-- (with a plain error, which the backend turns into SANDBOX_ERROR `failed`). Setting
+-- `transport.mangle = function(command) return result end` makes it answer that
+-- instead of running anything (a sandbox that lies).
 local errors = require('mayura.errors')
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
