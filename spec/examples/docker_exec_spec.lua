@@ -4,9 +4,18 @@
 local sandbox = require('mayura.sandbox')
 local testing = require('mayura.sandbox.testing')
 local providers = require('support.providers')
-local util = require('support.util')
+local errors = require('mayura.errors')
 
 local EXAMPLE = 'examples/providers/docker_exec.lua'
+
+-- Calls fn(...) and expects a coded error of `code`; returns it.
+local function raises(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, 'expected ' .. code .. ', but the call succeeded')
+  assert(errors.is(err), 'expected a coded error, got ' .. tostring(err))
+  assert(err.code == code, 'expected ' .. code .. ', got ' .. tostring(err))
+  return err
+end
 
 local _, daemon = providers.host('docker info')
 local _, image = providers.host('docker image inspect ' .. providers.BUSYBOX)
@@ -38,8 +47,8 @@ describe(EXAMPLE, function()
   it('runs as uid 1000 without network, with the create env, on a read-only root', function()
     local r = sb:exec({ 'sh', '-c', 'id -u; echo "$GREETING"; ls /sys/class/net' })
     assert.are.equal('1000\nhello there\nlo\n', r.stdout)
-    util.raises('PERMISSION_DENIED', sb.write_file, sb, '/etc/passwd', 'x')
-    util.raises('PERMISSION_DENIED', sb.write_file, sb, '/bin/new', 'x')
+    raises('PERMISSION_DENIED', sb.write_file, sb, '/etc/passwd', 'x')
+    raises('PERMISSION_DENIED', sb.write_file, sb, '/bin/new', 'x')
   end)
 
   it('removes the container at release', function()

@@ -13,8 +13,16 @@ local providers = require('support.providers')
 local util = require('support.util')
 
 local scripts = sandbox.sandbox_scripts
-local raises = util.raises
 local MIB = 1048576
+
+-- Calls fn(...) and expects a coded error of `code`; returns it.
+local function raises(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, 'expected ' .. code .. ', but the call succeeded')
+  assert(errors.is(err), 'expected a coded error, got ' .. tostring(err))
+  assert(err.code == code, 'expected ' .. code .. ', got ' .. tostring(err))
+  return err
+end
 
 local BUSYBOX = '/usr/bin/busybox'
 
@@ -61,6 +69,16 @@ describe('sandbox_scripts', function()
     raises('INVALID_INPUT', scripts.read, '/x', -1, 1)
     raises('INVALID_INPUT', scripts.write_chunk, '/x', "a'b")
     assert.are.equal([['it'\''s']], scripts.quote("it's"))
+  end)
+
+  it('names errors as the agent backend does', function()
+    local agent_backend = require('mayura.sandbox._agent_backend')
+    for _, name in ipairs({ 'too_large', 'is_directory', 'EISDIR', 'not_directory', 'ENOTDIR', 'not_regular',
+      'ENOTEMPTY', 'ENOENT', 'ENAMETOOLONG', 'ELOOP', 'EACCES', 'EPERM', 'EROFS', 'ENOSPC', 'EDQUOT', 'EFBIG',
+      'failed', 'EIO', 'made_up', '__index' }) do
+      local mine, theirs = scripts.script_error(name, 'the file'), agent_backend.reply_error({ error = name }, 'the file')
+      assert.are.same({ theirs.code, theirs.reason, theirs.message }, { mine.code, mine.reason, mine.message }, name)
+    end
   end)
 
   for _, shell in ipairs(SHELLS) do

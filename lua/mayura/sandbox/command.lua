@@ -44,7 +44,7 @@
 -- directory, in chunks, then sourced). Writes go to a temporary file beside the
 -- target, renamed into place.
 --
--- Errors are the agent backend's (`reply_error`): INVALID_INPUT, PERMISSION_DENIED,
+-- Errors are the agent backend's (`script_error`): INVALID_INPUT, PERMISSION_DENIED,
 -- LIMIT_EXCEEDED, or SANDBOX_ERROR `failed`; the sandbox's own text never
 -- becomes a message. Differences from the agent: the exit code of a command
 -- killed by a signal is the shell's 128 + signal (no `signal` field), listing

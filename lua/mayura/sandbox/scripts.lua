@@ -13,7 +13,8 @@
 -- Every script exits 0 when it did its job or found a failure it can name; a
 -- failure is a line `E <name>` (`ENOENT`, `EACCES`, `ENOSPC`, `is_directory`,
 -- ... the names of the in-sandbox agent's errors, mapped to coded errors by
--- `reply_error`, so the sandbox's own text never reaches a caller). Another
+-- `script_error` as the agent's backend maps them, so the sandbox's own text
+-- never reaches a caller). Another
 -- exit code means the script could not run (a tool is missing).
 --
 --   read(path, offset, length)   'F <size>' then base64 of up to `length` bytes from
@@ -43,7 +44,6 @@
 -- that does not parse is the sandbox's failure, not the caller's input); it
 -- never raises a plain Lua error.
 local errors = require('mayura.errors')
-local agent_backend = require('mayura.sandbox._agent_backend')
 
 local M = {}
 
@@ -215,9 +215,33 @@ local function bad_listing()
   return errors.sandbox('failed', 'the sandbox returned an invalid listing')
 end
 
---- The coded error for a script's 'E <name>' line, about `what` ('the file', 'the path').
+-- What an 'E <name>' line means: the in-sandbox agent's error names, mapped as its backend maps
+-- them (mayura.sandbox._agent_backend's reply_error), so a provider answers the same either way.
+local ERROR_NAMES = {
+  too_large = { 'LIMIT_EXCEEDED', ' is larger than max_bytes' },
+  is_directory = { 'INVALID_INPUT', ' is a directory' },
+  EISDIR = { 'INVALID_INPUT', ' is a directory' },
+  not_directory = { 'INVALID_INPUT', ' is not a directory' },
+  ENOTDIR = { 'INVALID_INPUT', ' is not a directory' },
+  not_regular = { 'INVALID_INPUT', ' is not a regular file' },
+  ENOTEMPTY = { 'INVALID_INPUT', ' is a directory that is not empty' },
+  ENOENT = { 'INVALID_INPUT', ' does not exist' },
+  ENAMETOOLONG = { 'INVALID_INPUT', ': a name is too long' },
+  ELOOP = { 'INVALID_INPUT', ': too many symbolic links' },
+  EACCES = { 'PERMISSION_DENIED', ': the sandbox does not allow it (EACCES)' },
+  EPERM = { 'PERMISSION_DENIED', ': the sandbox does not allow it (EPERM)' },
+  EROFS = { 'PERMISSION_DENIED', ': the sandbox does not allow it (EROFS)' },
+}
+
+--- The coded error for a script's 'E <name>' line, about `what` ('the file', 'the path'). A name
+-- it does not know is SANDBOX_ERROR `failed`; the name itself never reaches the message.
 function M.script_error(name, what)
-  return agent_backend.reply_error({ error = name }, what)
+  if name == 'ENOSPC' or name == 'EDQUOT' or name == 'EFBIG' then
+    return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)
+  end
+  local known = rawget(ERROR_NAMES, name)
+  if known then return errors.new(known[1], what .. known[2]) end
+  return errors.sandbox('failed', what .. ' failed in the sandbox')
 end
 
 local TYPES = { [8] = 'file', [4] = 'directory', [10] = 'symlink' }
