@@ -177,7 +177,7 @@ function Backend:_put(path, data)
   if self._stdin and #data <= STDIN_CHUNK then
     return expect_ok(self:_run(begin .. scripts.write_chunk(tmp, nil) .. commit, b64(data)), 3, 'the file')
   end
-  if not self._stdin then
+  if not self._stdin and math.ceil(#data / 3) * 4 < self._max then
     local one = begin .. scripts.write_chunk(tmp, b64(data)) .. commit
     if #one <= self._max then return expect_ok(self:_run(one), 3, 'the file') end
   end
