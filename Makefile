@@ -91,6 +91,7 @@ bench: all
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
 	$(HOST) bench/table.lua
+	$(HOST) bench/command_backend.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

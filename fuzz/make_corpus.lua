@@ -164,3 +164,14 @@ write('sse', 'events', '\0\7\239\187\191: hello\r\nevent: stdout\r\ndata: one\r\
 write('sse', 'cr_only', '\0\9data: a\rdata: b\r\revent: e\rdata\r\r')
 write('sse', 'limits', '\1\2data: ' .. string.rep('d', 30) .. '\n\n: ' .. string.rep('c', 30) .. '\n')
 write('sse', 'no_blank_end', '\0\1data: x\nevent: y\nid: 1')
+
+-- listing: the text of sandbox_scripts.list (odd first byte) and builder programs (even; see listing_fuzz.c)
+write('listing', 'raw', '\1' .. 'L\n81a4 5 1700000000.123 66696c652e747874\n41ed 4096 1700000000 737562\n' ..
+  'a1ff 8 -5 6e65770a6c696e65\nend\n')
+write('listing', 'raw_empty', '\1' .. 'L\nend\n')
+write('listing', 'raw_missing', '\1' .. 'N\n')
+write('listing', 'raw_error', '\1' .. 'E not_directory\n')
+write('listing', 'raw_bad_name', '\1' .. 'L\n81a4 5 1 2e2e\n81a4 1 2 612f62\nend\n')
+write('listing', 'raw_cut', '\1' .. 'L\n81a4 5 17000')
+write('listing', 'built', '\0' .. '\0\5\6\3abc' .. '\129\1\2\3\2\10\255' .. '\2\0\0\1z')
+write('listing', 'built_bad', '\0' .. '\0\1\1\1/' .. '\3\1\1\2..' .. '\4\0\0\0')

@@ -20,7 +20,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 PKG_CONFIG=${PKG_CONFIG:-pkg-config}
 LUA_PC=${LUA_PC:-lua5.4}
 OUT=build/fuzz
-ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse"
+ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse listing"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 # The largest input each format needs: JSON up to the 1000-deep nesting limit,

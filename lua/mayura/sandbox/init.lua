@@ -653,4 +653,14 @@ function M.sandbox_per_run(sandboxes, options)
   return require('mayura.sandbox.per_run').sandbox_per_run(sandboxes, options)
 end
 
+--- sh scripts for providers whose API only runs commands, and their listing's parser
+-- (mayura.sandbox.scripts).
+M.sandbox_scripts = require('mayura.sandbox.scripts')
+M.parse_sandbox_listing = M.sandbox_scripts.parse_listing
+
+--- The whole backend contract from a transport that runs short commands (mayura.sandbox.command).
+function M.command_sandbox_backend(id, transport, release)
+  return require('mayura.sandbox.command').command_sandbox_backend(id, transport, release)
+end
+
 return M

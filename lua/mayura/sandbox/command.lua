@@ -1,0 +1,551 @@
+--- mayura.sandbox.command: the whole sandbox backend from a transport that runs short commands.
+--
+-- `command_sandbox_backend(id, transport, release)` (exported by mayura.sandbox)
+-- returns a backend for a provider's `create` when all the provider's API can
+-- do is run a short command and answer with its exit code and output (an SSH
+-- session, `docker exec`, a hosted service's exec endpoint). The transport is a
+-- table:
+--
+--   transport:run(command, { stdin = text or nil, signal = token or nil })
+--       runs `command`, a POSIX sh script, as `sh -c command` in the sandbox and
+--       returns `{ exit_code = n, stdout = text }`; it may raise coded errors
+--       (SANDBOX_ERROR `gone`, `timeout`, `unavailable`, ... or CANCELLED when
+--       `signal` is cancelled), anything else becomes SANDBOX_ERROR `failed`.
+--       A method (called with `:`), like every other backend call.
+--   transport.stdin              whether `run` takes standard input (default false)
+--   transport.max_command_bytes  the longest command `run` takes (default 65536, at least 1024)
+--   transport.workdir            where commands run without a cwd (default /workspace)
+--   transport.state_dir          the backend's own directory in the sandbox (default
+--                                /tmp/.mayura-<random>; made with mode 0700)
+--   transport.env                optional: environment every command gets (the create
+--                                spec's `env`, for a transport that cannot set it itself)
+--   transport:url(port)          optional: the URL for `url(port)`
+--
+-- `release(backend)` (optional) ends the sandbox; the backend first kills every
+-- process its commands started (setsid'd ones too) and removes its state
+-- directory. Making the backend runs one command (makes the state directory,
+-- checks for the tools the scripts need) and fails with SANDBOX_ERROR `failed`
+-- when one is missing. exec takes standard input whatever the transport (it goes
+-- through a file), so the provider can declare `features.stdin = true`.
+--
+-- How it works: exec writes standard input (if any) to a file, then starts the
+-- command in the background in a session of its own, with MAYURA_EXEC=<tag> in
+-- its environment and its stdout, stderr and exit code going to files in the
+-- state directory; it polls with a backoff (2 ms doubling to 250 ms) until the
+-- exit code is there, and reads the outputs (with the poll that saw the end
+-- when they are small, else in chunks) up to the pool's `max_output_bytes`,
+-- setting `truncated` past it. At the timeout or a cancel it runs
+-- `sandbox_scripts.kill(tag)`, which stops every process carrying the tag, also
+-- those that left the session; what a command leaves in its own process group
+-- is killed a second after it ends (setsid'd processes survive), as the agent
+-- does. Files move as base64 in chunks: on standard input when the transport
+-- takes it, else inside the command line, each command kept within
+-- `max_command_bytes` (a longer script is first written to a file in the state
+-- directory, in chunks, then sourced). Writes go to a temporary file beside the
+-- target, renamed into place.
+--
+-- Errors are the agent backend's (`script_error`): INVALID_INPUT, PERMISSION_DENIED,
+-- LIMIT_EXCEEDED, or SANDBOX_ERROR `failed`; the sandbox's own text never
+-- becomes a message. Differences from the agent: the exit code of a command
+-- killed by a signal is the shell's 128 + signal (no `signal` field), listing
+-- times have the resolution stat gives (ms with GNU stat, seconds with BusyBox),
+-- and a command's output takes room in the state directory until it ends (the
+-- host reads at most the cap of it).
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local task = require('mayura._task')
+local check = require('mayura._check')
+local scripts = require('mayura.sandbox.scripts')
+
+local M = {}
+
+local KIB, MIB = 1024, 1048576
+local READ_CHUNK = 768 * KIB      -- raw bytes per read (1 MiB of base64 out)
+local STDIN_CHUNK = 768 * KIB     -- raw bytes per write on standard input (1 MiB of base64)
+local INLINE = 48 * KIB           -- outputs up to this come back with the poll that sees the end
+local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
+local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
+local DEFAULT_COMMAND_BYTES = 65536
+local MIN_COMMAND_BYTES = 1024
+local TOOLS = { 'base64', 'stat', 'dd', 'od', 'awk', 'tr', 'grep', 'mkdir', 'mv', 'rm', 'rmdir', 'ln', 'kill',
+  'sleep', 'setsid', 'head' }
+
+local q = scripts.quote
+
+local function gone()
+  return errors.sandbox('gone', 'the sandbox is gone')
+end
+
+local function nonsense()
+  return errors.sandbox('failed', 'the sandbox answered a backend command with nonsense')
+end
+
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
+  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+local function lines_of(text)
+  local out = {}
+  for line in text:gmatch('([^\n]*)\n?') do out[#out + 1] = line end
+  if out[#out] == '' then out[#out] = nil end   -- the text's final newline
+  return out
+end
+
+local function int_of(s)
+  if type(s) ~= 'string' or not s:match('^%d+$') or #s > 15 then return nil end
+  return math.tointeger and math.tointeger(tonumber(s)) or tonumber(s)
+end
+
+local function decode(b64)
+  local data = core.base64.decode(b64)
+  if not data then error(nonsense(), 0) end
+  return data
+end
+
+local Backend = {}
+Backend.__index = Backend
+
+-- {======================================================
+-- Running scripts
+-- =======================================================
+
+function Backend:_id()
+  self._seq = self._seq + 1
+  return self._seq
+end
+
+-- Runs one script through the transport (raw: also after release); returns its stdout.
+function Backend:_raw(script, stdin, signal)
+  local t = self._transport
+  local ok, res = pcall(t.run, t, script, { stdin = stdin, signal = signal })
+  if not ok then
+    if errors.is(res) then
+      if getmetatable(res) == nil then setmetatable(res, errors.mt) end
+      error(res, 0)
+    end
+    error(errors.sandbox('failed', 'the transport failed'), 0)
+  end
+  if type(res) ~= 'table' or not check.is_int(res.exit_code) or type(res.stdout) ~= 'string' then
+    error(errors.sandbox('failed', 'the transport returned an invalid result'), 0)
+  end
+  if res.exit_code ~= 0 then error(errors.sandbox('failed', 'a backend command failed in the sandbox'), 0) end
+  return res.stdout
+end
+
+-- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
+function Backend:_run(script, stdin, signal)
+  if self._closed then error(gone(), 0) end
+  if #script > self._max then
+    local name = self._state .. '/s' .. self:_id()
+    self:_put(name, 'rm -f -- ' .. q(name) .. '\n' .. script)
+    script = '. ' .. q(name) .. '\n'
+  end
+  local out = self:_raw(script, stdin, signal)
+  if self._closed then error(gone(), 0) end
+  return out
+end
+
+-- Expects `n` lines 'OK'; an 'E <name>' line is raised as the error it names about `what`.
+local function expect_ok(out, n, what)
+  local lines = lines_of(out)
+  for _, line in ipairs(lines) do
+    local code = line:match('^E ([%w_]+)$')
+    if code then error(scripts.script_error(code, what), 0) end
+  end
+  if #lines ~= n then error(nonsense(), 0) end
+  for _, line in ipairs(lines) do
+    if line ~= 'OK' then error(nonsense(), 0) end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Files
+-- =======================================================
+
+-- Writes `data` to `path`: one command when it fits, else chunks appended through a short link.
+function Backend:_put(path, data)
+  local id = self:_id()
+  local tmp = scripts.temp_name(path, self._prefix:sub(1, 8) .. id)
+  local begin, commit = scripts.write_begin(path, tmp), scripts.write_commit(tmp, path)
+  local b64 = core.base64.encode
+  if self._stdin and #data <= STDIN_CHUNK then
+    return expect_ok(self:_run(begin .. scripts.write_chunk(tmp, nil) .. commit, b64(data)), 3, 'the file')
+  end
+  if not self._stdin and math.ceil(#data / 3) * 4 < self._max then
+    local one = begin .. scripts.write_chunk(tmp, b64(data)) .. commit
+    if #one <= self._max then return expect_ok(self:_run(one), 3, 'the file') end
+  end
+  local link = self._state .. '/w' .. id
+  begin, commit = scripts.write_begin(path, tmp, link), scripts.write_commit(tmp, path, link)
+  local ok, err = pcall(function()
+    local pending, parts = begin, 1
+    local bare = #scripts.write_chunk(link, '')
+    if #pending + bare + MIN_ROOM > self._max then
+      expect_ok(self:_run(pending), 1, 'the file')
+      pending, parts = '', 0
+    end
+    local off, committed = 0, false
+    repeat
+      local take = STDIN_CHUNK
+      if not self._stdin then take = math.floor((self._max - #pending - bare) / 4) * 3 end
+      take = math.min(take, #data - off)
+      local piece = b64(data:sub(off + 1, off + take))
+      local script, stdin
+      if self._stdin then
+        script, stdin = pending .. scripts.write_chunk(link, nil), piece
+      else
+        script = pending .. scripts.write_chunk(link, piece)
+      end
+      off = off + take
+      parts = parts + 1
+      if off >= #data and #script + #commit <= self._max then
+        script, parts, committed = script .. commit, parts + 1, true
+      end
+      expect_ok(self:_run(script, stdin), parts, 'the file')
+      pending, parts = '', 0
+    until off >= #data
+    if not committed then expect_ok(self:_run(commit), 1, 'the file') end
+  end)
+  if not ok then
+    if not self._closed then pcall(self._run, self, scripts.write_abort(tmp, link)) end
+    error(err, 0)
+  end
+end
+
+-- One read: nil for no file, else the size the header gave and the bytes.
+function Backend:_read_part(path, offset, length)
+  local out = self:_run(scripts.read(path, offset, length))
+  local head, rest = out:match('^([^\n]*)\n?(.*)$')
+  if head == 'N' then return nil end
+  local code = head:match('^E ([%w_]+)$')
+  if code then error(scripts.script_error(code, 'the file'), 0) end
+  local size = int_of(head:match('^F (%d+)$'))
+  if not size then error(nonsense(), 0) end
+  return size, decode(rest)
+end
+
+-- Rounds up to whole 4 KiB pages (so that dd reads whole blocks), at most READ_CHUNK.
+local function read_len(n)
+  return math.min(READ_CHUNK, math.ceil(n / 4096) * 4096)
+end
+
+-- The first `limit` bytes of a file (nil when there is none), and its size; with `refuse`, a file
+-- larger than `limit` is LIMIT_EXCEEDED as soon as its size is known.
+function Backend:_read_upto(path, limit, refuse)
+  local size, data = self:_read_part(path, 0, read_len(math.min(limit, READ_CHUNK)))
+  if not size then return nil end
+  local function check_size(s)
+    if refuse and s > limit then errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes', nil, 0) end
+  end
+  check_size(size)
+  local parts, got = { data }, #data
+  local want = math.min(size, limit)
+  while got < want and #parts[#parts] > 0 do
+    local s, more = self:_read_part(path, got, read_len(want - got))
+    if not s then break end
+    check_size(s)
+    if s > size then size = s end
+    parts[#parts + 1] = more
+    got = got + #more
+  end
+  local all = table.concat(parts)
+  if #all > want then all = all:sub(1, want) end
+  return all, size
+end
+
+function Backend:read_file(path, o)
+  return (self:_read_upto(path, o and o.max_bytes or 16 * MIB, true))
+end
+
+function Backend:write_file(path, data)
+  self:_put(path, data)
+end
+
+function Backend:list_files(path)
+  local out = self:_run(scripts.list(path))
+  local ok, res = pcall(scripts.parse_listing, out)
+  if not ok then error(res, 0) end
+  return res
+end
+
+function Backend:remove_file(path, o)
+  local out = self:_run(scripts.remove(path, o and o.recursive))
+  local lines = lines_of(out)
+  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
+  if code then error(scripts.script_error(code, 'the path'), 0) end
+  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then error(nonsense(), 0) end
+end
+
+function Backend:url(port)
+  local t = self._transport
+  if type(t.url) == 'function' then return t:url(port) end
+  errors.raise('INVALID_INPUT', 'this sandbox serves no ports', nil, 0)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Commands
+-- =======================================================
+
+-- A command's files are <base>.in, .out, .err, .rc (its exit code, written in one write once it
+-- ended) and .pid, with <base> = <state dir>/x<n>: no directory to make, one rm to remove them.
+
+-- The command's own shell, in a session of its own: checks the cwd, sets the env, runs the
+-- command with its files, writes the exit code, then ends what is left in its process group.
+local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
+  'if [ ! -d "$c" ];then if [ -e "$c" ];then r="E ENOTDIR";else r="E ENOENT";fi\n' ..
+  'elif ! cd -- "$c" 2>/dev/null;then r="E EACCES"\n' ..
+  'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$b.out" 2>"$b.err"' ..
+  ';r=$?;fi\n' ..
+  ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
+  'sleep 1;kill -9 0\n'
+
+local function start_script(base, tag, cwd, stdin_file, env, argv)
+  local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
+  local names = {}
+  for k in pairs(env) do names[#names + 1] = k end
+  table.sort(names)
+  words[#words + 1] = tostring(#names)
+  for _, k in ipairs(names) do
+    words[#words + 1] = q(k)
+    words[#words + 1] = q(env[k])
+  end
+  for _, a in ipairs(argv) do words[#words + 1] = q(a) end
+  return 'b=' .. q(base) .. '\n' ..
+    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
+    scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
+    ' </dev/null >/dev/null 2>&1 &\n' ..
+    'echo $! >"$b.pid"\necho OK\n'
+end
+
+-- The command's files, removed in the background (the answer does not wait for rm).
+local function remove_files(base)
+  return 'rm -f -- ' .. q(base) .. '.* </dev/null >/dev/null 2>&1 &\n'
+end
+
+-- The sizes of out and err, then both as base64 when small (the files are then removed). Only
+-- what is not empty costs a process; `head -c` bounds what is read whatever the file became.
+local function report(base)
+  local inl = tostring(INLINE)
+  return 'b=' .. q(base) .. '\no=0;e=0\n' ..
+    'if [ -s "$b.out" ];then o=$(stat -c %s -- "$b.out" 2>/dev/null)||o=0;fi\n' ..
+    'if [ -s "$b.err" ];then e=$(stat -c %s -- "$b.err" 2>/dev/null)||e=0;fi\n' ..
+    'echo "$o $e"\n' ..
+    'if [ "$o" -le ' .. inl .. ' ]&&[ "$e" -le ' .. inl .. ' ];then\n' ..
+    'if [ "$o" -gt 0 ];then head -c ' .. inl .. ' "$b.out"|base64;fi;echo -\n' ..
+    'if [ "$e" -gt 0 ];then head -c ' .. inl .. ' "$b.err"|base64;fi;echo .\n' ..
+    remove_files(base) .. 'else echo .;fi\n'
+end
+
+local function poll_script(base)
+  return 'b=' .. q(base) .. '\n' ..
+    'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R;exit 0;fi\n' ..
+    'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
+    -- rc is one short line written in one write; read stops at its newline
+    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
+end
+
+-- Reads report()'s lines from `i`: sizes, and the outputs when they came inline.
+local function parse_report(lines, i)
+  local o, e = (lines[i] or ''):match('^(%d+) (%d+)$')
+  o, e = int_of(o), int_of(e)
+  if not o or not e then error(nonsense(), 0) end
+  if lines[i + 1] == '.' and #lines == i + 1 then return { out_size = o, err_size = e } end
+  local parts, j = { {}, {} }, i + 1
+  local k = 1
+  while lines[j] and lines[j] ~= '.' do
+    if lines[j] == '-' and k == 1 then k = 2 else table.insert(parts[k], lines[j]) end
+    j = j + 1
+  end
+  if lines[j] ~= '.' or j ~= #lines or k ~= 2 then error(nonsense(), 0) end
+  return { out_size = o, err_size = e, out = decode(table.concat(parts[1])), err = decode(table.concat(parts[2])) }
+end
+
+-- Waits `ms`, or less when rec.wake() is called (a cancel, a release).
+local function nap(rec, ms)
+  local uv = require('luv')
+  task.await(function(done)
+    local timer = uv.new_timer()
+    local fired = false
+    local function fire()
+      if fired then return end
+      fired = true
+      rec.wake = nil
+      if not timer:is_closing() then
+        timer:stop()
+        timer:close()
+      end
+      done()
+    end
+    rec.wake = fire
+    timer:start(math.max(1, math.ceil(ms)), 0, fire)
+  end)
+end
+
+-- The outputs, from the report or read in chunks, cut at the cap; then the files are removed.
+function Backend:_outputs(base, rep, cap)
+  local res = { truncated = rep.out_size > cap or rep.err_size > cap }
+  if rep.out then
+    res.stdout, res.stderr = rep.out, rep.err
+  else
+    res.stdout = self:_read_upto(base .. '.out', cap) or ''
+    res.stderr = self:_read_upto(base .. '.err', cap) or ''
+    self:_run(remove_files(base))
+  end
+  if #res.stdout > cap then res.stdout, res.truncated = res.stdout:sub(1, cap), true end
+  if #res.stderr > cap then res.stderr, res.truncated = res.stderr:sub(1, cap), true end
+  return res
+end
+
+-- Kills the command's processes and removes its files (best effort: used on the way out).
+function Backend:_stop(rec)
+  pcall(self._raw, self, scripts.kill(rec.tag) .. remove_files(rec.base))
+end
+
+function Backend:exec(argv, o)
+  local id = self:_id()
+  local rec = { tag = self._prefix .. '.' .. id, base = self._state .. '/x' .. id }
+  local cap = o.max_output_bytes or MIB
+  local started = core.hrtime_ms()
+  local env = {}
+  for k, v in pairs(self._env) do env[k] = v end
+  for k, v in pairs(o.env or {}) do env[k] = v end
+  local stdin_file
+  if o.stdin then
+    stdin_file = rec.base .. '.in'
+    self:_put(stdin_file, o.stdin)
+  end
+  local token = o.signal
+  local remove
+  if token then
+    remove = token:on_cancel(function()
+      rec.cancelled = true
+      if rec.wake then rec.wake() end
+    end)
+  end
+  self._running[rec] = true
+  local ok, res = pcall(function()
+    rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
+    local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
+    expect_ok(out, 1, 'the command')
+    local deadline = started + (o.timeout_ms or 60000)
+    local delay = POLL_FIRST_MS
+    while true do
+      local now = core.hrtime_ms()
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      if now >= deadline then break end
+      nap(rec, math.min(delay, deadline - now))
+      delay = math.min(delay * 2, POLL_MAX_MS)
+      if self._closed then error(gone(), 0) end
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      local lines = lines_of(self:_run(poll_script(rec.base), nil, token))
+      if lines[1] == 'X' and #lines == 1 then
+        error(errors.sandbox('failed', 'the command ended without an exit status'), 0)
+      elseif lines[1] == 'D' then
+        local rc = lines[2] or ''
+        local code = rc:match('^E ([%w_]+)$')
+        if code then error(scripts.script_error(code, 'cwd'), 0) end
+        local exit_code = int_of(rc)
+        if not exit_code then error(nonsense(), 0) end
+        local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
+        r.exit_code, r.timed_out = exit_code, false
+        return r
+      elseif lines[1] ~= 'R' or #lines ~= 1 then
+        error(nonsense(), 0)
+      end
+    end
+    -- the timeout: stop everything, then take what the command wrote
+    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base)))
+    if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
+    local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
+    r.timed_out = true
+    return r
+  end)
+  self._running[rec] = nil
+  if remove then remove() end
+  if not ok then
+    -- a cancel, a failure on the way: what was started stops
+    if rec.started and not self._closed then self:_stop(rec) end
+    if rec.cancelled and not (errors.is(res, 'SANDBOX_ERROR') and res.reason == 'gone') then
+      errors.raise('CANCELLED', 'the command was cancelled', nil, 0)
+    end
+    error(res, 0)
+  end
+  res.duration_ms = core.hrtime_ms() - started
+  return res
+end
+
+-- }======================================================
+
+function Backend:release()
+  if self._closed then return end
+  self._closed = true
+  for rec in pairs(self._running) do
+    if rec.wake then rec.wake() end
+  end
+  -- every command this backend started, running or left behind, by the tags' common prefix
+  pcall(self._raw, self, scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n')
+  if self._release then self._release(self) end
+end
+
+--- A sandbox backend over `transport` (see the module's comment).
+function M.command_sandbox_backend(id, transport, release)
+  local C = 'INVALID_CONFIG'
+  if type(id) ~= 'string' or id == '' then errors.raise(C, 'id must be a non-empty string', nil, 2) end
+  if type(transport) ~= 'table' or type(transport.run) ~= 'function' then
+    errors.raise(C, 'transport must be a table with a run method', nil, 2)
+  end
+  if release ~= nil and type(release) ~= 'function' then errors.raise(C, 'release must be a function', nil, 2) end
+  if transport.stdin ~= nil and type(transport.stdin) ~= 'boolean' then
+    errors.raise(C, 'transport.stdin must be a boolean', nil, 2)
+  end
+  local max = check.int(transport.max_command_bytes, 'transport.max_command_bytes', MIN_COMMAND_BYTES, nil, C, 2,
+    DEFAULT_COMMAND_BYTES)
+  local workdir = transport.workdir or '/workspace'
+  local prefix = random_hex(8)
+  local state = transport.state_dir or ('/tmp/.mayura-' .. prefix)
+  for what, p in pairs({ workdir = workdir, state_dir = state }) do
+    if type(p) ~= 'string' or p:sub(1, 1) ~= '/' or #p > 256 or p:find('[%z\n]') then
+      errors.raise(C, 'transport.' .. what .. ' must be an absolute path (at most 256 bytes)', nil, 2)
+    end
+  end
+  local self = setmetatable({
+    id = id, _transport = transport, _release = release, _stdin = transport.stdin == true, _max = max,
+    _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
+    _env = {},
+  }, Backend)
+  if transport.env ~= nil then
+    if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
+    for k, v in pairs(transport.env) do
+      if type(k) ~= 'string' or not k:match('^[%a_][%w_]*$') or type(v) ~= 'string' or v:find('%z') then
+        errors.raise(C, 'transport.env must map names to strings', nil, 2)
+      end
+      self._env[k] = v
+    end
+  end
+  local words = {}
+  for i, t in ipairs(TOOLS) do words[i] = t end
+  local out = self:_run('o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+    'for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||echo "M $t";done\necho OK\n')
+  local lines = lines_of(out)
+  local known = {}
+  for _, t in ipairs(TOOLS) do known[t] = true end
+  for _, line in ipairs(lines) do
+    local tool = line:match('^M (%S+)$')
+    if tool and known[tool] then
+      error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
+    end
+    if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
+  end
+  if lines[#lines] ~= 'OK' then error(nonsense(), 0) end
+  return self
+end
+
+return M
