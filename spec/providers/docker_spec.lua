@@ -91,8 +91,11 @@ local function daemon_lowers_oom_scores()
   return math.floor(tonumber(caps:sub(-7), 16) / 16777216) % 2 == 1
 end
 
+--- Whether the agent the provider uses (MAYURA_AGENT, else this checkout's) knows --peer-uid.
 local function agent_takes_peer_uid()
-  local _, yes = host('grep -q -a -F -e --peer-uid build/mayura-agent')
+  local agent = os.getenv('MAYURA_AGENT')
+  if not agent or agent == '' then agent = 'build/mayura-agent' end
+  local _, yes = host("grep -q -a -F -e --peer-uid '" .. agent .. "'")
   return yes
 end
 
@@ -418,6 +421,8 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       assert.are.equal(-500, sb._backend.oom_score_adj)
       assert.are.equal(-500, inspect(sb.id).HostConfig.OomScoreAdj)
       assert.are.equal('-500\n', host('cat /proc/' .. pid .. '/oom_score_adj'))
+      -- and a command cannot shield itself further
+      assert.matches('refused', sh(sb, 'echo -501 > /proc/self/oom_score_adj || echo refused').stdout)
       sb:release()
     end)
 

@@ -4,19 +4,31 @@
 -- sandbox is one locked-down container:
 --
 --   * no network (`--network none`) unless 'all' was allowed and asked for;
---     then the default bridge, with the sandbox's `ports` published on
---     127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>);
---   * every capability dropped, no-new-privileges, the numeric `user`
---     (1000:1000), the image's root read-only, the working directory and /tmp
---     in-memory (tmpfs with size caps, owned by the user), memory with no swap
---     (memory-swap = memory), CPUs and a process limit; logs off;
+--     then the bridge network `mayura-isolated` (made on demand, labelled
+--     ours, with inter-container traffic off: enable_icc=false), so two
+--     sandboxes never reach each other, with the sandbox's `ports` published
+--     on 127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>). One
+--     shared network rather than one per sandbox: a network costs about 0.3 s
+--     to make and remove, and the daemon's address pools hold ~30 of them;
+--     a bridge takes about 1,000 containers;
+--   * every capability dropped, no-new-privileges, the image's root
+--     read-only, memory with no swap (memory-swap = memory), CPUs and a
+--     process limit; logs off;
+--   * by default a uid and gid of its own (from 1300000 up, one that no host
+--     account, group or /etc/subuid / subgid range has), so nothing on the
+--     host shares its uid's signals, files or per-uid kernel limits; `user`
+--     gives every sandbox one fixed numeric uid:gid instead;
+--   * the working directory, /tmp and /dev/shm in memory (tmpfs, owned by the
+--     sandbox's user, /dev/shm with /tmp's cap rather than Docker's 64 MiB),
+--     each capped in bytes and in inodes (one per 8 KiB of its size, as the
+--     kernel sizes a tmpfs by its RAM), so a flood of empty files ends with
+--     ENOSPC; their pages count toward the container's memory;
 --   * the in-sandbox agent (the static build/mayura-agent) bind-mounted
 --     read-only as the container's entrypoint and PID 1 (no docker init),
---     listening on a unix socket in a per-sandbox host directory that is
---     bind-mounted into the container; the agent ends the container at its
---     lifetime, and the container is created with auto-remove, so it is
---     gone then even when the host process was killed with SIGKILL. Release
---     removes it at once (`rm -f`);
+--     with an OOM score of -500 (its commands reset theirs to 0); a runtime
+--     that cannot lower a score (no CAP_SYS_RESOURCE, as in some nested
+--     setups) fails the start, and the provider then starts its containers
+--     without it and says so once on stderr;
 --   * commands and files go through the agent (a fork+exec and a socket round
 --     trip, not a `docker exec`); the environment reaches commands through
 --     the agent's `setup` request, never the container's configuration or a
@@ -24,21 +36,35 @@
 --   * images are never pulled: an image that is not on the machine fails with
 --     INVALID_CONFIG before anything is created.
 --
+-- The lifetime is held by the host, not only by the agent (code in the
+-- sandbox shares the agent's uid and may stop it): the agent ends its
+-- container at its lifetime; a host timer removes it a little after; and the
+-- container carries its end in a label (mayura.expires, ms since the epoch),
+-- so that a reaper, run at every construction of a provider and at creates
+-- (at most every 30 s), removes our containers (label mayura.provider) whose
+-- time is over, and their socket directories: what a host killed with
+-- SIGKILL left. Containers are created with auto-remove too. Release returns
+-- once the container is gone.
+--
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
--- (image inspect, run, inspect, rm); `engine = 'api'` speaks the Engine API
--- over its unix socket through libcurl (images/{name}/json, containers/create,
--- start, json, wait, DELETE). Only local daemons: a tcp:// or ssh:// host is
+-- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
+-- 'api'` speaks the Engine API over its unix socket through libcurl
+-- (images/{name}/json, containers/create, start, json, wait, DELETE,
+-- containers/json, networks). Only local daemons: a tcp:// or ssh:// host is
 -- refused, because the agent and its socket directory are bind-mounted from
 -- this machine.
 --
--- The per-sandbox host directory (under /run/mayura/docker as root) is made
--- writable for the container's user only until the host has connected to the
--- agent's socket, then closed (0555), so code in the sandbox cannot store
--- files on the host through it. It is removed on release. After the host is
--- killed with SIGKILL the directory stays until the next create of a provider
--- using the same directory finds that its sandbox's lifetime is over (its
--- name starts with the time it expires) and removes it; the container ends
--- and removes itself at its lifetime regardless.
+-- The per-sandbox host directory lives in a base directory of ours (0700;
+-- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
+-- when another user controls a directory above it). While the agent starts
+-- it is 0703: the container's user may make its socket in it but not list
+-- it; once the host is connected it is 0700, so code in the sandbox cannot
+-- store files on the host through it. An agent that knows `--peer-uid` is
+-- told this process's uid and serves its (0666) socket to that uid only, so
+-- a user in the docker group, not root, gets sandboxes with uids of their
+-- own too; with an older agent such a user must set `user` to its own uid.
+-- The directory is removed on release, by the reaper, or, once its name's
+-- time (when it expires) is a minute past, by the next create.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
