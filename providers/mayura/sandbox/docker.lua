@@ -705,8 +705,13 @@ function Backend:oom_kills()
 end
 
 function Backend:release()
-  if self.released then return end
+  if self.released then
+    -- a release under way (the host's timer's, say): return once it is done too
+    if self.waiters then task.await(function(done) table.insert(self.waiters, done) end) end
+    return
+  end
   self.released = true
+  self.waiters = {}
   if self.timer then
     if not self.timer:is_closing() then self.timer:close() end
     self.timer = nil
@@ -718,8 +723,11 @@ function Backend:release()
   -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
   -- and remove returns once the container is gone
   local ok, err = pcall(self.engine.remove, self.engine, self.container)
-  remove_dir(self.dir)
+  pcall(remove_dir, self.dir)
   if self.own_uid then uids_in_use[self.uid] = nil end
+  local waiters = self.waiters
+  self.waiters = nil
+  for _, done in ipairs(waiters) do done() end
   if not ok then error(err, 0) end
 end
 
