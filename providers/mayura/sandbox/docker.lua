@@ -661,7 +661,7 @@ end
 -- Removes our containers whose lifetime (label mayura.expires) is over, and their socket directories
 -- under `base`: what a host killed with SIGKILL, or an agent that never ended its container, left.
 -- Runs as a task of its own; failures are left to the next reap.
-local function reap(engine, host, base, force)
+local function reap(engine, host, base, owner, force)
   local now = core.hrtime_ms()
   if not force and reaped_at[host] and now - reaped_at[host] < REAP_EVERY_MS then return nil end
   reaped_at[host] = now
@@ -675,7 +675,8 @@ local function reap(engine, host, base, force)
           gone[c.sandbox] = true
         end
       end
-      if next(gone) then remove_dirs_of(base, gone) end
+      -- only in a base directory that is ours and that no other user can swap
+      if next(gone) and pcall(prepare_base, base, owner) then remove_dirs_of(base, gone) end
     end)
   end)
 end
@@ -912,7 +913,7 @@ function M.docker_sandboxes(options)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
   end
-  reap(p.engine, p.host, p.run_base, true)
+  reap(p.engine, p.host, p.run_base, me, true)
   local images = {}          -- image -> { env, until_ms }
   local prepared = false
   local network_checked      -- until when the network of 'all' sandboxes is known to be right (hrtime ms)
@@ -969,7 +970,7 @@ function M.docker_sandboxes(options)
       sweep(self.run_base)
       prepared = true
     end
-    reap(self.engine, self.host, self.run_base, false)
+    reap(self.engine, self.host, self.run_base, self.my_uid, false)
     if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
       ensure_network(self.engine)
       network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
