@@ -613,16 +613,10 @@ local function pick_uid()
   error(errors.sandbox('unavailable', 'no free uid for the sandbox'), 0)
 end
 
--- Whether the agent binary knows `--peer-uid` (it then serves only the host's uid on its socket).
-local peer_uid_known = {}   -- agent path .. size .. mtime -> bool
+-- Whether the agent binary knows `--peer-uid` (it then serves only the host's uid on its socket). Read
+-- at each construction (a millisecond), plainly, so a provider can be made anywhere.
 local function agent_takes_peer_uid(agent)
-  local st = uv_fs('fs_stat', agent)
-  local key = agent .. '\0' .. tostring(type(st) == 'table' and st.size) .. '\0' ..
-    tostring(type(st) == 'table' and type(st.mtime) == 'table' and st.mtime.sec)
-  if peer_uid_known[key] == nil then
-    peer_uid_known[key] = (read_plain(agent) or ''):find('--peer-uid', 1, true) ~= nil
-  end
-  return peer_uid_known[key]
+  return (read_plain(agent) or ''):find('--peer-uid', 1, true) ~= nil
 end
 
 -- }======================================================
