@@ -4,19 +4,31 @@
 -- sandbox is one locked-down container:
 --
 --   * no network (`--network none`) unless 'all' was allowed and asked for;
---     then the default bridge, with the sandbox's `ports` published on
---     127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>);
---   * every capability dropped, no-new-privileges, the numeric `user`
---     (1000:1000), the image's root read-only, the working directory and /tmp
---     in-memory (tmpfs with size caps, owned by the user), memory with no swap
---     (memory-swap = memory), CPUs and a process limit; logs off;
+--     then the bridge network `mayura-isolated` (made on demand, labelled
+--     ours, with inter-container traffic off: enable_icc=false), so two
+--     sandboxes never reach each other, with the sandbox's `ports` published
+--     on 127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>). One
+--     shared network rather than one per sandbox: a network costs about 0.3 s
+--     to make and remove, and the daemon's address pools hold ~30 of them;
+--     a bridge takes about 1,000 containers;
+--   * every capability dropped, no-new-privileges, the image's root
+--     read-only, memory with no swap (memory-swap = memory), CPUs and a
+--     process limit; logs off;
+--   * by default a uid and gid of its own (from 1300000 up, one that no host
+--     account, group or /etc/subuid / subgid range has), so nothing on the
+--     host shares its uid's signals, files or per-uid kernel limits; `user`
+--     gives every sandbox one fixed numeric uid:gid instead;
+--   * the working directory, /tmp and /dev/shm in memory (tmpfs, owned by the
+--     sandbox's user, /dev/shm with /tmp's cap rather than Docker's 64 MiB),
+--     each capped in bytes and in inodes (one per 8 KiB of its size, as the
+--     kernel sizes a tmpfs by its RAM), so a flood of empty files ends with
+--     ENOSPC; their pages count toward the container's memory;
 --   * the in-sandbox agent (the static build/mayura-agent) bind-mounted
 --     read-only as the container's entrypoint and PID 1 (no docker init),
---     listening on a unix socket in a per-sandbox host directory that is
---     bind-mounted into the container; the agent ends the container at its
---     lifetime, and the container is created with auto-remove, so it is
---     gone then even when the host process was killed with SIGKILL. Release
---     removes it at once (`rm -f`);
+--     with an OOM score of -500 (its commands reset theirs to 0); a runtime
+--     that cannot lower a score (no CAP_SYS_RESOURCE, as in some nested
+--     setups) fails the start, and the provider then starts its containers
+--     without it and says so once on stderr;
 --   * commands and files go through the agent (a fork+exec and a socket round
 --     trip, not a `docker exec`); the environment reaches commands through
 --     the agent's `setup` request, never the container's configuration or a
@@ -24,21 +36,35 @@
 --   * images are never pulled: an image that is not on the machine fails with
 --     INVALID_CONFIG before anything is created.
 --
+-- The lifetime is held by the host, not only by the agent (code in the
+-- sandbox shares the agent's uid and may stop it): the agent ends its
+-- container at its lifetime; a host timer removes it a little after; and the
+-- container carries its end in a label (mayura.expires, ms since the epoch),
+-- so that a reaper, run at every construction of a provider and at creates
+-- (at most every 30 s), removes our containers (label mayura.provider) whose
+-- time is over, and their socket directories: what a host killed with
+-- SIGKILL left. Containers are created with auto-remove too. Release returns
+-- once the container is gone.
+--
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
--- (image inspect, run, inspect, rm); `engine = 'api'` speaks the Engine API
--- over its unix socket through libcurl (images/{name}/json, containers/create,
--- start, json, wait, DELETE). Only local daemons: a tcp:// or ssh:// host is
+-- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
+-- 'api'` speaks the Engine API over its unix socket through libcurl
+-- (images/{name}/json, containers/create, start, json, wait, DELETE,
+-- containers/json, networks). Only local daemons: a tcp:// or ssh:// host is
 -- refused, because the agent and its socket directory are bind-mounted from
 -- this machine.
 --
--- The per-sandbox host directory (under /run/mayura/docker as root) is made
--- writable for the container's user only until the host has connected to the
--- agent's socket, then closed (0555), so code in the sandbox cannot store
--- files on the host through it. It is removed on release. After the host is
--- killed with SIGKILL the directory stays until the next create of a provider
--- using the same directory finds that its sandbox's lifetime is over (its
--- name starts with the time it expires) and removes it; the container ends
--- and removes itself at its lifetime regardless.
+-- The per-sandbox host directory lives in a base directory of ours (0700;
+-- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
+-- when another user controls a directory above it). While the agent starts
+-- it is 0703: the container's user may make its socket in it but not list
+-- it; once the host is connected it is 0700, so code in the sandbox cannot
+-- store files on the host through it. An agent that knows `--peer-uid` is
+-- told this process's uid and serves its (0666) socket to that uid only, so
+-- a user in the docker group, not root, gets sandboxes with uids of their
+-- own too; with an older agent such a user must set `user` to its own uid.
+-- The directory is removed on release, by the reaper, or, once its name's
+-- time (when it expires) is a minute past, by the next create.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -59,6 +85,16 @@ local IMAGE_CACHE_MS = 30000               -- how long an image found stays know
 local ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API request
 local START_WAIT_MS = 30000                -- from a started container to its agent's socket
 local SWEEP_GRACE_S = 60                   -- a directory is stale this long after its sandbox's end
+local EXPIRES_LABEL = 'mayura.expires'     -- the end of the sandbox's lifetime, ms since the epoch
+local NETWORK = 'mayura-isolated'          -- the bridge of 'all' sandboxes: no traffic between its containers
+local NETWORK_LABEL = 'mayura.network'
+local NETWORK_CHECK_MS = 30000             -- how long a checked network stays known
+local LIFETIME_GRACE_MS = 2000             -- the host removes a container this long after its lifetime
+local REAP_EVERY_MS = 30000                -- creates look for expired containers at most this often
+local UID_BASE, UID_SPAN = 1300000, 1048576  -- per-sandbox uids and gids: [base, base + span)
+local OOM_SCORE_ADJ = -500                 -- the agent's (PID 1's); its commands reset theirs to 0
+local INODE_BYTES = 8192                   -- a tmpfs gets one inode per this many bytes of its size
+local MIN_INODES = 1024
 
 -- {======================================================
 -- Small helpers
@@ -113,6 +149,9 @@ end
 -- A reason for a failed docker CLI call, from its stderr (read here, never passed on).
 local function cli_reason(stderr)
   local s = (stderr or ''):lower()
+  -- the runtime (runc) refused the container: its own words may say "permission denied"
+  if s:find('oci runtime', 1, true) then return 'runtime' end
+  if s:find('no such network', 1, true) or s:find('network %S+ not found') then return 'not_found' end
   if s:find('no such image', 1, true) or s:find('unable to find image', 1, true) then return 'no_image' end
   if s:find('no such container', 1, true) then return 'not_found' end
   if s:find('cannot connect to the docker daemon', 1, true) or s:find('is the docker daemon running', 1, true)
@@ -121,7 +160,8 @@ local function cli_reason(stderr)
     return 'unavailable'
   end
   if s:find('permission denied', 1, true) then return 'authentication' end
-  if s:find('already in use', 1, true) or s:find('in progress', 1, true) or s:find('conflict', 1, true) then
+  if s:find('already in use', 1, true) or s:find('already exists', 1, true) or s:find('in progress', 1, true)
+    or s:find('conflict', 1, true) then
     return 'conflict'
   end
   if s:find('timeout', 1, true) or s:find('deadline exceeded', 1, true) then return 'timeout' end
@@ -129,6 +169,12 @@ local function cli_reason(stderr)
 end
 
 local function docker_error(reason, what)
+  if reason == 'runtime' then
+    -- marked, so that a create can try once more without what the runtime may refuse
+    local e = errors.sandbox('failed', 'docker could not ' .. what .. ' (the container runtime refused it)')
+    e.runtime = true
+    return e
+  end
   return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
 end
 
@@ -183,6 +229,8 @@ local function run_args(c)
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   if c.read_only then add('--read-only') end
+  if c.oom_score_adj then add('--oom-score-adj', tostring(c.oom_score_adj)) end
+  add('--shm-size', tostring(c.shm_bytes))
   for _, t in ipairs(c.tmpfs) do add('--tmpfs', t.path .. ':' .. t.options) end
   for _, m in ipairs(c.mounts) do
     add('--mount', 'type=bind,' .. csv_field('source=' .. m.source) .. ',' .. csv_field('target=' .. m.target) ..
@@ -223,9 +271,51 @@ function Cli:inspect(id)
   return { running = t.running == true, ports = t.ports }
 end
 
---- Removes the container (killing it); no such container is fine.
+--- Removes the container (killing it) and returns once it is gone; no such container is fine.
 function Cli:remove(id)
-  self:run({ 'rm', '--force', '--', id }, 'remove a container', { not_found = true, conflict = true })
+  local _, reason = self:run({ 'rm', '--force', '--', id }, 'remove a container', { not_found = true, conflict = true })
+  if reason ~= 'conflict' then return end
+  -- its auto-remove is under way: wait for it to finish
+  local started, delay = core.hrtime_ms(), 10
+  while self:inspect(id) do
+    if core.hrtime_ms() - started > ENGINE_TIMEOUT_MS then error(docker_error('timeout', 'remove a container'), 0) end
+    task.sleep(delay)
+    if delay < 200 then delay = delay * 2 end
+  end
+end
+
+--- Our containers (label mayura.provider=docker), any state: `{ id, sandbox, expires_ms }` each.
+function Cli:list_ours()
+  local res = self:run({ 'ps', '--all', '--no-trunc', '--filter', 'label=' .. PROVIDER_LABEL .. '=docker',
+    '--format', '{{.ID}} {{.Label "' .. EXPIRES_LABEL .. '"}} {{.Label "' .. ID_LABEL .. '"}}' }, 'list containers')
+  local out = {}
+  for line in res.stdout:gmatch('[^\n]+') do
+    local id, expires, sandbox = line:match('^(%x+) (%d*) (%S*)$')
+    if id then out[#out + 1] = { id = id, sandbox = sandbox, expires_ms = tonumber(expires) } end
+  end
+  return out
+end
+
+--- The network `name` as `{ driver, labels, options }`, or nil when there is none.
+function Cli:network(name)
+  local res = self:run({ 'network', 'inspect', '--format',
+    '{"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
+    'inspect a network', { not_found = true })
+  if not res then return nil end
+  local ok, t = pcall(core.json.decode, res.stdout)
+  if not ok or type(t) ~= 'table' then error(docker_error('failed', 'inspect a network'), 0) end
+  return t
+end
+
+--- Creates a bridge network; returns false when one of that name already exists.
+function Cli:create_network(name, labels, options)
+  local a = { 'network', 'create', '--driver', 'bridge' }
+  for k, v in pairs(labels) do a[#a + 1] = '--label'; a[#a + 1] = k .. '=' .. v end
+  for k, v in pairs(options) do a[#a + 1] = '--opt'; a[#a + 1] = k .. '=' .. v end
+  a[#a + 1] = '--'
+  a[#a + 1] = name
+  local res = self:run(a, 'create a network', { conflict = true })
+  return res ~= nil
 end
 
 -- }======================================================
@@ -297,6 +387,8 @@ local function api_config(c)
     NanoCpus = math.floor(c.cpus * 1e9 + 0.5),
     PidsLimit = c.pids,
     Init = false,
+    ShmSize = c.shm_bytes,
+    OomScoreAdj = c.oom_score_adj,
     AutoRemove = true,
     LogConfig = { Type = 'none', Config = setmetatable({}, json.object_mt) },
   }
@@ -333,9 +425,13 @@ function Api:run_container(c)
     pcall(self.remove, self, c.name)
     error(docker_error('failed', 'create a container'), 0)
   end
-  status = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
+  status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
   if status ~= 204 and status ~= 304 then
     pcall(self.remove, self, id)
+    local message = type(body) == 'table' and type(body.message) == 'string' and body.message:lower() or ''
+    if status == 500 and message:find('oci runtime', 1, true) then
+      error(docker_error('runtime', 'start a container'), 0)
+    end
     error(status == 404 and docker_error('unavailable', 'start a container') or
       api_failure(status, 'start a container'), 0)
   end
@@ -362,6 +458,37 @@ function Api:remove(id)
   error(api_failure(status, 'remove a container'), 0)
 end
 
+function Api:list_ours()
+  local filters = core.json.encode({ label = { PROVIDER_LABEL .. '=docker' } })
+  local status, body = self:request('GET', '/containers/json?all=1&filters=' .. url_escape(filters), nil,
+    'list containers')
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list containers'), 0) end
+  local out = {}
+  for _, c in ipairs(body) do
+    local labels = type(c) == 'table' and type(c.Labels) == 'table' and c.Labels or {}
+    if type(c.Id) == 'string' and c.Id:match('^%x+$') then
+      out[#out + 1] = { id = c.Id, sandbox = labels[ID_LABEL], expires_ms = tonumber(labels[EXPIRES_LABEL]) }
+    end
+  end
+  return out
+end
+
+function Api:network(name)
+  local status, body = self:request('GET', '/networks/' .. url_escape(name), nil, 'inspect a network')
+  if status == 404 then return nil end
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a network'), 0) end
+  return { driver = body.Driver, labels = body.Labels, options = body.Options }
+end
+
+function Api:create_network(name, labels, options)
+  local status = self:request('POST', '/networks/create', {
+    Name = name, Driver = 'bridge', CheckDuplicate = true, Labels = labels, Options = options,
+  }, 'create a network')
+  if status == 409 then return false end
+  if status ~= 201 then error(api_failure(status, 'create a network'), 0) end
+  return true
+end
+
 -- }======================================================
 
 -- {======================================================
@@ -375,11 +502,31 @@ local function run_base(uid)
   return '/tmp/mayura-' .. tostring(uid) .. '/docker'
 end
 
--- Makes the base directory (0700, ours, not a link); raises INVALID_CONFIG when it cannot be trusted.
+-- Whether another user could replace `dir` or what is in it: every directory from `dir` up to the
+-- root (links resolved) must be root's or ours, and writable by nobody else unless it is sticky
+-- and root's (as /tmp is).
+local function others_control(dir, uid)
+  local real = uv_fs('fs_realpath', dir)
+  if type(real) ~= 'string' then return true end
+  local path = real
+  while true do
+    local st = uv_fs('fs_lstat', path == '' and '/' or path)
+    if type(st) ~= 'table' or st.type ~= 'directory' or (st.uid ~= 0 and st.uid ~= uid) then return true end
+    local others_write = math.floor(st.mode / 16) % 2 == 1 or math.floor(st.mode / 2) % 2 == 1
+    local sticky = math.floor(st.mode / 512) % 2 == 1
+    if others_write and not (sticky and st.uid == 0) then return true end
+    if path == '' or path == '/' then return false end
+    path = path:match('^(.*)/[^/]*$')
+  end
+end
+
+-- Makes the base directory (0700, ours, not a link, in directories no other user controls); raises
+-- INVALID_CONFIG when it cannot be trusted.
 local function prepare_base(base, uid)
   local ok = await(function(cb) core.fs.mkdir(base, { mode = 448 }, cb) end)
   local st = uv_fs('fs_lstat', base)
-  if not ok or type(st) ~= 'table' or st.type ~= 'directory' or st.uid ~= uid then
+  if not ok or type(st) ~= 'table' or st.type ~= 'directory' or st.uid ~= uid
+    or others_control(base:match('^(.*)/[^/]*$'), uid) then
     errors.raise('INVALID_CONFIG', 'the sandbox socket directory ' .. base .. ' cannot be made or is not ours', nil, 0)
   end
   if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, 448) end
@@ -394,6 +541,138 @@ local function sweep(base)
     local expires = tonumber((e.name or ''):match('^(%d+)%-mayura%-%x+$'))
     if expires and expires + SWEEP_GRACE_S < now_s then remove_dir(base .. '/' .. e.name) end
   end
+end
+
+-- Removes the directories of the sandboxes named in `ids` (a set), whatever their time.
+local function remove_dirs_of(base, ids)
+  local entries = await(function(cb) core.fs.list(base, cb) end)
+  if type(entries) ~= 'table' then return end
+  for _, e in ipairs(entries) do
+    local id = (e.name or ''):match('^%d+%-(mayura%-%x+)$')
+    if id and ids[id] then remove_dir(base .. '/' .. e.name) end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Host uids for sandboxes, and what is shared between providers of this process
+-- =======================================================
+
+local uids_in_use = {}      -- uid -> true, for the sandboxes of this process
+local reaped_at = {}        -- daemon host -> when a reap last started (hrtime ms)
+local oom_refused = {}      -- daemon host -> true once its runtime refused a negative OOM score
+
+-- The uid ranges of /etc/subuid or /etc/subgid: a user may run processes under those uids.
+local function subid_ranges(path)
+  local ranges = {}
+  for line in (read_plain(path) or ''):gmatch('[^\n]+') do
+    local first, count = line:match('^[^:]*:(%d+):(%d+)')
+    if first then ranges[#ranges + 1] = { tonumber(first), tonumber(first) + tonumber(count) - 1 } end
+  end
+  return ranges
+end
+
+local function in_ranges(n, ranges)
+  for _, r in ipairs(ranges) do
+    if n >= r[1] and n <= r[2] then return true end
+  end
+  return false
+end
+
+-- Whether the host's files or name service know `id` as a user or a group.
+local function host_knows(id)
+  local text = tostring(id)
+  for _, file in ipairs({ '/etc/passwd', '/etc/group' }) do
+    for line in (read_plain(file) or ''):gmatch('[^\n]+') do
+      if line:match('^[^:]*:[^:]*:(%d+):') == text then return true end
+    end
+  end
+  local getent = find_in_path('getent')
+  if not getent then return false end
+  for _, db in ipairs({ 'passwd', 'group' }) do
+    local ok, res = pcall(process.run, { getent, db, text }, { timeout_ms = 10000 })
+    -- 2 is "not found"; anything else (found, or no answer) counts as known
+    if not ok or res.exit_code ~= 2 then return true end
+  end
+  return false
+end
+
+-- A uid (also the gid) for one sandbox that no host account, group or subordinate range has and no
+-- other sandbox of this process uses; raises `unavailable` when none is found.
+local function pick_uid()
+  local ranges = subid_ranges('/etc/subuid')
+  for _, r in ipairs(subid_ranges('/etc/subgid')) do ranges[#ranges + 1] = r end
+  for _ = 1, 16 do
+    local n = UID_BASE + (tonumber(random_hex(4), 16) or 0) % UID_SPAN
+    if not uids_in_use[n] and not in_ranges(n, ranges) and not host_knows(n) then
+      uids_in_use[n] = true
+      return n
+    end
+  end
+  error(errors.sandbox('unavailable', 'no free uid for the sandbox'), 0)
+end
+
+-- Whether the agent binary knows `--peer-uid` (it then serves only the host's uid on its socket). Read
+-- at each construction (a millisecond), plainly, so a provider can be made anywhere.
+local function agent_takes_peer_uid(agent)
+  return (read_plain(agent) or ''):find('--peer-uid', 1, true) ~= nil
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The network of 'all' sandboxes, and the reaper of expired containers
+-- =======================================================
+
+local NETWORK_OPTIONS = {
+  ['com.docker.network.bridge.enable_icc'] = 'false',            -- no traffic between its containers
+  ['com.docker.network.bridge.host_binding_ipv4'] = '127.0.0.1', -- ports published on loopback by default
+}
+
+local function network_is_ours(info)
+  local labels = type(info.labels) == 'table' and info.labels or {}
+  local options = type(info.options) == 'table' and info.options or {}
+  return info.driver == 'bridge' and labels[NETWORK_LABEL] == 'isolated'
+    and options['com.docker.network.bridge.enable_icc'] == 'false'
+end
+
+-- Makes sure the network of 'all' sandboxes is there, ours and isolating; creates it when missing.
+local function ensure_network(engine)
+  local info = engine:network(NETWORK)
+  if not info then
+    engine:create_network(NETWORK, { [PROVIDER_LABEL] = 'docker', [NETWORK_LABEL] = 'isolated' }, NETWORK_OPTIONS)
+    -- made here, or by someone else at the same moment: either way, look at what is there
+    info = engine:network(NETWORK)
+    if not info then error(docker_error('failed', 'create a network'), 0) end
+  end
+  if not network_is_ours(info) then
+    error(errors.sandbox('conflict', 'a Docker network named ' .. NETWORK .. ' exists that is not mayura\'s ' ..
+      'isolated bridge (remove it)'), 0)
+  end
+end
+
+-- Removes our containers whose lifetime (label mayura.expires) is over, and their socket directories
+-- under `base`: what a host killed with SIGKILL, or an agent that never ended its container, left.
+-- Runs as a task of its own; failures are left to the next reap.
+local function reap(engine, host, base, owner, force)
+  local now = core.hrtime_ms()
+  if not force and reaped_at[host] and now - reaped_at[host] < REAP_EVERY_MS then return nil end
+  reaped_at[host] = now
+  return task.spawn(function()
+    pcall(function()
+      local now_ms = core.now_ms()
+      local gone = {}
+      for _, c in ipairs(engine:list_ours()) do
+        if c.expires_ms and c.expires_ms + LIFETIME_GRACE_MS < now_ms and pcall(engine.remove, engine, c.id)
+          and type(c.sandbox) == 'string' then
+          gone[c.sandbox] = true
+        end
+      end
+      -- only in a base directory that is ours and that no other user can swap
+      if next(gone) and pcall(prepare_base, base, owner) then remove_dirs_of(base, gone) end
+    end)
+  end)
 end
 
 -- }======================================================
@@ -421,16 +700,44 @@ function Backend:oom_kills()
 end
 
 function Backend:release()
-  if self.released then return end
+  if self.released then
+    -- a release under way (the host's timer's, say): return once it is done too
+    if self.waiters then task.await(function(done) table.insert(self.waiters, done) end) end
+    return
+  end
   self.released = true
+  self.waiters = {}
+  if self.timer then
+    if not self.timer:is_closing() then self.timer:close() end
+    self.timer = nil
+  end
   if not self.closed then
     self.closed = true
-    pcall(self.ch.close, self.ch)
+    if self.ch then pcall(self.ch.close, self.ch) end
   end
-  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f
+  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
+  -- and remove returns once the container is gone
   local ok, err = pcall(self.engine.remove, self.engine, self.container)
-  remove_dir(self.dir)
+  pcall(remove_dir, self.dir)
+  if self.own_uid then uids_in_use[self.uid] = nil end
+  local waiters = self.waiters
+  self.waiters = nil
+  for _, done in ipairs(waiters) do done() end
   if not ok then error(err, 0) end
+end
+
+-- The host's own end of the lifetime: whatever the agent does (code in the sandbox runs as its uid and
+-- may stop it), the container is removed a little after its lifetime. The timer keeps no script running.
+function Backend:arm(ms)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  self.timer = timer
+  timer:start(ms, 0, function()
+    if not timer:is_closing() then timer:close() end
+    self.timer = nil
+    if not self.released then task.spawn(function() pcall(self.release, self) end) end
+  end)
+  timer:unref()
 end
 
 local function cgroup_oom_file(id)
@@ -523,7 +830,9 @@ end
 --- A provider of Docker sandboxes. Options (and defaults): `image` (required),
 -- `engine` ('cli' | 'api'), `docker` (the CLI; 'docker' on the PATH), `host`
 -- (DOCKER_HOST or unix:///var/run/docker.sock; local sockets only), `user`
--- ('1000:1000'), `workdir` ('/workspace'), `workspace_mib` (1024), `tmp_mib`
+-- (a numeric 'uid:gid' for every sandbox; by default each sandbox gets a uid
+-- and gid of its own that no host account has), `workdir` ('/workspace'),
+-- `workspace_mib` (1024), `tmp_mib`
 -- (256), `cpus` (1), `memory_mib` (1024), `pids` (256), `read_only_root`
 -- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
 -- `run_dir` (where the sockets' directories are made) for unusual setups.
@@ -539,11 +848,12 @@ function M.docker_sandboxes(options)
   if engine ~= 'cli' and engine ~= 'api' then errors.raise(C, "engine must be 'cli' or 'api'", nil, 2) end
   local ok, socket = pcall(socket_of, options.host or default_host())
   if not ok then error(socket, 2) end
-  local user = options.user or '1000:1000'
-  local uid, gid
-  if type(user) == 'string' then uid, gid = user:match('^(%d+):(%d+)$') end
-  if not uid or #uid > 10 or #gid > 10 then errors.raise(C, "user must be a numeric 'uid:gid'", nil, 2) end
-  if tonumber(uid) == 0 then errors.raise(C, 'user must not be root (uid 0)', nil, 2) end
+  local user, uid, gid = options.user, nil, nil
+  if user ~= nil then
+    if type(user) == 'string' then uid, gid = user:match('^(%d+):(%d+)$') end
+    if not uid or #uid > 10 or #gid > 10 then errors.raise(C, "user must be a numeric 'uid:gid'", nil, 2) end
+    if tonumber(uid) == 0 then errors.raise(C, 'user must not be root (uid 0)', nil, 2) end
+  end
   local wok, workdir = pcall(check_workdir, options.workdir or '/workspace')
   if not wok then error(workdir, 2) end
   local cpus = options.cpus or 1
@@ -560,7 +870,7 @@ function M.docker_sandboxes(options)
     image = image,
     engine_name = engine,
     host = 'unix://' .. socket,
-    user = uid .. ':' .. gid,
+    user = uid and (uid .. ':' .. gid) or nil,   -- nil: a uid and gid of its own per sandbox
     uid = tonumber(uid),
     gid = tonumber(gid),
     cpus = cpus,
@@ -585,17 +895,22 @@ function M.docker_sandboxes(options)
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
   local me = my_uid()
-  if me ~= 0 and me ~= p.uid then
-    -- the agent's socket belongs to the sandbox's user, mode 0600
-    errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. ')', nil, 2)
+  -- an agent that knows --peer-uid serves its socket to this process's uid only (any uid can connect);
+  -- an older one makes it 0600 for the sandbox's user, which only root or that same uid can open
+  p.peer_uid = agent_takes_peer_uid(p.agent) and me or nil
+  if me ~= 0 and me ~= p.uid and not p.peer_uid then
+    errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. '): ' ..
+      'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
   end
   p.my_uid = me
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
   end
+  reap(p.engine, p.host, p.run_base, me, true)
   local images = {}          -- image -> { env, until_ms }
   local prepared = false
+  local network_checked      -- until when the network of 'all' sandboxes is known to be right (hrtime ms)
 
   local function image_env(self, name)
     local known = images[name]
@@ -649,32 +964,53 @@ function M.docker_sandboxes(options)
       sweep(self.run_base)
       prepared = true
     end
+    reap(self.engine, self.host, self.run_base, self.my_uid, false)
+    if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
+      ensure_network(self.engine)
+      network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
+    end
+    local sb_uid, sb_gid, own_uid = self.uid, self.gid, false
+    if not sb_uid then
+      sb_uid = pick_uid()
+      sb_gid, own_uid = sb_uid, true
+    end
     local id = 'mayura-' .. random_hex(6)
-    local expires_s = math.floor((core.now_ms() + spec.lifetime_ms) / 1000) + 1
+    local expires_ms = math.floor(core.now_ms()) + spec.lifetime_ms
+    local expires_s = math.floor(expires_ms / 1000) + 1
     local dir = self.run_base .. '/' .. expires_s .. '-' .. id
     local made, merr = uv_fs('fs_mkdir', dir, 448)
     if not made then
       local _ = merr
+      if own_uid then uids_in_use[sb_uid] = nil end
       error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory'), 0)
     end
-    -- the agent (the sandbox's user) makes its socket here; closed again once the host is connected
-    uv_fs('fs_chmod', dir, 511)
+    -- the agent (the sandbox's user, "other" here) makes its socket in it, but cannot list it; closed
+    -- to everyone but its owner once the host is connected
+    uv_fs('fs_chmod', dir, 451)
 
     local labels = {}
     for k, v in pairs(spec.labels or {}) do labels[k] = v end
     labels[ID_LABEL] = id
     labels[PROVIDER_LABEL] = 'docker'
+    labels[EXPIRES_LABEL] = ('%d'):format(expires_ms)
     local ports = spec.ports or {}
+    local function tmpfs(path, mib, mode, exec)
+      local bytes = mib * MIB
+      return { path = path, options = ('rw,%s,nosuid,nodev,size=%d,nr_inodes=%d,mode=%s,uid=%d,gid=%d'):format(
+        exec, bytes, math.max(MIN_INODES, math.floor(bytes / INODE_BYTES)), mode, sb_uid, sb_gid) }
+    end
     local c = {
-      name = id, image = image_name, user = self.user, workdir = self.workdir,
-      network = network == 'all' and 'bridge' or 'none',
+      name = id, image = image_name, user = sb_uid .. ':' .. sb_gid, workdir = self.workdir,
+      network = network == 'all' and NETWORK or 'none',
       read_only = self.read_only_root,
       tmpfs = {
-        { path = self.workdir, options = ('rw,exec,nosuid,nodev,size=%d,mode=0755,uid=%d,gid=%d'):format(
-          self.workspace_mib * MIB, self.uid, self.gid) },
-        { path = '/tmp', options = ('rw,exec,nosuid,nodev,size=%d,mode=1777,uid=%d,gid=%d'):format(
-          self.tmp_mib * MIB, self.uid, self.gid) },
+        tmpfs(self.workdir, self.workspace_mib, '0755', 'exec'),
+        tmpfs('/tmp', self.tmp_mib, '1777', 'exec'),
+        -- instead of Docker's own 64 MiB /dev/shm, whose inodes have no cap
+        tmpfs('/dev/shm', self.tmp_mib, '1777', 'noexec'),
       },
+      shm_bytes = self.tmp_mib * MIB,
+      oom_score_adj = not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
       mounts = {
         { source = self.agent, target = AGENT_IN, read_only = true },
         { source = dir, target = RUN_IN, read_only = false },
@@ -687,17 +1023,35 @@ function M.docker_sandboxes(options)
       entrypoint = { AGENT_IN },
       cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
     }
+    if self.peer_uid then
+      c.cmd[#c.cmd + 1] = '--peer-uid'
+      c.cmd[#c.cmd + 1] = tostring(self.peer_uid)
+    end
     -- the pool counts the lifetime from the start of create: so does the container, near enough
-    c.cmd[4] = ('%d'):format(math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started)))
+    local remaining = math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started))
+    c.cmd[4] = ('%d'):format(remaining)
     local eng = self.engine
     local rok, container = pcall(eng.run_container, eng, c)
+    if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
+      -- a runtime without CAP_SYS_RESOURCE cannot lower a score: once more without it, and say so once
+      c.oom_score_adj = nil
+      rok, container = pcall(eng.run_container, eng, c)
+      if rok and not oom_refused[self.host] then
+        oom_refused[self.host] = true
+        io.stderr:write('mayura: the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ',
+          'sandbox agents run without that protection\n')
+      end
+    end
     if not rok then
       remove_dir(dir)
+      if own_uid then uids_in_use[sb_uid] = nil end
+      if network == 'all' then network_checked = nil end
       error(container, 0)
     end
 
     local backend = setmetatable({
       id = id, container = container, engine = eng, dir = dir, network = network,
+      uid = sb_uid, gid = sb_gid, own_uid = own_uid, oom_score_adj = c.oom_score_adj, expires_ms = expires_ms,
       ports = {}, closed = false, released = false,
     }, Backend)
     local sok, serr = pcall(function()
@@ -713,11 +1067,12 @@ function M.docker_sandboxes(options)
       end
       backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
       -- no more files from the sandbox's side in this host directory
-      uv_fs('fs_chmod', dir, 365)
+      uv_fs('fs_chmod', dir, 448)
       backend.oom_file = cgroup_oom_file(container)
       agent_backend.handshake(backend, env, self.workdir)
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
+    backend:arm(remaining + LIFETIME_GRACE_MS)
     return backend
   end
 
