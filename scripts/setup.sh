@@ -28,3 +28,14 @@ if [ -n "$missing" ]; then
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
+
+# The official npm clients the specs run against the stand-ins (spec/npm/package.json, pinned),
+# installed when any is missing.
+need_npm=""
+for dep in $(sed -n 's/^ *"\([^"]*\)": *"[0-9][^"]*",\{0,1\}$/\1/p' spec/npm/package.json); do
+    [ -f "spec/npm/node_modules/$dep/package.json" ] || need_npm=1
+done
+if [ -n "$need_npm" ]; then
+    echo "setup: installing the npm clients of spec/npm"
+    (cd spec/npm && npm install --no-save --silent >/dev/null)
+fi
