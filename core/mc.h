@@ -218,11 +218,21 @@ MC_FN uv_loop_t *mc_loop(lua_State *L) {
     return loop;
 }
 
-/* The main thread of L's state: loop callbacks run there, never in a coroutine that may be dead. */
+/*
+** The main thread of L's state: loop callbacks run there, never in a coroutine that may be dead.
+** Without LUA_RIDX_MAINTHREAD (5.1), it is remembered the first time a call comes from it.
+*/
 MC_FN lua_State *mc_main(lua_State *L) {
     lua_State *M;
 #ifdef MC_NO_RIDX_MAINTHREAD
     lua_getfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        if (lua_pushthread(L)) {
+            lua_pushvalue(L, -1);
+            lua_setfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+        }
+    }
 #else
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
 #endif
