@@ -19,10 +19,7 @@ local SECRET = 'env-value-only-inside-5d1c9e'
 
 --- Runs a host shell command; returns its stdout and whether it succeeded.
 local function host(cmd)
-  local p = io.popen(cmd .. ' 2>/dev/null')
-  local out = p:read('a')
-  local ok = p:close()
-  return out, ok == true
+  return compat.shell(cmd .. ' 2>/dev/null')
 end
 
 local _, daemon_answers = host('docker info')

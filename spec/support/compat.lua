@@ -1,6 +1,6 @@
 --- What the specs need of Lua 5.4 that LuaJIT 2.1 lacks, the same under both, and which
 -- interpreter and build this pass of the suite runs: number kinds, the
--- 64-bit integer limits where they exist, os.execute's verdict, and the subset of
+-- 64-bit integer limits where they exist, os.execute's and popen's verdicts, and the subset of
 -- string.pack/unpack the specs use to build and read binary frames (integers of 1 to 8 bytes,
 -- either byte order, length-prefixed strings). Under Lua 5.4 every function is the standard one.
 local M = {}
@@ -24,6 +24,22 @@ M.maxinteger = math.maxinteger
 M.mininteger = math.mininteger or -2 ^ 63
 
 local TWO53 = 2 ^ 53
+
+--- Runs a shell command; returns its stdout and whether it exited 0. Lua 5.4 has that from the
+-- popen handle's close; LuaJIT's close says only whether the pipe closed, so there the command
+-- prints its status after its output, on a line of its own, which is taken off again.
+function M.shell(cmd)
+  if not M.luajit then
+    local p = assert(io.popen(cmd))
+    local out = p:read('a')
+    return out, p:close() == true
+  end
+  local p = assert(io.popen(cmd .. '\nprintf "\\n%d" "$?"'))
+  local all = p:read('a')
+  p:close()
+  local out, status = all:match('^(.*)\n(%d+)$')
+  return out or all, status == '0'
+end
 
 --- os.execute as Lua 5.4 has it: true or nil, then 'exit' or 'signal' and the number. LuaJIT's
 -- returns the raw wait status, a number, which is true even when the command failed.
