@@ -18,6 +18,25 @@
 #define lua_newuserdatauv(L, sz, nuv) lua_newuserdata((L), (sz))
 #endif
 
+#if LUA_VERSION_NUM < 504
+/*
+** lua_resume as 5.4 has it, the number of results through nres. Before 5.4
+** the results are the whole stack of the coroutine (5.2 and 5.3 take the
+** thread resuming it too; 5.1 does not).
+*/
+static inline int mc_compat_resume(lua_State *L, lua_State *from, int nargs, int *nres) {
+#if LUA_VERSION_NUM < 502
+    int rc = lua_resume(L, nargs);
+    (void)from;
+#else
+    int rc = lua_resume(L, from, nargs);
+#endif
+    *nres = lua_gettop(L);
+    return rc;
+}
+#define lua_resume(L, from, nargs, nres) mc_compat_resume((L), (from), (nargs), (nres))
+#endif
+
 #if LUA_VERSION_NUM < 503
 /*
 ** 5.1/5.2 have no integer subtype: integers travel as doubles, and a number
@@ -38,16 +57,73 @@ static inline int mc_compat_isinteger(lua_State *L, int i) {
 #define lua_rawlen(L, i) lua_objlen((L), (i))
 #define lua_absindex(L, i) ((i) > 0 || (i) <= LUA_REGISTRYINDEX ? (i) : lua_gettop(L) + (i) + 1)
 
+/* The length of the value at i, its __len first (as 5.2 has it, for tables too). */
+static inline lua_Integer mc_compat_len(lua_State *L, int i) {
+    lua_Integer n;
+    int isnum = 0;
+    i = lua_absindex(L, i);
+    if (luaL_callmeta(L, i, "__len")) {
+        n = lua_tointeger(L, -1);
+        isnum = lua_isnumber(L, -1);
+        lua_pop(L, 1);
+        if (!isnum) luaL_error(L, "object length is not an integer");
+        return n;
+    }
+    return (lua_Integer)lua_objlen(L, i);
+}
+#define luaL_len(L, i) mc_compat_len((L), (i))
+
+/* tostring() of the value at i pushed on the stack, its text returned (and its length through len). */
+static inline const char *mc_compat_tolstring(lua_State *L, int i, size_t *len) {
+    i = lua_absindex(L, i);
+    if (luaL_callmeta(L, i, "__tostring")) {
+        if (!lua_isstring(L, -1)) luaL_error(L, "'__tostring' must return a string");
+    } else {
+        switch (lua_type(L, i)) {
+        case LUA_TNUMBER:
+        case LUA_TSTRING: lua_pushvalue(L, i); break;
+        case LUA_TBOOLEAN: lua_pushstring(L, lua_toboolean(L, i) ? "true" : "false"); break;
+        case LUA_TNIL: lua_pushliteral(L, "nil"); break;
+        default:
+            lua_pushfstring(L, "%s: %p", luaL_typename(L, i), lua_topointer(L, i));
+            break;
+        }
+    }
+    return lua_tolstring(L, -1, len);
+}
+#define luaL_tolstring(L, i, len) mc_compat_tolstring((L), (i), (len))
+
 #ifndef LUA_OK
 #define LUA_OK 0
 #endif
 
 /*
-** Plain 5.1 lacks what LuaJIT 2.1 took from 5.2: luaL_setfuncs and
-** luaL_newlib (LuaJIT defines luaL_newlib as a macro over its own
-** luaL_setfuncs) and luaL_traceback.
+** Plain 5.1 lacks what LuaJIT 2.1 took from 5.2: lua_tointegerx,
+** luaL_setmetatable, luaL_testudata, luaL_setfuncs and luaL_newlib (LuaJIT
+** defines luaL_newlib as a macro over its own luaL_setfuncs) and luaL_traceback.
 */
 #ifndef luaL_newlib
+/* lua_tointeger, and whether the value is a number (LuaJIT has its own). */
+static inline lua_Integer mc_compat_tointegerx(lua_State *L, int i, int *isnum) {
+    if (isnum != NULL) *isnum = lua_isnumber(L, i);
+    return lua_tointeger(L, i);
+}
+#define lua_tointegerx(L, i, isnum) mc_compat_tointegerx((L), (i), (isnum))
+
+#define luaL_setmetatable(L, tname) (luaL_getmetatable((L), (tname)), (void)lua_setmetatable((L), -2))
+
+/* The userdata at i when its metatable is tname's, else NULL. */
+static inline void *mc_compat_testudata(lua_State *L, int i, const char *tname) {
+    void *p = lua_touserdata(L, i);
+    int same;
+    if (p == NULL || !lua_getmetatable(L, i)) return NULL;
+    luaL_getmetatable(L, tname);
+    same = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    return same ? p : NULL;
+}
+#define luaL_testudata(L, i, tname) mc_compat_testudata((L), (i), (tname))
+
 static inline void mc_compat_setfuncs(lua_State *L, const luaL_Reg *l, int nup) {
     luaL_checkstack(L, nup + 1, "too many upvalues");
     for (; l->name != NULL; l++) {
