@@ -111,11 +111,13 @@ lint:
 	luacheck lua providers tools spec examples bench fuzz
 
 bench: all
+	@$(MAKE) --no-print-directory all LUA=luajit
 	$(HOST) bench/core.lua
 	$(HOST) bench/sandbox.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
 	$(HOST) bench/table.lua
+	$(HOST) bench/suite.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
