@@ -47,7 +47,7 @@ HOST    = $(BUILD)/mayura
 ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
 SAN     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all setup test specs demo asan valgrind lint bench fuzz clean install check-deps
+.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps
 
 all: $(SO) $(HOST) $(AGENT)
 
@@ -91,11 +91,18 @@ demo: setup
 	@$(MAKE) --no-print-directory all
 	$(HOST) examples/coding_agent.lua
 
-# The specs against an AddressSanitizer+UBSan build of the core.
-asan: setup $(ASAN_SO)
+# The specs against an AddressSanitizer+UBSan build of the core: the whole suite under Lua 5.4,
+# then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
+# compat.h shims are what differs. `make asan-pass LUA=luajit ASAN_SPECS=spec` for its whole suite.
+ASAN_LUAJIT_SPECS ?= spec/core spec/lua
+asan: setup
+	@$(MAKE) --no-print-directory asan-pass LUA=lua5.4
+	@$(MAKE) --no-print-directory asan-pass LUA=luajit ASAN_SPECS="$(ASAN_LUAJIT_SPECS)"
+
+asan-pass: all $(ASAN_SO)
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	MAYURA_BUILD=$(BUILD) MAYURA_CPATH="$(BUILD)/asan/lib/?.so" $(BUSTED)
+	MAYURA_BUILD=$(BUILD) MAYURA_CPATH="$(BUILD)/asan/lib/?.so" $(BUSTED) $(ASAN_SPECS)
 
 # The core specs under valgrind: no errors, no definite leaks.
 valgrind: setup $(SO)

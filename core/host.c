@@ -4,7 +4,8 @@
 **   mayura FILE.lua [ARGS...]   runs FILE as a task on the loop, `arg` set as lua5.4 sets it
 **   mayura -e 'CODE' [ARGS...]  runs a chunk the same way
 **
-** Lua 5.4 with luv and mayura.core linked in, sharing one libuv loop, and
+** Lua 5.4 (or LuaJIT 2.1: build/luajit/mayura, from the same source) with
+** luv and mayura.core linked in, sharing one libuv loop, and
 ** the module paths set to this checkout (or to the installed tree). The
 ** program exits when the script's task has ended and nothing it started is
 ** still pending; an uncaught error prints a traceback and exits 1.
