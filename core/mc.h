@@ -149,7 +149,9 @@ MC_FN lua_Integer mc_opt_int(lua_State *L, int idx, const char *key, lua_Integer
         if (!lua_isinteger(L, -1)) {
             if (lua_type(L, -1) == LUA_TNUMBER) {
                 lua_Number n = lua_tonumber(L, -1);
-                if (n != n || n < (lua_Number)lo || n > (lua_Number)hi || n != (lua_Number)(lua_Integer)n)
+                /* 2^63 is refused before the cast: (lua_Number)LLONG_MAX rounds up to it */
+                if (n != n || n < (lua_Number)lo || n > (lua_Number)hi || n >= 9223372036854775808.0 ||
+                    n != (lua_Number)(lua_Integer)n)
                     mc_raise(L, "INVALID_INPUT", "option '%s' must be a whole number from %lld to %lld",
                              key, (long long)lo, (long long)hi);
                 v = (lua_Integer)n;
