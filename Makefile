@@ -45,7 +45,7 @@ SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
 HOST    = $(BUILD)/mayura
 ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
-SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
 
 .PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps
 
