@@ -96,8 +96,8 @@ demo: setup
 # compat.h shims are what differs. `make asan-pass LUA=luajit ASAN_SPECS=spec` for its whole suite.
 ASAN_LUAJIT_SPECS ?= spec/core spec/lua
 asan: setup
-	@$(MAKE) --no-print-directory asan-pass LUA=lua5.4
-	@$(MAKE) --no-print-directory asan-pass LUA=luajit ASAN_SPECS="$(ASAN_LUAJIT_SPECS)"
+	@rc=0; $(MAKE) --no-print-directory asan-pass LUA=lua5.4 || rc=1; \
+	$(MAKE) --no-print-directory asan-pass LUA=luajit ASAN_SPECS="$(ASAN_LUAJIT_SPECS)" || rc=1; exit $$rc
 
 asan-pass: all $(ASAN_SO)
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
