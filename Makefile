@@ -2,36 +2,52 @@
 # (build/mayura) and the in-sandbox agent; run the demo, the specs, the
 # sanitizer and valgrind runs, the linters and the benchmarks.
 #
-#   make          build everything
-#   make demo     run the main example (installs what is missing first)
-#   make test     run every spec (installs what is missing first)
+#   make             build everything for Lua 5.4 (build/)
+#   make LUA=luajit  the same for LuaJIT 2.1 (build/luajit/; the agent is shared)
+#   make demo        run the main example (installs what is missing first)
+#   make test        run every spec under Lua 5.4, then under LuaJIT (installs what is missing first)
+#   make specs       run every spec under $(LUA) only
 
 LUA        ?= lua5.4
-LUA_PC     ?= lua5.4
 CC         ?= gcc
 PKG_CONFIG ?= pkg-config
 PREFIX     ?= /usr/local
-LUADIR     ?= $(PREFIX)/share/lua/5.4
-LIBDIR     ?= $(PREFIX)/lib/lua/5.4
+ifeq ($(LUA),luajit)
+# LuaJIT 2.1 has the Lua 5.1 ABI: Debian's luv for 5.1 serves it.
+LUA_PC     ?= luajit
+LUA_ABI    ?= 5.1
+LUV_CFLAGS ?= -I$(shell $(PKG_CONFIG) --variable=prefix $(LUA_PC) 2>/dev/null)/include/lua5.1
+BUILD      ?= build/luajit
+else
+LUA_PC     ?= lua5.4
+LUA_ABI    ?= 5.4
+LUV_CFLAGS ?=
+BUILD      ?= build
+endif
+LUV_LIB    ?= lua$(LUA_ABI)-luv
+LUADIR     ?= $(PREFIX)/share/lua/$(LUA_ABI)
+LIBDIR     ?= $(PREFIX)/lib/lua/$(LUA_ABI)
 BUSTED     ?= $(LUA) spec/runner.lua
+# The interpreters `make test` runs the whole suite under, one pass each.
+TEST_LUAS  ?= lua5.4 luajit
 
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
-DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson 2>/dev/null)
-DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson 2>/dev/null) -l$(LUA_PC)-luv
+DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson 2>/dev/null) $(LUV_CFLAGS)
+DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson 2>/dev/null) -l$(LUV_LIB)
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden $(DEPS_CFLAGS) \
              -DMAYURA_LUADIR='"$(LUADIR)"' -DMAYURA_LIBDIR='"$(LIBDIR)"'
 
 CORE_SRC = core/mayura_core.c
 CORE_DEP = $(wildcard core/*.c core/*.h)
 
-SO      = build/lib/mayura/core.so
+SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
-HOST    = build/mayura
-ASAN_SO = build/asan/lib/mayura/core.so
-SAN     = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+HOST    = $(BUILD)/mayura
+ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
+SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
 
-.PHONY: all setup test demo asan valgrind lint bench fuzz clean install check-deps
+.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps
 
 all: $(SO) $(HOST) $(AGENT)
 
@@ -58,23 +74,40 @@ setup:
 	@sh scripts/setup.sh
 	@sh scripts/docker-setup.sh
 
+# Both passes run even when the first fails; each ends with its busted summary line.
 test: setup
-	@$(MAKE) --no-print-directory all
-	$(BUSTED)
+	@for l in $(TEST_LUAS); do $(MAKE) --no-print-directory all LUA=$$l || exit 1; done
+	@rc=0; for l in $(TEST_LUAS); do \
+	    echo "== the specs under $$l"; \
+	    $(MAKE) --no-print-directory specs LUA=$$l || rc=1; \
+	done; exit $$rc
+
+# One pass of the suite under $(LUA) against its build; prints the pass's wall time.
+specs: all
+	@t0=$$(date +%s.%N); rc=0; MAYURA_BUILD=$(BUILD) $(BUSTED) || rc=$$?; \
+	awk -v a=$$t0 -v b=$$(date +%s.%N) 'BEGIN { printf "specs under $(LUA): %.1f s wall\n", b - a }'; exit $$rc
 
 demo: setup
 	@$(MAKE) --no-print-directory all
 	$(HOST) examples/coding_agent.lua
 
-# The specs against an AddressSanitizer+UBSan build of the core.
-asan: setup $(ASAN_SO)
+# The specs against an AddressSanitizer+UBSan build of the core: the whole suite under Lua 5.4,
+# then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
+# compat.h shims are what differs. `make asan-pass LUA=luajit ASAN_SPECS=spec` for its whole suite.
+ASAN_LUAJIT_SPECS ?= spec/core spec/lua
+asan: setup
+	@rc=0; $(MAKE) --no-print-directory asan-pass LUA=lua5.4 || rc=1; \
+	$(MAKE) --no-print-directory asan-pass LUA=luajit ASAN_SPECS="$(ASAN_LUAJIT_SPECS)" || rc=1; exit $$rc
+
+asan-pass: all $(ASAN_SO)
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	MAYURA_CPATH="build/asan/lib/?.so" $(BUSTED)
+	MAYURA_BUILD=$(BUILD) MAYURA_CPATH="$(BUILD)/asan/lib/?.so" $(BUSTED) $(ASAN_SPECS)
 
-# The core specs under valgrind: no errors, no definite leaks.
+# The core specs under valgrind: no errors, no definite leaks (Lua 5.4: LuaJIT's own allocator
+# needs a build of LuaJIT made for valgrind).
 valgrind: setup $(SO)
-	valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+	MAYURA_BUILD=$(BUILD) valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
 	    --show-leak-kinds=definite --trace-children=no \
 	    $(BUSTED) spec/core
 
@@ -86,12 +119,14 @@ lint:
 	luacheck lua providers tools spec examples bench fuzz
 
 bench: all
+	@$(MAKE) --no-print-directory all LUA=luajit
 	$(HOST) bench/core.lua
 	$(HOST) bench/sandbox.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
 	$(HOST) bench/table.lua
 	$(HOST) bench/command_backend.lua
+	$(HOST) bench/suite.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

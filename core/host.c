@@ -4,7 +4,8 @@
 **   mayura FILE.lua [ARGS...]   runs FILE as a task on the loop, `arg` set as lua5.4 sets it
 **   mayura -e 'CODE' [ARGS...]  runs a chunk the same way
 **
-** Lua 5.4 with luv and mayura.core linked in, sharing one libuv loop, and
+** Lua 5.4 (or LuaJIT 2.1: build/luajit/mayura, from the same source) with
+** luv and mayura.core linked in, sharing one libuv loop, and
 ** the module paths set to this checkout (or to the installed tree). The
 ** program exits when the script's task has ended and nothing it started is
 ** still pending; an uncaught error prints a traceback and exits 1.
@@ -27,23 +28,30 @@ static int file_exists(const char *path) {
 
 /*
 ** Points package.path and package.cpath at this checkout when the program
-** runs from build/ of one, else at the installed tree.
+** runs from build/ (or build/luajit/) of one, else at the installed tree.
+** The cpath is the lib/ beside the program: the core of its own Lua.
 */
 static void set_paths(lua_State *L) {
-    char exe[PATH_MAX], root[PATH_MAX], probe[PATH_MAX + 64];
+    char exe[PATH_MAX], dir[PATH_MAX], root[PATH_MAX], parent[PATH_MAX], probe[PATH_MAX + 64];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     const char *lpath = NULL, *cpath = NULL;
     char lbuf[4 * PATH_MAX + 256], cbuf[PATH_MAX + 64];
+    int up;
     if (n > 0) {
         exe[n] = '\0';
-        snprintf(root, sizeof root, "%s", dirname(dirname(exe)));
-        snprintf(probe, sizeof probe, "%s/lua/mayura/init.lua", root);
-        if (file_exists(probe)) {
-            snprintf(lbuf, sizeof lbuf, "%s/lua/?.lua;%s/lua/?/init.lua;%s/providers/?.lua;%s/tools/?.lua;",
-                     root, root, root, root);
-            snprintf(cbuf, sizeof cbuf, "%s/build/lib/?.so;", root);
-            lpath = lbuf;
-            cpath = cbuf;
+        snprintf(dir, sizeof dir, "%s", dirname(exe));
+        snprintf(root, sizeof root, "%s", dir);
+        for (up = 0; up < 2 && lpath == NULL; up++) {
+            snprintf(parent, sizeof parent, "%s", dirname(root));
+            snprintf(root, sizeof root, "%s", parent);
+            snprintf(probe, sizeof probe, "%s/lua/mayura/init.lua", root);
+            if (file_exists(probe)) {
+                snprintf(lbuf, sizeof lbuf, "%s/lua/?.lua;%s/lua/?/init.lua;%s/providers/?.lua;%s/tools/?.lua;",
+                         root, root, root, root);
+                snprintf(cbuf, sizeof cbuf, "%s/lib/?.so;", dir);
+                lpath = lbuf;
+                cpath = cbuf;
+            }
         }
     }
     if (lpath == NULL) {

@@ -195,12 +195,7 @@ __attribute__((visibility("default"))) int luaopen_mayura_core(lua_State *L);
 
 int luaopen_mayura_core(lua_State *L) {
 #ifdef MC_NO_RIDX_MAINTHREAD
-    lua_getfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
-    if (lua_isnil(L, -1)) {
-        lua_pushthread(L);
-        lua_setfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
-    }
-    lua_pop(L, 1);
+    mc_main(L);
 #endif
     if (luaL_newmetatable(L, MC_ERROR_MT)) {
         lua_pushcfunction(L, l_error_tostring);

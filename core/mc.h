@@ -149,7 +149,9 @@ MC_FN lua_Integer mc_opt_int(lua_State *L, int idx, const char *key, lua_Integer
         if (!lua_isinteger(L, -1)) {
             if (lua_type(L, -1) == LUA_TNUMBER) {
                 lua_Number n = lua_tonumber(L, -1);
-                if (n != n || n < (lua_Number)lo || n > (lua_Number)hi || n != (lua_Number)(lua_Integer)n)
+                /* 2^63 is refused before the cast: (lua_Number)LLONG_MAX rounds up to it */
+                if (n != n || n < (lua_Number)lo || n > (lua_Number)hi || n >= 9223372036854775808.0 ||
+                    n != (lua_Number)(lua_Integer)n)
                     mc_raise(L, "INVALID_INPUT", "option '%s' must be a whole number from %lld to %lld",
                              key, (long long)lo, (long long)hi);
                 v = (lua_Integer)n;
@@ -218,11 +220,21 @@ MC_FN uv_loop_t *mc_loop(lua_State *L) {
     return loop;
 }
 
-/* The main thread of L's state: loop callbacks run there, never in a coroutine that may be dead. */
+/*
+** The main thread of L's state: loop callbacks run there, never in a coroutine that may be dead.
+** Without LUA_RIDX_MAINTHREAD (5.1), it is remembered the first time a call comes from it.
+*/
 MC_FN lua_State *mc_main(lua_State *L) {
     lua_State *M;
 #ifdef MC_NO_RIDX_MAINTHREAD
     lua_getfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        if (lua_pushthread(L)) {
+            lua_pushvalue(L, -1);
+            lua_setfield(L, LUA_REGISTRYINDEX, MC_MAIN_KEY);
+        }
+    }
 #else
     lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
 #endif

@@ -3,7 +3,7 @@
 # when all are there. Idempotent; needs root (or sudo) only when installing.
 set -eu
 
-PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev lua-luv lua-luv-dev libuv1-dev \
+PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev luajit libluajit-5.1-dev lua-luv lua-luv-dev libuv1-dev \
 libcjson-dev libcurl4-openssl-dev lua-busted lua-check bubblewrap util-linux valgrind curl nodejs \
 slirp4netns nftables iproute2 busybox-static"
 

@@ -5,7 +5,7 @@
 local process = require('mayura.process')
 
 local README = 'README.md'
-local HOST = 'build/mayura'
+local HOST = require('support.compat').host
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))

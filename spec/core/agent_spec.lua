@@ -2,6 +2,7 @@
 -- directly on the host (not PID 1, no namespace); and core.channel itself
 -- against a hostile peer played by the spec.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local uv = require('luv')
 local util = require('support.util')
 
@@ -93,30 +94,30 @@ end
 local W = { BYTES = 1, INT = 2, BOOL = 3, STRS = 4, MAP = 5, INTS = 6 }
 
 local function field(key, typ, val)
-  return string.pack('<s1Bs4', key, typ, val)
+  return compat.pack('<s1Bs4', key, typ, val)
 end
 
 local function frame(id, fields)
-  local body = string.pack('<I4', id) .. table.concat(fields or {})
-  return string.pack('<I4', #body) .. body
+  local body = compat.pack('<I4', id) .. table.concat(fields or {})
+  return compat.pack('<I4', #body) .. body
 end
 
 local function items(list, fmt)
   local out = {}
-  for i, v in ipairs(list) do out[i] = string.pack(fmt, v) end
+  for i, v in ipairs(list) do out[i] = compat.pack(fmt, v) end
   return table.concat(out)
 end
 
 --- Parses one frame at the start of s: id, { key = { type, raw value } }, rest.
 local function parse_frame(s)
   if #s < 4 then return nil end
-  local len = string.unpack('<I4', s)
+  local len = compat.unpack('<I4', s)
   if #s < 4 + len then return nil end
-  local id, pos = string.unpack('<I4', s, 5)
+  local id, pos = compat.unpack('<I4', s, 5)
   local fields = {}
   while pos <= 4 + len do
     local key, typ, val
-    key, typ, val, pos = string.unpack('<s1Bs4', s, pos)
+    key, typ, val, pos = compat.unpack('<s1Bs4', s, pos)
     fields[key] = { typ, val }
   end
   return id, fields, s:sub(5 + len)
@@ -314,7 +315,7 @@ describe('mayura-agent', function()
     it('keeps the old content and leaves no temporary file when a write fails', function()
       -- a file size limit of 8 blocks makes the big write fail with EFBIG half way
       local ag = start({ wrap = function(argv)
-        return { 'sh', '-c', 'ulimit -f 8; exec "$@"', 'sh', table.unpack(argv) }
+        return { 'sh', '-c', 'ulimit -f 8; exec "$@"', 'sh', compat.table_unpack(argv) }
       end })
       assert.is_true(call(ag, { op = 'write', path = 'f', data = 'old content' }).ok)
       local r = call(ag, { op = 'write', path = 'f', data = string.rep('n', 1048576) })
@@ -348,7 +349,7 @@ describe('mayura-agent', function()
       math.randomseed(42)
       for i = 1, 300 do junk[i] = string.char(math.random(0, 255)) end
       junk = table.concat(junk)
-      fp.send(string.pack('<I4', #junk) .. junk)
+      fp.send(compat.pack('<I4', #junk) .. junk)
       assert(run_until(function() return #rec.calls == 2 end, 5000))
       for _, c in ipairs(rec.calls) do
         assert.is_nil(c.r)
@@ -376,12 +377,12 @@ describe('mayura-agent', function()
           for i = 1, 4096 do t[i] = string.char((i * 7919 + 13) % 256) end
           return table.concat(t)
         end)(),
-        string.pack('<I4', 2) .. 'xx',
+        compat.pack('<I4', 2) .. 'xx',
         frame(1, { field('k', 9, 'v') }),
         frame(1, { field('k', W.INT, 'short') }),
         frame(1, { field('k', W.BOOL, '\2') }),
-        frame(1, { field('k', W.STRS, string.pack('<I4', 100) .. 'x') }),
-        frame(1, { string.pack('<s1', 'k') }),
+        frame(1, { field('k', W.STRS, compat.pack('<I4', 100) .. 'x') }),
+        frame(1, { compat.pack('<s1', 'k') }),
         frame(77, { field('ok', W.BOOL, '\1') }),
         frame(0, { field('ok', W.BOOL, '\1') }),
       }
@@ -401,13 +402,13 @@ describe('mayura-agent', function()
       local fp = fake_peer({ max_frame_bytes = 1024 })
       local rec = recorder()
       fp.ch:call({ op = 'ping' }, rec.cb('a'))
-      fp.send(string.pack('<I4I4', 1025, 1))   -- only the header: the size alone closes it
+      fp.send(compat.pack('<I4I4', 1025, 1))   -- only the header: the size alone closes it
       assert(run_until(function() return #rec.calls == 1 end, 5000))
       assert.are.equal('failed', rec.calls[1].e.reason)
       fp = fake_peer()
       rec = recorder()
       fp.ch:call({ op = 'ping' }, rec.cb('b'))
-      fp.send(string.pack('<I4', 0xffffffff))
+      fp.send(compat.pack('<I4', 0xffffffff))
       assert(run_until(function() return #rec.calls == 1 end, 5000))
       assert.are.equal('failed', rec.calls[1].e.reason)
     end)
@@ -423,7 +424,7 @@ describe('mayura-agent', function()
       local got_id, f = parse_frame(fp.got)
       assert.are.equal(id, got_id)
       assert.are.same({ W.BYTES, 'x' }, f.op)
-      assert.are.same({ W.INT, string.pack('<i8', -5) }, f.n)
+      assert.are.same({ W.INT, compat.pack('<i8', -5) }, f.n)
       assert.are.same({ W.BOOL, '\1' }, f.yes)
       assert.are.same({ W.BOOL, '\0' }, f.no)
       assert.are.same({ W.STRS, items({ 'a', '', 'b\0c' }, '<s4') }, f.l)
@@ -432,14 +433,14 @@ describe('mayura-agent', function()
       assert.are.same({ W.STRS, '' }, f.e)
       assert.are.same({ W.BYTES, '\0\255' }, f.bin)
       fp.send(frame(id, {
-        field('s', W.BYTES, 'a\0b'), field('n', W.INT, string.pack('<i8', math.mininteger)),
+        field('s', W.BYTES, 'a\0b'), field('n', W.INT, compat.pack('<i8', compat.mininteger)),
         field('t', W.BOOL, '\1'), field('f', W.BOOL, '\0'),
         field('l', W.STRS, items({ 'x', 'yy' }, '<s4')), field('m', W.MAP, items({ 'A', '1', 'B', '' }, '<s4')),
         field('i', W.INTS, items({ 7, -8 }, '<i8')), field('z', W.STRS, ''),
       }))
       assert(run_until(function() return reply ~= nil end, 5000))
       assert.are.same({
-        s = 'a\0b', n = math.mininteger, t = true, f = false, l = { 'x', 'yy' }, m = { A = '1', B = '' },
+        s = 'a\0b', n = compat.mininteger, t = true, f = false, l = { 'x', 'yy' }, m = { A = '1', B = '' },
         i = { 7, -8 }, z = {},
       }, reply)
       assert.are.equal(0, fp.ch:pending())
@@ -521,7 +522,7 @@ describe('mayura-agent', function()
 
     it('is closed safely when the Lua state closes with calls pending', function()
       local script = [[
-        package.cpath = 'build/lib/?.so;' .. package.cpath
+        package.cpath = CPATH .. ';' .. package.cpath
         local core = require('mayura.core')
         local a, b = core.socketpair()
         core.spawn({ argv = { AGENT, '--fd', '3', '--lifetime-ms', '60000', '--workdir', '/tmp' }, fds = { b } },
@@ -536,7 +537,7 @@ describe('mayura-agent', function()
         print('hello ' .. hello.version)
       ]]
       local r
-      local argv = { 'lua5.4', '-e', string.format('local AGENT = %q\n', AGENT) .. script }
+      local argv = { compat.lua, '-e', string.format('local AGENT, CPATH = %q, %q\n', AGENT, compat.cpath) .. script }
       core.spawn({ argv = argv }, function(x) r = x end)
       assert(run_until(function() return r ~= nil end, 10000))
       assert.are.equal('', r.stderr)
@@ -564,7 +565,7 @@ describe('mayura-agent', function()
       local r = call(ag, { op = 'hello' })
       assert.are.equal('1', r.version)
       assert.are.equal(ag.pid, r.pid)
-      assert.is_true(math.type(r.uid) == 'integer')
+      assert.is_true(compat.math_type(r.uid) == 'integer')
       assert.is_true(call(ag, { op = 'ping' }).ok)
     end)
 
@@ -575,7 +576,7 @@ describe('mayura-agent', function()
       assert.are.equal('out', r.stdout)
       assert.are.equal('err', r.stderr)
       assert.is_false(r.stdout_truncated or r.stderr_truncated or r.timed_out or r.cancelled)
-      assert.is_true(math.type(r.duration_ms) == 'integer')
+      assert.is_true(compat.math_type(r.duration_ms) == 'integer')
       r = exec(ag, { argv = { 'echo', '$HOME; rm -rf /', '*' } })
       assert.are.equal('$HOME; rm -rf / *\n', r.stdout)
       assert.are.equal(0, r.exit_code)
@@ -841,7 +842,7 @@ describe('mayura-agent', function()
       ag.pid = ag.proc:pid()
       ag.ch = { close = function() end }
       table.insert(started, ag)
-      assert.is_true(util.eventually(function() return os.execute("test -S '" .. path .. "'") end, 3000))
+      assert.is_true(util.eventually(function() return compat.execute("test -S '" .. path .. "'") end, 3000))
       local function connect()
         local ch, err
         local done = false

@@ -1,5 +1,6 @@
 -- Specs of core.fs: asynchronous file operations on the shared loop.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local util = require('support.util')
 local fs = core.fs
 
@@ -13,7 +14,7 @@ end
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-local function sh(cmd) assert(os.execute(cmd), 'command failed: ' .. cmd) end
+local function sh(cmd) assert(compat.execute(cmd), 'command failed: ' .. cmd) end
 
 local function read(path, opts) return wait(function(cb) fs.read(path, opts, cb) end) end
 local function write(path, data, opts) return wait(function(cb) fs.write(path, data, opts, cb) end) end
@@ -360,7 +361,7 @@ describe('core.fs', function()
         by[e.name] = e
         if i > 1 then assert.is_true(entries[i - 1].name < e.name) end
         assert.equals('number', type(e.modified))
-        assert.equals(math.type(e.modified), 'integer')
+        assert.equals(compat.math_type(e.modified), 'integer')
       end
       assert.same({ 'a.bin', 'b.txt', 'c', 'd-link', 'e-fifo' }, names(dir))
       assert.equals('file', by['a.bin'].type)

@@ -81,6 +81,8 @@ describe('core.http', function()
             raises_invalid({ url = srv:url('/echo'), body = {} })
             raises_invalid({ url = srv:url('/echo'), timeout_ms = -1 })
             raises_invalid({ url = srv:url('/echo'), timeout_ms = 1.5 })
+            raises_invalid({ url = srv:url('/echo'), timeout_ms = 2 ^ 63 }) -- above every 64-bit integer
+            raises_invalid({ url = srv:url('/echo'), connect_timeout_ms = 2 ^ 64 })
             raises_invalid({ url = srv:url('/echo'), timeout_ms = 'soon' })
             raises_invalid({ url = srv:url('/echo'), max_body_bytes = -1 })
             raises_invalid({ url = srv:url('/echo'), on_data = 'f' })

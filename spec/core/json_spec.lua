@@ -1,5 +1,6 @@
 -- core.json: JSON encode/decode over cJSON (core/json.c).
 local core = require('mayura.core')
+local compat = require('support.compat')
 local json = core.json
 
 -- nil, err from decode: err is a coded error table.
@@ -236,38 +237,47 @@ describe('core.json', function()
 
   describe('numbers', function()
     it('decodes integral numbers within 2^53 as integers', function()
-      assert.are.equal('integer', math.type(json.decode('0')))
-      assert.are.equal('integer', math.type(json.decode('-7')))
-      assert.are.equal('integer', math.type(json.decode('1.0')))
+      assert.are.equal('integer', compat.math_type(json.decode('0')))
+      assert.are.equal('integer', compat.math_type(json.decode('-7')))
+      assert.are.equal('integer', compat.math_type(json.decode('1.0')))
       assert.are.equal(1000, json.decode('1e3'))
-      assert.are.equal('integer', math.type(json.decode('1e3')))
-      assert.are.equal('float', math.type(json.decode('1.5')))
-      assert.are.equal('float', math.type(json.decode('1e300')))
-      assert.are.equal('float', math.type(json.decode('9007199254740994')))
+      assert.are.equal('integer', compat.math_type(json.decode('1e3')))
+      assert.are.equal('float', compat.math_type(json.decode('1.5')))
+      assert.are.equal('float', compat.math_type(json.decode('1e300')))
+      assert.are.equal('float', compat.math_type(json.decode('9007199254740994')))
     end)
 
     it('keeps 2^53 and -2^53 exact both ways', function()
       local max, min = 9007199254740992, -9007199254740992
       assert.are.equal(max, json.decode('9007199254740992'))
-      assert.are.equal('integer', math.type(json.decode('9007199254740992')))
+      assert.are.equal('integer', compat.math_type(json.decode('9007199254740992')))
       assert.are.equal(min, json.decode('-9007199254740992'))
-      assert.are.equal('integer', math.type(json.decode('-9007199254740992')))
+      assert.are.equal('integer', compat.math_type(json.decode('-9007199254740992')))
       assert.are.equal('9007199254740992', json.encode(max))
       assert.are.equal('-9007199254740992', json.encode(min))
       assert.are.equal(max - 1, json.decode(json.encode(max - 1)))
     end)
 
     it('encodes every 64-bit integer exactly', function()
-      assert.are.equal('9223372036854775807', json.encode(math.maxinteger))
-      assert.are.equal('-9223372036854775808', json.encode(math.mininteger))
+      if not compat.maxinteger then
+        return pending('LuaJIT numbers are doubles: no 64-bit integer beyond 2^53 to encode (-2^63 is checked)')
+      end
+      assert.are.equal('9223372036854775807', json.encode(compat.maxinteger))
+      assert.are.equal('-9223372036854775808', json.encode(compat.mininteger))
       assert.are.equal('[0,-1,123456789012345678]', json.encode({ 0, -1, 123456789012345678 }))
+    end)
+
+    it('encodes the whole numbers of a double exactly, -2^63 included', function()
+      assert.are.equal('-9223372036854775808', json.encode(compat.mininteger))
+      assert.are.equal('[0,-1,4503599627370497]', json.encode({ 0, -1, 2 ^ 52 + 1 }))
     end)
 
     it('encodes floats in the shortest form that reads back the same', function()
       assert.are.equal('0.1', json.encode(0.1))
       assert.are.equal('1.5', json.encode(1.5))
       assert.are.equal('3', json.encode(3.0)) -- integral floats print without a fraction
-      assert.are.equal('-0', json.encode(-0.0))
+      -- a float in Lua 5.4 keeps its sign; LuaJIT has no float kind and encodes the whole number 0
+      assert.are.equal(compat.math_type(-0.0) == 'float' and '-0' or '0', json.encode(-0.0))
       assert.are.equal('1e+300', json.encode(1e300))
       for _, f in ipairs({ 1 / 3, 2 / 3, 0.1 + 0.2, 5e-324, 1.7976931348623157e308, math.pi, -2.5e-8 }) do
         assert.are.equal(f, json.decode(json.encode(f)))
@@ -335,7 +345,7 @@ describe('core.json', function()
       local v = json.decode(json.encode(n))
       assert.are.equal(#n, #v)
       assert.are.equal(n[1000000], v[1000000])
-      assert.are.equal('integer', math.type(v[1000000]))
+      assert.are.equal('integer', compat.math_type(v[1000000]))
     end)
   end)
 end)

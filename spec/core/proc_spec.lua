@@ -1,5 +1,6 @@
 -- core.spawn and mayura.process: processes, caps, timeouts, cancels, trees.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local process = require('mayura.process')
 local mayura = require('mayura')
 local util = require('support.util')
@@ -60,7 +61,7 @@ describe('core.spawn', function()
     assert.are.equal('err', r.stderr)
     assert.is_false(r.truncated)
     assert.is_false(r.timed_out)
-    assert.is_true(math.type(r.duration_ms) == 'integer')
+    assert.is_true(compat.math_type(r.duration_ms) == 'integer')
   end)
 
   it('runs an argv without a shell', function()

@@ -1,6 +1,7 @@
 -- core.stream_parser: Connect envelopes, NDJSON and server-sent events, fed whole, cut at
 -- every byte, and past their size limits.
 local core = require('mayura.core')
+local compat = require('support.compat')
 
 -- Feeds `pieces` (a list of strings) and finishes; returns every event and the error, if any.
 local function run(kind, pieces, opts)
@@ -32,7 +33,7 @@ local function same_cut_any_way(kind, stream, opts)
 end
 
 local function envelope(flags, msg)
-  return string.char(flags) .. string.pack('>I4', #msg) .. msg
+  return string.char(flags) .. compat.pack('>I4', #msg) .. msg
 end
 
 describe('core.stream_parser', function()
@@ -91,7 +92,7 @@ describe('core.stream_parser', function()
 
     it('fails with LIMIT_EXCEEDED once a header announces a message above max_bytes', function()
       local p = core.stream_parser('connect', { max_bytes = 10 })
-      local events, err = p:feed(envelope(0, '0123456789') .. string.char(0) .. string.pack('>I4', 11))
+      local events, err = p:feed(envelope(0, '0123456789') .. string.char(0) .. compat.pack('>I4', 11))
       assert.are.equal(1, #events)
       assert.are.equal('LIMIT_EXCEEDED', err.code)
       -- failed for good: nothing more comes out and nothing is kept

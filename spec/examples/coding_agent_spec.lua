@@ -4,7 +4,7 @@
 -- only when that re-check passes.
 local process = require('mayura.process')
 
-local HOST = 'build/mayura'
+local HOST = require('support.compat').host
 local EXAMPLE = 'examples/coding_agent.lua'
 
 -- The environment of this process, without any model key (plus `extra`).

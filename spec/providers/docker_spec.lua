@@ -10,6 +10,7 @@ local task = require('mayura._task')
 local core = require('mayura.core')
 local http = require('mayura.http')
 local util = require('support.util')
+local compat = require('support.compat')
 
 local BUSYBOX = 'mayura-test/busybox:1'
 local NODE = 'mayura-test/node:1'
@@ -18,10 +19,7 @@ local SECRET = 'env-value-only-inside-5d1c9e'
 
 --- Runs a host shell command; returns its stdout and whether it succeeded.
 local function host(cmd)
-  local p = io.popen(cmd .. ' 2>/dev/null')
-  local out = p:read('a')
-  local ok = p:close()
-  return out, ok == true
+  return compat.shell(cmd .. ' 2>/dev/null')
 end
 
 local _, daemon_answers = host('docker info')
@@ -444,7 +442,7 @@ for _, engine in ipairs({ 'cli', 'api' }) do
     it('removes the socket directories that a killed host left behind, once their lifetime is over', function()
       local stale = RUN_BASE .. '/' .. (os.time() - 3600) .. '-mayura-0123456789ab'
       local fresh = RUN_BASE .. '/' .. (os.time() + 3600) .. '-mayura-ba9876543210'
-      assert.is_true(os.execute('mkdir -p ' .. stale .. ' ' .. fresh .. ' && touch ' .. stale .. '/agent.sock'))
+      assert.is_true(compat.execute('mkdir -p ' .. stale .. ' ' .. fresh .. ' && touch ' .. stale .. '/agent.sock'))
       local p4 = sandbox.create_sandboxes(docker.docker_sandboxes({ image = BUSYBOX, engine = engine }),
         { max_sandboxes = 1, max_lifetime_ms = 60000 })
       local sb = p4:create({ lifetime_ms = 60000 })
@@ -473,7 +471,7 @@ out:close()
 require('mayura').sleep(600000)
 ]]):format(BUSYBOX, engine, dir .. '/id'))
       f:close()
-      local proc = assert(core.spawn({ argv = { 'build/mayura', script } }, function() end))
+      local proc = assert(core.spawn({ argv = { compat.host, script } }, function() end))
       local id
       util.eventually(function()
         local g = io.open(dir .. '/id', 'r')

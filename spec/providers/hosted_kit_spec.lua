@@ -3,6 +3,7 @@
 -- malformed answers, gone sandboxes, streams in three formats, and a sample provider on the
 -- kit (support/toy_provider.lua) over real local sandboxes, through the conformance suite.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local errors = require('mayura.errors')
 local sandbox = require('mayura.sandbox')
 local testing = require('mayura.sandbox.testing')
@@ -41,7 +42,7 @@ local function gap_ms(a, b)
 end
 
 local function envelope(flags, text)
-  return string.pack('>BI4', flags, #text) .. text
+  return compat.pack('>BI4', flags, #text) .. text
 end
 
 describe('the hosted kit', function()

@@ -4,6 +4,7 @@ local testing = require('mayura.sandbox.testing')
 local local_provider = require('mayura.sandbox.local')
 local core = require('mayura.core')
 local util = require('support.util')
+local compat = require('support.compat')
 local uv = require('luv')
 
 
@@ -244,7 +245,7 @@ require('mayura').sleep(60000)
 ]])
     f:close()
     local id
-    local host = core.spawn({ argv = { 'build/mayura', script } }, function(res) id = res.stdout end)
+    local host = core.spawn({ argv = { compat.host, script } }, function(res) id = res.stdout end)
     assert.is_true(util.eventually(function() return #util.procs_matching('sleep 4801') == 1 end, 10000))
     os.execute('kill -9 ' .. host:pid())
     util.wait(function(done)

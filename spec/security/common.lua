@@ -7,6 +7,7 @@
 local core = require('mayura.core')
 local task = require('mayura._task')
 local util = require('support.util')
+local compat = require('support.compat')
 
 local M = {}
 
@@ -20,7 +21,7 @@ function M.abuse_binary()
   if binary then return binary end
   local dir = util.tmpdir()
   local out = dir .. '/abuse'
-  local ok = os.execute('cc -static -O2 -o ' .. out .. ' ' .. M.SOURCE .. ' -lpthread 2>' .. dir .. '/cc.log')
+  local ok = compat.execute('cc -static -O2 -o ' .. out .. ' ' .. M.SOURCE .. ' -lpthread 2>' .. dir .. '/cc.log')
   local f = io.open(out, 'rb')
   if not ok or not f then
     local log = io.open(dir .. '/cc.log'):read('a')

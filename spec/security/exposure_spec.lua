@@ -12,7 +12,7 @@ local sh = common.sh
 local NONCE = ('mayura%08x'):format(math.random(0, 0x7fffffff))
 
 -- Host names, programs and values that must never show inside a sandbox.
-local HOST_MARKERS = { 'dockerd', 'containerd', 'busted', 'spec/runner.lua', 'lua5.4', 'process_api' }
+local HOST_MARKERS = { 'dockerd', 'containerd', 'busted', 'spec/runner.lua', 'lua5.4', 'luajit', 'process_api' }
 
 -- The environment of this (host) process: { { name, value } }.
 local function host_environ()

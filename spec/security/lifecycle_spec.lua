@@ -6,6 +6,7 @@ local common = require('security.common')
 local core = require('mayura.core')
 local mayura = require('mayura')
 local util = require('support.util')
+local compat = require('support.compat')
 
 local sh = common.sh
 
@@ -125,7 +126,7 @@ require('mayura').sleep(600000)
       ' >/dev/null 2>&1 </dev/null &); true'))
     f:close()
     local n = #providers.list()
-    local host = assert(core.spawn({ argv = { 'build/mayura', script } }, function() end))
+    local host = assert(core.spawn({ argv = { compat.host, script } }, function() end))
     local text
     local ready = util.eventually(function()
       local g = io.open(dir .. '/ids', 'r')

@@ -24,6 +24,7 @@
 -- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
 -- answers `docker info` and the test image (scripts/docker-setup.sh) is on the machine.
 local sandbox = require('mayura.sandbox')
+local compat = require('support.compat')
 
 local M = {}
 
@@ -42,10 +43,7 @@ local DEFAULTS = {
 
 --- Runs a host shell command; returns its stdout and whether it exited 0.
 function M.host(cmd)
-  local p = io.popen(cmd .. ' 2>/dev/null')
-  local out = p:read('a')
-  local ok = p:close()
-  return out, ok == true
+  return compat.shell(cmd .. ' 2>/dev/null')
 end
 
 local function read_file(path)

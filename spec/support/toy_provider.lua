@@ -10,6 +10,7 @@
 -- `format` picks how commands stream their output ('connect', 'ndjson' or
 -- 'sse'); `retry_base_ms` and `retries` go to the kit's client.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local errors = require('mayura.errors')
 local hosted = require('mayura.sandbox._hosted')
 
@@ -75,7 +76,7 @@ function Backend:exec(argv, o)
   })
   if not exit then error(self.client:bad_answer('a stream without the exit of the command'), 0) end
   return {
-    exit_code = math.type(exit.code) == 'integer' and exit.code or nil,
+    exit_code = compat.math_type(exit.code) == 'integer' and exit.code or nil,
     signal = type(exit.signal) == 'string' and exit.signal or nil,
     timed_out = exit.timed_out == true,
     truncated = truncated or exit.truncated == true,

@@ -19,6 +19,7 @@
 -- Errors: 400 { code = 'invalid_input' }, 403 'permission_denied', 404 'no_such_sandbox' (an
 -- unknown or ended sandbox), 413 'too_large', 500 'internal'; lifetimes above 3600 s are 400.
 local core = require('mayura.core')
+local compat = require('support.compat')
 local errors = require('mayura.errors')
 
 local json, b64 = core.json, core.base64
@@ -45,7 +46,7 @@ local function answer_error(err, backing, id)
 end
 
 local function envelope(flags, text)
-  return string.pack('>BI4', flags, #text) .. text
+  return compat.pack('>BI4', flags, #text) .. text
 end
 
 --- Installs the API on `svc` (a stand-in) over `backing` (stand_in.local_backing()).
@@ -73,7 +74,7 @@ function M.install(svc, backing, opts)
 
   svc:route('POST', '/v1/sandboxes', api(function(req)
     local b = req.json
-    if type(b) ~= 'table' or math.type(b.timeout_s) ~= 'integer' or b.timeout_s < 1 or b.timeout_s > M.MAX_TIMEOUT_S then
+    if type(b) ~= 'table' or compat.math_type(b.timeout_s) ~= 'integer' or b.timeout_s < 1 or b.timeout_s > M.MAX_TIMEOUT_S then
       return fail(400, 'invalid_input')
     end
     local id, sb = backing:create({ lifetime_ms = b.timeout_s * 1000, env = b.env, network = b.network })
@@ -94,7 +95,7 @@ function M.install(svc, backing, opts)
     local format = req.query.format or 'ndjson'
     local body = req.body
     if format == 'connect' then
-      local flags, n = string.unpack('>BI4', body)
+      local flags, n = compat.unpack('>BI4', body)
       if flags ~= 0 or n ~= #body - 5 then return fail(400, 'invalid_input') end
       body = body:sub(6)
     end
