@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev lua-luv lua-luv-dev libuv1-dev \
-libcjson-dev libcurl4-openssl-dev lua-busted lua-check bubblewrap valgrind curl nodejs"
+libcjson-dev libcurl4-openssl-dev libseccomp-dev lua-busted lua-check bubblewrap valgrind curl nodejs"
 
 missing=""
 for p in $PACKAGES; do

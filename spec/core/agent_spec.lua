@@ -26,7 +26,10 @@ end
 
 local started = {}
 
---- Starts an agent serving one end of a socketpair; opts: lifetime_ms, wrap(argv), channel options.
+local call
+
+--- Starts an agent serving one end of a socketpair and says hello (unless opts.hello is false);
+-- opts: lifetime_ms, wrap(argv), channel options.
 local function start(opts)
   opts = opts or {}
   local ag = { dir = util.tmpdir(), closes = {} }
@@ -41,11 +44,12 @@ local function start(opts)
     on_close = function(err) table.insert(ag.closes, err) end,
   })
   table.insert(started, ag)
+  if opts.hello ~= false then assert(call(ag, { op = 'hello' }).version) end
   return ag
 end
 
 --- Sends a request and waits for its reply: returns reply or nil, err.
-local function call(ag, req, ms)
+function call(ag, req, ms)
   local done, r, e = false, nil, nil
   local ch = ag.ch or ag
   assert(ch:call(req, function(x, y) done, r, e = true, x, y end))
@@ -220,11 +224,6 @@ describe('mayura-agent', function()
       assert.matches('env', r.message)
       r = call(ag, { op = 'exec', argv = { 'true' }, env = { ['A=B'] = 'x' } })
       assert.are.equal('invalid', r.error)
-      r = call(ag, { op = 'frobnicate' })
-      assert.are.equal('invalid', r.error)
-      r = call(ag, { path = 'x' })
-      assert.are.equal('invalid', r.error)
-      assert.matches('op', r.message)
       r = call(ag, { op = 'read' })
       assert.are.equal('invalid', r.error)
       assert.matches('path', r.message)
@@ -243,6 +242,33 @@ describe('mayura-agent', function()
       assert.is_string(r.message)
       -- the connection is still fine
       assert.is_true(call(ag, { op = 'ping' }).ok)
+    end)
+
+    it('ends the connection, and itself, unanswered, on a request the host would not send', function()
+      local cases = {
+        { name = 'an unknown op', reqs = { { op = 'frobnicate' } } },
+        { name = 'no op', reqs = { { path = 'x' } } },
+        { name = 'an op that is not bytes', reqs = { { op = 7 } } },
+        { name = 'an exec before hello', hello = false, reqs = { { op = 'exec', argv = { 'touch', 'ran' } } } },
+        { name = 'a ping before hello', hello = false, reqs = { { op = 'ping' } } },
+        { name = 'a second setup', reqs = { { op = 'setup', workdir = 'a' }, { op = 'setup', workdir = 'b' } } },
+      }
+      for _, case in ipairs(cases) do
+        local ag = start({ hello = case.hello })
+        local last = #case.reqs
+        for i = 1, last - 1 do assert.is_true(call(ag, case.reqs[i]).ok, case.name) end
+        local r, e = call(ag, case.reqs[last])
+        assert.is_nil(r, case.name)
+        assert.are.equal('gone', e.reason, case.name)
+        assert.is_true(exited(ag), case.name .. ': the agent did not exit')
+        assert.are.equal(0, ag.result.exit_code)
+        assert.is_nil(read_file(ag.dir .. '/ran'), case.name .. ': a command ran')
+      end
+      -- what is expected goes on as before: hello again, setup once, then anything
+      local ag = start()
+      assert.are.equal('1', call(ag, { op = 'hello' }).version)
+      assert.is_true(call(ag, { op = 'setup', env = { A = 'b' } }).ok)
+      assert.are.equal('b\n', exec(ag, { argv = { 'sh', '-c', 'echo $A' } }).stdout)
     end)
 
     it('refuses requests it cannot encode with INVALID_INPUT, sending nothing', function()
@@ -536,10 +562,10 @@ describe('mayura-agent', function()
           function() end)
         core.close_fd(b)
         local ch = core.channel(a, { on_close = function() error('on_close during lua_close') end })
-        ch:call({ op = 'exec', argv = { 'sleep', '4881' } }, function() error('callback during lua_close') end)
         local hello
         ch:call({ op = 'hello' }, function(r) hello = r end)
         while not hello do core.run_once() end
+        ch:call({ op = 'exec', argv = { 'sleep', '4881' } }, function() error('callback during lua_close') end)
         core.channel_connect('/tmp/mayura-no-such-agent.sock', nil, function() error('connect during lua_close') end)
         print('hello ' .. hello.version)
       ]]
@@ -839,49 +865,108 @@ describe('mayura-agent', function()
   end)
 
   describe('--listen', function()
-    it('serves several connections at once until shutdown', function()
+    -- An agent listening at dir/agent.sock, with `extra` arguments; waits for its socket.
+    local function listening(extra)
       local dir = util.tmpdir()
       local path = dir .. '/agent.sock'
-      local ag = { dir = dir, closes = {} }
-      ag.proc = assert(core.spawn({
-        argv = { AGENT, '--listen', path, '--lifetime-ms', '60000', '--workdir', dir },
-      }, function(r) ag.result = r end))
+      local ag = { dir = dir, closes = {}, path = path }
+      local argv = { AGENT, '--listen', path, '--lifetime-ms', '60000', '--workdir', dir }
+      for _, a in ipairs(extra or {}) do argv[#argv + 1] = a end
+      ag.proc = assert(core.spawn({ argv = argv }, function(r) ag.result = r end))
       ag.pid = ag.proc:pid()
       ag.ch = { close = function() end }
       table.insert(started, ag)
       assert.is_true(util.eventually(function() return os.execute("test -S '" .. path .. "'") end, 3000))
-      local function connect()
-        local ch, err
-        local done = false
-        core.channel_connect(path, { on_close = function(e) table.insert(ag.closes, e) end },
-          function(c, e) done, ch, err = true, c, e end)
-        assert(run_until(function() return done end, 5000))
-        assert(ch, err and err.message)
-        return ch
-      end
-      local c1, c2 = connect(), connect()
-      assert.are.equal('1', call(c1, { op = 'hello' }).version)
-      assert.are.equal(ag.pid, call(c2, { op = 'hello' }).pid)
-      -- both at once: a slow exec on one does not hold up the other
-      local slow
-      c1:call({ op = 'exec', argv = { 'sh', '-c', 'sleep 0.5; echo slow' } }, function(r) slow = r end)
-      assert.are.equal('fast\n', exec(c2, { argv = { 'echo', 'fast' } }).stdout)
-      assert.is_nil(slow)
-      assert(run_until(function() return slow ~= nil end, 5000))
-      assert.are.equal('slow\n', slow.stdout)
-      -- a closed connection cancels its execs; the agent keeps serving
+      return ag
+    end
+
+    -- A channel to the agent's socket, or nil and the error.
+    local function connect(ag)
+      local ch, err
+      local done = false
+      core.channel_connect(ag.path, { on_close = function(e) table.insert(ag.closes, e) end },
+        function(c, e) done, ch, err = true, c, e end)
+      assert(run_until(function() return done end, 5000))
+      return ch, err
+    end
+
+    local function mode(path)
+      local p = io.popen("stat -c '%a' '" .. path .. "'")
+      local m = p:read('l')
+      p:close()
+      return m
+    end
+
+    local function my_uid()
+      local p = io.popen('id -u')
+      local uid = tonumber(p:read('l'))
+      p:close()
+      return uid
+    end
+
+    it('serves one peer: the first connection; then nobody else can connect, and its end ends the agent', function()
+      local ag = listening()
+      assert.are.equal('600', mode(ag.path))
+      local c1 = assert(connect(ag))
+      assert.are.equal(ag.pid, call(c1, { op = 'hello' }).pid)
+      -- the listener is closed and its socket gone: a second peer cannot connect
+      assert.is_falsy(os.execute("test -e '" .. ag.path .. "'"))
+      local c2, err = connect(ag)
+      assert.is_nil(c2)
+      assert.are.equal('unavailable', err.reason)
+      assert.is_true(call(c1, { op = 'setup', env = { A = 'one' } }).ok)
+      assert.are.equal('one\n', exec(c1, { argv = { 'sh', '-c', 'echo $A' } }).stdout)
+      -- the peer's end ends the agent and what it runs
       c1:call({ op = 'exec', argv = { 'sleep', '4871' } }, function() end)
       assert.is_true(util.eventually(function() return #util.procs_matching('sleep 4871') == 1 end))
       c1:close()
-      assert.is_true(gone('sleep 4871'))
-      local c3 = connect()
-      assert.is_true(call(c3, { op = 'ping' }).ok)
-      assert.is_true(call(c2, { op = 'shutdown' }).ok)
       assert.is_true(exited(ag), 'the agent did not exit')
       assert.are.equal(0, ag.result.exit_code)
-      assert(run_until(function() return #ag.closes >= 2 end, 5000))
-      assert.are.equal('gone', ag.closes[1].reason)
-      assert.is_true(c3:is_closed() and c2:is_closed())
+      assert.is_true(gone('sleep 4871'))
+    end)
+
+    it('with --peer-uid, makes the socket 0666 and closes a peer of another uid unanswered, listening on', function()
+      local me = my_uid()
+      local ag = listening({ '--peer-uid', tostring(me + 1) })
+      assert.are.equal('666', mode(ag.path))
+      for _ = 1, 2 do
+        local ch = assert(connect(ag))
+        -- closed before the call is sent, or with it pending: never answered
+        local done, r, e = false, nil, nil
+        local id, err = ch:call({ op = 'hello' }, function(x, y) done, r, e = true, x, y end)
+        if id then
+          assert(run_until(function() return done end, 5000))
+        else
+          e = err
+        end
+        assert.is_nil(r)
+        assert.are.equal('gone', e.reason)
+      end
+      -- still listening, for the peer it waits for
+      assert.is_nil(ag.result)
+      assert.is_true(os.execute("test -S '" .. ag.path .. "'"))
+      -- the uid it waits for is served
+      local ok = listening({ '--peer-uid', tostring(me) })
+      local ch = assert(connect(ok))
+      assert.are.equal('1', call(ch, { op = 'hello' }).version)
+      assert.is_falsy(os.execute("test -e '" .. ok.path .. "'"))
+      assert.is_true(call(ch, { op = 'shutdown' }).ok)
+      assert.is_true(exited(ok), 'the agent did not exit')
+      ag.proc:kill(9)
+    end)
+
+    it('refuses --peer-uid without --listen, and one that is not a uid', function()
+      for _, argv in ipairs({
+        { AGENT, '--fd', '0', '--peer-uid', '0', '--lifetime-ms', '100' },
+        { AGENT, '--listen', '/tmp/x.sock', '--peer-uid', '-1', '--lifetime-ms', '100' },
+        { AGENT, '--listen', '/tmp/x.sock', '--peer-uid', '4294967295', '--lifetime-ms', '100' },
+      }) do
+        local r
+        core.spawn({ argv = argv }, function(x) r = x end)
+        assert(run_until(function() return r ~= nil end, 5000))
+        assert.are.equal(2, r.exit_code, table.concat(argv, ' '))
+        assert.matches('mayura%-agent: ', r.stderr)
+      end
     end)
   end)
 end)

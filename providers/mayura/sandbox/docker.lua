@@ -685,7 +685,8 @@ function M.docker_sandboxes(options)
       labels = labels,
       ports = ports,
       entrypoint = { AGENT_IN },
-      cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
+      cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir,
+        '--peer-uid', ('%d'):format(self.my_uid) },   -- the agent serves this process only, once
     }
     -- the pool counts the lifetime from the start of create: so does the container, near enough
     c.cmd[4] = ('%d'):format(math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started)))
