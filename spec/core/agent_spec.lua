@@ -446,6 +446,33 @@ describe('mayura-agent', function()
       assert.are.equal('failed', rec.calls[1].e.reason)
     end)
 
+    it("closes with reason failed on a reply over its call's max_reply_bytes, told by its id first", function()
+      local fp = fake_peer()
+      local rec = recorder()
+      local small = fp.ch:call({ op = 'list' }, rec.cb('small'), 64)
+      local big = fp.ch:call({ op = 'read' }, rec.cb('big'))
+      -- a reply to the call without a cap of its own, larger than the other's cap, is taken
+      fp.send(frame(big, { field('data', W.BYTES, string.rep('x', 200)) }))
+      assert(run_until(function() return #rec.calls == 1 end, 5000))
+      assert.are.equal('big', rec.calls[1].name)
+      assert.are.equal(200, #rec.calls[1].r.data)
+      -- the capped call's reply: its header and id alone close the channel
+      fp.send(string.pack('<I4I4', 65, small))
+      assert(run_until(function() return #rec.calls == 2 end, 5000))
+      assert.are.equal('small', rec.calls[2].name)
+      assert.are.equal('failed', rec.calls[2].e.reason)
+      assert.are.equal('failed', fp.closes[1].reason)
+      -- within the cap, it is answered; the cap is forgotten with its call
+      fp = fake_peer()
+      rec = recorder()
+      local id = fp.ch:call({ op = 'list' }, rec.cb('fits'), 64)
+      fp.send(frame(id, { field('ok', W.BOOL, '\1') }))
+      assert(run_until(function() return #rec.calls == 1 end, 5000))
+      assert.is_true(rec.calls[1].r.ok)
+      raises_code('INVALID_INPUT', fp.ch.call, fp.ch, { op = 'x' }, function() end, 3)
+      raises_code('INVALID_INPUT', fp.ch.call, fp.ch, { op = 'x' }, function() end, 'big')
+    end)
+
     it('encodes requests and decodes every field type of a reply', function()
       local fp = fake_peer({ max_frame_bytes = 1024 })
       local reply

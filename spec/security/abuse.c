@@ -25,7 +25,7 @@
 **                            filters=<seccomp filters on this process> subreaper=<0|1>
 **   abuse agent PATH         connect to the agent's socket and send hello, setup, exec as the host
 **                            does; connect=<OK|errno> then <op>=ANSWERED|CLOSED|<errno> per request
-**   abuse names DIR N LEN    make a file DIR/f, then N-1 hard links to it with names of LEN bytes;
+**   abuse names DIR N LEN    make DIR and a file DIR/f, then N-1 hard links to it, names of LEN bytes;
 **                            names=<made> err=<errno name>
 **
 ** The probes of `syscalls` pass arguments that make each call fail or do
@@ -53,6 +53,7 @@
 #include <sys/resource.h>
 #include <sys/un.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -678,6 +679,7 @@ static int cmd_names(const char *dir, long n, long len) {
     long i;
     int e = 0, fd;
     if (len < 8 || len > 255) len = 8;
+    mkdir(dir, 0755);
     snprintf(first, sizeof first, "%s/f", dir);
     fd = open(first, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0) { printf("names=0 err=%s\n", ename(errno)); return 0; }
