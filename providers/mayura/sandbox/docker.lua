@@ -33,8 +33,10 @@
 --
 -- The per-sandbox host directory (under /run/mayura/docker as root) is made
 -- writable for the container's user only until the host has connected to the
--- agent's socket, then closed (0555), so code in the sandbox cannot store
--- files on the host through it. It is removed on release. After the host is
+-- agent's socket and said hello, then closed (0555), so code in the sandbox
+-- cannot store files on the host through it. The agent serves that one
+-- connection (`--peer-uid`: of this process's uid) and unlinks its socket, so
+-- code in the sandbox cannot reach it. It is removed on release. After the host is
 -- killed with SIGKILL the directory stays until the next create of a provider
 -- using the same directory finds that its sandbox's lifetime is over (its
 -- name starts with the time it expires) and removes it; the container ends
@@ -423,12 +425,13 @@ end
 function Backend:release()
   if self.released then return end
   self.released = true
+  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f.
+  -- The channel closes after: its end would end the agent, and so start the auto-remove first
+  local ok, err = pcall(self.engine.remove, self.engine, self.container)
   if not self.closed then
     self.closed = true
     pcall(self.ch.close, self.ch)
   end
-  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f
-  local ok, err = pcall(self.engine.remove, self.engine, self.container)
   remove_dir(self.dir)
   if not ok then error(err, 0) end
 end
@@ -713,10 +716,11 @@ function M.docker_sandboxes(options)
         end
       end
       backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
-      -- no more files from the sandbox's side in this host directory
-      uv_fs('fs_chmod', dir, 365)
       backend.oom_file = cgroup_oom_file(container)
       agent_backend.handshake(backend, env, self.workdir)
+      -- no more files from the sandbox's side in this host directory (the agent, answering, has
+      -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
+      uv_fs('fs_chmod', dir, 365)
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
     return backend
