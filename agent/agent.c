@@ -21,10 +21,12 @@
 **
 ** Each command runs as a child subreaper (its orphans stay below it, so a
 ** timeout or cancel finds them all, see core/tree.h) under a syscall filter
-** (seccomp, built once with libseccomp at start, installed in the child
-** just before execve; the agent itself is not filtered): what Docker's
-** default profile refuses and more, each answered with EPERM. A command
-** whose filter cannot be installed does not run.
+** (seccomp, built once with libseccomp at start): what Docker's default
+** profile refuses and more, each answered with EPERM. The agent itself is
+** not filtered: a helper forked at start installs the filter once and
+** starts the commands as the agent's children (see "The spawner"); without
+** it, each command's process installs the filter just before execve. A
+** command whose filter cannot be installed does not run.
 **
 ** One thread, one poll(2) loop, SIGCHLD through a signalfd; every socket
 ** and pipe non-blocking. File operations run synchronously in the loop:
@@ -137,6 +139,8 @@ static char **setup_env;      /* "NAME=value" strings from setup */
 static size_t setup_n;
 static int64_t lifetime_end;
 static int fd_mode;           /* serving one connection: its end ends the agent */
+static pid_t spawner_pid = -1; /* the helper that starts commands under the filter, or -1 */
+static int spawner_fd = -1;
 static int shutting_down;
 static char tag_prefix[48];   /* unique to this agent: every tag starts with it */
 static unsigned long tag_counter;
@@ -508,6 +512,12 @@ static void reap(void) {
         exec *x;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) break;
+        if (pid == spawner_pid) {   /* killed from the sandbox: commands are forked here from now on */
+            spawner_pid = -1;
+            close(spawner_fd);
+            spawner_fd = -1;
+            continue;
+        }
         for (x = execs; x != NULL; x = x->next)
             if (x->pid == pid && !x->exited) { exec_exited(x, status, now); break; }
     }
@@ -677,10 +687,11 @@ static int env_put_map(envlist *e, const wire_field *f) {
 ** =======================================================*/
 
 /*
-** Built once at start (libseccomp, exported as BPF), installed by each
-** command's process just before execve, so every command and all it starts
-** run under it while the agent does not. Everything is allowed but what is
-** listed here, which gets EPERM:
+** Built once at start (libseccomp, exported as BPF), installed by the
+** spawner for the commands it starts, or by a command's own process just
+** before execve, so every command and all it starts run under it while the
+** agent does not. Everything is allowed but what is listed here, which gets
+** EPERM:
 **  - what Docker's default profile refuses to a process without
 **    capabilities: mounts, modules, kexec, reboot, swap, clocks, accounting,
 **    quotas, keyrings, bpf, perf events, userfaultfd, file handles, raw I/O
@@ -702,6 +713,7 @@ static int env_put_map(envlist *e, const wire_field *f) {
 */
 static struct sock_filter *filter_code;   /* NULL when it could not be built */
 static const char *filter_why = "it was not built";
+static int filter_inherited;              /* in the spawner: its children have the filter already */
 
 #ifndef MAYURA_AGENT_NO_FILTER
 static unsigned short filter_len;
@@ -952,8 +964,8 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
     }
     /* its orphans reparent to it, not to the agent (kept across execve; see kill_tree) */
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    /* last: nothing of the agent's own runs under the filter */
-    if (filter_install() != 0) {
+    /* last: nothing of the agent's own runs under the filter (started by the spawner, it has it) */
+    if (!filter_inherited && filter_install() != 0) {
         e = errno;
         n = snprintf(msg, sizeof msg, "mayura-agent: cannot install the syscall filter (%s: %s); "
                      "the command does not run\n", filter_code == NULL ? filter_why : "seccomp", strerror(e));
@@ -968,6 +980,268 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
     if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {}
     _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
 }
+
+/* {======================================================
+** The spawner: commands start under a filter installed once
+** =======================================================*/
+
+#ifndef MAYURA_AGENT_NO_FILTER
+/*
+** Installing a filter costs a process about a tenth of a fork+exec of
+** `true` (the kernel compiles, checks and later frees it for each), while a
+** filter inherited at fork costs nothing. So a helper forked at start (then
+** small) installs the filter on itself and starts each command with
+** clone(CLONE_PARENT): the command is the agent's child as if the agent had
+** forked it (reaped, signalled and timed alike) and shares the helper's
+** filter; the agent stays unfiltered. The helper is not dumpable (nothing
+** can trace it) but code in the sandbox, of its uid, can signal it: it is
+** sent SIGCONT before each command, and once it is gone (killed, or no
+** answer within SPAWN_WAIT_MS) it is not started again: commands are then
+** forked by the agent, each installing the filter itself (child_run). A
+** command whose start it took but did not confirm is killed by its tag and
+** fails with EAGAIN, so that no command ever runs twice.
+**
+** A job: a spawn_head with the descriptors (stdin when has_in, stdout,
+** stderr) attached, then len bytes: the cwd, argc arguments and envc
+** variables, each ending in a NUL. The answer: an int32, the pid or -errno.
+*/
+#define SPAWN_WAIT_MS 2000
+#define SPAWN_MAX_JOB (4u << 20)   /* a larger one is forked by the agent (execve would refuse it anyway) */
+
+typedef struct spawn_head {
+    uint32_t len, argc, envc;
+    int32_t has_in;
+} spawn_head;
+
+/* Reads exactly len bytes (blocking); 0, or -1 at EOF or an error. */
+static int read_full(int fd, void *p, size_t len) {
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p = (char *)p + n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Splits n NUL-ended strings off *p (of *left bytes) into v (n + 1 slots). Returns 0 or -1. */
+static int split_strings(char **p, size_t *left, char **v, uint32_t n) {
+    uint32_t i;
+    for (i = 0; i < n; i++) {
+        char *end = (char *)memchr(*p, '\0', *left);
+        if (end == NULL) return -1;
+        v[i] = *p;
+        *left -= (size_t)(end - *p) + 1;
+        *p = end + 1;
+    }
+    v[n] = NULL;
+    return 0;
+}
+
+/* The helper's life: jobs until the agent's end closes. Never returns. */
+static void spawner_main(int fd, pid_t agent) __attribute__((noreturn));
+static void spawner_main(int fd, pid_t agent) {
+    if (fd != 3 && dup2(fd, 3) != 3) _exit(1);
+    fd = 3;
+    if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {
+        int i;
+        for (i = 4; i < 65536; i++) close(i);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != agent || filter_install() != 0) _exit(1);
+    filter_inherited = 1;
+    for (;;) {
+        spawn_head h;
+        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data = NULL, *p, *cwd, **argv = NULL, **envp = NULL;
+        struct iovec iov = { &h, sizeof h };
+        struct msghdr mh;
+        struct cmsghdr *cm;
+        int fds[3] = { -1, -1, -1 }, nfds = 0, i;
+        int32_t answer = -EINVAL;
+        size_t left;
+        ssize_t n;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof cbuf;
+        do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+        if (n <= 0) _exit(0);   /* the agent is gone */
+        for (cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                if (nfds > 3) nfds = 3;
+                memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+            }
+        if (n != sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
+            h.argc > SPAWN_MAX_JOB || h.envc > SPAWN_MAX_JOB || nfds != (h.has_in ? 3 : 2))
+            _exit(1);   /* not the agent's: nothing of it can be trusted */
+        data = (char *)malloc(h.len + 1);
+        argv = (char **)calloc(h.argc + 1, sizeof *argv);
+        envp = (char **)calloc(h.envc + 1, sizeof *envp);
+        /* out of memory, it ends: the agent then forks commands itself */
+        if (data == NULL || argv == NULL || envp == NULL || read_full(fd, data, h.len) != 0) _exit(1);
+        {
+            p = data;
+            left = h.len;
+            cwd = p;
+            p = (char *)memchr(p, '\0', left);
+            if (p != NULL) {
+                left -= (size_t)(p - cwd) + 1;
+                p++;
+                if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
+                    pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
+                    if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
+                    answer = pid > 0 ? (int32_t)pid : -errno;
+                }
+            }
+        }
+        for (i = 0; i < nfds; i++) close(fds[i]);
+        free(data);
+        free(argv);
+        free(envp);
+        if (write(fd, &answer, sizeof answer) != (ssize_t)sizeof answer) _exit(1);
+    }
+}
+
+/* Forks the helper (at start: the agent is small then). */
+static void spawner_start(void) {
+    int sv[2];
+    pid_t agent = getpid(), pid;
+    if (filter_code == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+    pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        spawner_main(sv[1], agent);
+    }
+    close(sv[1]);
+    if (pid < 0) { close(sv[0]); return; }
+    set_nonblock(sv[0]);
+    spawner_pid = pid;
+    spawner_fd = sv[0];
+}
+
+static void spawner_stop(void) {
+    if (spawner_pid > 0) kill(spawner_pid, SIGKILL);   /* reaped as any child */
+    if (spawner_fd >= 0) close(spawner_fd);
+    spawner_pid = -1;
+    spawner_fd = -1;
+}
+
+/* Waits until fd is ready for ev or the deadline passes; 0 or -1. */
+static int wait_fd(int fd, short ev, int64_t deadline) {
+    for (;;) {
+        struct pollfd pf = { fd, ev, 0 };
+        int64_t left = deadline - now_ms();
+        int rc;
+        if (left <= 0) return -1;
+        rc = poll(&pf, 1, (int)left);
+        if (rc > 0) return (pf.revents & ev) ? 0 : -1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+/*
+** Starts a command through the helper. Returns its pid; -1 with errno when
+** it could not start (no process left, say); -2 when the helper is not
+** there or did not take the job: the caller forks the command itself.
+*/
+static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
+                         const char *tag) {
+    spawn_head h;
+    size_t len = strlen(cwd) + 1, at, i;
+    char cbuf[CMSG_SPACE(3 * sizeof(int))], *data;
+    struct iovec iov = { &h, sizeof h };
+    struct msghdr mh;
+    struct cmsghdr *cm;
+    int fds[3], nfds = 0;
+    int32_t answer;
+    int64_t deadline = now_ms() + SPAWN_WAIT_MS;
+    ssize_t n;
+    if (spawner_fd < 0) return -2;
+    memset(&h, 0, sizeof h);
+    for (i = 0; argv[i] != NULL; i++, h.argc++) len += strlen(argv[i]) + 1;
+    for (i = 0; envp[i] != NULL; i++, h.envc++) len += strlen(envp[i]) + 1;
+    if (len > SPAWN_MAX_JOB || (data = (char *)malloc(len)) == NULL) return -2;
+    at = 0;
+    memcpy(data, cwd, strlen(cwd) + 1);
+    at += strlen(cwd) + 1;
+    for (i = 0; argv[i] != NULL; i++) { memcpy(data + at, argv[i], strlen(argv[i]) + 1); at += strlen(argv[i]) + 1; }
+    for (i = 0; envp[i] != NULL; i++) { memcpy(data + at, envp[i], strlen(envp[i]) + 1); at += strlen(envp[i]) + 1; }
+    h.len = (uint32_t)len;
+    h.has_in = in_fd >= 0;
+    if (in_fd >= 0) fds[nfds++] = in_fd;
+    fds[nfds++] = out_fd;
+    fds[nfds++] = err_fd;
+    memset(&mh, 0, sizeof mh);
+    memset(cbuf, 0, sizeof cbuf);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+    cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    kill(spawner_pid, SIGCONT);   /* a stop from the sandbox must not hold the agent up */
+    do n = sendmsg(spawner_fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof h) {
+        /* it never had the job: safe to start the command another way */
+        free(data);
+        spawner_stop();
+        return -2;
+    }
+    for (at = 0; at < len;) {
+        n = write(spawner_fd, data + at, len - at);
+        if (n > 0) { at += (size_t)n; continue; }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLOUT, deadline) == 0) continue;
+        break;
+    }
+    free(data);
+    answer = 0;
+    if (at == len) {
+        for (at = 0; at < sizeof answer;) {
+            n = read(spawner_fd, (char *)&answer + at, sizeof answer - at);
+            if (n > 0) { at += (size_t)n; continue; }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0) continue;
+            break;
+        }
+        if (at < sizeof answer) answer = 0;
+    }
+    if (answer > 0) return (pid_t)answer;
+    if (answer < 0) { errno = -answer; return -1; }
+    /* it took the job and said nothing: whatever of it started ends, and the command fails */
+    spawner_stop();
+    {
+        char needle[128];
+        size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, tag, 1);
+        tree_kill(0, 0, needle, nlen);
+    }
+    errno = EAGAIN;
+    return -1;
+}
+#endif
+
+/* Starts a command: through the helper when it is there, else forked here. Returns its pid, or -1. */
+static pid_t start_command(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
+                           const char *tag) {
+    pid_t pid;
+#ifndef MAYURA_AGENT_NO_FILTER
+    pid = spawner_run(argv, envp, cwd, in_fd, out_fd, err_fd, tag);
+    if (pid != -2) return pid;
+#else
+    (void)tag;
+#endif
+    pid = fork();
+    if (pid == 0) child_run(argv, envp, cwd, in_fd, out_fd, err_fd);
+    return pid;
+}
+
+/* }====================================================== */
 
 static void op_exec(conn *c, const wire_msg *m) {
     const wire_field *fa = wire_find(m, "argv");
@@ -1060,15 +1334,14 @@ static void op_exec(conn *c, const wire_msg *m) {
         goto done;
     }
     x->started = now_ms();
-    pid = fork();
+    pid = start_command(argv, env.v, cwd, pi[0], po[1], pe[1], x->tag);
     if (pid < 0 && errno == EAGAIN && nleftovers > 0) {
         /* out of processes: end what earlier commands left behind, then try once more */
         leftovers_run(INT64_MAX);
         reap();
-        pid = fork();
+        pid = start_command(argv, env.v, cwd, pi[0], po[1], pe[1], x->tag);
     }
     if (pid < 0) { reply_errno(c, m->id, errno, "fork"); goto done; }
-    if (pid == 0) child_run(argv, env.v, cwd, pi[0], po[1], pe[1]);
 
     close(po[1]);
     close(pe[1]);
@@ -1790,6 +2063,7 @@ int main(int argc, char **argv) {
     filter_build();
     if (filter_code == NULL)
         fprintf(stderr, "mayura-agent: cannot build the syscall filter (%s): commands will not run\n", filter_why);
+    spawner_start();
 #endif
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */

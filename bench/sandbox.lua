@@ -4,7 +4,10 @@
 --
 -- exec of `true` in a local sandbox against a fork+exec of `true` on the host
 -- (core.spawn), against a one-shot `bwrap ... true`, and against `docker exec`
--- when a Docker daemon answers; create+release of a sandbox.
+-- when a Docker daemon answers; create+release of a sandbox. What the agent's
+-- syscall filter costs: exec of `true` in a sandbox of the agent against one
+-- of the agent built without it (build/bench/mayura-agent-nofilter, made by
+-- `make bench`), turn by turn in the same run.
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
 local process = require('mayura.process')
@@ -34,6 +37,36 @@ add('bwrap --unshare-all true (one-shot)', bwrap)
 local cr = measure(function() pool:create({ lifetime_ms = 60000 }):release() end, math.min(N, 100))
 add('local sandbox create+release', cr)
 
+-- the syscall filter: the same exec with and without it, alternating, so both see the same machine
+local filter_ratio
+local NOFILTER = 'build/bench/mayura-agent-nofilter'
+local nf = io.open(NOFILTER, 'rb')
+if nf then
+  nf:close()
+  local uv = require('luv')
+  local pool2 = sandbox.create_sandboxes(local_provider.local_sandboxes({ agent = NOFILTER }),
+    { max_sandboxes = 1, max_lifetime_ms = 600000 })
+  local plain = pool2:create({ lifetime_ms = 600000 })
+  local with, without = {}, {}
+  for i = 1, N + 3 do
+    local t0 = uv.hrtime()
+    assert(sb:exec({ 'true' }).exit_code == 0)
+    local t1 = uv.hrtime()
+    assert(plain:exec({ 'true' }).exit_code == 0)
+    local t2 = uv.hrtime()
+    if i > 3 then
+      with[#with + 1] = (t1 - t0) / 1e6
+      without[#without + 1] = (t2 - t1) / 1e6
+    end
+  end
+  local w, wo = bench.median(with), bench.median(without)
+  add('local sandbox exec true, syscall filter', w)
+  add('local sandbox exec true, no syscall filter', wo)
+  filter_ratio = w / wo
+  plain:release()
+  pool2:close()
+end
+
 local docker_ms
 local probe = process.run({ 'sh', '-c', 'docker info >/dev/null 2>&1 && docker ps -q | head -1' })
 local container = probe.exit_code == 0 and probe.stdout:match('%S+')
@@ -51,3 +84,8 @@ print(('sandbox exec / host fork+exec      %6.2fx   (target <= 2x)'):format(exec
 print(('sandbox exec / bwrap one-shot      %6.3fx'):format(exec / bwrap))
 if docker_ms then print(('sandbox exec / docker exec         %6.3fx'):format(exec / docker_ms)) end
 print(('create+release median              %6.1f ms (target <= 30 ms)'):format(cr))
+if filter_ratio then
+  print(('exec with / without syscall filter  %6.3fx   (target <= 1.05x)'):format(filter_ratio))
+else
+  print('exec with / without syscall filter  (not measured: ' .. NOFILTER .. ' is missing, run make bench)')
+end

@@ -4,7 +4,8 @@
 -- or values read back first), so EPERM says the filter refused it; what ordinary work needs must
 -- still work (fork, threads, sockets, netlink route, a shell, node). On Docker, code in the sandbox
 -- connects to the agent's socket and tries hello, setup and exec: the agent serves only the host,
--- which went first, so nothing there can change what the host's later commands run with.
+-- which went first, so nothing there can change what the host's later commands run with. Commands
+-- start filtered also when code inside stopped or killed the agent's helper that starts them.
 local providers = require('support.providers')
 local common = require('security.common')
 
@@ -92,6 +93,39 @@ for _, prov in ipairs(providers.list()) do
         box:release()
         nodepool:close()
       end
+      if not ok then error(err, 0) end
+    end)
+
+    it('starts every command filtered, also after code inside stopped or killed every process it may', function()
+      -- the agent starts commands through a filtered helper of its own, which the sandbox's code can
+      -- signal: stopped, it is resumed; killed, the agent forks commands itself, each filtered
+      local other = pool:create({ lifetime_ms = 120000 })
+      local ok, err = pcall(function()
+        common.install(other)
+        for _, sig in ipairs({ 'STOP', 'KILL' }) do
+          sh(other, 'kill -' .. sig .. ' -1 2>/dev/null; true')
+          for _ = 1, 3 do
+            assert.are.equal('still\n', other:exec({ 'echo', 'still' }).stdout, 'after SIG' .. sig)
+          end
+          local r, kv = common.abuse(other, { 'syscalls' }, { timeout_ms = 20000 })
+          assert.are.equal(0, r.exit_code, r.stderr)
+          assert.is_true(tonumber(kv.filters) >= 1, 'after SIG' .. sig .. ': ' .. r.stdout)
+          assert.are.equal('EPERM', kv['deny.mount'], r.stdout)
+          assert.are.equal('EPERM', kv['deny.setpriority_other'], r.stdout)
+          assert.are.equal('1', kv.subreaper, r.stdout)
+          if sig == 'STOP' then
+            -- the helper: the agent's program, not PID 1; it cannot be traced or read
+            local helper = sh(other, 'for d in /proc/[0-9]*; do [ "${d#/proc/}" != 1 ] && ' ..
+              'grep -q "^/.mayura/agent" $d/cmdline 2>/dev/null && echo ${d#/proc/}; done; true').stdout:match('%d+')
+            assert.is_not_nil(helper, 'no helper process in the sandbox')
+            local pr, pkv = common.abuse(other, { 'ptrace', helper })
+            for _, k in ipairs({ 'attach', 'seize', 'mem', 'vm_readv', 'getfd' }) do
+              assert.matches('^E', pkv[k], k .. ' of the helper succeeded: ' .. pr.stdout)
+            end
+          end
+        end
+      end)
+      other:release()
       if not ok then error(err, 0) end
     end)
 
