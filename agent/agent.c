@@ -1051,9 +1051,10 @@ static void spawner_main(int fd, pid_t agent) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     if (getppid() != agent || filter_install() != 0) _exit(1);
     filter_inherited = 1;
+    if (write(fd, "R", 1) != 1) _exit(1);   /* ready */
     for (;;) {
         spawn_head h;
-        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data = NULL, *p, *cwd, **argv = NULL, **envp = NULL;
+        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data, *p, *cwd, **argv, **envp;
         struct iovec iov = { &h, sizeof h };
         struct msghdr mh;
         struct cmsghdr *cm;
@@ -1075,26 +1076,22 @@ static void spawner_main(int fd, pid_t agent) {
                 memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
             }
         if (n != sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
-            h.argc > SPAWN_MAX_JOB || h.envc > SPAWN_MAX_JOB || nfds != (h.has_in ? 3 : 2))
+            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2))
             _exit(1);   /* not the agent's: nothing of it can be trusted */
-        data = (char *)malloc(h.len + 1);
-        argv = (char **)calloc(h.argc + 1, sizeof *argv);
-        envp = (char **)calloc(h.envc + 1, sizeof *envp);
+        data = (char *)malloc(h.len);
+        argv = (char **)calloc((size_t)h.argc + 1, sizeof *argv);
+        envp = (char **)calloc((size_t)h.envc + 1, sizeof *envp);
         /* out of memory, it ends: the agent then forks commands itself */
         if (data == NULL || argv == NULL || envp == NULL || read_full(fd, data, h.len) != 0) _exit(1);
-        {
-            p = data;
-            left = h.len;
-            cwd = p;
-            p = (char *)memchr(p, '\0', left);
-            if (p != NULL) {
-                left -= (size_t)(p - cwd) + 1;
-                p++;
-                if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
-                    pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
-                    if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
-                    answer = pid > 0 ? (int32_t)pid : -errno;
-                }
+        cwd = data;
+        p = (char *)memchr(data, '\0', h.len);
+        if (p != NULL) {
+            left = h.len - (size_t)(p - data) - 1;
+            p++;
+            if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
+                pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
+                if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
+                answer = pid > 0 ? (int32_t)pid : -errno;
             }
         }
         for (i = 0; i < nfds; i++) close(fds[i]);
@@ -1103,6 +1100,26 @@ static void spawner_main(int fd, pid_t agent) {
         free(envp);
         if (write(fd, &answer, sizeof answer) != (ssize_t)sizeof answer) _exit(1);
     }
+}
+
+/* Waits until fd is ready for ev or the deadline passes; 0 or -1. */
+static int wait_fd(int fd, short ev, int64_t deadline) {
+    for (;;) {
+        struct pollfd pf = { fd, ev, 0 };
+        int64_t left = deadline - now_ms();
+        int rc;
+        if (left <= 0) return -1;
+        rc = poll(&pf, 1, (int)left);
+        if (rc > 0) return (pf.revents & ev) ? 0 : -1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+static void spawner_stop(void) {
+    if (spawner_pid > 0) kill(spawner_pid, SIGKILL);   /* reaped as any child */
+    if (spawner_fd >= 0) close(spawner_fd);
+    spawner_pid = -1;
+    spawner_fd = -1;
 }
 
 /* Forks the helper (at start: the agent is small then). */
@@ -1120,25 +1137,14 @@ static void spawner_start(void) {
     set_nonblock(sv[0]);
     spawner_pid = pid;
     spawner_fd = sv[0];
-}
-
-static void spawner_stop(void) {
-    if (spawner_pid > 0) kill(spawner_pid, SIGKILL);   /* reaped as any child */
-    if (spawner_fd >= 0) close(spawner_fd);
-    spawner_pid = -1;
-    spawner_fd = -1;
-}
-
-/* Waits until fd is ready for ev or the deadline passes; 0 or -1. */
-static int wait_fd(int fd, short ev, int64_t deadline) {
-    for (;;) {
-        struct pollfd pf = { fd, ev, 0 };
-        int64_t left = deadline - now_ms();
-        int rc;
-        if (left <= 0) return -1;
-        rc = poll(&pf, 1, (int)left);
-        if (rc > 0) return (pf.revents & ev) ? 0 : -1;
-        if (rc < 0 && errno != EINTR) return -1;
+    {
+        /* it says when its filter is on; one that cannot install it is not used */
+        char ready = 0;
+        int64_t deadline = now_ms() + SPAWN_WAIT_MS;
+        ssize_t n;
+        while ((n = read(spawner_fd, &ready, 1)) < 0 && (errno == EINTR ||
+               (errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0))) {}
+        if (n != 1 || ready != 'R') spawner_stop();
     }
 }
 
@@ -2063,7 +2069,6 @@ int main(int argc, char **argv) {
     filter_build();
     if (filter_code == NULL)
         fprintf(stderr, "mayura-agent: cannot build the syscall filter (%s): commands will not run\n", filter_why);
-    spawner_start();
 #endif
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */
@@ -2084,6 +2089,9 @@ int main(int argc, char **argv) {
     }
     if (workdir == NULL) exit(1);
     if (chdir(workdir) != 0) { /* commands chdir for themselves; a missing cwd is reported per exec */ }
+#ifndef MAYURA_AGENT_NO_FILTER
+    spawner_start();   /* now, while the agent is small and 0..2 are taken */
+#endif
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     lifetime_end = now_ms() + lifetime;

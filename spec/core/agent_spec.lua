@@ -296,6 +296,27 @@ describe('mayura-agent', function()
       assert.are.equal('1', call(ag, { op = 'hello' }).version)
     end)
 
+    it('runs no command whose syscall filter cannot be installed, and says so', function()
+      -- the agent under allow-all filters that use up the kernel's budget of filter instructions
+      local dir = util.tmpdir()
+      local abuse = dir .. '/abuse'
+      write_file(abuse, require('security.common').abuse_binary())
+      os.execute("chmod 755 '" .. abuse .. "'")
+      local ag = start({ wrap = function(argv)
+        table.insert(argv, 1, 'seccomp-fill')
+        table.insert(argv, 1, abuse)
+        return argv
+      end })
+      for _ = 1, 2 do
+        local r = exec(ag, { argv = { 'touch', 'ran' } })
+        assert.are.equal(126, r.exit_code)
+        assert.matches('^mayura%-agent: cannot install the syscall filter %(seccomp: .*%); the command does not run',
+          r.stderr)
+      end
+      assert.is_nil(read_file(ag.dir .. '/ran'))
+      util.rmdir(dir)
+    end)
+
     it('refuses a cwd that is missing or not a directory, running nothing', function()
       local ag = start()
       local r = exec(ag, { argv = { 'touch', 'ran' }, cwd = 'nope' })

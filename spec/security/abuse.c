@@ -27,6 +27,8 @@
 **                            does; connect=<OK|errno> then <op>=ANSWERED|CLOSED|<errno> per request
 **   abuse names DIR N LEN    make DIR and a file DIR/f, then N-1 hard links to it, names of LEN bytes;
 **                            names=<made> err=<errno name>
+**   abuse seccomp-fill CMD.. install allow-all seccomp filters until the kernel's budget of filter
+**                            instructions is used up, then exec CMD (no further filter fits in it)
 **
 ** The probes of `syscalls` pass arguments that make each call fail or do
 ** nothing where it is not filtered, even run as root on a host (bad
@@ -46,6 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/personality.h>
 #include <sys/prctl.h>
@@ -693,6 +697,24 @@ static int cmd_names(const char *dir, long n, long len) {
     return 0;
 }
 
+static int cmd_seccomp_fill(char **argv) {
+    static struct sock_filter allow[4096];
+    unsigned short size = 4096;
+    size_t i;
+    for (i = 0; i < sizeof allow / sizeof allow[0]; i++) {
+        struct sock_filter f = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+        allow[i] = f;
+    }
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    while (size > 0) {
+        struct sock_fprog prog = { size, allow };
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) size /= 2;
+    }
+    execvp(argv[0], argv);
+    perror("abuse: exec");
+    return 127;
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -710,12 +732,13 @@ int main(int argc, char **argv) {
     if (strcmp(c, "syscalls") == 0) return cmd_syscalls();
     if (strcmp(c, "agent") == 0 && argc > 2) return cmd_agent(argv[2]);
     if (strcmp(c, "names") == 0 && argc > 4) return cmd_names(argv[2], atol(argv[3]), atol(argv[4]));
+    if (strcmp(c, "seccomp-fill") == 0 && argc > 2) return cmd_seccomp_fill(argv + 2);
     if (strcmp(c, "net") == 0 && argc > 3) {
         int i;
         for (i = 3; i < argc; i++) try_net(argv[i], argv[2]);
         return 0;
     }
     fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net|"
-            "syscalls|agent|names ...\n");
+            "syscalls|agent|names|seccomp-fill ...\n");
     return 2;
 }
