@@ -1158,7 +1158,7 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     spawn_head h;
     size_t len = strlen(cwd) + 1, at, i;
     char cbuf[CMSG_SPACE(3 * sizeof(int))], *data;
-    struct iovec iov = { &h, sizeof h };
+    struct iovec iov[2];
     struct msghdr mh;
     struct cmsghdr *cm;
     int fds[3], nfds = 0;
@@ -1182,8 +1182,12 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     fds[nfds++] = err_fd;
     memset(&mh, 0, sizeof mh);
     memset(cbuf, 0, sizeof cbuf);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
+    iov[0].iov_base = &h;
+    iov[0].iov_len = sizeof h;
+    iov[1].iov_base = data;
+    iov[1].iov_len = len;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;   /* the job in one call, when the socket takes it all */
     mh.msg_control = cbuf;
     mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
     cm = CMSG_FIRSTHDR(&mh);
@@ -1193,13 +1197,13 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
     kill(spawner_pid, SIGCONT);   /* a stop from the sandbox must not hold the agent up */
     do n = sendmsg(spawner_fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof h) {
+    if (n < (ssize_t)sizeof h) {
         /* it never had the job: safe to start the command another way */
         free(data);
         spawner_stop();
         return -2;
     }
-    for (at = 0; at < len;) {
+    for (at = (size_t)n - sizeof h; at < len;) {
         n = write(spawner_fd, data + at, len - at);
         if (n > 0) { at += (size_t)n; continue; }
         if (n < 0 && errno == EINTR) continue;
