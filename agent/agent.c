@@ -292,7 +292,10 @@ static void kill_tree(exec *x) {
 static void kill_everything(void) {
     char needle[96], prefix[64];
     exec *x;
-    for (x = execs; x != NULL; x = x->next) tree_signal(x->pid, !x->exited, NULL, 0, SIGKILL);
+    for (x = execs; x != NULL; x = x->next) {
+        if (!x->exited) tree_kill_below(x->pid);   /* not PID 1 (on a host): nothing else ends those */
+        tree_signal(x->pid, !x->exited, NULL, 0, SIGKILL);
+    }
     /* "\0MAYURA_EXEC=<prefix>.": also processes that outlived a command's normal end */
     snprintf(prefix, sizeof prefix, "%s.", tag_prefix);
     tree_kill(0, 0, needle, tree_needle(needle, sizeof needle, TAG_VAR, prefix, 0));
