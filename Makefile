@@ -51,10 +51,17 @@ SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-point
 
 all: $(SO) $(HOST) $(AGENT)
 
-# The in-sandbox agent: static, so it runs in any image (BusyBox included).
+# The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
+# linked in (Debian's libseccomp-dev: scripts/setup.sh).
 $(AGENT): agent/agent.c core/wire.h core/tree.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ agent/agent.c
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ agent/agent.c -lseccomp
+
+# For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
+AGENT_NOFILTER = build/bench/mayura-agent-nofilter
+$(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
 
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
@@ -118,7 +125,7 @@ fuzz: setup
 lint:
 	luacheck lua providers tools spec examples bench fuzz
 
-bench: all
+bench: all $(AGENT_NOFILTER)
 	@$(MAKE) --no-print-directory all LUA=luajit
 	$(HOST) bench/core.lua
 	$(HOST) bench/sandbox.lua

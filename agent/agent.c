@@ -8,7 +8,25 @@
 ** tree is stopped reliably, and the sandbox ends at its lifetime when the
 ** agent exits (PID 1 of a pid namespace takes everything with it).
 **
-**   mayura-agent (--fd N | --listen PATH) --lifetime-ms MS [--workdir DIR]
+**   mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR]
+**
+** It serves one peer, the host: the descriptor of --fd, or the first
+** connection to the socket of --listen, whose listener is then closed and
+** unlinked. With --peer-uid the socket is made 0666 (the host may be
+** another user than the agent's) and a connection whose peer is not that
+** uid is closed at once, unanswered; without it the socket is 0600. The
+** peer must say hello first and may send setup once; a request out of that
+** order, an unknown op or a malformed frame ends the connection, and the
+** end of the connection ends the agent.
+**
+** Each command runs as a child subreaper (its orphans stay below it, so a
+** timeout or cancel finds them all, see core/tree.h) under a syscall filter
+** (seccomp, built once with libseccomp at start): what Docker's default
+** profile refuses and more, each answered with EPERM. The agent itself is
+** not filtered: a helper forked at start installs the filter once and
+** starts the commands as the agent's children (see "The spawner"); without
+** it, each command's process installs the filter just before execve. A
+** command whose filter cannot be installed does not run.
 **
 ** One thread, one poll(2) loop, SIGCHLD through a signalfd; every socket
 ** and pipe non-blocking. File operations run synchronously in the loop:
@@ -22,11 +40,16 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -36,6 +59,13 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/netlink.h>
+#include <linux/seccomp.h>
+#ifndef MAYURA_AGENT_NO_FILTER
+#include <seccomp.h>
+#endif
 
 #include "../core/wire.h"
 #include "../core/tree.h"
@@ -68,6 +98,7 @@ typedef struct conn {
     unsigned char *in;        /* bytes of the frame(s) being received */
     size_t in_len, in_size;
     outq *head, *tail;
+    int said_hello, had_setup; /* the order of requests: hello first, setup at most once */
 } conn;
 
 typedef struct stream {
@@ -100,12 +131,16 @@ typedef struct exec {
 static conn *conns;
 static exec *execs;
 static int listen_fd = -1;
+static const char *listen_path;
+static long long peer_uid = -1; /* --peer-uid: the one uid a --listen peer may have; -1 any */
 static int sig_fd = -1;
 static char *workdir;
 static char **setup_env;      /* "NAME=value" strings from setup */
 static size_t setup_n;
 static int64_t lifetime_end;
 static int fd_mode;           /* serving one connection: its end ends the agent */
+static pid_t spawner_pid = -1; /* the helper that starts commands under the filter, or -1 */
+static int spawner_fd = -1;
 static int shutting_down;
 static char tag_prefix[48];   /* unique to this agent: every tag starts with it */
 static unsigned long tag_counter;
@@ -228,17 +263,28 @@ static void reply_ok(conn *c, uint32_t id, const char *key) {
 ** =======================================================*/
 
 /* The exec's group (and its leader by pid until it has ended: before its setsid it leads no
-** group yet) and every process carrying the exec's tag. */
+** group yet), every process carrying the exec's tag, and while the command's own process
+** lives, every process below it (it is a child subreaper: its orphans stay below it). */
 static int signal_tree(exec *x, int sig) {
     char needle[128];
     size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, x->tag, 1);
+    if (!x->exited) tree_signal_below(x->pid, sig);
     return tree_signal(x->pid, !x->exited, needle, nlen, sig);
 }
 
-/* SIGKILL the exec's whole tree, in passes until none is left. */
+/*
+** SIGKILL the exec's whole tree, in passes until none is left: first, while
+** the command's own process lives, everything below it (it is stopped
+** meanwhile and takes the orphans: so also a process that cleared its
+** environment and left the session is found); then it, its group and the
+** tagged. After the command's own process ended (a kill_grace_ms whose
+** SIGTERM it obeyed), its orphans have gone to the agent: then only the
+** group and the tag find them.
+*/
 static void kill_tree(exec *x) {
     char needle[128];
     size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, x->tag, 1);
+    if (!x->exited) tree_kill_below(x->pid);
     tree_kill(x->pid, !x->exited, needle, nlen);
 }
 
@@ -246,15 +292,25 @@ static void kill_tree(exec *x) {
 static void kill_everything(void) {
     char needle[96], prefix[64];
     exec *x;
-    for (x = execs; x != NULL; x = x->next) tree_signal(x->pid, !x->exited, NULL, 0, SIGKILL);
+    for (x = execs; x != NULL; x = x->next) {
+        if (!x->exited) tree_kill_below(x->pid);   /* not PID 1 (on a host): nothing else ends those */
+        tree_signal(x->pid, !x->exited, NULL, 0, SIGKILL);
+    }
     /* "\0MAYURA_EXEC=<prefix>.": also processes that outlived a command's normal end */
     snprintf(prefix, sizeof prefix, "%s.", tag_prefix);
     tree_kill(0, 0, needle, tree_needle(needle, sizeof needle, TAG_VAR, prefix, 0));
 }
 
+static void listener_close(void) {
+    if (listen_fd < 0) return;
+    close(listen_fd);
+    listen_fd = -1;
+    unlink(listen_path);   /* may fail once the host closed the directory: nobody listens on it anyway */
+}
+
 static void agent_exit(void) {
     kill_everything();
-    if (listen_fd >= 0) close(listen_fd);
+    listener_close();
     exit(0);
 }
 
@@ -459,6 +515,12 @@ static void reap(void) {
         exec *x;
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0) break;
+        if (pid == spawner_pid) {   /* killed from the sandbox: commands are forked here from now on */
+            spawner_pid = -1;
+            close(spawner_fd);
+            spawner_fd = -1;
+            continue;
+        }
         for (x = execs; x != NULL; x = x->next)
             if (x->pid == pid && !x->exited) { exec_exited(x, status, now); break; }
     }
@@ -624,6 +686,177 @@ static int env_put_map(envlist *e, const wire_field *f) {
 /* }====================================================== */
 
 /* {======================================================
+** The syscall filter of commands
+** =======================================================*/
+
+/*
+** Built once at start (libseccomp, exported as BPF), installed by the
+** spawner for the commands it starts, or by a command's own process just
+** before execve, so every command and all it starts run under it while the
+** agent does not. Everything is allowed but what is listed here, which gets
+** EPERM:
+**  - what Docker's default profile refuses to a process without
+**    capabilities: mounts, modules, kexec, reboot, swap, clocks, accounting,
+**    quotas, keyrings, bpf, perf events, userfaultfd, file handles, raw I/O
+**    ports, vm86, the kernel log, NUMA memory policy, new namespaces (unshare,
+**    setns, clone with a namespace flag; clone3, whose flags a filter cannot
+**    read, answers ENOSYS so that the C library falls back to clone), chroot,
+**    host and domain names, kcmp, pidfd_getfd, process_madvise, and
+**    personality but for the ordinary values. ptrace and process_vm_* stay,
+**    as there (the kernel re-checks the filter after a tracer's changes, and
+**    the agent is not dumpable, so it cannot be traced);
+**  - io_uring, vsock sockets, netlink sockets but for NETLINK_ROUTE;
+**  - what would reach processes a command does not own: setpriority but of
+**    itself, sched_set{scheduler,param,attr,affinity} and a new prlimit64
+**    but on itself (pid 0), ioprio_set but on itself, TIOCSTI, and clearing
+**    its child subreaper flag (see kill_tree);
+**  - every system call of another ABI (i386 through int 0x80, x32).
+** Arguments the kernel reads as 32-bit ints are compared on their low 32
+** bits where a match allows a call the kernel would see as another.
+*/
+static struct sock_filter *filter_code;   /* NULL when it could not be built */
+static const char *filter_why = "it was not built";
+static int filter_inherited;              /* in the spawner: its children have the filter already */
+
+#ifndef MAYURA_AGENT_NO_FILTER
+static unsigned short filter_len;
+#define IOPRIO_WHO_PROCESS_ 1   /* linux/ioprio.h */
+/* personality(2) outside its safe values, which one libseccomp rule cannot say: a hand-written
+** prefix of the program that allows 0, PER_LINUX32, UNAME26, both, and the query 0xffffffff. */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define ARG0_LOW offsetof(struct seccomp_data, args[0])
+#else
+#define ARG0_LOW (offsetof(struct seccomp_data, args[0]) + 4)
+#endif
+#define PREFIX_LEN 12
+
+static void filter_prefix(struct sock_filter *f, uint32_t arch) {
+    const struct sock_filter prefix[PREFIX_LEN] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_personality, 0, 10),          /* else to the rest */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 0, 8),                       /* else to the rest */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG0_LOW),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x0, 5, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x8, 4, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x20000, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x20008, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffff, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    memcpy(f, prefix, sizeof prefix);
+}
+
+#define EPERM_ SCMP_ACT_ERRNO(EPERM)
+#define LOW32(arg, v) SCMP_CMP(arg, SCMP_CMP_MASKED_EQ, 0xffffffffu, (v))
+
+/* The rules; returns 0 or a negative errno. System calls this architecture lacks are skipped. */
+static int filter_rules(scmp_filter_ctx ctx) {
+    static const int denied[] = {
+        SCMP_SYS(mount), SCMP_SYS(umount), SCMP_SYS(umount2), SCMP_SYS(pivot_root), SCMP_SYS(chroot),
+        SCMP_SYS(fsopen), SCMP_SYS(fsconfig), SCMP_SYS(fsmount), SCMP_SYS(fspick), SCMP_SYS(move_mount),
+        SCMP_SYS(open_tree), SCMP_SYS(mount_setattr), SCMP_SYS(swapon), SCMP_SYS(swapoff),
+        SCMP_SYS(reboot), SCMP_SYS(kexec_load), SCMP_SYS(kexec_file_load), SCMP_SYS(init_module),
+        SCMP_SYS(finit_module), SCMP_SYS(delete_module), SCMP_SYS(create_module),
+        SCMP_SYS(get_kernel_syms), SCMP_SYS(query_module), SCMP_SYS(acct), SCMP_SYS(settimeofday),
+        SCMP_SYS(stime), SCMP_SYS(clock_settime), SCMP_SYS(clock_adjtime), SCMP_SYS(adjtimex),
+        SCMP_SYS(unshare), SCMP_SYS(setns), SCMP_SYS(keyctl), SCMP_SYS(add_key),
+        SCMP_SYS(request_key), SCMP_SYS(bpf), SCMP_SYS(perf_event_open), SCMP_SYS(userfaultfd),
+        SCMP_SYS(open_by_handle_at), SCMP_SYS(name_to_handle_at), SCMP_SYS(lookup_dcookie),
+        SCMP_SYS(quotactl), SCMP_SYS(quotactl_fd), SCMP_SYS(nfsservctl), SCMP_SYS(iopl),
+        SCMP_SYS(ioperm), SCMP_SYS(vm86), SCMP_SYS(vm86old), SCMP_SYS(syslog), SCMP_SYS(uselib),
+        SCMP_SYS(fanotify_init), SCMP_SYS(mbind), SCMP_SYS(move_pages), SCMP_SYS(migrate_pages),
+        SCMP_SYS(set_mempolicy), SCMP_SYS(get_mempolicy), SCMP_SYS(set_mempolicy_home_node),
+        SCMP_SYS(_sysctl), SCMP_SYS(sysfs), SCMP_SYS(ustat), SCMP_SYS(vhangup),
+        SCMP_SYS(sethostname), SCMP_SYS(setdomainname), SCMP_SYS(kcmp), SCMP_SYS(pidfd_getfd),
+        SCMP_SYS(process_madvise), SCMP_SYS(io_uring_setup), SCMP_SYS(io_uring_enter),
+        SCMP_SYS(io_uring_register),
+    };
+    static const unsigned long ns_flags[] = {
+        CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
+    };
+    static const int not_others[] = {
+        SCMP_SYS(sched_setscheduler), SCMP_SYS(sched_setparam), SCMP_SYS(sched_setattr),
+        SCMP_SYS(sched_setaffinity),
+    };
+    size_t i;
+    int rc;
+#define ADD(nr, ...) do { if ((nr) >= 0 && (rc = seccomp_rule_add(ctx, __VA_ARGS__)) != 0) return rc; } while (0)
+    for (i = 0; i < sizeof denied / sizeof denied[0]; i++) ADD(denied[i], EPERM_, denied[i], 0);
+    ADD(SCMP_SYS(clone3), SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    for (i = 0; i < sizeof ns_flags / sizeof ns_flags[0]; i++)
+        ADD(SCMP_SYS(clone), EPERM_, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    ADD(SCMP_SYS(socket), EPERM_, SCMP_SYS(socket), 1, LOW32(0, AF_VSOCK));
+    ADD(SCMP_SYS(socket), EPERM_, SCMP_SYS(socket), 2, LOW32(0, AF_NETLINK), SCMP_A2(SCMP_CMP_NE, NETLINK_ROUTE));
+    ADD(SCMP_SYS(socketpair), EPERM_, SCMP_SYS(socketpair), 1, LOW32(0, AF_VSOCK));
+    ADD(SCMP_SYS(ioctl), EPERM_, SCMP_SYS(ioctl), 1, LOW32(1, TIOCSTI));
+    ADD(SCMP_SYS(setpriority), EPERM_, SCMP_SYS(setpriority), 1, SCMP_A0(SCMP_CMP_NE, PRIO_PROCESS));
+    ADD(SCMP_SYS(setpriority), EPERM_, SCMP_SYS(setpriority), 1, SCMP_A1(SCMP_CMP_NE, 0));
+    for (i = 0; i < sizeof not_others / sizeof not_others[0]; i++)
+        ADD(not_others[i], EPERM_, not_others[i], 1, SCMP_A0(SCMP_CMP_NE, 0));
+    ADD(SCMP_SYS(prlimit64), EPERM_, SCMP_SYS(prlimit64), 2, SCMP_A0(SCMP_CMP_NE, 0), SCMP_A2(SCMP_CMP_NE, 0));
+    ADD(SCMP_SYS(ioprio_set), EPERM_, SCMP_SYS(ioprio_set), 1, SCMP_A0(SCMP_CMP_NE, IOPRIO_WHO_PROCESS_));
+    ADD(SCMP_SYS(ioprio_set), EPERM_, SCMP_SYS(ioprio_set), 1, SCMP_A1(SCMP_CMP_NE, 0));
+    ADD(SCMP_SYS(prctl), EPERM_, SCMP_SYS(prctl), 2, LOW32(0, PR_SET_CHILD_SUBREAPER), SCMP_A1(SCMP_CMP_EQ, 0));
+#undef ADD
+    return 0;
+}
+
+/* Builds the filter program; on failure leaves filter_code NULL and says why in filter_why. */
+static void filter_build(void) {
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    struct sock_filter *code = NULL;
+    off_t size;
+    int fd = -1;
+    if (ctx == NULL) { filter_why = "libseccomp cannot start a filter"; return; }
+    if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_ERRNO(EPERM)) != 0 ||
+        filter_rules(ctx) != 0) {
+        filter_why = "libseccomp refused a rule";
+        goto done;
+    }
+    seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);   /* a binary tree of syscalls, where supported */
+    fd = memfd_create("mayura-filter", MFD_CLOEXEC);
+    if (fd < 0 || seccomp_export_bpf(ctx, fd) != 0 || (size = lseek(fd, 0, SEEK_END)) <= 0 ||
+        size % sizeof *code != 0 || size / sizeof *code + PREFIX_LEN > BPF_MAXINSNS ||
+        lseek(fd, 0, SEEK_SET) != 0) {
+        filter_why = "libseccomp cannot export the filter";
+        goto done;
+    }
+    code = (struct sock_filter *)malloc((size_t)size + PREFIX_LEN * sizeof *code);
+    if (code == NULL) { filter_why = "out of memory"; goto done; }
+    filter_prefix(code, seccomp_arch_native());
+    if (read(fd, code + PREFIX_LEN, (size_t)size) != (ssize_t)size) {
+        free(code);
+        filter_why = "libseccomp cannot export the filter";
+        goto done;
+    }
+    filter_code = code;
+    filter_len = (unsigned short)(size / sizeof *code + PREFIX_LEN);
+done:
+    if (fd >= 0) close(fd);
+    seccomp_release(ctx);
+}
+#endif
+
+/* In a command's process before execve: installs the filter. Returns 0, or -1 with errno set. */
+static int filter_install(void) {
+#ifdef MAYURA_AGENT_NO_FILTER
+    return 0;   /* a build for the benchmark that measures what the filter costs, never shipped */
+#else
+    struct sock_fprog prog;
+    if (filter_code == NULL) { errno = ENOSYS; return -1; }
+    prog.len = filter_len;
+    prog.filter = filter_code;
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0) return 0;
+    if (errno == ENOSYS && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) == 0) return 0;
+    return -1;
+#endif
+}
+
+/* }====================================================== */
+
+/* {======================================================
 ** Requests
 ** =======================================================*/
 
@@ -732,6 +965,16 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
         if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
         for (fd = 3; fd < maxfd; fd++) close(fd);
     }
+    /* its orphans reparent to it, not to the agent (kept across execve; see kill_tree) */
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    /* last: nothing of the agent's own runs under the filter (started by the spawner, it has it) */
+    if (!filter_inherited && filter_install() != 0) {
+        e = errno;
+        n = snprintf(msg, sizeof msg, "mayura-agent: cannot install the syscall filter (%s: %s); "
+                     "the command does not run\n", filter_code == NULL ? filter_why : "seccomp", strerror(e));
+        if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {}
+        _exit(126);
+    }
     /* execvpe looks PATH up in the caller's environment: make it the command's */
     environ = envp;
     execvpe(argv[0], argv, envp);
@@ -740,6 +983,278 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
     if (n > 0 && write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1) < 0) {}
     _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
 }
+
+/* {======================================================
+** The spawner: commands start under a filter installed once
+** =======================================================*/
+
+#ifndef MAYURA_AGENT_NO_FILTER
+/*
+** Installing a filter costs a process about a tenth of a fork+exec of
+** `true` (the kernel compiles, checks and later frees it for each), while a
+** filter inherited at fork costs nothing. So a helper forked at start (then
+** small) installs the filter on itself and starts each command with
+** clone(CLONE_PARENT): the command is the agent's child as if the agent had
+** forked it (reaped, signalled and timed alike) and shares the helper's
+** filter; the agent stays unfiltered. The helper is not dumpable (nothing
+** can trace it) but code in the sandbox, of its uid, can signal it: it is
+** sent SIGCONT before each command, and once it is gone (killed, or no
+** answer within SPAWN_WAIT_MS) it is not started again: commands are then
+** forked by the agent, each installing the filter itself (child_run). A
+** command whose start it took but did not confirm is killed by its tag and
+** fails with EAGAIN, so that no command ever runs twice.
+**
+** A job: a spawn_head with the descriptors (stdin when has_in, stdout,
+** stderr) attached, then len bytes: the cwd, argc arguments and envc
+** variables, each ending in a NUL. The answer: an int32, the pid or -errno.
+*/
+#define SPAWN_WAIT_MS 2000
+#define SPAWN_MAX_JOB (4u << 20)   /* a larger one is forked by the agent (execve would refuse it anyway) */
+
+typedef struct spawn_head {
+    uint32_t len, argc, envc;
+    int32_t has_in;
+} spawn_head;
+
+/* Reads exactly len bytes (blocking); 0, or -1 at EOF or an error. */
+static int read_full(int fd, void *p, size_t len) {
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p = (char *)p + n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Splits n NUL-ended strings off *p (of *left bytes) into v (n + 1 slots). Returns 0 or -1. */
+static int split_strings(char **p, size_t *left, char **v, uint32_t n) {
+    uint32_t i;
+    for (i = 0; i < n; i++) {
+        char *end = (char *)memchr(*p, '\0', *left);
+        if (end == NULL) return -1;
+        v[i] = *p;
+        *left -= (size_t)(end - *p) + 1;
+        *p = end + 1;
+    }
+    v[n] = NULL;
+    return 0;
+}
+
+/* The helper's life: jobs until the agent's end closes. Never returns. */
+static void spawner_main(int fd, pid_t agent) __attribute__((noreturn));
+static void spawner_main(int fd, pid_t agent) {
+    if (fd != 3 && dup2(fd, 3) != 3) _exit(1);
+    fd = 3;
+    if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {
+        int i;
+        for (i = 4; i < 65536; i++) close(i);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != agent || filter_install() != 0) _exit(1);
+    filter_inherited = 1;
+    if (write(fd, "R", 1) != 1) _exit(1);   /* ready */
+    for (;;) {
+        spawn_head h;
+        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data, *p, *cwd, **argv, **envp;
+        struct iovec iov = { &h, sizeof h };
+        struct msghdr mh;
+        struct cmsghdr *cm;
+        int fds[3] = { -1, -1, -1 }, nfds = 0, i;
+        int32_t answer = -EINVAL;
+        size_t left;
+        ssize_t n;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof cbuf;
+        do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+        if (n <= 0) _exit(0);   /* the agent is gone */
+        for (cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+                nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+                if (nfds > 3) nfds = 3;
+                memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+            }
+        if (n != sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
+            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2))
+            _exit(1);   /* not the agent's: nothing of it can be trusted */
+        data = (char *)malloc(h.len);
+        argv = (char **)calloc((size_t)h.argc + 1, sizeof *argv);
+        envp = (char **)calloc((size_t)h.envc + 1, sizeof *envp);
+        /* out of memory, it ends: the agent then forks commands itself */
+        if (data == NULL || argv == NULL || envp == NULL || read_full(fd, data, h.len) != 0) _exit(1);
+        cwd = data;
+        p = (char *)memchr(data, '\0', h.len);
+        if (p != NULL) {
+            left = h.len - (size_t)(p - data) - 1;
+            p++;
+            if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
+                pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
+                if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
+                answer = pid > 0 ? (int32_t)pid : -errno;
+            }
+        }
+        for (i = 0; i < nfds; i++) close(fds[i]);
+        free(data);
+        free(argv);
+        free(envp);
+        if (write(fd, &answer, sizeof answer) != (ssize_t)sizeof answer) _exit(1);
+    }
+}
+
+/* Waits until fd is ready for ev or the deadline passes; 0 or -1. */
+static int wait_fd(int fd, short ev, int64_t deadline) {
+    for (;;) {
+        struct pollfd pf = { fd, ev, 0 };
+        int64_t left = deadline - now_ms();
+        int rc;
+        if (left <= 0) return -1;
+        rc = poll(&pf, 1, (int)left);
+        if (rc > 0) return (pf.revents & ev) ? 0 : -1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+static void spawner_stop(void) {
+    if (spawner_pid > 0) kill(spawner_pid, SIGKILL);   /* reaped as any child */
+    if (spawner_fd >= 0) close(spawner_fd);
+    spawner_pid = -1;
+    spawner_fd = -1;
+}
+
+/* Forks the helper (at start: the agent is small then). */
+static void spawner_start(void) {
+    int sv[2];
+    pid_t agent = getpid(), pid;
+    if (filter_code == NULL || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+    pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        spawner_main(sv[1], agent);
+    }
+    close(sv[1]);
+    if (pid < 0) { close(sv[0]); return; }
+    set_nonblock(sv[0]);
+    spawner_pid = pid;
+    spawner_fd = sv[0];
+    {
+        /* it says when its filter is on; one that cannot install it is not used */
+        char ready = 0;
+        int64_t deadline = now_ms() + SPAWN_WAIT_MS;
+        ssize_t n;
+        while ((n = read(spawner_fd, &ready, 1)) < 0 && (errno == EINTR ||
+               (errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0))) {}
+        if (n != 1 || ready != 'R') spawner_stop();
+    }
+}
+
+/*
+** Starts a command through the helper. Returns its pid; -1 with errno when
+** it could not start (no process left, say); -2 when the helper is not
+** there or did not take the job: the caller forks the command itself.
+*/
+static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
+                         const char *tag) {
+    spawn_head h;
+    size_t len = strlen(cwd) + 1, at, i;
+    char cbuf[CMSG_SPACE(3 * sizeof(int))], *data;
+    struct iovec iov[2];
+    struct msghdr mh;
+    struct cmsghdr *cm;
+    int fds[3], nfds = 0;
+    int32_t answer;
+    int64_t deadline = now_ms() + SPAWN_WAIT_MS;
+    ssize_t n;
+    if (spawner_fd < 0) return -2;
+    memset(&h, 0, sizeof h);
+    for (i = 0; argv[i] != NULL; i++, h.argc++) len += strlen(argv[i]) + 1;
+    for (i = 0; envp[i] != NULL; i++, h.envc++) len += strlen(envp[i]) + 1;
+    if (len > SPAWN_MAX_JOB || (data = (char *)malloc(len)) == NULL) return -2;
+    at = 0;
+    memcpy(data, cwd, strlen(cwd) + 1);
+    at += strlen(cwd) + 1;
+    for (i = 0; argv[i] != NULL; i++) { memcpy(data + at, argv[i], strlen(argv[i]) + 1); at += strlen(argv[i]) + 1; }
+    for (i = 0; envp[i] != NULL; i++) { memcpy(data + at, envp[i], strlen(envp[i]) + 1); at += strlen(envp[i]) + 1; }
+    h.len = (uint32_t)len;
+    h.has_in = in_fd >= 0;
+    if (in_fd >= 0) fds[nfds++] = in_fd;
+    fds[nfds++] = out_fd;
+    fds[nfds++] = err_fd;
+    memset(&mh, 0, sizeof mh);
+    memset(cbuf, 0, sizeof cbuf);
+    iov[0].iov_base = &h;
+    iov[0].iov_len = sizeof h;
+    iov[1].iov_base = data;
+    iov[1].iov_len = len;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = 2;   /* the job in one call, when the socket takes it all */
+    mh.msg_control = cbuf;
+    mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+    cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+    kill(spawner_pid, SIGCONT);   /* a stop from the sandbox must not hold the agent up */
+    do n = sendmsg(spawner_fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    if (n < (ssize_t)sizeof h) {
+        /* it never had the job: safe to start the command another way */
+        free(data);
+        spawner_stop();
+        return -2;
+    }
+    for (at = (size_t)n - sizeof h; at < len;) {
+        n = write(spawner_fd, data + at, len - at);
+        if (n > 0) { at += (size_t)n; continue; }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLOUT, deadline) == 0) continue;
+        break;
+    }
+    free(data);
+    answer = 0;
+    if (at == len) {
+        for (at = 0; at < sizeof answer;) {
+            n = read(spawner_fd, (char *)&answer + at, sizeof answer - at);
+            if (n > 0) { at += (size_t)n; continue; }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0) continue;
+            break;
+        }
+        if (at < sizeof answer) answer = 0;
+    }
+    if (answer > 0) return (pid_t)answer;
+    if (answer < 0) { errno = -answer; return -1; }
+    /* it took the job and said nothing: whatever of it started ends, and the command fails */
+    spawner_stop();
+    {
+        char needle[128];
+        size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, tag, 1);
+        tree_kill(0, 0, needle, nlen);
+    }
+    errno = EAGAIN;
+    return -1;
+}
+#endif
+
+/* Starts a command: through the helper when it is there, else forked here. Returns its pid, or -1. */
+static pid_t start_command(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
+                           const char *tag) {
+    pid_t pid;
+#ifndef MAYURA_AGENT_NO_FILTER
+    pid = spawner_run(argv, envp, cwd, in_fd, out_fd, err_fd, tag);
+    if (pid != -2) return pid;
+#else
+    (void)tag;
+#endif
+    pid = fork();
+    if (pid == 0) child_run(argv, envp, cwd, in_fd, out_fd, err_fd);
+    return pid;
+}
+
+/* }====================================================== */
 
 static void op_exec(conn *c, const wire_msg *m) {
     const wire_field *fa = wire_find(m, "argv");
@@ -832,15 +1347,14 @@ static void op_exec(conn *c, const wire_msg *m) {
         goto done;
     }
     x->started = now_ms();
-    pid = fork();
+    pid = start_command(argv, env.v, cwd, pi[0], po[1], pe[1], x->tag);
     if (pid < 0 && errno == EAGAIN && nleftovers > 0) {
         /* out of processes: end what earlier commands left behind, then try once more */
         leftovers_run(INT64_MAX);
         reap();
-        pid = fork();
+        pid = start_command(argv, env.v, cwd, pi[0], po[1], pe[1], x->tag);
     }
     if (pid < 0) { reply_errno(c, m->id, errno, "fork"); goto done; }
-    if (pid == 0) child_run(argv, env.v, cwd, pi[0], po[1], pe[1]);
 
     close(po[1]);
     close(pe[1]);
@@ -1100,14 +1614,18 @@ static const char *type_name(mode_t md) {
     return "other";
 }
 
+/* The most a listing holds: beyond either, the reply is the error 'too_many_entries'. */
+#define LIST_MAX_ENTRIES 100000
+#define LIST_MAX_NAME_BYTES (16u << 20)
+
 static void op_list(conn *c, const wire_msg *m) {
     char *path;
-    int fd, e = 0;
+    int fd, e = 0, over = 0;
     DIR *d;
     struct dirent *de;
     struct stat st;
     entry *ents = NULL;
-    size_t n = 0, cap = 0, i, at;
+    size_t n = 0, cap = 0, i, at, name_bytes = 0;
     wire_buf b = {0};
     if ((path = path_field(c, m)) == NULL) return;
     fd = open(path, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
@@ -1127,6 +1645,8 @@ static void op_list(conn *c, const wire_msg *m) {
         de = readdir(d);
         if (de == NULL) { e = errno; break; }
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        name_bytes += strlen(de->d_name);
+        if (n == LIST_MAX_ENTRIES || name_bytes > LIST_MAX_NAME_BYTES) { over = 1; break; }
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             if (errno == ENOENT) continue;   /* removed since readdir */
             e = errno;
@@ -1146,7 +1666,10 @@ static void op_list(conn *c, const wire_msg *m) {
         n++;
     }
     closedir(d);
-    if (e != 0) {
+    if (over) {
+        reply_error(c, m->id, "too_many_entries", "the directory has more than %d entries or %u bytes of names",
+                    LIST_MAX_ENTRIES, LIST_MAX_NAME_BYTES);
+    } else if (e != 0) {
         reply_errno(c, m->id, e, "list");
     } else {
         if (n > 1) qsort(ents, n, sizeof *ents, entry_cmp);
@@ -1288,29 +1811,40 @@ static void op_remove(conn *c, const wire_msg *m) {
 
 /* }------------------------------------------------------ */
 
+static void op_ping(conn *c, const wire_msg *m) {
+    reply_ok(c, m->id, "ok");
+}
+
+static void op_shutdown(conn *c, const wire_msg *m) {
+    reply_ok(c, m->id, "ok");
+    shutting_down = 1;
+}
+
+/*
+** Runs a request. One the host would not send ends the connection, and so
+** the agent, unanswered: no op or an unknown one, anything before hello,
+** a second setup (the environment and workdir of later commands are set
+** once). A request with a bad field is answered 'invalid'.
+*/
 static void dispatch(conn *c, const wire_msg *m) {
     const wire_field *f = wire_find(m, "op");
     static const struct { const char *name; void (*fn)(conn *, const wire_msg *); } ops[] = {
         {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel},
         {"read", op_read}, {"write", op_write}, {"list", op_list}, {"remove", op_remove},
+        {"ping", op_ping}, {"shutdown", op_shutdown},
     };
     size_t i;
-    if (f == NULL || f->type != WIRE_BYTES) {
-        reply_error(c, m->id, "invalid", "field 'op' is missing or not bytes");
-        return;
-    }
-    if (f->len == 4 && memcmp(f->val, "ping", 4) == 0) { reply_ok(c, m->id, "ok"); return; }
-    if (f->len == 8 && memcmp(f->val, "shutdown", 8) == 0) {
-        reply_ok(c, m->id, "ok");
-        shutting_down = 1;
-        return;
-    }
+    if (f == NULL || f->type != WIRE_BYTES) { conn_close(c); return; }
     for (i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (strlen(ops[i].name) == f->len && memcmp(ops[i].name, f->val, f->len) == 0) {
-            ops[i].fn(c, m);
-            return;
-        }
-    reply_error(c, m->id, "invalid", "unknown op");
+        if (strlen(ops[i].name) == f->len && memcmp(ops[i].name, f->val, f->len) == 0) break;
+    if (i == sizeof ops / sizeof ops[0]) { conn_close(c); return; }
+    if (ops[i].fn == op_hello) c->said_hello = 1;
+    else if (!c->said_hello) { conn_close(c); return; }
+    if (ops[i].fn == op_setup) {
+        if (c->had_setup) { conn_close(c); return; }
+        c->had_setup = 1;
+    }
+    ops[i].fn(c, m);
 }
 
 /* }====================================================== */
@@ -1411,14 +1945,31 @@ static void conn_sweep(void) {
     }
 }
 
-static void accept_all(void) {
-    for (;;) {
+/*
+** Takes the one peer: the first connection (of --peer-uid's uid when given;
+** any other is closed unanswered), after which nobody else can connect: the
+** listener is closed and its socket unlinked, and the peer's end ends the
+** agent as with --fd.
+*/
+static void accept_peer(void) {
+    while (listen_fd >= 0) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
             return;   /* EAGAIN, or out of descriptors: try again at the next turn */
         }
-        conn_new(fd);
+        if (peer_uid >= 0) {
+            struct ucred cr;
+            socklen_t len = sizeof cr;
+            if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr ||
+                (long long)cr.uid != peer_uid) {
+                close(fd);
+                continue;
+            }
+        }
+        if (conn_new(fd) == NULL) continue;
+        listener_close();
+        fd_mode = 1;
     }
 }
 
@@ -1430,7 +1981,7 @@ static void accept_all(void) {
 
 static void usage(const char *msg) {
     fprintf(stderr, "mayura-agent: %s\n"
-            "usage: mayura-agent (--fd N | --listen PATH) --lifetime-ms MS [--workdir DIR]\n", msg);
+            "usage: mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR]\n", msg);
     exit(2);
 }
 
@@ -1457,7 +2008,8 @@ static int open_listener(const char *path) {
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) { perror("mayura-agent: socket"); exit(1); }
     unlink(path);
-    old = umask(0177);   /* the socket is made 0600 */
+    /* 0600; 0666 with --peer-uid, whose check is then what keeps others out */
+    old = umask(peer_uid >= 0 ? 0111 : 0177);
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) { perror("mayura-agent: bind"); exit(1); }
     umask(old);
     if (listen(fd, 128) != 0) { perror("mayura-agent: listen"); exit(1); }
@@ -1489,7 +2041,7 @@ static void finish_shutdown(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *listen_path = NULL, *wd = "/workspace";
+    const char *wd = "/workspace";
     long long fd = -1, lifetime = -1;
     struct pollfd *pfs = NULL;
     size_t pfcap = 0;
@@ -1502,11 +2054,16 @@ int main(int argc, char **argv) {
         if (i + 1 >= argc) usage("missing value");
         if (strcmp(a, "--fd") == 0) fd = parse_num(argv[++i], "--fd");
         else if (strcmp(a, "--listen") == 0) listen_path = argv[++i];
+        else if (strcmp(a, "--peer-uid") == 0) {
+            peer_uid = parse_num(argv[++i], "--peer-uid");
+            if (peer_uid > (long long)UINT32_MAX - 1) usage("--peer-uid is not a uid");
+        }
         else if (strcmp(a, "--lifetime-ms") == 0) lifetime = parse_num(argv[++i], "--lifetime-ms");
         else if (strcmp(a, "--workdir") == 0) wd = argv[++i];
         else usage("unknown argument");
     }
     if ((fd >= 0) == (listen_path != NULL)) usage("give exactly one of --fd and --listen");
+    if (peer_uid >= 0 && listen_path == NULL) usage("--peer-uid goes with --listen");
     if (lifetime <= 0) usage("--lifetime-ms is required and must be above 0");
     if (lifetime > MAX_MS) lifetime = MAX_MS;
     if (wd[0] == '\0' || strlen(wd) >= PATH_MAX) usage("--workdir is not valid");
@@ -1514,7 +2071,12 @@ int main(int argc, char **argv) {
 
     /* same-uid code in the sandbox must not ptrace the agent or read its memory */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);   /* also what lets an unprivileged process install a filter */
+#ifndef MAYURA_AGENT_NO_FILTER
+    filter_build();
+    if (filter_code == NULL)
+        fprintf(stderr, "mayura-agent: cannot build the syscall filter (%s): commands will not run\n", filter_why);
+#endif
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */
     umask(022);
@@ -1534,6 +2096,9 @@ int main(int argc, char **argv) {
     }
     if (workdir == NULL) exit(1);
     if (chdir(workdir) != 0) { /* commands chdir for themselves; a missing cwd is reported per exec */ }
+#ifndef MAYURA_AGENT_NO_FILTER
+    spawner_start();   /* now, while the agent is small and 0..2 are taken */
+#endif
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     lifetime_end = now_ms() + lifetime;
@@ -1608,7 +2173,7 @@ int main(int argc, char **argv) {
                 if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(&x->err);
                 if (x->pi_in >= 0 && pfs[x->pi_in].revents != 0) stdin_write(x);
             }
-            if (listen_idx >= 0 && pfs[listen_idx].revents != 0) accept_all();
+            if (listen_idx >= 0 && pfs[listen_idx].revents != 0) accept_peer();
         }
         now = now_ms();
         leftovers_run(now);

@@ -5,7 +5,10 @@
 -- exec of `true` in a local sandbox against a fork+exec of `true` on the host
 -- (core.spawn), against a one-shot `bwrap ... true`, and against `docker exec`
 -- when a Docker daemon answers; create+release of a sandbox, with network 'none' and,
--- where the provider offers it, 'all' (its stack and firewall), without and with a port.
+-- where the provider offers it, 'all' (its stack and firewall), without and with a port. What the
+-- agent's syscall filter costs: exec of `true` in a sandbox of the agent against one of the agent
+-- built without it (build/bench/mayura-agent-nofilter, made by `make bench`), turn by turn in the
+-- same run.
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
 local process = require('mayura.process')
@@ -47,6 +50,39 @@ if provider.features.network[2] == 'all' then
   open:close()
 end
 
+-- the syscall filter: the same exec with and without it, alternating, so both see the same machine
+local filter_ratio, filter_p10
+local NOFILTER = 'build/bench/mayura-agent-nofilter'
+local nf = io.open(NOFILTER, 'rb')
+if nf then
+  nf:close()
+  local uv = require('luv')
+  local pool2 = sandbox.create_sandboxes(local_provider.local_sandboxes({ agent = NOFILTER }),
+    { max_sandboxes = 1, max_lifetime_ms = 600000 })
+  local plain = pool2:create({ lifetime_ms = 600000 })
+  local with, without = {}, {}
+  for i = 1, N + 3 do
+    local t0 = uv.hrtime()
+    assert(sb:exec({ 'true' }).exit_code == 0)
+    local t1 = uv.hrtime()
+    assert(plain:exec({ 'true' }).exit_code == 0)
+    local t2 = uv.hrtime()
+    if i > 3 then
+      with[#with + 1] = (t1 - t0) / 1e6
+      without[#without + 1] = (t2 - t1) / 1e6
+    end
+  end
+  local w, wo = bench.median(with), bench.median(without)
+  add('local sandbox exec true, syscall filter', w)
+  add('local sandbox exec true, no syscall filter', wo)
+  filter_ratio = w / wo
+  -- the 10th percentiles too: less of what a loaded machine adds to either
+  local k = math.max(1, math.floor(#with / 10))
+  filter_p10 = with[k] / without[k]   -- bench.median sorted both
+  plain:release()
+  pool2:close()
+end
+
 local docker_ms
 local probe = process.run({ 'sh', '-c', 'docker info >/dev/null 2>&1 && docker ps -q | head -1' })
 local container = probe.exit_code == 0 and probe.stdout:match('%S+')
@@ -67,4 +103,10 @@ print(('create+release median              %6.1f ms (target <= 30 ms)'):format(c
 if cr_all then
   print(("create+release 'all' / 'none'       %6.2fx"):format(cr_all / cr))
   print(("create+release 'all'+port / 'none'  %6.2fx"):format(cr_port / cr))
+end
+if filter_ratio then
+  print(('exec with / without syscall filter  %6.3fx   (target <= 1.05x; 10th percentiles %.3fx)')
+    :format(filter_ratio, filter_p10))
+else
+  print('exec with / without syscall filter  (not measured: ' .. NOFILTER .. ' is missing, run make bench)')
 end

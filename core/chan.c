@@ -3,16 +3,17 @@
 **
 ** core.channel(fd, opts) wraps a connected unix stream socket (e.g. one end
 ** of core.socketpair()); core.channel_connect(path, opts, cb) connects to
-** an agent listening on a socket path. ch:call(request, cb) sends a request
-** frame (core/wire.h) built from a Lua table and calls cb(reply) when the
-** reply with the same id comes back, or cb(nil, err) when the channel closes
-** first.
+** an agent listening on a socket path. ch:call(request, cb[, max_reply_bytes])
+** sends a request frame (core/wire.h) built from a Lua table and calls
+** cb(reply) when the reply with the same id comes back, or cb(nil, err) when
+** the channel closes first.
 **
 ** What comes back is untrusted: code in the sandbox runs as the agent's
-** user and may replace it. So a frame longer than max_frame_bytes, a frame
-** wire_parse refuses, or a reply to no pending call closes the channel
-** (reason 'failed') instead of being believed, and decoding runs in
-** protected mode, so even running out of memory on a hostile reply cannot
+** user and may replace it. So a frame longer than max_frame_bytes (or than
+** the max_reply_bytes of the call it answers, told by its id before the rest
+** is read), a frame wire_parse refuses, or a reply to no pending call closes
+** the channel (reason 'failed') instead of being believed, and decoding runs
+** in protected mode, so even running out of memory on a hostile reply cannot
 ** unwind through libuv.
 */
 #include <fcntl.h>
@@ -36,6 +37,8 @@ typedef struct mc_chan {
     uint32_t next_id;
     lua_Integer npending;
     size_t max_frame;
+    struct { uint32_t id; size_t max; } *limits;   /* pending calls with a max_reply_bytes of their own */
+    size_t nlimits, limits_cap;
     unsigned char *in;    /* received bytes not yet handled */
     size_t in_len, in_size;
     int closed;           /* no more calls; the pending ones have been failed */
@@ -58,6 +61,7 @@ typedef struct chan_write {
 
 static void chan_maybe_free(mc_chan *ch) {
     if (ch->handle_live || ch->boxed || ch->busy > 0) return;
+    free(ch->limits);
     free(ch->in);
     free(ch);
 }
@@ -102,6 +106,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     self = ch->self_ref;
     ch->pending_ref = ch->on_close_ref = ch->self_ref = LUA_NOREF;
     ch->npending = 0;
+    ch->nlimits = 0;
     if (L == NULL) return;   /* the state is closing: nobody to tell */
     ch->busy++;
     if (pending != LUA_NOREF) {
@@ -157,6 +162,18 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
 /* {======================================================
 ** Reading replies
 ** =======================================================*/
+
+/* The max_reply_bytes of the pending call id (0: none but max_frame_bytes); forgets it when take. */
+static size_t chan_limit(mc_chan *ch, uint32_t id, int take) {
+    size_t i, max;
+    for (i = 0; i < ch->nlimits; i++) {
+        if (ch->limits[i].id != id) continue;
+        max = ch->limits[i].max;
+        if (take) ch->limits[i] = ch->limits[--ch->nlimits];
+        return max;
+    }
+    return 0;
+}
 
 /* Protected: pushes the reply table of the wire_msg given as a light userdata. */
 static int chan_decode(lua_State *L) {
@@ -242,6 +259,7 @@ static int chan_handle_frame(mc_chan *ch, const unsigned char *body, size_t len)
     lua_pushnil(L);
     lua_rawseti(L, -3, (lua_Integer)msg.id);
     ch->npending--;
+    if (ch->nlimits > 0) chan_limit(ch, msg.id, 1);
     lua_replace(L, -2);                                   /* reply, cb */
     lua_insert(L, -2);                                    /* cb, reply */
     mc_call(L, 1);
@@ -282,6 +300,15 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         if (flen < 4 || flen > ch->max_frame) {
             chan_shutdown(ch, ch->L, "failed", "the agent sent a frame over the size limit", 1);
             break;
+        }
+        if (ch->nlimits > 0) {
+            size_t max;
+            if (ch->in_len - off < 8) break;   /* its id first: the call it answers may allow less */
+            max = chan_limit(ch, wire_get_u32(ch->in + off + 4), 0);
+            if (max != 0 && flen > max) {
+                chan_shutdown(ch, ch->L, "failed", "the agent sent a reply over its call's size limit", 1);
+                break;
+            }
         }
         if (ch->in_len - off - 4 < flen) break;
         off += 4;
@@ -423,9 +450,11 @@ static mc_chan *chan_check(lua_State *L) {
 }
 
 /*
-** ch:call(request, cb) -> id. The request table is checked in full before
-** anything is built (a misuse raises and leaves nothing allocated). On a
-** closed channel: nil, err (SANDBOX_ERROR reason 'gone'), and cb is never called.
+** ch:call(request, cb[, max_reply_bytes]) -> id. The request table is
+** checked in full before anything is built (a misuse raises and leaves
+** nothing allocated). With max_reply_bytes (4 or more), a reply frame longer
+** than that closes the channel as one over max_frame_bytes does. On a closed
+** channel: nil, err (SANDBOX_ERROR reason 'gone'), and cb is never called.
 */
 static int l_chan_call(lua_State *L) {
     mc_chan *ch = chan_check(L);
@@ -434,8 +463,13 @@ static int l_chan_call(lua_State *L) {
     uv_buf_t ub;
     uint32_t id;
     int nfields = 0, rc;
+    lua_Integer max_reply = 0;
     if (lua_type(L, 2) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "call expects a request table");
     if (lua_type(L, 3) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "call expects a callback");
+    if (!lua_isnoneornil(L, 4)) {
+        if (!lua_isinteger(L, 4) || (max_reply = lua_tointeger(L, 4)) < 4 || max_reply > (lua_Integer)WIRE_MAX_FRAME)
+            return mc_raise(L, "INVALID_INPUT", "max_reply_bytes must be an integer from 4 to %u", WIRE_MAX_FRAME);
+    }
     lua_pushnil(L);
     while (lua_next(L, 2) != 0) {
         const char *why = NULL;
@@ -456,6 +490,13 @@ static int l_chan_call(lua_State *L) {
         lua_pushnil(L);
         chan_push_error(L, "gone", "the channel is closed");
         return 2;
+    }
+    if (max_reply > 0 && ch->nlimits == ch->limits_cap) {
+        size_t nc = ch->limits_cap ? ch->limits_cap * 2 : 8;
+        void *nl = realloc(ch->limits, nc * sizeof *ch->limits);
+        if (nl == NULL) return mc_raise(L, "SANDBOX_ERROR", "out of memory");
+        ch->limits = nl;
+        ch->limits_cap = nc;
     }
     id = ch->next_id++;
     if (ch->next_id == 0) ch->next_id = 1;   /* 0 is never an id */
@@ -494,6 +535,11 @@ static int l_chan_call(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)id);
     lua_pop(L, 1);
     ch->npending++;
+    if (max_reply > 0) {   /* room was made above */
+        ch->limits[ch->nlimits].id = id;
+        ch->limits[ch->nlimits].max = (size_t)max_reply;
+        ch->nlimits++;
+    }
     lua_pushinteger(L, (lua_Integer)id);
     return 1;
 }

@@ -5,8 +5,12 @@
 **
 ** A command is started with a variable NAME=tag in its environment; its
 ** children inherit it, also those that move to a session of their own, so a
-** scan of /proc finds them all (a process that rewrites its environment is
-** the one way out, which a pid namespace's end covers).
+** scan of /proc finds them all. A process that rewrites its environment is
+** found by its parents instead where the command's own process is a child
+** subreaper (the agent makes it one): every orphan of the command then
+** reparents to it, so while it lives, every process it started has it up
+** its chain of parents (tree_kill_below). Elsewhere (the host core) a pid
+** namespace's end covers that way out.
 */
 #ifndef MAYURA_TREE_H
 #define MAYURA_TREE_H
@@ -19,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TREE_UNUSED __attribute__((unused))
@@ -120,5 +125,132 @@ static TREE_UNUSED void tree_kill(pid_t leader, int by_pid, const char *needle, 
     for (pass = 0; pass < TREE_MAX_PASSES; pass++)
         if (tree_signal(leader, by_pid, needle, nlen, SIGKILL) == 0) break;
 }
+
+/* {------------------------------------------------------
+** Descendants: chains of parents in /proc
+** -------------------------------------------------------*/
+
+/*
+** The parent and state of a /proc/<pid>/stat text (buf, NUL-terminated):
+** "pid (comm) S ppid ...", where comm may hold anything, ')' and spaces
+** included, so the fields are read after the last ')'. Returns 0, or -1
+** when the text does not have that shape.
+*/
+static TREE_UNUSED int stat_parent(const char *buf, pid_t *ppid, char *state) {
+    const char *rp = strrchr(buf, ')');
+    long v = 0;
+    int digits = 0;
+    if (rp == NULL || rp[1] != ' ' || rp[2] == '\0' || rp[3] != ' ') return -1;
+    *state = rp[2];
+    for (rp += 4; *rp >= '0' && *rp <= '9'; rp++) {
+        if (v > 99999999) return -1;
+        v = v * 10 + (*rp - '0');
+        digits++;
+    }
+    if (digits == 0 || (*rp != ' ' && *rp != '\0')) return -1;
+    *ppid = (pid_t)v;
+    return 0;
+}
+
+typedef struct tree_proc { pid_t pid, ppid; int zombie; } tree_proc;
+
+static TREE_UNUSED int tree_proc_cmp(const void *a, const void *b) {
+    pid_t x = ((const tree_proc *)a)->pid, y = ((const tree_proc *)b)->pid;
+    return x < y ? -1 : x > y;
+}
+
+/* Every process of /proc with its parent, sorted by pid, in *out (to free). Returns the count, or -1. */
+static TREE_UNUSED int tree_scan(tree_proc **out) {
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    tree_proc *v = NULL;
+    size_t n = 0, cap = 0;
+    *out = NULL;
+    if (d == NULL) return -1;
+    while ((e = readdir(d)) != NULL) {
+        char path[64], buf[1024], state;
+        char *end;
+        long pid;
+        pid_t ppid;
+        ssize_t len;
+        int fd;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        pid = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || pid <= 0 || pid > 0x3fffffff) continue;
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        len = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (len <= 0) continue;
+        buf[len] = '\0';
+        if (stat_parent(buf, &ppid, &state) != 0) continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 256;
+            tree_proc *nv = (tree_proc *)realloc(v, nc * sizeof *nv);
+            if (nv == NULL) { free(v); closedir(d); return -1; }
+            v = nv;
+            cap = nc;
+        }
+        v[n].pid = (pid_t)pid;
+        v[n].ppid = ppid;
+        v[n].zombie = state == 'Z' || state == 'X';
+        n++;
+    }
+    closedir(d);
+    if (n > 1) qsort(v, n, sizeof *v, tree_proc_cmp);
+    *out = v;
+    return (int)n;
+}
+
+/* Whether root is up the chain of parents of v[i] (at most n steps: a chain read while it changes may loop). */
+static TREE_UNUSED int tree_below(const tree_proc *v, size_t n, size_t i, pid_t root) {
+    size_t steps;
+    pid_t p = v[i].ppid;
+    for (steps = 0; steps < n && p > 0; steps++) {
+        tree_proc key, *up;
+        if (p == root) return 1;
+        key.pid = p;
+        up = (tree_proc *)bsearch(&key, v, n, sizeof *v, tree_proc_cmp);
+        if (up == NULL) return 0;
+        p = up->ppid;
+    }
+    return 0;
+}
+
+/* Signals every live descendant of root (not root itself); returns how many, or -1 when /proc cannot be read. */
+static TREE_UNUSED int tree_signal_below(pid_t root, int sig) {
+    tree_proc *v;
+    int n = tree_scan(&v), i, hits = 0;
+    if (n < 0) return -1;
+    for (i = 0; i < n; i++) {
+        if (v[i].zombie || v[i].pid == root || !tree_below(v, (size_t)n, (size_t)i, root)) continue;
+        kill(v[i].pid, sig);
+        hits++;
+    }
+    free(v);
+    return hits;
+}
+
+/*
+** SIGKILL every descendant of root, a live child subreaper, leaving root
+** itself: it is stopped first, so it starts nothing more, and stays to take
+** the orphans of the killed; passes go on until no live descendant is left.
+** A killed process starts nothing more either, but may take a moment to end
+** and hand its children over: later passes wait a millisecond for that.
+*/
+static TREE_UNUSED void tree_kill_below(pid_t root) {
+    int pass;
+    if (root <= 0 || kill(root, SIGSTOP) != 0) return;
+    for (pass = 0; pass < TREE_MAX_PASSES; pass++) {
+        if (tree_signal_below(root, SIGKILL) <= 0) break;
+        if (pass >= 2) {
+            struct timespec ts = { 0, 1000000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* }------------------------------------------------------ */
 
 #endif

@@ -19,12 +19,15 @@
 ** stream from the host. It is written to one end of a socketpair whose
 ** other end is the agent's connection, and conn_read handles it (frame
 ** accumulation, wire_parse, dispatch). A model walks the same stream: each
-** complete frame that parses gets exactly one reply, in order, with its id;
-** the first frame out of bounds or malformed closes the connection (the
+** complete frame that parses and is a request the host would send gets
+** exactly one reply, in order, with its id; the first frame out of bounds
+** or malformed, or one the host would not send (no op, an unknown op,
+** anything before hello, a second setup) closes the connection (the
 ** replies to the frames before it may then be cut short, the last one
 ** even in the middle, as the close drops what was not sent yet). Every
 ** reply must be a frame wire_parse takes, and an error reply has 'error'
-** and 'message' as bytes.
+** and 'message' as bytes. The syscall filter is left out of the build
+** (MAYURA_AGENT_NO_FILTER): no command ever runs here.
 */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -181,6 +184,7 @@ static pid_t fz_fork(void) {
 #define mkostemp(t, f) fz_mkostemp(t, f)
 #define fork() fz_fork()
 #define main agent_main
+#define MAYURA_AGENT_NO_FILTER
 
 /* }------------------------------------------------------ */
 
@@ -236,6 +240,25 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
+/* What the model makes of a request: 1 answered, 0 ends the connection; *hello and *setup follow it. */
+static int model_request(const wire_msg *m, int *hello, int *setup) {
+    static const char *const ops[] = { "hello", "setup", "exec", "cancel", "read", "write", "list", "remove",
+                                       "ping", "shutdown" };
+    const wire_field *f = wire_find(m, "op");
+    size_t i;
+    if (f == NULL || f->type != WIRE_BYTES) return 0;
+    for (i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strlen(ops[i]) == f->len && memcmp(ops[i], f->val, f->len) == 0) break;
+    if (i == sizeof ops / sizeof ops[0]) return 0;
+    if (i == 0) { *hello = 1; return 1; }
+    if (!*hello) return 0;
+    if (i == 1) {
+        if (*setup) return 0;
+        *setup = 1;
+    }
+    return 1;
+}
+
 /* Global state of the agent back to a fresh start. */
 static void reset(void) {
     size_t i;
@@ -275,7 +298,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t expect[4096];
     size_t nexp = 0, off, nreplies = 0, wrote = 0, rlen = 0, rcap = 0;
     unsigned char *replies = NULL;
-    int closes = 0, sv[2];
+    int closes = 0, sv[2], hello = 0, setup = 0;
     conn *c;
     if (size == 0) return 0;
     oracle_n = data[0] < size - 1 ? data[0] : size - 1;
@@ -291,6 +314,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (flen < 4 || flen > WIRE_MAX_FRAME) { closes = 1; break; }
         if (size - off - 4 < flen) break;
         if (wire_parse(data + off + 4, flen, &m) != 0) { closes = 1; break; }
+        if (!model_request(&m, &hello, &setup)) { closes = 1; break; }
         if (nexp == sizeof expect / sizeof expect[0]) return 0;
         expect[nexp++] = m.id;
         off += 4 + (size_t)flen;

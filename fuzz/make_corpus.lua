@@ -103,9 +103,15 @@ write('chan', 'request', '\2'
 write('chan', 'request_ints', '\2' .. '\0' .. '\4\3' .. '\1\0\0\0\0\0\0\0' .. '\2\0\0\0\0\0\0\0' .. '\3\0\0\0\0\0\0\0')
 write('chan', 'request_bad', '\2' .. '\0' .. '\6\0' .. '\1' .. '\7\1' .. '\9' .. '\0\0' .. '\10' .. '\0\0\1x')
 
--- agent: oracle length, oracle bytes, then request frames (see agent_fuzz.c)
-local function agent(oracle, ...) return string.char(#oracle) .. oracle .. table.concat({ ... }) end
+-- agent: oracle length, oracle bytes, then request frames (see agent_fuzz.c), after the hello
+-- the agent wants first
+local function agent(oracle, ...)
+  return string.char(#oracle) .. oracle .. frame(99, bytes('op', 'hello')) .. table.concat({ ... })
+end
 write('agent', 'hello_ping', agent('', frame(1, bytes('op', 'hello')), frame(2, bytes('op', 'ping'))))
+write('agent', 'no_hello', string.char(0) .. frame(1, bytes('op', 'ping')))
+write('agent', 'setup_twice', agent('', frame(1, bytes('op', 'setup'), bytes('workdir', 'a')),
+  frame(2, bytes('op', 'setup'), bytes('workdir', 'b'))))
 write('agent', 'setup', agent('', frame(1, bytes('op', 'setup'), map('env', { 'A', '1', 'PATH', '/x' }), bytes('workdir', 'w'))))
 write('agent', 'exec', agent('\1\0', frame(5, bytes('op', 'exec'), strs('argv', { 'sh', '-c', 'echo hi' }),
   map('env', { 'K', 'V' }), bytes('cwd', 'sub'), bytes('stdin', 'in'), int('timeout_ms', 1000),

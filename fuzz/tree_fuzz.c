@@ -17,6 +17,10 @@
 **  - is_zombie on the same file (read at once, as /proc/<pid>/stat is)
 **    says zombie exactly when the byte two after the last ')' of its first
 **    511 bytes (up to a NUL) is 'Z', or there is no such ')'.
+**  - stat_parent on that text takes it exactly when the last ')' is
+**    followed by a space, a state byte, a space and a run of digits of a
+**    value up to 999999999 that ends the text or a space, and then gives
+**    that state and value.
 */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -107,5 +111,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     expect = file_len == 0 || rp == NULL || rp[1] == '\0' || rp[2] == 'Z';
     got = is_zombie(1);
     if (got != expect) fail("is_zombie disagrees with the reference");
+
+    /* stat_parent against a reading with strtoull */
+    {
+        pid_t ppid = -1;
+        char state = 0, *end = NULL;
+        unsigned long long v = 0;
+        expect = 0;
+        if (rp != NULL && rp[1] == ' ' && rp[2] != '\0' && rp[3] == ' ' && rp[4] >= '0' && rp[4] <= '9') {
+            errno = 0;
+            v = strtoull((const char *)rp + 4, &end, 10);
+            expect = errno == 0 && v <= 999999999ull && (*end == ' ' || *end == '\0');
+        }
+        got = stat_parent((const char *)stat, &ppid, &state) == 0;
+        if (got != expect) fail(expect ? "stat_parent refused a stat line" : "stat_parent took a stat line");
+        if (got && (state != (char)rp[2] || (unsigned long long)ppid != v)) fail("stat_parent read another parent");
+    }
     return 0;
 }

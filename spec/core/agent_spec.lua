@@ -27,7 +27,10 @@ end
 
 local started = {}
 
---- Starts an agent serving one end of a socketpair; opts: lifetime_ms, wrap(argv), channel options.
+local call
+
+--- Starts an agent serving one end of a socketpair and says hello (unless opts.hello is false);
+-- opts: lifetime_ms, wrap(argv), channel options.
 local function start(opts)
   opts = opts or {}
   local ag = { dir = util.tmpdir(), closes = {} }
@@ -42,11 +45,12 @@ local function start(opts)
     on_close = function(err) table.insert(ag.closes, err) end,
   })
   table.insert(started, ag)
+  if opts.hello ~= false then assert(call(ag, { op = 'hello' }).version) end
   return ag
 end
 
 --- Sends a request and waits for its reply: returns reply or nil, err.
-local function call(ag, req, ms)
+function call(ag, req, ms)
   local done, r, e = false, nil, nil
   local ch = ag.ch or ag
   assert(ch:call(req, function(x, y) done, r, e = true, x, y end))
@@ -213,11 +217,6 @@ describe('mayura-agent', function()
       assert.matches('env', r.message)
       r = call(ag, { op = 'exec', argv = { 'true' }, env = { ['A=B'] = 'x' } })
       assert.are.equal('invalid', r.error)
-      r = call(ag, { op = 'frobnicate' })
-      assert.are.equal('invalid', r.error)
-      r = call(ag, { path = 'x' })
-      assert.are.equal('invalid', r.error)
-      assert.matches('op', r.message)
       r = call(ag, { op = 'read' })
       assert.are.equal('invalid', r.error)
       assert.matches('path', r.message)
@@ -236,6 +235,33 @@ describe('mayura-agent', function()
       assert.is_string(r.message)
       -- the connection is still fine
       assert.is_true(call(ag, { op = 'ping' }).ok)
+    end)
+
+    it('ends the connection, and itself, unanswered, on a request the host would not send', function()
+      local cases = {
+        { name = 'an unknown op', reqs = { { op = 'frobnicate' } } },
+        { name = 'no op', reqs = { { path = 'x' } } },
+        { name = 'an op that is not bytes', reqs = { { op = 7 } } },
+        { name = 'an exec before hello', hello = false, reqs = { { op = 'exec', argv = { 'touch', 'ran' } } } },
+        { name = 'a ping before hello', hello = false, reqs = { { op = 'ping' } } },
+        { name = 'a second setup', reqs = { { op = 'setup', workdir = 'a' }, { op = 'setup', workdir = 'b' } } },
+      }
+      for _, case in ipairs(cases) do
+        local ag = start({ hello = case.hello })
+        local last = #case.reqs
+        for i = 1, last - 1 do assert.is_true(call(ag, case.reqs[i]).ok, case.name) end
+        local r, e = call(ag, case.reqs[last])
+        assert.is_nil(r, case.name)
+        assert.are.equal('gone', e.reason, case.name)
+        assert.is_true(exited(ag), case.name .. ': the agent did not exit')
+        assert.are.equal(0, ag.result.exit_code)
+        assert.is_nil(read_file(ag.dir .. '/ran'), case.name .. ': a command ran')
+      end
+      -- what is expected goes on as before: hello again, setup once, then anything
+      local ag = start()
+      assert.are.equal('1', call(ag, { op = 'hello' }).version)
+      assert.is_true(call(ag, { op = 'setup', env = { A = 'b' } }).ok)
+      assert.are.equal('b\n', exec(ag, { argv = { 'sh', '-c', 'echo $A' } }).stdout)
     end)
 
     it('refuses requests it cannot encode with INVALID_INPUT, sending nothing', function()
@@ -263,6 +289,27 @@ describe('mayura-agent', function()
       assert.are.equal('1', call(ag, { op = 'hello' }).version)
     end)
 
+    it('runs no command whose syscall filter cannot be installed, and says so', function()
+      -- the agent under allow-all filters that use up the kernel's budget of filter instructions
+      local dir = util.tmpdir()
+      local abuse = dir .. '/abuse'
+      write_file(abuse, require('security.common').abuse_binary())
+      compat.execute("chmod 755 '" .. abuse .. "'")
+      local ag = start({ wrap = function(argv)
+        table.insert(argv, 1, 'seccomp-fill')
+        table.insert(argv, 1, abuse)
+        return argv
+      end })
+      for _ = 1, 2 do
+        local r = exec(ag, { argv = { 'touch', 'ran' } })
+        assert.are.equal(126, r.exit_code)
+        assert.matches('^mayura%-agent: cannot install the syscall filter %(seccomp: .*%); the command does not run',
+          r.stderr)
+      end
+      assert.is_nil(read_file(ag.dir .. '/ran'))
+      util.rmdir(dir)
+    end)
+
     it('refuses a cwd that is missing or not a directory, running nothing', function()
       local ag = start()
       local r = exec(ag, { argv = { 'touch', 'ran' }, cwd = 'nope' })
@@ -279,7 +326,7 @@ describe('mayura-agent', function()
       assert.is_true(call(ag, { op = 'read', path = 'none' }).missing)
       write_file(ag.dir .. '/f', 'hello')
       assert.is_true(call(ag, { op = 'read', path = 'f/under-a-file' }).missing)
-      os.execute("mkdir '" .. ag.dir .. "/d' && mkfifo '" .. ag.dir .. "/fifo'")
+      compat.execute("mkdir '" .. ag.dir .. "/d' && mkfifo '" .. ag.dir .. "/fifo'")
       assert.are.equal('is_directory', call(ag, { op = 'read', path = 'd' }).error)
       local t0 = core.hrtime_ms()
       local r = call(ag, { op = 'read', path = 'fifo' })
@@ -302,7 +349,7 @@ describe('mayura-agent', function()
       assert.are.equal('ENOTDIR', r.error)
       r = call(ag, { op = 'write', path = 'f/deeper/x', data = 'y' })
       assert.are.equal('ENOTDIR', r.error)
-      os.execute("mkdir -p '" .. ag.dir .. "/d/inner'")
+      compat.execute("mkdir -p '" .. ag.dir .. "/d/inner'")
       r = call(ag, { op = 'write', path = 'd', data = 'y' })
       assert.are.equal('EISDIR', r.error)
       r = call(ag, { op = 'write', path = 'd/', data = 'y' })
@@ -326,7 +373,7 @@ describe('mayura-agent', function()
 
     it("refuses to remove a non-empty directory without recursive, and to list a file", function()
       local ag = start()
-      os.execute("mkdir -p '" .. ag.dir .. "/d' && touch '" .. ag.dir .. "/d/x'")
+      compat.execute("mkdir -p '" .. ag.dir .. "/d' && touch '" .. ag.dir .. "/d/x'")
       assert.are.equal('ENOTEMPTY', call(ag, { op = 'remove', path = 'd' }).error)
       assert.are.same({ 'x' }, ls(ag.dir .. '/d'))
       assert.are.equal('not_directory', call(ag, { op = 'list', path = 'd/x' }).error)
@@ -411,6 +458,33 @@ describe('mayura-agent', function()
       fp.send(compat.pack('<I4', 0xffffffff))
       assert(run_until(function() return #rec.calls == 1 end, 5000))
       assert.are.equal('failed', rec.calls[1].e.reason)
+    end)
+
+    it("closes with reason failed on a reply over its call's max_reply_bytes, told by its id first", function()
+      local fp = fake_peer()
+      local rec = recorder()
+      local small = fp.ch:call({ op = 'list' }, rec.cb('small'), 64)
+      local big = fp.ch:call({ op = 'read' }, rec.cb('big'))
+      -- a reply to the call without a cap of its own, larger than the other's cap, is taken
+      fp.send(frame(big, { field('data', W.BYTES, string.rep('x', 200)) }))
+      assert(run_until(function() return #rec.calls == 1 end, 5000))
+      assert.are.equal('big', rec.calls[1].name)
+      assert.are.equal(200, #rec.calls[1].r.data)
+      -- the capped call's reply: its header and id alone close the channel
+      fp.send(string.pack('<I4I4', 65, small))
+      assert(run_until(function() return #rec.calls == 2 end, 5000))
+      assert.are.equal('small', rec.calls[2].name)
+      assert.are.equal('failed', rec.calls[2].e.reason)
+      assert.are.equal('failed', fp.closes[1].reason)
+      -- within the cap, it is answered; the cap is forgotten with its call
+      fp = fake_peer()
+      rec = recorder()
+      local id = fp.ch:call({ op = 'list' }, rec.cb('fits'), 64)
+      fp.send(frame(id, { field('ok', W.BOOL, '\1') }))
+      assert(run_until(function() return #rec.calls == 1 end, 5000))
+      assert.is_true(rec.calls[1].r.ok)
+      assert.raises_code('INVALID_INPUT', fp.ch.call, fp.ch, { op = 'x' }, function() end, 3)
+      assert.raises_code('INVALID_INPUT', fp.ch.call, fp.ch, { op = 'x' }, function() end, 'big')
     end)
 
     it('encodes requests and decodes every field type of a reply', function()
@@ -529,10 +603,10 @@ describe('mayura-agent', function()
           function() end)
         core.close_fd(b)
         local ch = core.channel(a, { on_close = function() error('on_close during lua_close') end })
-        ch:call({ op = 'exec', argv = { 'sleep', '4881' } }, function() error('callback during lua_close') end)
         local hello
         ch:call({ op = 'hello' }, function(r) hello = r end)
         while not hello do core.run_once() end
+        ch:call({ op = 'exec', argv = { 'sleep', '4881' } }, function() error('callback during lua_close') end)
         core.channel_connect('/tmp/mayura-no-such-agent.sock', nil, function() error('connect during lua_close') end)
         print('hello ' .. hello.version)
       ]]
@@ -618,7 +692,7 @@ describe('mayura-agent', function()
       local ag2 = start()
       r = exec(ag2, { argv = { 'sh', '-c', 'echo "$PATH"' } })
       assert.are.equal('/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n', r.stdout)
-      os.execute("mkdir -p '" .. ag2.dir .. "/bin' && printf '#!/bin/sh\\necho mine\\n' > '" .. ag2.dir ..
+      compat.execute("mkdir -p '" .. ag2.dir .. "/bin' && printf '#!/bin/sh\\necho mine\\n' > '" .. ag2.dir ..
         "/bin/mytool' && chmod +x '" .. ag2.dir .. "/bin/mytool'")
       r = exec(ag2, { argv = { 'mytool' }, env = { PATH = ag2.dir .. '/bin:/bin' } })
       assert.are.equal('mine\n', r.stdout)
@@ -626,7 +700,7 @@ describe('mayura-agent', function()
 
     it('runs in a cwd relative to the workdir, or in the workdir', function()
       local ag = start()
-      os.execute("mkdir -p '" .. ag.dir .. "/sub/deeper'")
+      compat.execute("mkdir -p '" .. ag.dir .. "/sub/deeper'")
       assert.are.equal(ag.dir .. '/sub/deeper\n', exec(ag, { argv = { 'pwd' }, cwd = 'sub/deeper' }).stdout)
       assert.are.equal(ag.dir .. '\n', exec(ag, { argv = { 'pwd' } }).stdout)
       assert.are.equal('/usr\n', exec(ag, { argv = { 'pwd' }, cwd = '/usr' }).stdout)
@@ -767,7 +841,7 @@ describe('mayura-agent', function()
       local ag = start()
       local before = core.now_ms()
       assert.is_true(call(ag, { op = 'write', path = 'd/zz', data = '12345' }).ok)
-      os.execute("cd '" .. ag.dir .. "/d' && mkdir sub && ln -s /etc lnk && mkfifo fifo && touch -d @1000000000 old")
+      compat.execute("cd '" .. ag.dir .. "/d' && mkdir sub && ln -s /etc lnk && mkfifo fifo && touch -d @1000000000 old")
       local r = call(ag, { op = 'list', path = 'd' })
       assert.are.same({ 'fifo', 'lnk', 'old', 'sub', 'zz' }, r.names)
       assert.are.same({ 'other', 'symlink', 'file', 'directory', 'file' }, r.types)
@@ -786,7 +860,7 @@ describe('mayura-agent', function()
       local ag = start()
       local outside = util.tmpdir()
       write_file(outside .. '/precious', 'keep me')
-      os.execute("cd '" .. ag.dir .. "' && mkdir -p t/a/b && touch t/a/b/f t/x && ln -s '" .. outside ..
+      compat.execute("cd '" .. ag.dir .. "' && mkdir -p t/a/b && touch t/a/b/f t/x && ln -s '" .. outside ..
         "' t/a/link && ln -s '" .. outside .. "' top")
       local r = call(ag, { op = 'remove', path = 't/', recursive = true })
       assert.is_true(r.removed)
@@ -799,7 +873,7 @@ describe('mayura-agent', function()
       assert.is_false(call(ag, { op = 'remove', path = 'top' }).removed)
       write_file(ag.dir .. '/f', 'x')
       assert.is_true(call(ag, { op = 'remove', path = 'f' }).removed)
-      os.execute("mkdir '" .. ag.dir .. "/empty'")
+      compat.execute("mkdir '" .. ag.dir .. "/empty'")
       assert.is_true(call(ag, { op = 'remove', path = 'empty' }).removed)
       util.rmdir(outside)
     end)
@@ -832,49 +906,108 @@ describe('mayura-agent', function()
   end)
 
   describe('--listen', function()
-    it('serves several connections at once until shutdown', function()
+    -- An agent listening at dir/agent.sock, with `extra` arguments; waits for its socket.
+    local function listening(extra)
       local dir = util.tmpdir()
       local path = dir .. '/agent.sock'
-      local ag = { dir = dir, closes = {} }
-      ag.proc = assert(core.spawn({
-        argv = { AGENT, '--listen', path, '--lifetime-ms', '60000', '--workdir', dir },
-      }, function(r) ag.result = r end))
+      local ag = { dir = dir, closes = {}, path = path }
+      local argv = { AGENT, '--listen', path, '--lifetime-ms', '60000', '--workdir', dir }
+      for _, a in ipairs(extra or {}) do argv[#argv + 1] = a end
+      ag.proc = assert(core.spawn({ argv = argv }, function(r) ag.result = r end))
       ag.pid = ag.proc:pid()
       ag.ch = { close = function() end }
       table.insert(started, ag)
       assert.is_true(util.eventually(function() return compat.execute("test -S '" .. path .. "'") end, 3000))
-      local function connect()
-        local ch, err
-        local done = false
-        core.channel_connect(path, { on_close = function(e) table.insert(ag.closes, e) end },
-          function(c, e) done, ch, err = true, c, e end)
-        assert(run_until(function() return done end, 5000))
-        assert(ch, err and err.message)
-        return ch
-      end
-      local c1, c2 = connect(), connect()
-      assert.are.equal('1', call(c1, { op = 'hello' }).version)
-      assert.are.equal(ag.pid, call(c2, { op = 'hello' }).pid)
-      -- both at once: a slow exec on one does not hold up the other
-      local slow
-      c1:call({ op = 'exec', argv = { 'sh', '-c', 'sleep 0.5; echo slow' } }, function(r) slow = r end)
-      assert.are.equal('fast\n', exec(c2, { argv = { 'echo', 'fast' } }).stdout)
-      assert.is_nil(slow)
-      assert(run_until(function() return slow ~= nil end, 5000))
-      assert.are.equal('slow\n', slow.stdout)
-      -- a closed connection cancels its execs; the agent keeps serving
+      return ag
+    end
+
+    -- A channel to the agent's socket, or nil and the error.
+    local function connect(ag)
+      local ch, err
+      local done = false
+      core.channel_connect(ag.path, { on_close = function(e) table.insert(ag.closes, e) end },
+        function(c, e) done, ch, err = true, c, e end)
+      assert(run_until(function() return done end, 5000))
+      return ch, err
+    end
+
+    local function mode(path)
+      local p = io.popen("stat -c '%a' '" .. path .. "'")
+      local m = p:read('l')
+      p:close()
+      return m
+    end
+
+    local function my_uid()
+      local p = io.popen('id -u')
+      local uid = tonumber(p:read('l'))
+      p:close()
+      return uid
+    end
+
+    it('serves one peer: the first connection; then nobody else can connect, and its end ends the agent', function()
+      local ag = listening()
+      assert.are.equal('600', mode(ag.path))
+      local c1 = assert(connect(ag))
+      assert.are.equal(ag.pid, call(c1, { op = 'hello' }).pid)
+      -- the listener is closed and its socket gone: a second peer cannot connect
+      assert.is_falsy(compat.execute("test -e '" .. ag.path .. "'"))
+      local c2, err = connect(ag)
+      assert.is_nil(c2)
+      assert.are.equal('unavailable', err.reason)
+      assert.is_true(call(c1, { op = 'setup', env = { A = 'one' } }).ok)
+      assert.are.equal('one\n', exec(c1, { argv = { 'sh', '-c', 'echo $A' } }).stdout)
+      -- the peer's end ends the agent and what it runs
       c1:call({ op = 'exec', argv = { 'sleep', '4871' } }, function() end)
       assert.is_true(util.eventually(function() return #util.procs_matching('sleep 4871') == 1 end))
       c1:close()
-      assert.is_true(gone('sleep 4871'))
-      local c3 = connect()
-      assert.is_true(call(c3, { op = 'ping' }).ok)
-      assert.is_true(call(c2, { op = 'shutdown' }).ok)
       assert.is_true(exited(ag), 'the agent did not exit')
       assert.are.equal(0, ag.result.exit_code)
-      assert(run_until(function() return #ag.closes >= 2 end, 5000))
-      assert.are.equal('gone', ag.closes[1].reason)
-      assert.is_true(c3:is_closed() and c2:is_closed())
+      assert.is_true(gone('sleep 4871'))
+    end)
+
+    it('with --peer-uid, makes the socket 0666 and closes a peer of another uid unanswered, listening on', function()
+      local me = my_uid()
+      local ag = listening({ '--peer-uid', tostring(me + 1) })
+      assert.are.equal('666', mode(ag.path))
+      for _ = 1, 2 do
+        local ch = assert(connect(ag))
+        -- closed before the call is sent, or with it pending: never answered
+        local done, r, e = false, nil, nil
+        local id, err = ch:call({ op = 'hello' }, function(x, y) done, r, e = true, x, y end)
+        if id then
+          assert(run_until(function() return done end, 5000))
+        else
+          e = err
+        end
+        assert.is_nil(r)
+        assert.are.equal('gone', e.reason)
+      end
+      -- still listening, for the peer it waits for
+      assert.is_nil(ag.result)
+      assert.is_true(compat.execute("test -S '" .. ag.path .. "'"))
+      -- the uid it waits for is served
+      local ok = listening({ '--peer-uid', tostring(me) })
+      local ch = assert(connect(ok))
+      assert.are.equal('1', call(ch, { op = 'hello' }).version)
+      assert.is_falsy(compat.execute("test -e '" .. ok.path .. "'"))
+      assert.is_true(call(ch, { op = 'shutdown' }).ok)
+      assert.is_true(exited(ok), 'the agent did not exit')
+      ag.proc:kill(9)
+    end)
+
+    it('refuses --peer-uid without --listen, and one that is not a uid', function()
+      for _, argv in ipairs({
+        { AGENT, '--fd', '0', '--peer-uid', '0', '--lifetime-ms', '100' },
+        { AGENT, '--listen', '/tmp/x.sock', '--peer-uid', '-1', '--lifetime-ms', '100' },
+        { AGENT, '--listen', '/tmp/x.sock', '--peer-uid', '4294967295', '--lifetime-ms', '100' },
+      }) do
+        local r
+        core.spawn({ argv = argv }, function(x) r = x end)
+        assert(run_until(function() return r ~= nil end, 5000))
+        assert.are.equal(2, r.exit_code, table.concat(argv, ' '))
+        assert.matches('mayura%-agent: ', r.stderr)
+      end
     end)
   end)
 end)

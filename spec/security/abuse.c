@@ -25,6 +25,20 @@
 **                            with an HTTP response whose body is TEXT, for MS ms, from a child in a
 **                            session of its own; serve=LISTENING pid=<child> or serve=<errno>
 **   abuse get ADDR:PORT      an HTTP GET of /; get=CONNECTED|<errno> body=<the body's first line>
+**   abuse syscalls           every system call class the agent's filter refuses, one line each,
+**                            deny.<name>=<errno name>; what must still work, allow.<name>=OK|<errno>;
+**                            filters=<seccomp filters on this process> subreaper=<0|1>
+**   abuse agent PATH         connect to the agent's socket and send hello, setup, exec as the host
+**                            does; connect=<OK|errno> then <op>=ANSWERED|CLOSED|<errno> per request
+**   abuse names DIR N LEN    make DIR and a file DIR/f, then N-1 hard links to it, names of LEN bytes;
+**                            names=<made> err=<errno name>
+**   abuse seccomp-fill CMD.. install allow-all seccomp filters until the kernel's budget of filter
+**                            instructions is used up, then exec CMD (no further filter fits in it)
+**
+** The probes of `syscalls` pass arguments that make each call fail or do
+** nothing where it is not filtered, even run as root on a host (bad
+** pointers, bad descriptors, values read back first), so the errno says
+** who refused: EPERM from the filter, another from the kernel.
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -39,10 +53,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/ioctl.h>
+#include <sys/personality.h>
+#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
+#include <sys/un.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -86,6 +107,14 @@ static const char *ename(int e) {
     case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
     case EAFNOSUPPORT: return "EAFNOSUPPORT";
     case EPROTONOSUPPORT: return "EPROTONOSUPPORT";
+    case EFAULT: return "EFAULT";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
+    case ENOTSOCK: return "ENOTSOCK";
+    case ECONNRESET: return "ECONNRESET";
+    case EPIPE: return "EPIPE";
+    case EEXIST: return "EEXIST";
+    case EMLINK: return "EMLINK";
+    case ESOCKTNOSUPPORT: return "ESOCKTNOSUPPORT";
     default: return "other";
     }
 }
@@ -557,6 +586,294 @@ static int cmd_get(const char *target) {
     return 0;
 }
 
+
+/* {------------------------------------------------------ syscalls: what the agent's filter refuses */
+
+/* One probe: the result of a raw system call as OK or its errno name. */
+static void report(const char *kind, const char *name, long rc) {
+    printf("%s.%s=%s\n", kind, name, rc >= 0 ? "OK" : ename(errno));
+}
+
+#define DENY(name, ...) report("deny", name, syscall(__VA_ARGS__))
+
+/* A system call through the i386 ABI (int 0x80), from this 64-bit process. */
+static long syscall_i386(long nr) {
+#if defined(__x86_64__)
+    long r;
+    __asm__ volatile("int $0x80" : "=a"(r) : "a"(nr) : "memory");
+    if (r < 0 && r > -4096) { errno = (int)-r; return -1; }
+    return r;
+#else
+    (void)nr;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* A clone with a namespace flag; a child it makes (where nothing refuses) exits at once. */
+static long clone_ns(unsigned long flag) {
+    long rc = syscall(SYS_clone, flag | SIGCHLD, 0, 0, 0, 0);
+    if (rc == 0) _exit(0);
+    if (rc > 0) waitpid((pid_t)rc, NULL, 0);
+    return rc;
+}
+
+static void *thread_ok(void *arg) { return arg; }
+
+static int cmd_syscalls(void) {
+    static char byte = '#';
+    int prio, fd;
+    pid_t parent = getppid();
+    cpu_set_t cpus;
+    struct rlimit rl;
+    struct sched_param sp;
+    pthread_t t;
+    FILE *st;
+    char line[256];
+
+    /* what Docker's default profile refuses too */
+    DENY("mount", SYS_mount, 0, 0, 0, 0, 0);
+    DENY("umount2", SYS_umount2, 0, 0);
+    DENY("pivot_root", SYS_pivot_root, 0, 0);
+    DENY("chroot", SYS_chroot, 0);
+    DENY("fsopen", SYS_fsopen, 0, 0);
+    DENY("open_tree", SYS_open_tree, -1, 0, 0);
+    DENY("move_mount", SYS_move_mount, -1, 0, -1, 0, 0);
+    DENY("swapon", SYS_swapon, 0, 0);
+    DENY("swapoff", SYS_swapoff, 0);
+    DENY("reboot", SYS_reboot, 0, 0, 0, 0);                     /* bad magic */
+    DENY("kexec_load", SYS_kexec_load, 0, 0, 0, 0xffff0000ul);  /* bad flags */
+    DENY("kexec_file_load", SYS_kexec_file_load, -1, -1, 0, 0, 0);
+    DENY("init_module", SYS_init_module, 0, 0, 0);
+    DENY("finit_module", SYS_finit_module, -1, 0, 0);
+    DENY("delete_module", SYS_delete_module, 0, 0);
+    DENY("acct", SYS_acct, 1);                                  /* a bad pointer */
+    DENY("settimeofday", SYS_settimeofday, 1, 0);
+    DENY("clock_settime", SYS_clock_settime, CLOCK_MONOTONIC, 0);
+    DENY("clock_adjtime", SYS_clock_adjtime, CLOCK_REALTIME, 0);
+    DENY("adjtimex", SYS_adjtimex, 0);
+    DENY("unshare", SYS_unshare, CLONE_NEWUTS);
+    DENY("setns", SYS_setns, -1, 0);
+    report("deny", "clone_newuser", clone_ns(CLONE_NEWUSER));
+    report("deny", "clone_newns", clone_ns(CLONE_NEWNS));
+    report("deny", "clone_newnet", clone_ns(CLONE_NEWNET));
+    report("deny", "clone_newpid", clone_ns(CLONE_NEWPID));
+    DENY("clone3", SYS_clone3, 0, 0);                           /* ENOSYS: the C library falls back */
+    DENY("keyctl", SYS_keyctl, 9999, 0, 0, 0, 0);
+    DENY("add_key", SYS_add_key, 0, 0, 0, 0, 0);
+    DENY("request_key", SYS_request_key, 0, 0, 0, 0);
+    DENY("bpf", SYS_bpf, 9999, 0, 0);
+    DENY("perf_event_open", SYS_perf_event_open, 0, 0, -1, -1, 0);
+    DENY("userfaultfd", SYS_userfaultfd, 0xffffffffu);          /* bad flags */
+    DENY("open_by_handle_at", SYS_open_by_handle_at, -1, 0, 0);
+    DENY("name_to_handle_at", SYS_name_to_handle_at, -1, 0, 0, 0, 0);
+    DENY("lookup_dcookie", SYS_lookup_dcookie, 0, 0, 0);
+    DENY("quotactl", SYS_quotactl, 0, 0, 0, 0);
+    DENY("nfsservctl", SYS_nfsservctl, 0, 0, 0);
+    DENY("iopl", SYS_iopl, 99);
+    DENY("ioperm", SYS_ioperm, 0, 0, 0);
+    DENY("syslog", SYS_syslog, 9999, 0, 0);
+    DENY("uselib", SYS_uselib, 0);
+    DENY("fanotify_init", SYS_fanotify_init, 0xffffffffu, 0);
+    DENY("mbind", SYS_mbind, 0, 0, 9999, 0, 0, 0);
+    DENY("move_pages", SYS_move_pages, -1, 0, 0, 0, 0, 0);
+    DENY("migrate_pages", SYS_migrate_pages, -1, 0, 0, 0);
+    DENY("set_mempolicy", SYS_set_mempolicy, 9999, 0, 0);
+    DENY("get_mempolicy", SYS_get_mempolicy, 0, 0, 0, 0, 0xffffffffu);
+    DENY("kcmp", SYS_kcmp, -1, -1, 9999, 0, 0);
+    DENY("pidfd_getfd", SYS_pidfd_getfd, -1, 0, 0);
+    DENY("process_madvise", SYS_process_madvise, -1, 0, 0, 0, 0);
+    DENY("sethostname", SYS_sethostname, 1, 99999);             /* too long */
+    DENY("setdomainname", SYS_setdomainname, 1, 99999);
+    DENY("sysfs", SYS_sysfs, 9999, 0, 0);
+    DENY("personality", SYS_personality, READ_IMPLIES_EXEC | ADDR_NO_RANDOMIZE);
+    DENY("personality_high", SYS_personality, 0x100000000ul | ADDR_NO_RANDOMIZE);
+    /* more than Docker */
+    DENY("io_uring_setup", SYS_io_uring_setup, 0, 0);
+    DENY("io_uring_enter", SYS_io_uring_enter, -1, 0, 0, 0, 0, 0);
+    DENY("io_uring_register", SYS_io_uring_register, -1, 0, 0, 0);
+    DENY("socket_vsock", SYS_socket, 40 /* AF_VSOCK */, SOCK_STREAM, 0);
+    DENY("socket_vsock_high", SYS_socket, 0x100000000ul | 40, SOCK_STREAM, 0);
+    DENY("socket_netlink_audit", SYS_socket, AF_NETLINK, SOCK_RAW, 9 /* NETLINK_AUDIT */);
+    DENY("socket_netlink_uevent", SYS_socket, AF_NETLINK, SOCK_DGRAM, 15 /* NETLINK_KOBJECT_UEVENT */);
+    /* other processes than its own */
+    errno = 0;
+    prio = getpriority(PRIO_PROCESS, (id_t)parent);
+    if (errno == 0) DENY("setpriority_other", SYS_setpriority, PRIO_PROCESS, parent, prio);
+    else report("deny", "setpriority_other", -1);
+    errno = 0;
+    prio = getpriority(PRIO_PGRP, 0);
+    DENY("setpriority_group", SYS_setpriority, PRIO_PGRP, 0, prio);
+    if (sched_getaffinity(parent, sizeof cpus, &cpus) == 0)
+        DENY("sched_setaffinity_other", SYS_sched_setaffinity, parent, sizeof cpus, &cpus);
+    else report("deny", "sched_setaffinity_other", -1);
+    if (sched_getparam(parent, &sp) == 0)
+        DENY("sched_setparam_other", SYS_sched_setparam, parent, &sp);
+    else report("deny", "sched_setparam_other", -1);
+    if (sched_getparam(parent, &sp) == 0)
+        DENY("sched_setscheduler_other", SYS_sched_setscheduler, parent, sched_getscheduler(parent), &sp);
+    else report("deny", "sched_setscheduler_other", -1);
+    DENY("sched_setattr_other", SYS_sched_setattr, parent, 0, 0);
+    if (syscall(SYS_prlimit64, parent, RLIMIT_CORE, 0, &rl) == 0)
+        DENY("prlimit_other", SYS_prlimit64, parent, RLIMIT_CORE, &rl, 0);
+    else report("deny", "prlimit_other", -1);
+    prio = (int)syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, parent);
+    if (prio >= 0) DENY("ioprio_set_other", SYS_ioprio_set, 1, parent, prio);
+    else report("deny", "ioprio_set_other", -1);
+    prio = (int)syscall(SYS_ioprio_get, 1, 0);
+    if (prio >= 0) DENY("ioprio_set_group", SYS_ioprio_set, 2 /* IOPRIO_WHO_PGRP */, 0, prio);
+    else report("deny", "ioprio_set_group", -1);
+    fd = open("/dev/null", O_RDONLY | O_CLOEXEC);   /* no terminal: ENOTTY where nothing refuses */
+    DENY("tiocsti", SYS_ioctl, fd, TIOCSTI, &byte);
+    DENY("tiocsti_high", SYS_ioctl, fd, 0xffffffff00000000ul | TIOCSTI, &byte);
+    if (fd >= 0) close(fd);
+    {
+        int flag = -1;
+        prctl(PR_GET_CHILD_SUBREAPER, &flag, 0, 0, 0);
+        printf("subreaper=%d\n", flag);
+    }
+    DENY("clear_subreaper", SYS_prctl, PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    report("deny", "abi_i386", syscall_i386(20 /* getpid */));
+    DENY("abi_x32", 0x40000000l | SYS_getpid);
+
+    /* what must still work */
+    report("allow", "personality_query", syscall(SYS_personality, 0xffffffffu));
+    report("allow", "personality_linux", syscall(SYS_personality, PER_LINUX));
+    errno = 0;
+    prio = getpriority(PRIO_PROCESS, 0);
+    report("allow", "setpriority_self", syscall(SYS_setpriority, PRIO_PROCESS, 0, prio < 19 ? prio + 1 : prio));
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0)
+        report("allow", "sched_setaffinity_self", syscall(SYS_sched_setaffinity, 0, sizeof cpus, &cpus));
+    if (getrlimit(RLIMIT_CORE, &rl) == 0) report("allow", "prlimit_self", syscall(SYS_prlimit64, 0, RLIMIT_CORE, &rl, 0));
+    report("allow", "prlimit_read_other", syscall(SYS_prlimit64, parent, RLIMIT_CORE, 0, &rl));
+    prio = (int)syscall(SYS_ioprio_get, 1, 0);
+    report("allow", "ioprio_set_self", prio >= 0 ? syscall(SYS_ioprio_set, 1, 0, prio) : -1);
+    report("allow", "set_subreaper", syscall(SYS_prctl, PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0));
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    report("allow", "socket_inet", fd);
+    if (fd >= 0) close(fd);
+    fd = socket(AF_INET6, SOCK_DGRAM, 0);
+    report("allow", "socket_inet6", fd);
+    if (fd >= 0) close(fd);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    report("allow", "socket_unix", fd);
+    if (fd >= 0) close(fd);
+    fd = socket(AF_NETLINK, SOCK_RAW, 0 /* NETLINK_ROUTE */);
+    report("allow", "socket_netlink_route", fd);
+    if (fd >= 0) close(fd);
+    {
+        pid_t p = fork();
+        if (p == 0) _exit(0);
+        if (p > 0) waitpid(p, NULL, 0);
+        report("allow", "fork", p);
+    }
+    errno = pthread_create(&t, NULL, thread_ok, NULL);
+    report("allow", "thread", errno == 0 ? 0 : -1);
+    if (errno == 0) pthread_join(t, NULL);
+    report("allow", "getpid", syscall(SYS_getpid));
+
+    st = fopen("/proc/self/status", "r");
+    while (st != NULL && fgets(line, sizeof line, st) != NULL)
+        if (strncmp(line, "Seccomp_filters:", 16) == 0) printf("filters=%d\n", atoi(line + 16));
+    if (st != NULL) fclose(st);
+    return 0;
+}
+
+/* }------------------------------------------------------ */
+
+/* {------------------------------------------------------ agent: the agent's socket from inside */
+
+static void put32(unsigned char *p, unsigned v) {
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+}
+
+/* Appends a bytes field (core/wire.h) to a frame being built. */
+static size_t field(unsigned char *f, size_t at, const char *key, const char *val) {
+    size_t kl = strlen(key), vl = strlen(val);
+    f[at++] = (unsigned char)kl;
+    memcpy(f + at, key, kl);
+    at += kl;
+    f[at++] = 1;   /* bytes */
+    put32(f + at, (unsigned)vl);
+    at += 4;
+    memcpy(f + at, val, vl);
+    return at + vl;
+}
+
+/* Sends one request and waits up to 2 s for any answer: ANSWERED, CLOSED or the errno. */
+static const char *request(int fd, unsigned id, const char *op, const char *k2, const char *v2) {
+    unsigned char f[512], in[4096];
+    size_t n = 8;
+    struct pollfd pf = { fd, POLLIN, 0 };
+    ssize_t got;
+    put32(f + 4, id);
+    n = field(f, n, "op", op);
+    if (k2 != NULL) n = field(f, n, k2, v2);
+    put32(f, (unsigned)(n - 4));
+    if (send(fd, f, n, MSG_NOSIGNAL) != (ssize_t)n) return ename(errno);
+    if (poll(&pf, 1, 2000) <= 0) return "SILENT";
+    got = recv(fd, in, sizeof in, 0);
+    if (got > 0) return "ANSWERED";
+    return got == 0 ? "CLOSED" : ename(errno);
+}
+
+static int cmd_agent(const char *path) {
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        printf("connect=%s\n", ename(errno));
+        return 0;
+    }
+    printf("connect=OK\n");
+    printf("hello=%s\n", request(fd, 1, "hello", NULL, NULL));
+    printf("setup=%s\n", request(fd, 2, "setup", "workdir", "/tmp"));
+    printf("exec=%s\n", request(fd, 3, "exec", NULL, NULL));
+    close(fd);
+    return 0;
+}
+
+/* }------------------------------------------------------ */
+
+static int cmd_names(const char *dir, long n, long len) {
+    char path[4096], first[4096];
+    long i;
+    int e = 0, fd;
+    if (len < 8 || len > 255) len = 8;
+    mkdir(dir, 0755);
+    snprintf(first, sizeof first, "%s/f", dir);
+    fd = open(first, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) { printf("names=0 err=%s\n", ename(errno)); return 0; }
+    close(fd);
+    for (i = 1; i < n; i++) {
+        int k = snprintf(path, sizeof path, "%s/%0*ld", dir, (int)len, i);
+        if (k < 0 || (size_t)k >= sizeof path) break;
+        if (link(first, path) != 0) { e = errno; break; }
+    }
+    printf("names=%ld err=%s\n", i, ename(e));
+    return 0;
+}
+
+static int cmd_seccomp_fill(char **argv) {
+    static struct sock_filter allow[4096];
+    unsigned short size = 4096;
+    size_t i;
+    for (i = 0; i < sizeof allow / sizeof allow[0]; i++) {
+        struct sock_filter f = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+        allow[i] = f;
+    }
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    while (size > 0) {
+        struct sock_fprog prog = { size, allow };
+        if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) != 0) size /= 2;
+    }
+    execvp(argv[0], argv);
+    perror("abuse: exec");
+    return 127;
+}
+
 int main(int argc, char **argv) {
     const char *c = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -573,11 +890,16 @@ int main(int argc, char **argv) {
     if (strcmp(c, "sysctl") == 0) return cmd_sysctl();
     if (strcmp(c, "serve") == 0 && argc > 4) return cmd_serve(argv[2], atol(argv[3]), argv[4]);
     if (strcmp(c, "get") == 0 && argc > 2) return cmd_get(argv[2]);
+    if (strcmp(c, "syscalls") == 0) return cmd_syscalls();
+    if (strcmp(c, "agent") == 0 && argc > 2) return cmd_agent(argv[2]);
+    if (strcmp(c, "names") == 0 && argc > 4) return cmd_names(argv[2], atol(argv[3]), atol(argv[4]));
+    if (strcmp(c, "seccomp-fill") == 0 && argc > 2) return cmd_seccomp_fill(argv + 2);
     if (strcmp(c, "net") == 0 && argc > 3) {
         int i;
         for (i = 3; i < argc; i++) try_net(argv[i], argv[2]);
         return 0;
     }
-    fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net|serve|get ...\n");
+    fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net|"
+            "serve|get|syscalls|agent|names|seccomp-fill ...\n");
     return 2;
 }

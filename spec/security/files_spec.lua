@@ -94,7 +94,8 @@ for _, prov in ipairs(providers.list()) do
 
     it('refuses to write or remove the host files bound into the sandbox, by name or through a link', function()
       local targets = { '/.mayura/agent', '/etc/passwd', '/etc/hosts', '/etc/resolv.conf' }
-      if prov.kind == 'docker' then targets[#targets + 1] = '/.mayura/run/agent.sock' end
+      -- the agent's socket is gone once the host connected: nothing there to replace
+      if prov.kind == 'docker' then assert.are.same({}, sb:list_files('/.mayura/run')) end
       for _, t in ipairs(targets) do
         local ok = pcall(sb.write_file, sb, t, 'replaced from the sandbox')
         assert.is_false(ok, t .. ' was written')

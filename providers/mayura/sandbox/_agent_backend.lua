@@ -19,7 +19,10 @@
 --
 -- What the agent answers is untrusted (code in the sandbox runs as its user
 -- and may replace it): its error strings are mapped to our own messages and
--- never passed on, and the pool checks every result again.
+-- never passed on, and the pool checks every result again. A listing is
+-- capped on both sides (LIST_MAX_ENTRIES, LIST_MAX_NAME_BYTES: beyond them
+-- LIMIT_EXCEEDED), its reply frame too, so one call cannot grow the host by
+-- more than a few tens of MiB.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -32,6 +35,17 @@ local MIB = 1048576
 -- largest max_file_bytes (512 MiB) and output caps, with room to spare.
 M.MAX_FRAME_BYTES = 1024 * MIB
 
+--- The most a listing holds (the agent's own caps, agent/agent.c): entries, and bytes of names.
+M.LIST_MAX_ENTRIES = 100000
+M.LIST_MAX_NAME_BYTES = 16 * MIB
+-- A listing's reply frame at those caps: names with their lengths, types, sizes and times.
+local LIST_MAX_REPLY_BYTES = 20 * MIB
+
+local function too_many_entries()
+  return errors.new('LIMIT_EXCEEDED', ('the directory has more than %d entries or %d MiB of names')
+    :format(M.LIST_MAX_ENTRIES, math.floor(M.LIST_MAX_NAME_BYTES / MIB)))
+end
+
 local function nonsense()
   return errors.sandbox('failed', 'the sandbox agent answered nonsense')
 end
@@ -40,6 +54,7 @@ end
 function M.reply_error(reply, what)
   local e = reply.error
   if e == 'too_large' then return errors.new('LIMIT_EXCEEDED', what .. ' is larger than max_bytes') end
+  if e == 'too_many_entries' then return too_many_entries() end
   if e == 'is_directory' or e == 'EISDIR' then return errors.new('INVALID_INPUT', what .. ' is a directory') end
   if e == 'not_directory' or e == 'ENOTDIR' then return errors.new('INVALID_INPUT', what .. ' is not a directory') end
   if e == 'not_regular' then return errors.new('INVALID_INPUT', what .. ' is not a regular file') end
@@ -59,11 +74,12 @@ end
 local Methods = {}
 
 --- Sends a request and waits for its reply; `on_id(id)` is told the
--- request's id as soon as it is sent. A closed channel is `gone`.
-function Methods:call(req, on_id)
+-- request's id as soon as it is sent. A closed channel is `gone`. With
+-- `max_reply_bytes`, a longer reply closes the channel (`failed`) before it is read.
+function Methods:call(req, on_id, max_reply_bytes)
   if self.closed then error(errors.sandbox('gone', 'the sandbox is gone'), 0) end
   local reply, err = task.await(function(done)
-    local ok, id = pcall(self.ch.call, self.ch, req, done)
+    local ok, id = pcall(self.ch.call, self.ch, req, done, max_reply_bytes)
     if not ok then return done(nil, errors.sandbox('gone', 'the sandbox is gone')) end
     if on_id then on_id(id) end
   end)
@@ -125,7 +141,8 @@ function Methods:write_file(path, data)
 end
 
 function Methods:list_files(path)
-  local reply = self:call({ op = 'list', path = path })
+  -- the agent caps a listing (too_many_entries); one that says more is not read past the frame cap
+  local reply = self:call({ op = 'list', path = path }, nil, LIST_MAX_REPLY_BYTES)
   if reply.missing then return nil end
   if reply.error then error(M.reply_error(reply, 'the path'), 0) end
   local names, types, sizes, times = reply.names, reply.types, reply.sizes, reply.modified
@@ -133,6 +150,10 @@ function Methods:list_files(path)
     or #types ~= #names or #sizes ~= #names or #times ~= #names then
     error(nonsense(), 0)
   end
+  if #names > M.LIST_MAX_ENTRIES then error(too_many_entries(), 0) end
+  local bytes = 0
+  for _, name in ipairs(names) do bytes = bytes + (type(name) == 'string' and #name or 0) end
+  if bytes > M.LIST_MAX_NAME_BYTES then error(too_many_entries(), 0) end
   local out = {}
   for i, name in ipairs(names) do
     out[i] = { name = name, type = types[i], size = sizes[i], modified = times[i] }

@@ -58,13 +58,15 @@
 -- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
 -- when another user controls a directory above it). While the agent starts
 -- it is 0703: the container's user may make its socket in it but not list
--- it; once the host is connected it is 0700, so code in the sandbox cannot
--- store files on the host through it. An agent that knows `--peer-uid` is
--- told this process's uid and serves its (0666) socket to that uid only, so
--- a user in the docker group, not root, gets sandboxes with uids of their
--- own too; with an older agent such a user must set `user` to its own uid.
--- The directory is removed on release, by the reaper, or, once its name's
--- time (when it expires) is a minute past, by the next create.
+-- it; once the host has connected and said hello it is 0700, so code in the
+-- sandbox cannot store files on the host through it. The agent serves that
+-- one connection (an agent that knows `--peer-uid` is told this process's
+-- uid and serves its 0666 socket to that uid only, so a user in the docker
+-- group, not root, gets sandboxes with uids of their own too; with an older
+-- agent such a user must set `user` to its own uid) and unlinks its socket,
+-- so code in the sandbox cannot reach it. The directory is removed on
+-- release, by the reaper, or, once its name's time (when it expires) is a
+-- minute past, by the next create.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -711,13 +713,14 @@ function Backend:release()
     if not self.timer:is_closing() then self.timer:close() end
     self.timer = nil
   end
+  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
+  -- and remove returns once the container is gone. The channel closes after: its end would end
+  -- the agent, and so start the auto-remove first
+  local ok, err = pcall(self.engine.remove, self.engine, self.container)
   if not self.closed then
     self.closed = true
     if self.ch then pcall(self.ch.close, self.ch) end
   end
-  -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
-  -- and remove returns once the container is gone
-  local ok, err = pcall(self.engine.remove, self.engine, self.container)
   pcall(remove_dir, self.dir)
   if self.own_uid then uids_in_use[self.uid] = nil end
   local waiters = self.waiters
@@ -1066,10 +1069,11 @@ function M.docker_sandboxes(options)
         end
       end
       backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
-      -- no more files from the sandbox's side in this host directory
-      uv_fs('fs_chmod', dir, 448)
       backend.oom_file = cgroup_oom_file(container)
       agent_backend.handshake(backend, env, self.workdir)
+      -- no more files from the sandbox's side in this host directory (the agent, answering, has
+      -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
+      uv_fs('fs_chmod', dir, 448)
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
     backend:arm(remaining + LIFETIME_GRACE_MS)
