@@ -183,11 +183,12 @@ function Desktop:screenshot()
   return png
 end
 
--- `xdotool [mousemove x y] click --repeat n --delay ms button`
-local function click_argv(o, button, times)
+-- `xdotool [mousemove x y] click --repeat n --delay ms button` (xdotool waits the delay after the
+-- last click too, 100 ms unless told: none for one click)
+local function click_argv(o, button, times, delay_ms)
   local argv = xdotool()
   if o.x ~= nil then extend(argv, 'mousemove', o.x, o.y) end
-  return extend(argv, 'click', '--repeat', times, '--delay', 60, button)
+  return extend(argv, 'click', '--repeat', times, '--delay', times > 1 and delay_ms or 0, button)
 end
 
 --- `{ x, y, button }`: a click ('left' by default), where the pointer is when x and y are not given.
@@ -196,7 +197,7 @@ function Desktop:click(o)
 end
 
 function Desktop:double_click(o)
-  self:_run(click_argv(o, BUTTONS[o.button or 'left'], 2), 'double-click')
+  self:_run(click_argv(o, BUTTONS[o.button or 'left'], 2, 60), 'double-click')
 end
 
 function Desktop:move(o)
@@ -205,9 +206,7 @@ end
 
 --- `{ direction, amount, x, y }`: `amount` turns of the wheel (1 by default), at x, y when given.
 function Desktop:scroll(o)
-  local argv = xdotool()
-  if o.x ~= nil then extend(argv, 'mousemove', o.x, o.y) end
-  self:_run(extend(argv, 'click', '--repeat', o.amount or 1, '--delay', 20, WHEEL[o.direction]), 'scroll')
+  self:_run(click_argv(o, WHEEL[o.direction], o.amount or 1, 20), 'scroll')
 end
 
 --- `{ from = { x, y }, to = { x, y }, button }`: presses at `from`, moves to `to`, releases there.
