@@ -372,3 +372,85 @@ describe('a desktop', function()
     describe('on ' .. p.name, function() desktop_specs(p) end)
   end
 end)
+
+-- The pool in front of any provider's desktop, with the one-file provider of spec/support and a
+-- desktop that answers what the spec tells it to (a provider's answers are not trusted).
+describe("the pool's checks of a provider's desktop", function()
+  local dir = require('support.dir_provider')
+  local FEATURES = { stdin = true, ports = false, desktop = true, network = { 'none' } }
+  local function provider_with(desktop_of)
+    local p = dir.dir_sandboxes({ features = FEATURES })
+    local create = p.create
+    p.create = function(self, spec)
+      local b = create(self, spec)
+      b.desktop = desktop_of(spec, b)
+      return b
+    end
+    return p
+  end
+  local function pool_of(p) return sandbox.create_sandboxes(p, { max_sandboxes = 2, max_lifetime_ms = 60000 }) end
+
+  it('refuses a sandbox without the desktop it was asked for, and releases it', function()
+    local released = false
+    local p = provider_with(function(_, b)
+      local release = b.release
+      b.release = function(...) released = true return release(...) end
+      return nil
+    end)
+    local pool = pool_of(p)
+    local err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000, desktop = true })
+    assert.are.equal('failed', err.reason)
+    assert.is_true(released)
+    assert.are.equal(0, pool:count())
+    assert.is_true(p.specs[1].desktop)
+    -- not asked for: no desktop, and none is needed
+    assert.is_nil(pool:create({ lifetime_ms = 60000 }).desktop)
+    pool:close()
+  end)
+
+  it('passes checked arguments on, and refuses answers that are not a PNG or a size', function()
+    local calls = {}
+    local answers = { screenshot = 'not a png', size = { width = 0, height = 'x' } }
+    local p = provider_with(function()
+      local d = {}
+      for _, name in ipairs({ 'click', 'move', 'scroll', 'type', 'key', 'screenshot', 'size' }) do
+        d[name] = function(_, arg)
+          calls[#calls + 1] = { name, arg }
+          return answers[name]
+        end
+      end
+      return d
+    end)
+    local pool = pool_of(p)
+    local sb = pool:create({ lifetime_ms = 60000, desktop = true })
+    local d = sb.desktop
+    d:click({})
+    d:click({ x = 3, y = 4, button = 'right' })
+    d:scroll({ direction = 'left' })
+    d:key('ctrl+Tab')
+    assert.are.same({
+      { 'click', { button = 'left' } }, { 'click', { x = 3, y = 4, button = 'right' } },
+      { 'scroll', { direction = 'left', amount = 1 } }, { 'key', 'ctrl+Tab' },
+    }, calls)
+    assert.are.equal('failed', assert.raises_code('SANDBOX_ERROR', d.screenshot, d).reason)
+    assert.are.equal('failed', assert.raises_code('SANDBOX_ERROR', d.size, d).reason)
+    answers.screenshot = '\137PNG\r\n\26\n\0\0\0\13IHDR\0\0\0\1\0\0\0\1'
+    answers.size = { width = 2, height = 3 }
+    assert.are.equal(answers.screenshot, d:screenshot())
+    assert.are.same({ width = 2, height = 3 }, d:size())
+    -- what the provider leaves out is said, not attempted
+    local n = #calls
+    assert.matches('double click', assert.raises_code('INVALID_INPUT', d.double_click, d, {}).message)
+    assert.raises_code('INVALID_INPUT', d.drag, d, { from = { x = 1, y = 1 }, to = { x = 2, y = 2 } })
+    assert.raises_code('INVALID_INPUT', d.view_url, d)
+    assert.are.equal(n, #calls)
+    -- a provider's own failure text stays out of the error
+    answers = nil
+    local err = assert.raises_code('SANDBOX_ERROR', d.move, d, { x = 1, y = 1 })
+    assert.are.equal('failed', err.reason)
+    assert.is_nil(err.message:find('answers', 1, true))
+    sb:release()
+    assert.are.equal('gone', assert.raises_code('SANDBOX_ERROR', d.key, d, 'a').reason)
+    pool:close()
+  end)
+end)
