@@ -4,7 +4,8 @@
 -- to read pixels), reacts to clicks and shows typed text; each action reaches it; two sandboxes
 -- have desktops of their own; the pool refuses what cannot be done. Then the same through the
 -- desktop tools of sandbox_tools in scripted runs: with their grants they drive the program, and
--- without `sandbox:<name>:desktop` the run is blocked and the program sees nothing.
+-- without `sandbox:<name>:desktop` the run is blocked and the program sees nothing. Last, the
+-- pool's checks in front of any provider's desktop, with the one-file provider of spec/support.
 local providers = require('support.providers')
 local util = require('support.util')
 local mayura = require('mayura')
@@ -269,6 +270,15 @@ local function desktop_specs(p)
     assert.matches('no live view', err.message)
     d:type('')
     sb:release()
+  end)
+
+  it("passes the conformance suite's desktop case", function()
+    local sb = create({ lifetime_ms = 60000 })
+    local found
+    for _, case in ipairs(require('mayura.sandbox.testing').sandbox_conformance) do
+      if case.name:find('desktop', 1, true) then found = case end
+    end
+    assert.are.equal('passed', found.run({ sandbox = sb }))
   end)
 
   if p.kind == 'docker' then
