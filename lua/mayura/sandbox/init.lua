@@ -211,8 +211,6 @@ end
 local Sandbox = {}
 Sandbox.__index = Sandbox
 
-local new_desktop   -- the sandbox's desktop (below)
-
 local function alive(self)
   if self._released then error(gone('the sandbox was released'), 3) end
   if core.hrtime_ms() >= self._expires_at then
@@ -416,7 +414,7 @@ local MAX_TYPE_BYTES = 65536
 local TYPE_MS_PER_BYTE = 50            -- the call timeout grows with what is typed
 local PNG_SIGNATURE = '\137PNG\r\n\26\n'
 
-new_desktop = function(sandbox)
+local function new_desktop(sandbox)
   return setmetatable({ _sandbox = sandbox }, Desktop)
 end
 
@@ -544,6 +542,7 @@ end
 
 --- The URL of a live view of the desktop, on providers that give one (INVALID_INPUT elsewhere).
 function Desktop:view_url()
+  alive(self._sandbox)
   local d = self._sandbox._backend.desktop
   if type(d.view_url) ~= 'function' then
     errors.raise('INVALID_INPUT', 'this provider gives no live view of its desktop', nil, 2)
