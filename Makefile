@@ -134,6 +134,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/table.lua
 	$(HOST) bench/command_backend.lua
 	$(HOST) bench/suite.lua
+	$(HOST) bench/desktop.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

@@ -5,7 +5,7 @@
 #   scripts/docker-setup.sh stop     stop the dockerd this script started (and only that one)
 #   scripts/docker-setup.sh status   say what is there
 #
-# Idempotent and quick when everything is there (one `docker info` and two `docker image inspect`).
+# Idempotent and quick when everything is there (one `docker info` and three `docker image inspect`).
 # Needs root to install packages and to start the daemon.
 #
 # What it does, in order:
@@ -22,11 +22,19 @@
 #       nodejs is installed with apt-get first when the host has no node): the node binary, every shared
 #       library `ldd` lists for it, npm when it is installed as one self-contained directory
 #       (/usr/lib/node_modules/npm), and the CA bundle. No debootstrap: copying one program and its libraries
-#       needs nothing from the network and takes seconds.
+#       needs nothing from the network and takes seconds;
+#     - mayura-test/desktop:1: the same root plus a desktop's programs from the host (Debian's xvfb, xdotool,
+#       x11-apps and netpbm, installed with apt-get first when missing): Xvfb, xkbcomp, xdotool, xwd, xwdtopnm
+#       and pnmtopng with every library `ldd` lists for them, the keyboard data (/usr/share/X11/xkb) and the
+#       server's protocol.txt, and desktop_app, the small X program of spec/support/desktop_app.c (built with
+#       the host's cc and libX11 headers, libx11-dev) at /usr/local/bin, to click on and type into.
 set -eu
 
 BUSYBOX_IMAGE=mayura-test/busybox:1
 NODE_IMAGE=mayura-test/node:1
+DESKTOP_IMAGE=mayura-test/desktop:1
+DESKTOP_PACKAGES="xvfb xdotool x11-apps netpbm libx11-dev"
+DESKTOP_PROGRAMS="Xvfb xkbcomp xdotool xwd xwdtopnm pnmtopng"
 STATE_DIR=/run/mayura
 PIDFILE=$STATE_DIR/dockerd.pid
 LOG=/var/log/mayura-dockerd.log
@@ -212,10 +220,56 @@ build_node() {
     say "built $NODE_IMAGE"
 }
 
+# Copies every shared library ldd lists for program $1 (and its loader) into root $2.
+copy_libs() {
+    for lib in $(ldd "$1" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) (.*/\1/p'); do
+        [ -e "$2$lib" ] || copy_in "$lib" "$2"
+    done
+}
+
+# Copies program $1 (a path) and its libraries into root $2.
+copy_program() {
+    copy_in "$1" "$2"
+    copy_libs "$1" "$2"
+}
+
+build_desktop() {
+    missing=""
+    for p in $DESKTOP_PACKAGES; do installed "$p" || missing="$missing $p"; done
+    if [ -n "$missing" ]; then
+        is_root || die "no$missing on this host to build $DESKTOP_IMAGE from (run as root to install them)"
+        say "installing$missing"
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    fi
+    stage=$(mktemp -d /tmp/mayura-image-XXXXXX)
+    make_busybox_root "$stage"
+    for prog in $DESKTOP_PROGRAMS; do
+        path=$(command -v "$prog") || { rm -rf "$stage"; die "$prog is not on this host"; }
+        copy_program "$path" "$stage"
+    done
+    mkdir -p "$stage/usr/share/X11" "$stage/usr/lib/xorg" "$stage/var/lib/xkb"
+    cp -a /usr/share/X11/xkb "$stage/usr/share/X11/"
+    if [ -f /usr/lib/xorg/protocol.txt ]; then cp /usr/lib/xorg/protocol.txt "$stage/usr/lib/xorg/"; fi
+    here=$(dirname "$0")
+    if ! cc -O2 -o "$stage/usr/local/bin/desktop_app" "$here/../spec/support/desktop_app.c" -lX11; then
+        rm -rf "$stage"
+        die "cannot build spec/support/desktop_app.c (needs cc and libx11-dev)"
+    fi
+    copy_libs "$stage/usr/local/bin/desktop_app" "$stage"
+    if is_root && ! chroot "$stage" /bin/sh -c 'Xvfb -help >/dev/null 2>&1 && xdotool --version >/dev/null'; then
+        rm -rf "$stage"
+        die "the desktop's programs do not run in the image's root"
+    fi
+    import_root "$stage" "$DESKTOP_IMAGE"
+    rm -rf "$stage"
+    say "built $DESKTOP_IMAGE"
+}
+
 status() {
     if answers; then say "dockerd answers"; else say "no dockerd answers"; fi
     if pid=$(our_dockerd); then say "started by this script: pid $pid"; fi
-    for image in "$BUSYBOX_IMAGE" "$NODE_IMAGE"; do
+    for image in "$BUSYBOX_IMAGE" "$NODE_IMAGE" "$DESKTOP_IMAGE"; do
         if has_image "$image"; then say "$image is there"; else say "$image is missing"; fi
     done
 }
@@ -226,10 +280,11 @@ start)
         install_packages engine
         start_daemon
     fi
-    if ! has_image "$BUSYBOX_IMAGE" || ! has_image "$NODE_IMAGE"; then
+    if ! has_image "$BUSYBOX_IMAGE" || ! has_image "$NODE_IMAGE" || ! has_image "$DESKTOP_IMAGE"; then
         install_packages images
         has_image "$BUSYBOX_IMAGE" || build_busybox
         has_image "$NODE_IMAGE" || build_node
+        has_image "$DESKTOP_IMAGE" || build_desktop
     fi
     ;;
 stop) stop_daemon ;;

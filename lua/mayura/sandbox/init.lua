@@ -20,6 +20,17 @@
 -- and a backend has `id`, `exec(argv, opts)`, `read_file(path, opts)`,
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
+--
+-- Desktop: `create{ desktop = true }` asks for one (INVALID_INPUT when the
+-- provider's `features.desktop` is false); `sandbox.desktop` is then the
+-- backend's `desktop` behind the pool's checks: `screenshot()` (PNG bytes),
+-- `click{ x, y, button }`, `double_click{ x, y, button }`, `move{ x, y }`,
+-- `scroll{ direction, amount, x, y }`, `drag{ from = { x, y }, to = { x, y },
+-- button }`, `type(text)`, `key(name)`, `size()` (`{ width, height }`) and
+-- `view_url()` (INVALID_INPUT from a provider without a live view), each
+-- called with `:`. A backend's desktop has the same methods and gets checked
+-- arguments (x, y whole numbers, button 'left' by default, amount 1..100);
+-- it may leave out double_click, drag and view_url.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -388,6 +399,162 @@ end
 -- }======================================================
 
 -- {======================================================
+-- The desktop
+-- =======================================================
+
+-- `sandbox.desktop`: the provider's desktop (the backend's `desktop`), each call checked, held to the
+-- sandbox's life and to the pool's call timeout as the sandbox's own calls are.
+local Desktop = {}
+Desktop.__index = Desktop
+
+local BUTTONS = { left = true, right = true, middle = true }
+local DIRECTIONS = { up = true, down = true, left = true, right = true }
+local MAX_COORDINATE = 65535
+local MAX_TYPE_BYTES = 65536
+local TYPE_MS_PER_BYTE = 50            -- the call timeout grows with what is typed
+local PNG_SIGNATURE = '\137PNG\r\n\26\n'
+
+local function new_desktop(sandbox)
+  return setmetatable({ _sandbox = sandbox }, Desktop)
+end
+
+-- Calls the backend's desktop[name] within the call timeout (plus `extra_ms`), mapping failures.
+function Desktop:_call(extra_ms, name, ...)
+  local sb = self._sandbox
+  alive(sb)
+  local d = sb._backend.desktop
+  if type(d[name]) ~= 'function' then
+    errors.raise('INVALID_INPUT', 'this provider\'s desktop cannot ' .. (name:gsub('_', ' ')), nil, 3)
+  end
+  local args, n = { ... }, select('#', ...)
+  local ok, res = pcall(with_deadline, sb._pool.call_timeout_ms + extra_ms, function()
+    return d[name](d, check.unpack(args, 1, n))
+  end)
+  if not ok then
+    local err = provider_error(res)
+    if errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone' then sb._gone = true end
+    if sb._released or core.hrtime_ms() >= sb._expires_at then err = gone() end
+    error(err, 0)
+  end
+  return res
+end
+
+local function coordinate(v, name)
+  return check.int(v, name, 0, MAX_COORDINATE, 'INVALID_INPUT', 4)
+end
+
+-- `{ x, y, ... }` with x and y both given (or, when `optional`, neither), and only `extra` keys besides.
+local function point(o, what, extra, optional)
+  if type(o) ~= 'table' then errors.raise('INVALID_INPUT', what .. ' expects a table', nil, 4) end
+  local keys = { x = true, y = true }
+  for k in pairs(extra or {}) do keys[k] = true end
+  check.keys(o, keys, what .. ' options', 'INVALID_INPUT', 4)
+  local out = {}
+  if o.x == nil and o.y == nil and optional then return out end
+  out.x, out.y = coordinate(o.x, 'x'), coordinate(o.y, 'y')
+  return out
+end
+
+local function button(o, out)
+  if o.button ~= nil and not BUTTONS[o.button] then
+    errors.raise('INVALID_INPUT', "button must be 'left', 'right' or 'middle'", nil, 4)
+  end
+  out.button = o.button or 'left'
+  return out
+end
+
+--- The screen as PNG bytes.
+function Desktop:screenshot()
+  local png = self:_call(0, 'screenshot')
+  if type(png) ~= 'string' or png:sub(1, 8) ~= PNG_SIGNATURE or png:sub(13, 16) ~= 'IHDR' then
+    error(bad_reply('screenshot'), 2)
+  end
+  return png
+end
+
+--- `{ x, y, button }`: clicks ('left' by default) at x, y, or where the pointer is without them.
+function Desktop:click(o)
+  self:_call(0, 'click', button(o, point(o, 'click', { button = true }, true)))
+end
+
+--- `{ x, y, button }`: as click, twice.
+function Desktop:double_click(o)
+  self:_call(0, 'double_click', button(o, point(o, 'double_click', { button = true }, true)))
+end
+
+--- `{ x, y }`: moves the pointer.
+function Desktop:move(o)
+  self:_call(0, 'move', point(o, 'move'))
+end
+
+--- `{ direction, amount, x, y }`: scrolls 'up', 'down', 'left' or 'right', `amount` steps (1 by
+-- default, at most 100), at x, y when given.
+function Desktop:scroll(o)
+  local out = point(o, 'scroll', { direction = true, amount = true }, true)
+  if not DIRECTIONS[o.direction] then
+    errors.raise('INVALID_INPUT', "direction must be 'up', 'down', 'left' or 'right'", nil, 2)
+  end
+  out.direction = o.direction
+  out.amount = check.int(o.amount, 'amount', 1, 100, 'INVALID_INPUT', 3, 1)
+  self:_call(0, 'scroll', out)
+end
+
+--- `{ from = { x, y }, to = { x, y }, button }`: presses at `from`, moves to `to` and lets go there.
+function Desktop:drag(o)
+  if type(o) ~= 'table' then errors.raise('INVALID_INPUT', 'drag expects a table', nil, 2) end
+  check.keys(o, { from = true, to = true, button = true }, 'drag options', 'INVALID_INPUT', 3)
+  local out = button(o, {})
+  out.from, out.to = point(o.from, 'drag.from'), point(o.to, 'drag.to')
+  self:_call(0, 'drag', out)
+end
+
+--- Types text (at most 64 KiB, no NUL byte).
+function Desktop:type(text)
+  if type(text) ~= 'string' then errors.raise('INVALID_INPUT', 'text must be a string', nil, 2) end
+  if text:find('\0', 1, true) then errors.raise('INVALID_INPUT', 'text contains a NUL byte', nil, 2) end
+  if #text > MAX_TYPE_BYTES then
+    errors.raise('INVALID_INPUT', 'text is longer than ' .. MAX_TYPE_BYTES .. ' bytes', nil, 2)
+  end
+  self:_call(#text * TYPE_MS_PER_BYTE, 'type', text)
+end
+
+--- Presses a key or a combination: 'Return', 'Enter', 'ctrl+c', 'shift+Tab', 'F5'.
+function Desktop:key(name)
+  local ok = type(name) == 'string' and #name >= 1 and #name <= 64
+  if ok then
+    for part in (name .. '+'):gmatch('([^+]*)%+') do ok = ok and part:match('^[%w_]+$') ~= nil end
+  end
+  if not ok then
+    errors.raise('INVALID_INPUT', 'key must be a key name or names joined by + (letters, digits and _)', nil, 2)
+  end
+  self:_call(0, 'key', name)
+end
+
+--- `{ width, height }` of the screen.
+function Desktop:size()
+  local s = self:_call(0, 'size')
+  if type(s) ~= 'table' or not check.is_int(s.width) or not check.is_int(s.height) or s.width < 1
+    or s.height < 1 then
+    error(bad_reply('screen size'), 2)
+  end
+  return { width = s.width, height = s.height }
+end
+
+--- The URL of a live view of the desktop, on providers that give one (INVALID_INPUT elsewhere).
+function Desktop:view_url()
+  alive(self._sandbox)
+  local d = self._sandbox._backend.desktop
+  if type(d.view_url) ~= 'function' then
+    errors.raise('INVALID_INPUT', 'this provider gives no live view of its desktop', nil, 2)
+  end
+  local url = self:_call(0, 'view_url')
+  if type(url) ~= 'string' or not url:match('^https?://') then error(bad_reply('URL'), 2) end
+  return url
+end
+
+-- }======================================================
+
+-- {======================================================
 -- The pool
 -- =======================================================
 
@@ -455,10 +622,10 @@ end
 
 local create_keys = {
   lifetime_ms = true, network = true, env = true, ports = true, cpus = true, memory_mib = true,
-  image = true, labels = true,
+  image = true, labels = true, desktop = true,
 }
 
---- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels }`.
+--- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop }`.
 function Pool:create(options)
   if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
   if type(options) ~= 'table' then errors.raise('INVALID_INPUT', 'options with lifetime_ms are required', nil, 2) end
@@ -527,6 +694,13 @@ function Pool:create(options)
     end
     spec.image = options.image
   end
+  if options.desktop ~= nil then
+    if type(options.desktop) ~= 'boolean' then errors.raise('INVALID_INPUT', 'desktop must be a boolean', nil, 2) end
+    if options.desktop and not features.desktop then
+      errors.raise('INVALID_INPUT', 'this provider has no desktop', nil, 2)
+    end
+    spec.desktop = options.desktop
+  end
   local labels = check_labels(options.labels, 3)
   spec.labels = {}
   for k, v in pairs(self.labels) do spec.labels[k] = v end
@@ -557,6 +731,11 @@ function Pool:create(options)
     self._count = self._count - 1
     error(bad_reply('backend'), 2)
   end
+  if spec.desktop and type(backend.desktop) ~= 'table' then
+    pcall(backend.release, backend)
+    self._count = self._count - 1
+    error(errors.sandbox('failed', 'the provider returned a sandbox without a desktop'), 2)
+  end
   if self._closed then
     pcall(backend.release, backend)
     self._count = self._count - 1
@@ -565,7 +744,6 @@ function Pool:create(options)
   local sandbox = setmetatable({
     id = type(backend.id) == 'string' and backend.id or ('sandbox-' .. tostring(started)),
     features = features,
-    desktop = features.desktop and backend.desktop or nil,
     _pool = self,
     _backend = backend,
     _workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
@@ -573,6 +751,7 @@ function Pool:create(options)
     _expires_at = started + options.lifetime_ms,
     _released = false,
   }, Sandbox)
+  if features.desktop and type(backend.desktop) == 'table' then sandbox.desktop = new_desktop(sandbox) end
   self._alive[sandbox] = true
   self:_arm(sandbox, options.lifetime_ms)
   return sandbox

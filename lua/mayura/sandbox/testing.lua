@@ -272,6 +272,38 @@ case('after release every call fails with gone, and release again does nothing',
   pool:close()
 end)
 
+case('a desktop, when the provider has one, is seen and used', function(ctx)
+  local sb = ctx.sandbox
+  local pool = own_pool(ctx)
+  if not sb.features.desktop then
+    raises('INVALID_INPUT', nil, pool.create, pool, { lifetime_ms = 60000, desktop = true })
+    pool:close()
+    return
+  end
+  local ok, err = pcall(function()
+    local d = pool:create({ lifetime_ms = 60000, desktop = true }).desktop
+    expect(type(d) == 'table', 'a sandbox created with desktop = true has no desktop')
+    local size = d:size()
+    local png = d:screenshot()
+    local function u32(i)
+      local a, b, c, e = png:byte(i, i + 3)
+      return ((a * 256 + b) * 256 + c) * 256 + e
+    end
+    equal(size.width, u32(17), 'the screenshot\'s width')
+    equal(size.height, u32(21), 'the screenshot\'s height')
+    d:move({ x = math.floor(size.width / 2), y = math.floor(size.height / 2) })
+    d:click({})
+    d:scroll({ direction = 'down' })
+    d:type('a')
+    d:key('Escape')
+    local vok, url = pcall(d.view_url, d)
+    expect(vok and type(url) == 'string' or errors.is(url, 'INVALID_INPUT'),
+      'view_url gives a URL or says there is none: %s', tostring(url))
+  end)
+  pool:close()
+  if not ok then error(err, 0) end
+end)
+
 --- The cases, each `{ name, run }`; `run(ctx)` returns 'passed' or what failed.
 M.sandbox_conformance = {}
 for i, c in ipairs(cases) do

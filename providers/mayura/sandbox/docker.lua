@@ -34,7 +34,12 @@
 --     the agent's `setup` request, never the container's configuration or a
 --     host command line;
 --   * images are never pulled: an image that is not on the machine fails with
---     INVALID_CONFIG before anything is created.
+--     INVALID_CONFIG before anything is created;
+--   * with the option `desktop` (the image has Xvfb, xdotool, xwd and
+--     netpbm, as mayura-test/desktop:1 of scripts/docker-setup.sh),
+--     `features.desktop` is true and a sandbox created with `desktop = true`
+--     runs an X server of its own (mayura.sandbox._desktop); an image without
+--     the programs fails that create with INVALID_INPUT.
 --
 -- The lifetime is held by the host, not only by the agent (code in the
 -- sandbox shares the agent's uid and may stop it): the agent ends its
@@ -74,6 +79,7 @@ local check = require('mayura._check')
 local process = require('mayura.process')
 local http = require('mayura.http')
 local agent_backend = require('mayura.sandbox._agent_backend')
+local desktop = require('mayura.sandbox._desktop')
 
 local M = {}
 
@@ -786,7 +792,7 @@ end
 local option_keys = {
   image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
   tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true,
+  agent = true, run_dir = true, desktop = true,
 }
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
@@ -838,7 +844,9 @@ end
 -- `workspace_mib` (1024), `tmp_mib`
 -- (256), `cpus` (1), `memory_mib` (1024), `pids` (256), `read_only_root`
 -- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
--- `run_dir` (where the sockets' directories are made) for unusual setups.
+-- `run_dir` (where the sockets' directories are made) for unusual setups;
+-- `desktop` (true, or `{ display = 0, width = 1024, height = 768 }`: the
+-- image has a desktop's programs; none by default).
 function M.docker_sandboxes(options)
   local C = 'INVALID_CONFIG'
   if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
@@ -866,9 +874,11 @@ function M.docker_sandboxes(options)
   if options.read_only_root ~= nil and type(options.read_only_root) ~= 'boolean' then
     errors.raise(C, 'read_only_root must be a boolean', nil, 2)
   end
+  local settings = desktop.settings(options.desktop, nil, 2)
   local p = {
     id = 'docker',
-    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } },
+    features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' } },
+    desktop = settings,
     workdir = workdir,
     image = image,
     engine_name = engine,
@@ -1070,10 +1080,11 @@ function M.docker_sandboxes(options)
       end
       backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
       backend.oom_file = cgroup_oom_file(container)
-      agent_backend.handshake(backend, env, self.workdir)
+      agent_backend.handshake(backend, desktop.env(self.desktop, spec, env), self.workdir)
       -- no more files from the sandbox's side in this host directory (the agent, answering, has
       -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
       uv_fs('fs_chmod', dir, 448)
+      if spec.desktop then desktop.attach(backend, self.desktop) end
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
     backend:arm(remaining + LIFETIME_GRACE_MS)

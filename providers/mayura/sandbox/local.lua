@@ -42,6 +42,10 @@
 --     root behind the sandbox's user), and `cpus`, `memory_mib` and `pids` are
 --     enforced with cgroups (v1 or v2); run as another user, the host's
 --     limits apply and `provider.enforced` says so;
+--   * with `desktop = true` at create, an X server (Xvfb) of the sandbox's
+--     own, driven with xdotool and seen with xwd and netpbm, from the host's
+--     /usr (mayura.sandbox._desktop); `features.desktop` is true when the
+--     programs are there (scripts/setup.sh installs them);
 --   * commands and file calls go to the agent over a socket pair, so
 --     environment values never appear on a host command line, and file calls
 --     happen in the sandbox's own view of its files.
@@ -92,6 +96,7 @@ local task = require('mayura._task')
 local check = require('mayura._check')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local host = require('mayura.sandbox._host')
+local desktop = require('mayura.sandbox._desktop')
 
 local M = {}
 
@@ -955,14 +960,16 @@ end
 
 local option_keys = {
   image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
-  pids = true, max_lifetime_ms = true, bwrap = true, agent = true,
+  pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true,
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
 -- system directory; the host's /usr by default), `workspace_mib` (1024),
 -- `tmp_mib` (256), `cpus` (1), `memory_mib` (1024), `pids` (256),
 -- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
--- the agent binary).
+-- the agent binary), `desktop` (the desktop of sandboxes created with
+-- `desktop = true`: false for none, or `{ display = 0, width = 1024, height =
+-- 768 }`; by default there is one when the root has its programs).
 function M.local_sandboxes(options)
   options = options or {}
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
@@ -1002,8 +1009,10 @@ function M.local_sandboxes(options)
   p.nft = find_in_path('nft') or find_in_path('/usr/sbin/nft') or find_in_path('/sbin/nft')
   p.nsenter = find_in_path('nsenter') or find_in_path('/usr/bin/nsenter')
   local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
+  p.desktop = desktop.settings(options.desktop, p.image or '', 2)
   p.features = {
-    stdin = true, ports = can_connect, desktop = false, network = can_connect and { 'none', 'all' } or { 'none' },
+    stdin = true, ports = can_connect, desktop = p.desktop ~= nil,
+    network = can_connect and { 'none', 'all' } or { 'none' },
   }
   p.can_connect = can_connect
   p.root_links = {}
@@ -1100,7 +1109,8 @@ function M.local_sandboxes(options)
       if not nok then agent_backend.start_failed(backend, nerr) end
     end
     -- the agent answers once the namespaces are up; then it gets the env, never on a command line
-    local ok, cerr = pcall(agent_backend.handshake, backend, spec.env, WORKDIR)
+    local ok, cerr = pcall(agent_backend.handshake, backend, desktop.env(self.desktop, spec, spec.env), WORKDIR)
+    if ok and spec.desktop then ok, cerr = pcall(desktop.attach, backend, self.desktop) end
     if not ok then agent_backend.start_failed(backend, cerr) end
     return backend
   end
