@@ -160,7 +160,7 @@ local function words(line)
     elseif c:match('%s') then
       if has then out[#out + 1] = table.concat(cur); cur, has = {}, false end
       i = i + 1
-    elseif c:match('[;&|<>()$`*?~{}]') then
+    elseif c:match('[;&|<>()$`*?{}]') then
       return nil
     else
       cur[#cur + 1] = c
@@ -274,7 +274,7 @@ end
 
 -- What the stand-in answers for a desktop command: nil (run it for real), { background = true }
 -- (it started and stays), or { exit_code, stdout, stderr }.
-function Service:_desktop_command(rec, sb, process)
+function Service._desktop_command(_, rec, sb, process)
   local d = rec.desktop
   if not d or process.cmd ~= '/bin/bash' or type(process.args) ~= 'table' then return nil end
   local a = process.args
@@ -431,7 +431,7 @@ function Service:_start(req, rec, sb)
       if cwd ~= nil then cwd = home_path(cwd) end
       local stdin
       if proc.stdin_open then stdin = table.concat(proc.stdin) end
-      local ok, res = true, nil
+      local ok, res
       if proc.token.cancelled then
         ok, res = false, errors.new('CANCELLED', 'killed before it ran')
       else
