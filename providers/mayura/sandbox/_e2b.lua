@@ -31,8 +31,10 @@
 --
 -- Failures are SANDBOX_ERROR with the kit's reasons, never the service's text:
 -- 401/403 authentication, 404 on the control plane and 502 from the sandbox's
--- proxy `gone`, 429 rate_limited (after the kit's retries, honouring
--- retry-after), 5xx unavailable, no answer in time `timeout`. A create that
+-- proxy `gone` (a command's stream cut midway, or envd's `unavailable`, asks
+-- the control plane: 404 there is `gone` too), 429 rate_limited (after the
+-- kit's retries, honouring retry-after), 5xx unavailable, no answer in time
+-- `timeout`. Templates with envd before 0.4.0 get the user `user` named. A create that
 -- timed out or was cut may still have made a sandbox: the provider then looks
 -- for it by a label of its own (`mayura.create`) and kills it.
 --
@@ -367,6 +369,13 @@ function Backend:_kill(tag, pid)
   return st.err
 end
 
+-- Whether the control plane says the sandbox is gone (404 to GET /sandboxes/{id}).
+function Backend:_ended()
+  local ok, err = pcall(self.client.json, self.client, 'GET', '/sandboxes/' .. hosted.escape(self.id), nil,
+    { gone = true, timeout_ms = KILL_TIMEOUT_MS })
+  return not ok and errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone'
+end
+
 local function exit_of(ended)
   local code = ended.exitCode
   if code == nil then code = ended.exit_code end
@@ -418,9 +427,10 @@ function Backend:exec(argv, o)
         return { timed_out = true, stdout = res.stdout, stderr = res.stderr, truncated = res.truncated,
           duration_ms = core.hrtime_ms() - started }
       end
-      if err.reason ~= 'gone' and not err.status then
-        -- the stream broke midway: the command may still run, so it is stopped; a sandbox that is
-        -- gone says so
+      if err.reason ~= 'gone' and (not err.status or err.connect_code == 'unavailable') then
+        -- the stream broke midway, or envd lost the process: a sandbox that ended says so (the
+        -- control plane no longer knows it); otherwise the command may still run, and is stopped
+        if self:_ended() then error(errors.sandbox('gone', self._label .. ': the sandbox ended'), 0) end
         local kerr = self:_kill(tag, pid)
         if errors.is(kerr, 'SANDBOX_ERROR') and kerr.reason == 'gone' then error(kerr, 0) end
       end
@@ -671,15 +681,19 @@ function M.provider(config, spec)
       domain = res.domain:lower()
     end
     local envd_url = config.sandbox_url or string.format('https://%d-%s.%s', M.ENVD_PORT, id, domain)
+    local envd_version = type(res.envdVersion) == 'string' and res.envdVersion or '0.0.0'
+    local envd_headers = { ['E2b-Sandbox-Id'] = id, ['E2b-Sandbox-Port'] = tostring(M.ENVD_PORT) }
+    -- before envd 0.4.0 there is no default user: name the templates' own, 'user'
+    if not version_at_least(envd_version, '0.4.0') then envd_headers.Authorization = 'Basic ' .. b64.encode('user:') end
     local envd = hosted.client({
       label = label, base_url = envd_url, api_key = token, auth_header = 'X-Access-Token', auth_prefix = '',
-      headers = { ['E2b-Sandbox-Id'] = id, ['E2b-Sandbox-Port'] = tostring(M.ENVD_PORT) },
+      headers = envd_headers,
       call_timeout_ms = c.call_timeout_ms, retries = config.retries, retry_base_ms = config.retry_base_ms,
       secrets = { config.api_key },
     })
     local backend = setmetatable({
       id = id, client = c, envd = envd, domain = domain,
-      envd_version = type(res.envdVersion) == 'string' and res.envdVersion or '0.0.0',
+      envd_version = envd_version,
       _label = label, _prefix = random_hex(8), _seq = 0, _released = false,
     }, Backend)
     if spec.after_create then
