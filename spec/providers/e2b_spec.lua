@@ -282,6 +282,14 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
       s.features)
     pl:close()
+    -- without sandbox_url, each sandbox's envd is its own host under the domain, as E2B names it
+    p = e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), domain = 'E2B.example' })
+    pl = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000 })
+    s = pl:create({ lifetime_ms = 60000 })
+    assert.are.equal('https://49983-' .. s.id .. '.e2b.example', s._backend.envd.base_url)
+    assert.are.equal('https://8080-' .. s.id .. '.e2b.example', s._backend:url(8080))
+    pl:close()
+    assert.is_nil(backing:get(s.id))
   end)
 
   it('refuses options that are not usable, and needs the key as an option', function()
