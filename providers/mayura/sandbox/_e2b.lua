@@ -303,7 +303,8 @@ function Backend:_process(process, o)
       if o.background then return false end
       if o.stdin ~= nil and not stdin_task then
         stdin_token = task.cancel_token()
-        stdin_task = task.spawn(feed)
+        -- a command that ends without reading all of it makes the rest fail: no matter
+        stdin_task = task.spawn(function() pcall(feed) end)
       end
     elseif ev.data ~= nil then
       if type(ev.data) ~= 'table' then error(bad('a data event that is not an object'), 0) end
