@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|e2b] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -17,7 +17,12 @@
 --
 -- Sandboxes: the local provider (bubblewrap namespaces over the host's /usr,
 -- so the host's Node.js is inside) by default; `--provider docker` uses the
--- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh).
+-- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh);
+-- `--provider e2b` runs them on E2B, with the same code (the guide's "Go to
+-- production on E2B"): the key from E2B_API_KEY (read here, never by the
+-- library), the template from E2B_TEMPLATE ('base'; it needs Node.js), and,
+-- for a self-hosted E2B or a stand-in, E2B_DOMAIN, E2B_API_URL,
+-- E2B_SANDBOX_URL and E2B_WORKDIR (the template's working directory).
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -39,7 +44,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b] [TASK...]\n')
   os.exit(2)
 end
 
@@ -68,8 +73,8 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      if provider_name ~= 'local' and provider_name ~= 'docker' then
-        usage_error('--provider takes local or docker')
+      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b' then
+        usage_error('--provider takes local, docker or e2b')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -127,9 +132,26 @@ end
 -- 1. A pool of sandboxes
 -- =======================================================
 
+local function setting(name)
+  local v = os.getenv(name)
+  if v == '' then return nil end
+  return v
+end
+
 local provider
 if provider_name == 'docker' then
   provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
+elseif provider_name == 'e2b' then
+  local key = setting('E2B_API_KEY')
+  if not key then usage_error('--provider e2b needs E2B_API_KEY') end
+  provider = require('mayura.sandbox.e2b').e2b_sandboxes({
+    api_key = key,                                   -- the library reads no environment: the key comes from here
+    template = setting('E2B_TEMPLATE') or 'base',    -- an E2B template with Node.js
+    domain = setting('E2B_DOMAIN'),
+    api_url = setting('E2B_API_URL'),                -- these three only for a self-hosted E2B or a stand-in
+    sandbox_url = setting('E2B_SANDBOX_URL'),
+    workdir = setting('E2B_WORKDIR'),
+  })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end

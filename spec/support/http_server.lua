@@ -18,7 +18,7 @@
 --   /slow          five chunks, one every 30 ms (Content-Length known)
 --   /status/NNN    status NNN, Retry-After: 7, X-Multi twice (a, b)
 --   /chunked       Transfer-Encoding: chunked, body 'hello, chunked world'
--- A request with Expect: 100-continue gets an interim
+-- A request body may come with Content-Length or chunked. A request with Expect: 100-continue gets an interim
 -- "100 Continue" (with an X-Interim header) before its body is read.
 -- A request is { method, target, headers = { {name, value}..., name = value },
 -- body, at_ms (when its head arrived, on the loop's clock) }.
@@ -152,7 +152,22 @@ function Server:route(client, req)
     end
 end
 
--- Reads one request: head, then Content-Length bytes of body.
+-- The body of a chunked request once its last chunk is in `buf` (nil before).
+local function dechunk(buf)
+    local out, pos = {}, 1
+    while true do
+        local line_end = buf:find('\r\n', pos, true)
+        if not line_end then return nil end
+        local size = tonumber(buf:sub(pos, line_end - 1):match('^(%x+)'), 16)
+        if not size then return '' end   -- not chunked after all: an empty body
+        if size == 0 then return table.concat(out) end
+        if #buf < line_end + 1 + size + 2 then return nil end
+        out[#out + 1] = buf:sub(line_end + 2, line_end + 1 + size)
+        pos = line_end + 2 + size + 2
+    end
+end
+
+-- Reads one request: head, then Content-Length bytes of body (or a chunked body).
 function Server:serve(client)
     self.clients[client] = true
     local head_buf, req, parts, have = '', nil, nil, 0
@@ -190,9 +205,17 @@ function Server:serve(client)
             parts[#parts + 1] = data
             have = have + #data
         end
-        if have >= req.length then
+        local chunked = (req.headers['transfer-encoding'] or ''):lower():find('chunked', 1, true)
+        local body
+        if chunked then
+            body = dechunk(table.concat(parts))
+            parts, have = { body or table.concat(parts) }, 0
+        elseif have >= req.length then
+            body = table.concat(parts):sub(1, req.length)
+        end
+        if body then
             client:read_stop()
-            req.body = table.concat(parts):sub(1, req.length)
+            req.body = body
             if self.handler then self.handler(self, client, req) else self:route(client, req) end
         end
     end)

@@ -37,7 +37,8 @@
 --     `call_timeout_ms` by default): the deadline covers every attempt and
 --     every wait, and no answer in time is SANDBOX_ERROR `timeout`;
 --   * `gone = true` says the call is about a sandbox that existed: then 404
---     and 410 mean SANDBOX_ERROR `gone` (a list of statuses may be given);
+--     and 410 mean SANDBOX_ERROR `gone` (a list of statuses may be given;
+--     a status it names is never tried again, even 502 or 503);
 --   * a 2xx body that is not JSON, a stream that breaks its format, or a
 --     message above the size caps is SANDBOX_ERROR `failed`; no connection
 --     is `unavailable`; a cancelled `signal` is CANCELLED.
@@ -481,7 +482,8 @@ function Client:_run(method, path, opts, attempt)
     local err, retry, wait
     if kind == 'status' then
       err = self:_status_error(a, method, path, c, opts)
-      retry = retry_statuses[a] == true
+      -- a sandbox that is gone stays gone (E2B's envd says so with 502): not tried again
+      retry = retry_statuses[a] == true and err.reason ~= 'gone'
       wait = http.retry_after_ms(b)
       if wait then err.retry_after_ms = wait end
     elseif kind == 'transport' then
