@@ -47,7 +47,8 @@
 -- `install` returns the service's state, for specs: `sandboxes` (name ->
 -- record), `sessions` (id -> record, each with `backing_id` and `policy`),
 -- `commands` (id -> record), and `cut_streams`: the next that many command
--- streams are cut after their first line (the command goes on).
+-- streams are cut after their first line (the command goes on; each cut is
+-- in `svc.failures` as `CUT`, the way the stand-in kit cuts a stream).
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -61,6 +62,7 @@ M.MAX_TIMEOUT_MS = 5 * 3600000
 M.DEFAULT_TIMEOUT_MS = 300000
 M.MAX_PORTS = 15
 M.MAX_TAGS = 5
+M.CUT = 'the stand-in cuts this stream'   -- what svc.failures holds for each stream it cut
 local LOG_CHUNK = 16384
 local NDJSON = { ['Content-Type'] = 'application/x-ndjson' }
 
@@ -388,7 +390,7 @@ function M.install(svc, backing, opts)
       if not send(line({ command = command_json(c) })) then return end
       if cut then
         task.sleep(50)
-        error('the stand-in cuts this stream', 0)
+        error(M.CUT, 0)
       end
       if not wait_done(c, req.signal) then return end
       if b.logs then

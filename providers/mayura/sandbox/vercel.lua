@@ -281,7 +281,7 @@ function Backend:exec(argv, o)
 
   local ok, err = pcall(c.stream, c, 'POST', self:_path('/cmd'), body, {
     query = self:_query(), format = 'ndjson', on_event = command_reader(c, st, cap), gone = GONE,
-    timeout_ms = deadline - started, signal = token,
+    timeout_ms = o.timeout_ms + c.call_timeout_ms, signal = token,
   })
   -- a cut stream, or one that ended before the command did: the command goes on in the sandbox
   local cut = (ok and not st.final) or (not ok and errors.is(err, 'SANDBOX_ERROR') and err.reason == 'unavailable')
