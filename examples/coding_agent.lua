@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|vercel] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -17,7 +17,12 @@
 --
 -- Sandboxes: the local provider (bubblewrap namespaces over the host's /usr,
 -- so the host's Node.js is inside) by default; `--provider docker` uses the
--- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh).
+-- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh);
+-- `--provider vercel` uses Vercel Sandbox with the token in VERCEL_TOKEN and
+-- the team and project in VERCEL_TEAM_ID and VERCEL_PROJECT_ID (this script
+-- reads them; the provider never reads the environment). VERCEL_API_URL and
+-- VERCEL_WORKDIR point it at a service speaking the same API elsewhere, as
+-- the specs' stand-in does.
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -39,7 +44,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|vercel] [TASK...]\n')
   os.exit(2)
 end
 
@@ -68,8 +73,8 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      if provider_name ~= 'local' and provider_name ~= 'docker' then
-        usage_error('--provider takes local or docker')
+      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'vercel' then
+        usage_error('--provider takes local, docker or vercel')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -130,6 +135,18 @@ end
 local provider
 if provider_name == 'docker' then
   provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
+elseif provider_name == 'vercel' then
+  local function env(name, required)
+    local v = os.getenv(name)
+    if v == '' then v = nil end
+    if required and not v then usage_error('--provider vercel needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.vercel').vercel_sandboxes({
+    token = env('VERCEL_TOKEN', true), team_id = env('VERCEL_TEAM_ID', true),
+    project_id = env('VERCEL_PROJECT_ID', true),
+    base_url = env('VERCEL_API_URL'), workdir = env('VERCEL_WORKDIR'),
+  })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
