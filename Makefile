@@ -136,6 +136,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/suite.lua
 	$(HOST) bench/desktop.lua
 	$(HOST) bench/e2b.lua
+	$(HOST) bench/vercel.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

@@ -2,7 +2,7 @@
 ** mayura_core.c: the mayura.core Lua module.
 **
 ** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
-** processes, files, HTTP through libcurl, JSON through cJSON, base64 and
+** processes, files, HTTP through libcurl, JSON through cJSON, base64, CRC-32 and
 ** incremental parsers for streamed HTTP answers (Connect, NDJSON, SSE).
 ** It has no opinion about limits, permissions or providers: it checks its
 ** arguments and returns results. Every piece is included here so that the
@@ -22,6 +22,7 @@
 #include "http.c"
 #include "chan.c"
 #include "stream.c"
+#include "crc.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -216,5 +217,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_http(L);
     mc_open_chan(L);
     mc_open_stream(L);
+    mc_open_crc(L);
     return 1;
 }

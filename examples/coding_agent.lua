@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker|e2b] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -23,6 +23,11 @@
 -- library), the template from E2B_TEMPLATE ('base'; it needs Node.js), and,
 -- for a self-hosted E2B or a stand-in, E2B_DOMAIN, E2B_API_URL,
 -- E2B_SANDBOX_URL and E2B_WORKDIR (the template's working directory).
+-- `--provider vercel` uses Vercel Sandbox with the token in VERCEL_TOKEN and
+-- the team and project in VERCEL_TEAM_ID and VERCEL_PROJECT_ID (this script
+-- reads them; the provider never reads the environment). VERCEL_API_URL and
+-- VERCEL_WORKDIR point it at a service speaking the same API elsewhere, as
+-- the specs' stand-in does.
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -44,7 +49,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel] [TASK...]\n')
   os.exit(2)
 end
 
@@ -73,8 +78,9 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b' then
-        usage_error('--provider takes local, docker or e2b')
+      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b'
+        and provider_name ~= 'vercel' then
+        usage_error('--provider takes local, docker, e2b or vercel')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -151,6 +157,17 @@ elseif provider_name == 'e2b' then
     api_url = setting('E2B_API_URL'),                -- these three only for a self-hosted E2B or a stand-in
     sandbox_url = setting('E2B_SANDBOX_URL'),
     workdir = setting('E2B_WORKDIR'),
+  })
+elseif provider_name == 'vercel' then
+  local function env(name, required)
+    local v = setting(name)
+    if required and not v then usage_error('--provider vercel needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.vercel').vercel_sandboxes({
+    token = env('VERCEL_TOKEN', true), team_id = env('VERCEL_TEAM_ID', true),
+    project_id = env('VERCEL_PROJECT_ID', true),
+    base_url = env('VERCEL_API_URL'), workdir = env('VERCEL_WORKDIR'),
   })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()

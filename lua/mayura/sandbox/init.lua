@@ -712,7 +712,7 @@ function Pool:create(options)
   self._count = self._count + 1
   local started = core.hrtime_ms()
   local provider = self.provider
-  local returned = false
+  local returned, late_ended = false, false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
     local r = pack(pcall(provider.create, provider, spec))
     returned = true
@@ -721,10 +721,12 @@ function Pool:create(options)
   end, function(created, late)
     -- created after the pool gave up on it: released at once, and only then is its slot free
     if created and type(late) == 'table' and late.release then pcall(late.release, late) end
+    late_ended = true
     self._count = self._count - 1
   end)
   if not ok then
-    if returned then self._count = self._count - 1 end   -- else once the late create has ended
+    -- else once the late create has ended (which may be already: then its slot is free already)
+    if returned and not late_ended then self._count = self._count - 1 end
     error(provider_error(backend), 2)
   end
   if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then

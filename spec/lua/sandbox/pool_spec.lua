@@ -197,6 +197,24 @@ describe('sandboxes:create', function()
       assert.is_true(p.created[1].released)
     end)
 
+    it('frees the slot of a create that ends in the same turn as its deadline once', function()
+      -- the deadline's timer and the provider's end come in one turn of the loop: the late
+      -- create has ended before the pool's caller resumes, and the slot is freed by one of them
+      local task = require('mayura._task')
+      local errors = require('mayura.errors')
+      local p = dir.dir_sandboxes()
+      p.create = function()
+        task.sleep(100)
+        error(errors.sandbox('unavailable', 'no'), 0)
+      end
+      local s = pool(p, { max_sandboxes = 1, call_timeout_ms = 100 })
+      for _ = 1, 3 do
+        assert.raises_code('SANDBOX_ERROR', s.create, s, { lifetime_ms = 1000 })
+        assert.is_true(require('support.util').eventually(function() return s:count() <= 0 end, 2000))
+        assert.are.equal(0, s:count())
+      end
+    end)
+
     it('frees the slot of a create that fails, and keeps the provider text out', function()
       local s = pool(dir.dir_sandboxes({ fail_create = true }), { max_sandboxes = 1 })
       local err = assert.raises_code('SANDBOX_ERROR', s.create, s, { lifetime_ms = 1000 })

@@ -1,0 +1,602 @@
+--- mayura.sandbox.vercel: sandboxes on Vercel Sandbox (Firecracker microVMs),
+-- through its REST API (`https://vercel.com/api`, JSON and NDJSON).
+--
+--   local vercel = require('mayura.sandbox.vercel')
+--   local provider = vercel.vercel_sandboxes({
+--     token = token, team_id = 'team_...', project_id = 'prj_...',
+--   })
+--   local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 3600000 })
+--
+-- Options: `token` (a Vercel access token; required, sent only as
+-- `Authorization: Bearer`, never read from the environment by this module),
+-- `team_id` and `project_id` (required: every request names the team, a
+-- sandbox belongs to the project), `base_url` (the API; for a service that
+-- speaks the same API elsewhere), `image` (a managed image such as
+-- `vercel/sandbox/node:24`; the service's default when left out; a
+-- sandbox's own `image` wins), `region`, `workdir` (where relative paths and
+-- commands start: the service's `/vercel/sandbox` by default),
+-- `max_lifetime_ms` (5 hours, the Pro plan's most; 45 minutes on Hobby),
+-- and the kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+--
+-- How the contract maps onto the service:
+--   * create: `POST /v3/sandboxes` with the lifetime as the session's
+--     `timeout` (ms), `env`, the labels as `tags` (at most 5), `ports` (each
+--     1024 and up, at most 15, each given a public route), `resources.vcpus`
+--     from `cpus` and `memory_mib` (2,048 MiB per vCPU, at most 8),
+--     `persistent: false`, and the network as `networkPolicy`: 'none' is
+--     `deny-all`, 'all' is `allow-all`, `{ allow = domains }` is the
+--     service's domain allow-list (`.example.com` becomes `*.example.com`);
+--     a session still `pending` is polled until it runs;
+--   * exec: `POST /v2/sandboxes/sessions/{id}/cmd` with `wait` and `logs`,
+--     read as NDJSON (its first line names the command, then output lines,
+--     then the command with its exit code). The service has no standard
+--     input (`features.stdin` is false: the pool refuses stdin before any
+--     call). Output arrives as text (the service sends JSON strings). Every
+--     process of a command carries `MAYURA_EXEC=<tag>` in its environment; at
+--     the timeout or a cancel the command is killed (`.../kill`, SIGKILL) and
+--     then everything with its tag (a `setsid` child too) by a second command;
+--     the service's own `timeout` is set a little later, as a backstop should
+--     this process be gone. A stream cut while the command runs (the
+--     service's edge cuts long streams) is taken up again: the command's
+--     logs from the start, then its exit;
+--   * files: `fs/read` (the bytes; 404 is no file), `fs/write` (a gzip'd tar
+--     of the one file, extracted at `/`, which makes the directories);
+--     listing and removing run `sandbox_scripts` as commands (the service
+--     has no call for them);
+--   * url(port): the route the service gave the port at create;
+--   * release: the session is stopped, then the sandbox deleted.
+-- Failures are SandboxErrors without the service's text (the kit's mapping):
+-- 404 and 410 (`sandbox_stopped`) on a session are `gone`; 401/403
+-- `authentication`; 429 is retried after its `Retry-After`.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local check = require('mayura._check')
+local task = require('mayura._task')
+local hosted = require('mayura.sandbox._hosted')
+local tar = require('mayura.sandbox._tar')
+local scripts = require('mayura.sandbox.scripts')
+
+local json = core.json
+
+local M = {}
+
+M.DEFAULT_BASE_URL = 'https://vercel.com/api'
+M.DEFAULT_WORKDIR = '/vercel/sandbox'
+M.MAX_LIFETIME_MS = 5 * 3600000
+M.MAX_PORTS = 15
+M.MIN_PORT = 1024
+M.MAX_TAGS = 5
+M.MAX_VCPUS = 8
+M.MIB_PER_VCPU = 2048
+
+local GONE = { 404, 410, 422 }     -- 422: sandbox_stopping
+local BACKSTOP_MS = 5000           -- the service's command timeout, past ours
+local KILL_TIMEOUT_MS = 10000      -- each call that stops a command
+local KILL_GRACE_MS = 5000         -- for the stream to end with the exit once killed
+local POLL_MS = 250                -- a pending session
+local MAX_RESUMES = 8              -- a cut command stream taken up again, at most
+
+local function object(t)
+  return setmetatable(t or {}, json.object_mt)
+end
+
+local function array(t)
+  return setmetatable(t or {}, json.array_mt)
+end
+
+local function copy(t)
+  local out = {}
+  for k, v in pairs(t or {}) do out[k] = v end
+  return out
+end
+
+local tag_seq = 0
+local function new_tag()
+  tag_seq = tag_seq + 1
+  return string.format('v%x-%x-%08x', core.now_ms(), tag_seq, math.random(0, 0x7fffffff))
+end
+
+-- {======================================================
+-- The backend
+-- =======================================================
+
+local Backend = {}
+Backend.__index = Backend
+
+function Backend:_path(tail)
+  return '/v2/sandboxes/sessions/' .. hosted.escape(self.session_id) .. (tail or '')
+end
+
+function Backend:_query(extra)
+  local q = { teamId = self.team_id }
+  for k, v in pairs(extra or {}) do q[k] = v end
+  return q
+end
+
+-- Whether the session still runs: false when the service says it is gone or stopped.
+function Backend:_running()
+  local ok, body = pcall(self.client.json, self.client, 'GET', self:_path(), nil, {
+    query = self:_query(), gone = GONE, retries = 1,
+  })
+  if not ok then
+    if errors.is(body, 'SANDBOX_ERROR') and body.reason == 'gone' then return false end
+    error(body, 0)
+  end
+  local s = type(body) == 'table' and body.session
+  return type(s) == 'table' and (s.status == 'running' or s.status == 'pending')
+end
+
+local function stream_error(c, data)
+  local code = type(data) == 'table' and c:_safe_code(data.code) or nil
+  if code == 'sandbox_stopped' or code == 'sandbox_stopping' then
+    return errors.sandbox('gone', 'vercel: the sandbox stopped while the command ran')
+  end
+  local e = errors.sandbox('failed', 'vercel: the command failed in the service')
+  e.provider_code = code
+  return e
+end
+
+-- Reads NDJSON lines of a command into `st`: output (capped), the command's id and its end.
+local function command_reader(c, st, cap)
+  return function(msg)
+    if type(msg) ~= 'table' then error(c:bad_answer('a command line that is not an object'), 0) end
+    local cmd = msg.command
+    if type(cmd) == 'table' then
+      if st.cmd_id == nil and type(cmd.id) == 'string' and cmd.id ~= '' and #cmd.id <= 256 then
+        st.cmd_id = cmd.id
+        if st.on_id then st.on_id() end
+      end
+      if check.is_int(cmd.exitCode) then
+        st.final = cmd
+        return false
+      end
+      return
+    end
+    local name = msg.stream
+    if name == 'stdout' or name == 'stderr' then
+      local data = msg.data
+      if type(data) ~= 'string' then error(c:bad_answer('an output line without text'), 0) end
+      local room = cap - st.sizes[name]
+      if #data > room then
+        data = data:sub(1, room > 0 and room or 0)
+        st.truncated = true
+      end
+      if #data > 0 then
+        st.sizes[name] = st.sizes[name] + #data
+        local buf = st.out[name]
+        buf[#buf + 1] = data
+      end
+    elseif name == 'error' then
+      error(stream_error(c, msg.data), 0)
+    end
+    -- any other line is one a newer service added: not ours to read
+  end
+end
+
+local function reset_output(st)
+  st.out, st.sizes, st.truncated = { stdout = {}, stderr = {} }, { stdout = 0, stderr = 0 }, false
+end
+
+-- Runs an internal shell script as a command (no tag, the session's cwd) and returns its stdout.
+function Backend:_script(script, timeout_ms, signal)
+  local c = self.client
+  local st = {}
+  reset_output(st)
+  c:stream('POST', self:_path('/cmd'), {
+    command = 'sh', args = array({ '-c', script }), env = object(), sudo = false, wait = true, logs = true,
+    timeout = (timeout_ms or c.call_timeout_ms) + BACKSTOP_MS,
+  }, {
+    query = self:_query(), format = 'ndjson', on_event = command_reader(c, st, 64 * 1048576), gone = GONE,
+    timeout_ms = timeout_ms, signal = signal,
+  })
+  if not st.final then error(c:bad_answer('a command stream without its end'), 0) end
+  if st.final.exitCode ~= 0 then
+    error(errors.sandbox('failed', 'vercel: a helper command of the provider failed in the sandbox'), 0)
+  end
+  return table.concat(st.out.stdout)
+end
+
+-- Kills a command: the command itself when its id is known, then every process with its tag.
+function Backend:_kill(st, tag)
+  local c = self.client
+  if st.cmd_id and not st.killed then
+    st.killed = true
+    pcall(c.json, c, 'POST', self:_path('/cmd/' .. hosted.escape(st.cmd_id) .. '/kill'), { signal = 9 }, {
+      query = self:_query(), timeout_ms = KILL_TIMEOUT_MS, retries = 1, allow = { 404, 410 },
+    })
+  end
+  pcall(self._script, self, scripts.kill(tag), KILL_TIMEOUT_MS)
+end
+
+-- Takes up a command whose stream was cut: its logs from the start (they end with it), then its exit.
+function Backend:_resume(st, cap, deadline, token)
+  local c = self.client
+  local id = hosted.escape(st.cmd_id)
+  local n = 0
+  while true do
+    local remaining = math.ceil(deadline - core.hrtime_ms())
+    if remaining <= 0 then
+      error(errors.sandbox('timeout', 'vercel: the command did not end within its time'), 0)
+    end
+    reset_output(st)
+    local ok, err = pcall(c.stream, c, 'GET', self:_path('/cmd/' .. id .. '/logs'), nil, {
+      query = self:_query(), format = 'ndjson', on_event = command_reader(c, st, cap), gone = GONE,
+      timeout_ms = remaining, signal = token,
+    })
+    if ok then break end
+    n = n + 1
+    if n >= MAX_RESUMES or not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'unavailable') then
+      error(err, 0)
+    end
+  end
+  local body = c:json('GET', self:_path('/cmd/' .. id), nil, {
+    query = self:_query({ wait = 'true' }), gone = GONE, signal = token,
+    timeout_ms = math.max(1, math.ceil(deadline - core.hrtime_ms())),
+  })
+  local cmd = type(body) == 'table' and body.command
+  if type(cmd) ~= 'table' or not check.is_int(cmd.exitCode) then
+    error(c:bad_answer('a finished command without its exit code'), 0)
+  end
+  st.final = cmd
+end
+
+function Backend:exec(argv, o)
+  local c = self.client
+  local cap = o.max_output_bytes
+  local tag = new_tag()
+  local env = copy(o.env)
+  env[scripts.TAG_VAR] = tag
+  local args = {}
+  for i = 2, #argv do args[#args + 1] = argv[i] end
+  local body = {
+    command = argv[1], args = array(args), cwd = o.cwd or self.workdir, env = object(env), sudo = false,
+    wait = true, logs = true, timeout = o.timeout_ms + BACKSTOP_MS,
+  }
+  local started = core.hrtime_ms()
+  local deadline = started + o.timeout_ms + c.call_timeout_ms
+  local token = task.cancel_token()   -- ends our reading, never the caller's token
+  local st = {}
+  reset_output(st)
+  local grace
+  local function stop(why)
+    if st.stopping or st.final then return end
+    st.stopping = why
+    st.stopper = task.spawn(function()
+      self:_kill(st, tag)
+      if why == 'cancel' then
+        token:cancel('stopped')
+      else
+        -- the stream ends with the killed command's exit; if it does not, it ends here
+        grace = task.after(KILL_GRACE_MS, function() token:cancel('stopped') end, true)
+      end
+    end)
+  end
+  -- an id that comes after the command was stopped: that command is killed too
+  st.on_id = function()
+    if st.stopping and not st.killed then task.spawn(function() self:_kill(st, tag) end) end
+  end
+  local timer = task.after(o.timeout_ms, function() stop('timeout') end, true)
+  local remove
+  if o.signal then remove = o.signal:on_cancel(function() stop('cancel') end) end
+
+  local ok, err = pcall(c.stream, c, 'POST', self:_path('/cmd'), body, {
+    query = self:_query(), format = 'ndjson', on_event = command_reader(c, st, cap), gone = GONE,
+    timeout_ms = o.timeout_ms + c.call_timeout_ms, signal = token,
+  })
+  -- a cut stream, or one that ended before the command did: the command goes on in the sandbox
+  local cut = (ok and not st.final) or (not ok and errors.is(err, 'SANDBOX_ERROR') and err.reason == 'unavailable')
+  if cut and st.cmd_id and not st.stopping then
+    local rok, rerr = pcall(self._resume, self, st, cap, deadline, token)
+    if rok then
+      ok, err = true, nil
+    else
+      ok = false
+      if errors.is(rerr, 'SANDBOX_ERROR') and rerr.reason == 'gone' or not err then err = rerr end
+    end
+  elseif cut and not st.stopping then
+    ok = false
+    err = err or c:bad_answer('a command stream that ended before its command')
+  end
+  timer.cancel()
+  if remove then remove() end
+  if st.stopper then pcall(st.stopper.wait, st.stopper) end
+  if grace then grace.cancel() end
+
+  if st.stopping == 'cancel' then
+    errors.raise('CANCELLED', 'the command was cancelled', nil, 0)
+  end
+  local timed_out = st.stopping == 'timeout'
+  if not timed_out and not ok then
+    if not st.cmd_id and errors.is(err, 'SANDBOX_ERROR') and err.reason ~= 'gone' then
+      -- nobody knows whether it started: whatever carries its tag ends
+      task.spawn(function() pcall(self._script, self, scripts.kill(tag), KILL_TIMEOUT_MS) end)
+    end
+    error(err, 0)
+  end
+  local final = st.final
+  local elapsed = core.hrtime_ms() - started
+  -- the service's own timeout (our backstop) kills with SIGKILL: 137
+  if final and final.exitCode == 137 and elapsed >= o.timeout_ms then timed_out = true end
+  return {
+    exit_code = (not timed_out and final) and final.exitCode or nil,
+    timed_out = timed_out,
+    truncated = st.truncated,
+    duration_ms = final and type(final.durationMs) == 'number' and final.durationMs >= 0 and final.durationMs
+      or elapsed,
+    stdout = table.concat(st.out.stdout), stderr = table.concat(st.out.stderr),
+  }
+end
+
+-- Maps a file call's refusals to the caller's words; other statuses keep the kit's mapping.
+local function file_error(what)
+  return function(status)
+    if status == 400 then return errors.new('INVALID_INPUT', what .. ' cannot be used there (HTTP 400)') end
+    if status == 413 or status == 507 then
+      return errors.new('LIMIT_EXCEEDED', what .. ' does not fit in the sandbox (HTTP ' .. status .. ')')
+    end
+    return nil
+  end
+end
+
+function Backend:read_file(path, opts)
+  local c = self.client
+  local res = c:call('POST', self:_path('/fs/read'), {
+    query = self:_query(), body = json.encode({ path = path }), content_type = 'application/json',
+    headers = { Accept = 'application/octet-stream' }, gone = { 410, 422 }, allow = { 404 },
+    on_error = file_error('the file'),
+  })
+  if res.status == 404 then
+    -- no file, or no session: a bare 404 is the file; one with a body is asked about
+    if res.body ~= '' and not self:_running() then
+      error(errors.sandbox('gone', 'vercel: the sandbox is gone'), 0)
+    end
+    return nil
+  end
+  local ctype = tostring(res.headers['content-type'] or '')
+  if not ctype:find('application/octet-stream', 1, true) then
+    error(c:bad_answer('a file that is not application/octet-stream'), 0)
+  end
+  if opts and opts.max_bytes and #res.body > opts.max_bytes then
+    errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes (' .. opts.max_bytes .. ')', nil, 0)
+  end
+  return res.body
+end
+
+function Backend:write_file(path, data)
+  local body = tar.tar_gz({ { name = path:sub(2), data = data, mode = 420 } })
+  self.client:call('POST', self:_path('/fs/write'), {
+    query = self:_query(), body = body, content_type = 'application/gzip', headers = { ['x-cwd'] = '/' },
+    gone = GONE, on_error = file_error('the file'),
+  })
+end
+
+local function lines_of(text)
+  local out = {}
+  for line in text:gmatch('([^\n]*)\n') do out[#out + 1] = line end
+  return out
+end
+
+function Backend:list_files(path)
+  local out = self:_script(scripts.list(path))
+  local ok, res = pcall(scripts.parse_listing, out)
+  if not ok then error(res, 0) end
+  return res
+end
+
+function Backend:remove_file(path, o)
+  local lines = lines_of(self:_script(scripts.remove(path, o and o.recursive)))
+  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
+  if code then error(scripts.script_error(code, 'the path'), 0) end
+  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then
+    error(self.client:bad_answer('a removal the provider cannot read'), 0)
+  end
+end
+
+function Backend:url(port)
+  local url = self.routes[port]
+  if not url then error(errors.sandbox('failed', 'vercel: the service gave port ' .. port .. ' no route'), 0) end
+  return url
+end
+
+function Backend:release()
+  local c = self.client
+  pcall(c.json, c, 'POST', self:_path('/stop'), nil, { query = self:_query(), allow = { 404, 410 } })
+  c:json('DELETE', '/v2/sandboxes/' .. hosted.escape(self.name), nil, {
+    query = self:_query({ projectId = self.project_id }), allow = { 404, 410 },
+  })
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The provider
+-- =======================================================
+
+local option_keys = {
+  token = true, team_id = true, project_id = true, base_url = true, image = true, region = true, workdir = true,
+  max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
+}
+
+local function id_option(v, name)
+  if type(v) ~= 'string' or not v:match('^[%w_%-]+$') or #v > 128 then
+    errors.raise('INVALID_CONFIG', 'vercel: ' .. name .. ' must be an id (letters, digits, _ and -)', nil, 3)
+  end
+  return v
+end
+
+local function network_policy(network)
+  if network == 'all' then return object({ mode = 'allow-all' }) end
+  if type(network) == 'table' then
+    local allow = {}
+    for i, d in ipairs(network.allow) do
+      if d:sub(1, 1) == '.' then d = '*' .. d end
+      allow[i] = d
+    end
+    return object({ allow = array(allow) })
+  end
+  return object({ mode = 'deny-all' })
+end
+
+-- vCPUs for `cpus` and `memory_mib` (2,048 MiB each), nil for the service's default.
+local function vcpus_of(spec)
+  local n = 0
+  if spec.cpus then n = math.ceil(spec.cpus) end
+  if spec.memory_mib then n = math.max(n, math.ceil(spec.memory_mib / M.MIB_PER_VCPU)) end
+  if n == 0 then return nil end
+  if n > M.MAX_VCPUS then
+    errors.raise('INVALID_INPUT', 'vercel: a sandbox has at most ' .. M.MAX_VCPUS .. ' vCPUs (2,048 MiB each)', nil, 0)
+  end
+  return n
+end
+
+local function check_ports(ports)
+  local list = {}
+  if #(ports or {}) > M.MAX_PORTS then
+    errors.raise('INVALID_INPUT', 'vercel: a sandbox serves at most ' .. M.MAX_PORTS .. ' ports', nil, 0)
+  end
+  for i, p in ipairs(ports or {}) do
+    if p < M.MIN_PORT then
+      errors.raise('INVALID_INPUT', 'vercel: ports below ' .. M.MIN_PORT .. ' are not served', nil, 0)
+    end
+    list[i] = p
+  end
+  return list
+end
+
+-- The routes of a create answer: port -> URL.
+local function routes_of(c, routes)
+  local out = {}
+  if routes == nil then return out end
+  if type(routes) ~= 'table' then error(c:bad_answer('routes that are not a list'), 0) end
+  for _, r in ipairs(routes) do
+    if type(r) == 'table' and check.is_int(r.port) then
+      if type(r.url) == 'string' and r.url:match('^https?://[%w%.%-%[%]:]+[^%s]*$') then
+        out[r.port] = r.url
+      elseif type(r.subdomain) == 'string' and r.subdomain:match('^[%w%-]+$') then
+        out[r.port] = 'https://' .. r.subdomain .. '.vercel.run'
+      end
+    end
+  end
+  return out
+end
+
+local function check_id(c, v, what)
+  if type(v) ~= 'string' or v == '' or #v > 256 or v:find('[%c%s]') then
+    error(c:bad_answer('a ' .. what .. ' without an id'), 0)
+  end
+  return v
+end
+
+--- The provider: see the module's comment for the options.
+function M.vercel_sandboxes(options)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then errors.raise(C, 'vercel: options with token, team_id and project_id are required',
+    nil, 2) end
+  check.keys(options, option_keys, 'vercel options', C, 3)
+  local token = options.token
+  if type(token) ~= 'string' or token == '' then errors.raise(C, 'vercel: token is required', nil, 2) end
+  local team_id = id_option(options.team_id, 'team_id')
+  local project_id = id_option(options.project_id, 'project_id')
+  local workdir = options.workdir or M.DEFAULT_WORKDIR
+  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or workdir:find('[%z\n]') or workdir:find('/%.%.?/')
+    or workdir:find('/%.%.?$') then
+    errors.raise(C, 'vercel: workdir must be an absolute path', nil, 2)
+  end
+  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  for _, name in ipairs({ 'image', 'region' }) do
+    local v = options[name]
+    if v ~= nil and (type(v) ~= 'string' or v == '' or #v > 512 or v:find('[%c%s]')) then
+      errors.raise(C, 'vercel: ' .. name .. ' must be a non-empty string', nil, 2)
+    end
+  end
+  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1000, M.MAX_LIFETIME_MS, C, 2,
+    M.MAX_LIFETIME_MS)
+  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local client = hosted.client({
+    label = 'vercel', base_url = options.base_url or M.DEFAULT_BASE_URL, api_key = token,
+    retries = options.retries, retry_base_ms = options.retry_base_ms,
+    max_retry_after_ms = options.max_retry_after_ms or 20000,
+  })
+  local image, region = options.image, options.region
+
+  local provider = {
+    id = 'vercel',
+    features = { stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+    workdir = workdir,
+    max_lifetime_ms = max_lifetime,
+  }
+
+  function provider.create(_, spec)
+    local c = client
+    if spec.call_timeout_ms then c = client:with({ call_timeout_ms = spec.call_timeout_ms }) end
+    local ports = check_ports(spec.ports)
+    local vcpus = vcpus_of(spec)
+    local tags = hosted.metadata(spec.labels, { max_keys = M.MAX_TAGS, max_key_bytes = 63, max_value_bytes = 256 })
+    local body = {
+      projectId = project_id,
+      timeout = hosted.lifetime(spec.lifetime_ms, { unit = 'ms', max = max_lifetime }),
+      ports = array(ports),
+      env = object(copy(spec.env)),
+      tags = tags,
+      networkPolicy = network_policy(spec.network),
+      resources = vcpus and object({ vcpus = vcpus }) or nil,
+      image = spec.image or image,
+      region = region,
+      persistent = false,
+    }
+    local query = { teamId = team_id }
+    local res = c:json('POST', '/v3/sandboxes', body, {
+      query = query,
+      on_error = function(status)
+        if status == 400 or status == 422 then
+          return errors.new('INVALID_INPUT', 'vercel: the service refused the sandbox\'s options (HTTP '
+            .. status .. ')')
+        end
+        return nil
+      end,
+    })
+    if type(res) ~= 'table' or type(res.sandbox) ~= 'table' or type(res.session) ~= 'table' then
+      error(c:bad_answer('a sandbox without its session'), 0)
+    end
+    local backend = setmetatable({
+      id = check_id(c, res.sandbox.name, 'sandbox'), name = res.sandbox.name,
+      session_id = check_id(c, res.session.id, 'session'),
+      client = c, team_id = team_id, project_id = project_id, workdir = workdir,
+    }, Backend)
+    local ok, err = pcall(function()
+      backend.routes = routes_of(c, res.routes)
+      local session = res.session
+      local deadline = core.hrtime_ms() + c.call_timeout_ms
+      while session.status == 'pending' do
+        if core.hrtime_ms() >= deadline then
+          error(errors.sandbox('timeout', 'vercel: the sandbox did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
+        end
+        task.sleep(POLL_MS)
+        local got = c:json('GET', backend:_path(), nil, { query = query, gone = GONE })
+        if type(got) ~= 'table' or type(got.session) ~= 'table' then
+          error(c:bad_answer('a session that is not an object'), 0)
+        end
+        session = got.session
+        if got.routes ~= nil then backend.routes = routes_of(c, got.routes) end
+      end
+      if session.status ~= 'running' then
+        error(errors.sandbox('failed', 'vercel: the sandbox did not start (its session is '
+          .. (c:_safe_code(session.status) or 'in an unknown state') .. ')'), 0)
+      end
+      for _, p in ipairs(ports) do
+        if not backend.routes[p] then error(c:bad_answer('no route for port ' .. p), 0) end
+      end
+    end)
+    if not ok then
+      pcall(backend.release, backend)
+      error(err, 0)
+    end
+    return backend
+  end
+
+  return provider
+end
+
+-- }======================================================
+
+return M

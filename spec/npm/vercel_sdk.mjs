@@ -1,0 +1,55 @@
+// The official @vercel/sandbox SDK, unchanged, against the project's Vercel stand-in
+// (spec/support/vercel_service.lua), run by spec/providers/vercel_spec.lua.
+//
+// The SDK has no base-URL option; its documented `fetch` option (Sandbox.create, get, list)
+// takes a fetch function, and this one sends what the SDK addresses to https://vercel.com/api
+// to the stand-in instead (STAND_IN_URL). Credentials are the SDK's own options (token,
+// teamId, projectId), from STAND_IN_TOKEN, STAND_IN_TEAM and STAND_IN_PROJECT.
+//
+// Create, a command with its exit code and output, a file written and read back (and one
+// that is not there), a command that sees the file, the listing, a detached command killed,
+// another waited for and its logs read, and the stop. Prints `RESULT {json}`.
+import { Sandbox } from '@vercel/sandbox';
+
+const base = process.env.STAND_IN_URL;
+const credentials = {
+  token: process.env.STAND_IN_TOKEN,
+  teamId: process.env.STAND_IN_TEAM,
+  projectId: process.env.STAND_IN_PROJECT,
+};
+const SERVICE = 'https://vercel.com/api';
+
+function standInFetch(input, init) {
+  const url = String(input);
+  if (!url.startsWith(SERVICE)) throw new Error(`unexpected URL ${url}`);
+  return fetch(base + url.slice(SERVICE.length), init);
+}
+
+const sandbox = await Sandbox.create({ ...credentials, fetch: standInFetch, timeout: 120000, networkPolicy: 'deny-all' });
+const result = {};
+try {
+  const run = await sandbox.runCommand('sh', ['-c', 'echo out; echo err >&2; exit 3']);
+  result.exit_code = run.exitCode;
+  result.stdout = await run.stdout();
+  result.stderr = await run.stderr();
+
+  await sandbox.writeFiles([{ path: 'sdk/hello.txt', content: Buffer.from('hello from the SDK\n') }]);
+  result.file = (await sandbox.readFileToBuffer({ path: 'sdk/hello.txt' }))?.toString();
+  result.missing_is_null = (await sandbox.readFileToBuffer({ path: 'sdk/no-such-file' })) === null;
+  result.cat = await (await sandbox.runCommand('cat', ['sdk/hello.txt'])).stdout();
+
+  const listed = await Sandbox.list({ ...credentials, fetch: standInFetch });
+  result.listed = listed.sandboxes.some((s) => s.name === sandbox.name);
+
+  const sleeper = await sandbox.runCommand({ cmd: 'sleep', args: ['30'], detached: true });
+  await sleeper.kill();
+  result.killed_exit = (await sleeper.wait()).exitCode;
+
+  const later = await sandbox.runCommand({ cmd: 'sh', args: ['-c', 'sleep 0.2; echo later'], detached: true });
+  await later.wait();
+  result.detached_stdout = await later.stdout();
+} finally {
+  const stopped = await sandbox.stop();
+  result.status = stopped.status;
+}
+console.log('RESULT ' + JSON.stringify(result));

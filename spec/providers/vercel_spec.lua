@@ -1,0 +1,213 @@
+-- mayura.sandbox.vercel against the Vercel stand-in (support/vercel_service.lua) over real local
+-- sandboxes: first the official @vercel/sandbox SDK, unchanged, against the stand-in (so the
+-- stand-in speaks the API the service speaks), then the conformance suite through the mayura
+-- provider against the same stand-in, then what the provider sends for each option. The helpers
+-- it stands on: core.crc32 and the gzip'd tar of mayura.sandbox._tar, checked with the host's tar.
+local core = require('mayura.core')
+local sandbox = require('mayura.sandbox')
+local testing = require('mayura.sandbox.testing')
+local process = require('mayura.process')
+local http = require('mayura.http')
+local tar = require('mayura.sandbox._tar')
+local vercel = require('mayura.sandbox.vercel')
+local stand_in = require('support.stand_in')
+local vercel_service = require('support.vercel_service')
+local util = require('support.util')
+
+local TOKEN = 'vcp_0123456789abcdefTOKEN'
+local TEAM, PROJECT = 'team_mayura', 'prj_mayura'
+local SDK_SCRIPT = 'spec/npm/vercel_sdk.mjs'
+
+local function run_host(argv, opts)
+  return process.run(argv, opts or { timeout_ms = 30000 })
+end
+
+describe('mayura.sandbox._tar', function()
+  it('makes a gzip that gzip -t accepts and a tar that tar extracts, long names included', function()
+    local dir = util.tmpdir()
+    local bytes = {}
+    for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
+    local binary = table.concat(bytes):rep(700)   -- 179,200 bytes: several stored blocks
+    local long = string.rep('d', 60) .. '/' .. string.rep('e', 120) .. '/' .. string.rep('f', 90) .. '.txt'
+    local split = string.rep('p', 120) .. '/' .. string.rep('q', 80)
+    local entries = {
+      { name = 'a/b.txt', data = 'hello' }, { name = long, data = 'long' }, { name = split, data = 'x', mode = 493 },
+      { name = 'bin/all.bin', data = binary }, { name = 'empty', data = '' },
+    }
+    local f = assert(io.open(dir .. '/t.tgz', 'wb'))
+    f:write(tar.tar_gz(entries, 1700000000))
+    f:close()
+    assert.are.equal(0, run_host({ 'gzip', '-t', dir .. '/t.tgz' }).exit_code)
+    local r = run_host({ 'tar', '-xzf', dir .. '/t.tgz', '-C', dir })
+    assert.are.equal(0, r.exit_code, r.stderr)
+    for _, e in ipairs(entries) do
+      local got = assert(io.open(dir .. '/' .. e.name, 'rb'))
+      assert.is_true(got:read('a') == e.data, e.name)
+      got:close()
+    end
+    assert.are.equal('755', run_host({ 'stat', '-c', '%a', dir .. '/' .. split }).stdout:match('%d+'))
+    util.rmdir(dir)
+  end)
+
+  it('refuses names that are absolute, empty or climb', function()
+    for _, name in ipairs({ '/etc/passwd', '', 'a/../../b', './a', 'a//b', 'a/' }) do
+      assert.raises_code('INVALID_INPUT', tar.tar, { { name = name, data = 'x' } })
+    end
+  end)
+
+  it('frames gzip around core.crc32', function()
+    assert.are.equal(0xCBF43926, core.crc32('123456789'))
+    assert.are.equal(core.crc32('123456789'), core.crc32('6789', core.crc32('12345')))
+    local gz = tar.gzip('')
+    assert.are.equal(10 + 5 + 8, #gz)   -- the header, one empty stored block, the CRC and the length
+  end)
+end)
+
+describe('vercel_sandboxes options', function()
+  it('needs a token, a team and a project, and never shows the token', function()
+    assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { team_id = TEAM, project_id = PROJECT })
+    assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = TOKEN, project_id = PROJECT })
+    assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = TOKEN, team_id = TEAM })
+    assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = TOKEN, team_id = 'a/b', project_id = PROJECT })
+    assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes,
+      { token = TOKEN, team_id = TEAM, project_id = PROJECT, workdir = 'rel' })
+    local err = assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes,
+      { token = TOKEN .. ' x', team_id = TEAM, project_id = PROJECT })
+    assert.is_falsy(tostring(err):find(TOKEN, 1, true))
+    local p = vercel.vercel_sandboxes({ token = TOKEN, team_id = TEAM, project_id = PROJECT })
+    assert.are.same({ stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } }, p.features)
+    assert.are.equal('/vercel/sandbox', p.workdir)
+    assert.are.equal(5 * 3600000, p.max_lifetime_ms)
+  end)
+end)
+
+local can_run_local = pcall(function()
+  require('mayura.sandbox.local').local_sandboxes({})
+end)
+
+describe('the Vercel stand-in, over real local sandboxes', function()
+  if not can_run_local then
+    pending('needs local sandboxes (bubblewrap and the agent): not available here')
+    return
+  end
+  local svc, backing, state, provider, pool, sb
+
+  setup(function()
+    svc = stand_in.new()
+    backing = stand_in.local_backing({ max_sandboxes = 8 })
+    state = vercel_service.install(svc, backing, { token = TOKEN, team_id = TEAM, project_id = PROJECT })
+    provider = vercel.vercel_sandboxes({
+      token = TOKEN, team_id = TEAM, project_id = PROJECT, base_url = svc:url('/api'), workdir = '/workspace',
+      retry_base_ms = 20,
+    })
+    pool = sandbox.create_sandboxes(provider, {
+      max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'none', 'all', 'allowlist' },
+    })
+    sb = pool:create({ lifetime_ms = 600000, labels = { case = 'conformance' } })
+  end)
+
+  teardown(function()
+    pool:close()
+    backing:close()
+    assert.are.same({}, svc.failures)
+    svc:close()
+  end)
+
+  it('is what the official SDK (@vercel/sandbox) takes for the service', function()
+    local found = io.open('spec/npm/node_modules/@vercel/sandbox/package.json')
+    if not found then
+      pending('the SDK is not installed (sh scripts/setup.sh installs spec/npm)')
+      return
+    end
+    found:close()
+    local before = backing.pool:count()
+    local r = process.run({ 'node', SDK_SCRIPT }, {
+      timeout_ms = 60000,
+      env = {
+        PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), VERCEL_SANDBOX_TELEMETRY_DISABLED = '1',
+        STAND_IN_URL = svc:url('/api'), STAND_IN_TOKEN = TOKEN, STAND_IN_TEAM = TEAM, STAND_IN_PROJECT = PROJECT,
+      },
+    })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+    assert.are.equal(3, result.exit_code)
+    assert.are.equal('out\n', result.stdout)
+    assert.are.equal('err\n', result.stderr)
+    assert.are.equal('hello from the SDK\n', result.file)
+    assert.are.equal('hello from the SDK\n', result.cat)
+    assert.is_true(result.missing_is_null)
+    assert.is_true(result.listed)
+    assert.are.equal(143, result.killed_exit)   -- SIGTERM, the SDK's default
+    assert.are.equal('later\n', result.detached_stdout)
+    assert.are.equal('stopped', result.status)
+    -- what the SDK sent: a gzip'd tar of the file, the team on every call
+    local writes = svc:calls('POST', '/api/v2/sandboxes/sessions/{sid}/fs/write')
+    assert.are.equal('application/gzip', writes[#writes].headers['content-type'])
+    for _, req in ipairs(svc.requests) do assert.are.equal(TEAM, req.query.teamId) end
+    -- the stop ended the local sandbox behind it
+    assert.are.equal(before, backing.pool:count())
+  end)
+
+  describe('passes the conformance suite through the mayura provider', function()
+    for _, case in ipairs(testing.sandbox_conformance) do
+      local name = case.name
+      if name:find('standard input', 1, true) then
+        -- features.stdin is false: the case checks that the pool refuses stdin
+        name = name .. ' (refused: features.stdin = false)'
+      end
+      it(name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
+    end
+  end)
+
+  it('refuses stdin, and ports below 1024 or past 15, before any call', function()
+    local n = #svc.requests
+    assert.raises_code('INVALID_INPUT', sb.exec, sb, { 'cat' }, { stdin = 'x' })
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'all', ports = { 80 } })
+    local many = {}
+    for i = 1, 16 do many[i] = 3000 + i end
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'all', ports = many })
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, cpus = 9 })
+    assert.are.equal(n, #svc.requests)
+    assert.are.equal(1, pool:count())
+  end)
+
+  it('sends the lifetime in ms, labels as tags, the network as a policy, and cpus as vCPUs', function()
+    local other = pool:create({ lifetime_ms = 90500, labels = { owner = 'spec' }, network = { allow = { '.example.com',
+      'api.example.org' } }, memory_mib = 3000, env = { A = 'b' } })
+    local creates = svc:calls('POST', '/api/v3/sandboxes')
+    local body = creates[#creates].json
+    assert.are.equal(90500, body.timeout)
+    assert.are.same({ suite = 'c', owner = 'spec' }, body.tags)
+    assert.are.same({ allow = { '*.example.com', 'api.example.org' } }, body.networkPolicy)
+    assert.are.same({ vcpus = 2 }, body.resources)
+    assert.are.same({ A = 'b' }, body.env)
+    assert.are.equal(false, body.persistent)
+    assert.are.equal(PROJECT, body.projectId)
+    assert.are.equal('b\n', other:exec({ 'sh', '-c', 'echo $A' }).stdout)
+    other:release()
+    assert.is_nil(state.sandboxes[other.id])
+
+    local offline = pool:create({ lifetime_ms = 60000 })
+    creates = svc:calls('POST', '/api/v3/sandboxes')
+    assert.are.same({ mode = 'deny-all' }, creates[#creates].json.networkPolicy)
+    offline:release()
+  end)
+
+  it('serves a port at the URL of its route, with network all', function()
+    local web = pool:create({ lifetime_ms = 120000, network = 'all', ports = { 8080 } })
+    local creates = svc:calls('POST', '/api/v3/sandboxes')
+    assert.are.same({ mode = 'allow-all' }, creates[#creates].json.networkPolicy)
+    assert.are.same({ 8080 }, creates[#creates].json.ports)
+    web:write_file('index.html', 'served from the sandbox\n')
+    web:exec({ 'sh', '-c', 'setsid nohup node -e "require(\'http\').createServer((q, s) => s.end(require(\'fs\')'
+      .. '.readFileSync(\'index.html\'))).listen(8080)" >/dev/null 2>&1 </dev/null &' })
+    local url = web:url(8080)
+    assert.truthy(url:match('^http://127%.0%.0%.1:%d+'), url)
+    local body = util.eventually(function()
+      local ok, res = pcall(http.request, { url = url .. '/', timeout_ms = 2000 })
+      return ok and res.status == 200 and res.body
+    end, 10000)
+    assert.are.equal('served from the sandbox\n', body)
+    web:release()
+  end)
+end)
