@@ -446,6 +446,10 @@ end
 -- `{ x, y, ... }` with x and y both given (or, when `optional`, neither), and only `extra` keys besides.
 local function point(o, what, extra, optional)
   if type(o) ~= 'table' then errors.raise('INVALID_INPUT', what .. ' expects a table', nil, 4) end
+  -- a bare pair { x, y } (drag's from and to) reads as { x = ..., y = ... }
+  if not extra and o[1] ~= nil and o.x == nil and o.y == nil and next(o, 2) == nil and #o == 2 then
+    o = { x = o[1], y = o[2] }
+  end
   local keys = { x = true, y = true }
   for k in pairs(extra or {}) do keys[k] = true end
   check.keys(o, keys, what .. ' options', 'INVALID_INPUT', 4)
@@ -541,13 +545,20 @@ function Desktop:size()
 end
 
 --- The URL of a live view of the desktop, on providers that give one (INVALID_INPUT elsewhere).
-function Desktop:view_url()
+-- `options` (a table, or nil) goes to the provider: `{ view_only = true }` for a view that cannot act.
+function Desktop:view_url(options)
   alive(self._sandbox)
+  if options ~= nil then
+    check.keys(options, { view_only = true }, 'view_url options', 'INVALID_INPUT', 3)
+    if options.view_only ~= nil and type(options.view_only) ~= 'boolean' then
+      errors.raise('INVALID_INPUT', 'view_only must be a boolean', nil, 2)
+    end
+  end
   local d = self._sandbox._backend.desktop
   if type(d.view_url) ~= 'function' then
     errors.raise('INVALID_INPUT', 'this provider gives no live view of its desktop', nil, 2)
   end
-  local url = self:_call(0, 'view_url')
+  local url = self:_call(0, 'view_url', options)
   if type(url) ~= 'string' or not url:match('^https?://') then error(bad_reply('URL'), 2) end
   return url
 end
