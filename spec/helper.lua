@@ -7,10 +7,33 @@ package.path = 'spec/?.lua;' .. package.path
 -- exit status is busted's verdict; the host program is not affected, since
 -- its loop is its own and luv installs no finalizer for it.
 local exit = os.exit
+-- What the core reports (a failed task, an error in a loop callback, a warning about this machine)
+-- is kept while the specs run, so a passing run prints only its verdict; a failing one prints it.
+local reports = {}
+do
+  local ok, core = pcall(require, 'mayura.core')
+  if ok then core.set_reporter(function(msg) reports[#reports + 1] = msg end) end
+end
 os.exit = function(code) -- luacheck: ignore 122
+  local failed = code ~= 0 and code ~= true
+  if failed and #reports > 0 then
+    io.stderr:write('\nwhat the core reported during the run:\n')
+    for _, msg in ipairs(reports) do io.stderr:write('mayura: ', msg, '\n') end
+  end
   io.stdout:flush()
   io.stderr:flush()
   exit(code, false)
+end
+
+-- Seeded from the system, so that two runs at once (or two LuaJIT runs, which start from one seed)
+-- make different names.
+do
+  local f = io.open('/dev/urandom', 'rb')
+  local b = f and f:read(4) or ''
+  if f then f:close() end
+  local seed = os.time()
+  for i = 1, #b do seed = seed * 256 + b:byte(i) end
+  math.randomseed(seed % 2147483647)
 end
 
 -- assert.raises_code(code, fn, ...): fn(...) raises a coded error (a table) of `code`; returns the

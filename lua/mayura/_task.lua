@@ -54,7 +54,7 @@ local function after(ms, fn, unref)
 end
 
 local function report(task)
-  io.stderr:write('mayura: a task failed: ', task.traceback, '\n')
+  core.report('a task failed: ' .. task.traceback)
 end
 
 local function finish(task, ok, ...)
@@ -250,7 +250,7 @@ function Token:cancel(reason)
   self.handlers = {}
   for _, fn in pairs(handlers) do
     local ok, err = pcall(fn, reason)
-    if not ok then io.stderr:write('mayura: a cancel handler failed: ', tostring(err), '\n') end
+    if not ok then core.report('a cancel handler failed: ' .. tostring(err)) end
   end
 end
 

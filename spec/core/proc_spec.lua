@@ -137,11 +137,13 @@ describe('core.spawn', function()
   end)
 
   it('lets a setsid process outlive a command that ended normally', function()
-    local r = spawn({ argv = { 'sh', '-c', 'setsid sleep 4721 >/dev/null 2>&1 </dev/null & echo done' } })
+    -- a name of this run's own: other runs on the machine may have their sleeps too
+    local name = 'sleep 4721.' .. math.random(100000, 999999)
+    local r = spawn({ argv = { 'sh', '-c', 'setsid ' .. name .. ' >/dev/null 2>&1 </dev/null & echo done' } })
     assert.are.equal(0, r.exit_code)
     assert.are.equal('done\n', r.stdout)
-    assert.is_true(util.eventually(function() return #util.procs_matching('sleep 4721') == 1 end))
-    util.kill_matching('sleep 4721')
+    assert.is_true(util.eventually(function() return #util.procs_matching(name) == 1 end))
+    util.kill_matching(name)
   end)
 
   it('does not wait forever for a setsid process that keeps the output pipe', function()

@@ -1051,8 +1051,8 @@ function M.docker_sandboxes(options)
       rok, container = pcall(eng.run_container, eng, c)
       if rok and not oom_refused[self.host] then
         oom_refused[self.host] = true
-        io.stderr:write('mayura: the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ',
-          'sandbox agents run without that protection\n')
+        core.report('the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ' ..
+          'sandbox agents run without that protection')
       end
     end
     if not rok then

@@ -608,9 +608,9 @@ end
 local function warn_unshielded()
   if warned then return end
   warned = true
-  io.stderr:write('mayura: the kernel refuses to shield local sandbox agents from the OOM killer ',
-    '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ',
-    '(provider.enforced.oom_protected is false)\n')
+  core.report('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
+    '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ' ..
+    '(provider.enforced.oom_protected is false)')
 end
 
 -- }======================================================
