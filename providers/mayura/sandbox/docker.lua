@@ -993,9 +993,8 @@ function M.docker_sandboxes(options)
     local dir = self.run_base .. '/' .. expires_s .. '-' .. id
     local made, merr = uv_fs('fs_mkdir', dir, 448)
     if not made then
-      local _ = merr
       if own_uid then uids_in_use[sb_uid] = nil end
-      error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory'), 0)
+      error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory', merr), 0)
     end
     -- the agent (the sandbox's user, "other" here) makes its socket in it, but cannot list it; closed
     -- to everyone but its owner once the host is connected

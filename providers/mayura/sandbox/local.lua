@@ -1096,8 +1096,7 @@ function M.local_sandboxes(options)
       if net_fds then core.close_fd(net_fds.info_host) end
       backend:_close_control()
       remove_cgroups(cg_dirs)
-      local _ = err
-      error(errors.sandbox('unavailable', 'cannot start the sandbox'), 0)
+      error(errors.sandbox('unavailable', 'cannot start the sandbox', err), 0)
     end
     backend.proc = proc
     backend.ch = core.channel(a, {
