@@ -471,7 +471,7 @@ describe('mayura-agent', function()
       assert.are.equal('big', rec.calls[1].name)
       assert.are.equal(200, #rec.calls[1].r.data)
       -- the capped call's reply: its header and id alone close the channel
-      fp.send(string.pack('<I4I4', 65, small))
+      fp.send(compat.pack('<I4I4', 65, small))
       assert(run_until(function() return #rec.calls == 2 end, 5000))
       assert.are.equal('small', rec.calls[2].name)
       assert.are.equal('failed', rec.calls[2].e.reason)
