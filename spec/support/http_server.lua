@@ -19,7 +19,8 @@
 --   /status/NNN    status NNN, Retry-After: 7, X-Multi twice (a, b)
 --   /chunked       Transfer-Encoding: chunked, body 'hello, chunked world'
 -- A request with Expect: 100-continue gets an interim
--- "100 Continue" (with an X-Interim header) before its body is read.
+-- "100 Continue" (with an X-Interim header) before its body is read; a chunked
+-- request body is decoded (what Node's clients send for a stream of unknown length).
 -- A request is { method, target, headers = { {name, value}..., name = value },
 -- body, at_ms (when its head arrived, on the loop's clock) }.
 local uv = require('luv')
@@ -152,7 +153,28 @@ function Server:route(client, req)
     end
 end
 
--- Reads one request: head, then Content-Length bytes of body.
+-- The body of a chunked request once all of `raw` has come (nil until then), and whether the
+-- chunks broke their format.
+local function dechunk(raw)
+    local out, pos = {}, 1
+    while true do
+        local line_end = raw:find('\r\n', pos, true)
+        if not line_end then return nil end
+        local size = tonumber(raw:sub(pos, line_end - 1):match('^(%x+)'), 16)
+        if not size then return nil, true end
+        if size == 0 then
+            -- trailers (none expected), then the blank line that ends the body
+            if not raw:find('\r\n', line_end + 2, true) then return nil end
+            return table.concat(out)
+        end
+        local data_end = line_end + 2 + size
+        if #raw < data_end + 1 then return nil end
+        out[#out + 1] = raw:sub(line_end + 2, data_end - 1)
+        pos = data_end + 2
+    end
+end
+
+-- Reads one request: head, then Content-Length bytes of body (or a chunked body).
 function Server:serve(client)
     self.clients[client] = true
     local head_buf, req, parts, have = '', nil, nil, 0
@@ -189,6 +211,19 @@ function Server:serve(client)
         else
             parts[#parts + 1] = data
             have = have + #data
+        end
+        if (req.headers['transfer-encoding'] or ''):lower() == 'chunked' then
+            local raw = table.concat(parts)
+            parts = { raw }
+            local body, broken = dechunk(raw)
+            if broken then
+                self:forget(client)
+            elseif body then
+                client:read_stop()
+                req.body = body
+                if self.handler then self.handler(self, client, req) else self:route(client, req) end
+            end
+            return
         end
         if have >= req.length then
             client:read_stop()
