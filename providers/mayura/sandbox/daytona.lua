@@ -11,7 +11,9 @@
 -- default the daemon's own working directory, asked once, with GET /work-dir, of
 -- the first sandbox this provider makes), `desktop` (true: every sandbox starts
 -- Daytona's computer-use desktop and has `sandbox.desktop`), `max_lifetime_ms`
--- (24 h), `retries` and `retry_base_ms` (the kit's, for 429 and 5xx answers).
+-- (24 h), `wait_ms` (the longest one execute waits for a command before the next
+-- call takes over: 10 s), `retries` and `retry_base_ms` (the kit's, for 429 and 5xx
+-- answers).
 --
 -- The control plane (`{base_url}/sandbox`, Bearer key) makes the sandbox:
 -- `snapshot`, `env`, `labels`, `networkBlockAll` for 'none', `domainAllowList`
@@ -33,8 +35,8 @@
 --     waits for it and answers its exit status and both outputs as base64 (up
 --     to 48 KiB each; longer ones are cut at the pool's max_output_bytes in the
 --     sandbox and read with GET /files/download). A short command costs one round
---     trip. The answer is awaited at most 10 s (or the command's timeout) at a
---     time; past that, the same call's shorter form waits again (each call is
+--     trip. The answer is awaited at most `wait_ms` (or the command's timeout) at
+--     a time; past that, the same call's shorter form waits again (each call is
 --     safe to repeat: the start is guarded by an exclusive file, so a call the
 --     kit retries after a cut never runs the command twice). At the timeout, or
 --     when the signal cancels, one more call kills every process carrying the
@@ -92,7 +94,7 @@ local DEFAULT_BASE_URL = 'https://app.daytona.io/api'
 local DEFAULT_MAX_LIFETIME_MS = 24 * 3600000
 local INLINE = 48 * KIB            -- outputs and standard input up to this travel inside the execute
 local MAX_SCRIPT = 96 * KIB        -- a longer script goes to a file first (one argument has 128 KiB)
-local LONG_POLL_MS = 10000         -- the longest one execute waits for a command
+local WAIT_MS = 10000              -- the longest one execute waits for a command (wait_ms)
 local POLL_MAX_MS = 100            -- the longest pause between two looks at a running command
 local MAX_RESPONSE = 512 * MIB + 1 -- the pool's largest max_file_bytes, and one byte to see more
 local PREVIEW_MAX_S = 86400
@@ -520,7 +522,7 @@ function Backend:exec(argv, o)
   end
   local cwd = o.cwd or self._workdir
   local ok, res = pcall(function()
-    local window = math.max(1, math.min(LONG_POLL_MS, deadline - core.hrtime_ms()))
+    local window = math.max(1, math.min(self._wait_ms, deadline - core.hrtime_ms()))
     local start = self:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, window)
     local text = self:_execute(start, { window_ms = window, signal = token })
     local kind, status, out, err
@@ -538,7 +540,7 @@ function Backend:exec(argv, o)
         kind, status, out, err = self:_read_report((text:gsub('^OK\n', '', 1)))
         break
       end
-      window = math.min(LONG_POLL_MS, left)
+      window = math.min(self._wait_ms, left)
       if kind == 'unstarted' then
         -- the first call never reached the sandbox (its window passed first): send it again
         text = self:_execute(self:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, window),
@@ -726,7 +728,7 @@ end
 
 local option_keys = {
   api_key = true, base_url = true, snapshot = true, target = true, user = true, workdir = true, desktop = true,
-  max_lifetime_ms = true, retries = true, retry_base_ms = true,
+  max_lifetime_ms = true, retries = true, retry_base_ms = true, wait_ms = true,
 }
 
 local function check_name(v, what)
@@ -783,6 +785,7 @@ function M.daytona_sandboxes(options)
   local target = check_name(options.target, 'target')
   local user = check_name(options.user, 'user')
   local desktop = options.desktop == true
+  local wait_ms = check.int(options.wait_ms, 'wait_ms', 100, 600000, C, 3, WAIT_MS)
 
   local provider = {
     id = 'daytona',
@@ -826,7 +829,7 @@ function M.daytona_sandboxes(options)
     end
     local id = sb.id
     local self = setmetatable({
-      id = id, _api = c, _seq = 0, _trash = {}, _prefix = random_hex(8), _closed = false,
+      id = id, _api = c, _seq = 0, _trash = {}, _prefix = random_hex(8), _closed = false, _wait_ms = wait_ms,
       _expires_at = started + spec.lifetime_ms,
     }, Backend)
     self._state = '/tmp/.mayura-' .. self._prefix
