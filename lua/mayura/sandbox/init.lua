@@ -538,7 +538,7 @@ function Pool:create(options)
   self._count = self._count + 1
   local started = core.hrtime_ms()
   local provider = self.provider
-  local returned = false
+  local returned, handed_late = false, false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
     local r = pack(pcall(provider.create, provider, spec))
     returned = true
@@ -546,11 +546,14 @@ function Pool:create(options)
     return check.unpack(r, 2, r.n)
   end, function(created, late)
     -- created after the pool gave up on it: released at once, and only then is its slot free
+    handed_late = true
     if created and type(late) == 'table' and late.release then pcall(late.release, late) end
     self._count = self._count - 1
   end)
   if not ok then
-    if returned then self._count = self._count - 1 end   -- else once the late create has ended
+    -- else once the late create has ended; a create that ended as the deadline passed, before this
+    -- resumed, went to the late path already and frees its slot there
+    if returned and not handed_late then self._count = self._count - 1 end
     error(provider_error(backend), 2)
   end
   if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then
