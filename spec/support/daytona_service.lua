@@ -14,8 +14,10 @@
 -- `minute_ms` (how long one of Daytona's minutes lasts here: 60000; a spec makes the
 -- service's own lifetimes short with less), `create_delay_ms` (the create answers that
 -- much later, and makes its sandbox all the same), `starting_polls` (a create answers
--- `creating` and that many GETs `starting` before `started`), `desktop` (the computer-use
--- endpoints work; else they fail as on a snapshot without a desktop), `proxy_domain`.
+-- `creating` and that many GETs `starting_state` ('starting') before `started`), `desktop`
+-- (the computer-use endpoints work; else they fail as on a snapshot without a desktop),
+-- `proxy_domain`, `cut_executes` (the next that many executes run their command, then lose
+-- the answer: the connection is reset where the answer would be).
 --
 -- The control plane, under /api (Authorization: Bearer <key>, else 401 whose body echoes the key
 -- it got, so a spec can check that no service text reaches an error):
@@ -238,7 +240,8 @@ function M.new(opts)
   local key = assert(opts.api_key, 'the stand-in needs api_key')
   local state = {
     api_key = key, minute_ms = opts.minute_ms or 60000, create_delay_ms = opts.create_delay_ms or 0,
-    starting_polls = opts.starting_polls or 0, desktop = opts.desktop == true,
+    starting_polls = opts.starting_polls or 0, starting_state = 'starting', desktop = opts.desktop == true,
+    cut_executes = 0,
     proxy_domain = opts.proxy_domain or 'proxy.daytona.test',
     sandboxes = {}, destroyed = {}, backing = backing, created = 0,
   }
@@ -391,7 +394,8 @@ function M.new(opts)
     local out = dto_out(rec)
     if rec.polls_left > 0 then
       rec.polls_left = rec.polls_left - 1
-      out.state = 'starting'
+      out.state = state.starting_state
+      if out.state == 'error' then out.errorReason = 'the runner refused it: no capacity in us-1' end
     end
     return { json = out }
   end, true))
@@ -495,6 +499,10 @@ function M.new(opts)
       error(r, 0)
     end
     if r.timed_out then return daemon_error(408, 'REQUEST_TIMEOUT', 'command execution timeout', req) end
+    if state.cut_executes > 0 then
+      state.cut_executes = state.cut_executes - 1
+      return { reset = true }
+    end
     return { json = { exitCode = r.exit_code or -1, result = r.stdout .. r.stderr } }
   end))
 
