@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|daytona] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -17,7 +17,10 @@
 --
 -- Sandboxes: the local provider (bubblewrap namespaces over the host's /usr,
 -- so the host's Node.js is inside) by default; `--provider docker` uses the
--- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh).
+-- Docker image mayura-test/node:1 (built offline by scripts/docker-setup.sh);
+-- `--provider daytona` uses Daytona's default snapshot, with the key from
+-- DAYTONA_API_KEY (read here: the library never reads the environment) and
+-- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -39,7 +42,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|daytona] [TASK...]\n')
   os.exit(2)
 end
 
@@ -68,8 +71,8 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      if provider_name ~= 'local' and provider_name ~= 'docker' then
-        usage_error('--provider takes local or docker')
+      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'daytona' then
+        usage_error('--provider takes local, docker or daytona')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -130,6 +133,13 @@ end
 local provider
 if provider_name == 'docker' then
   provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
+elseif provider_name == 'daytona' then
+  local key, url = os.getenv('DAYTONA_API_KEY'), os.getenv('DAYTONA_API_URL')
+  if not key or key == '' then usage_error('--provider daytona needs DAYTONA_API_KEY') end
+  provider = require('mayura.sandbox.daytona').daytona_sandboxes({
+    api_key = key,
+    base_url = url ~= '' and url or nil,   -- nil: Daytona's own API
+  })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
