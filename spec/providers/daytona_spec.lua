@@ -243,6 +243,38 @@ describe('mayura.sandbox.daytona', function()
   end)
 end)
 
+describe('mayura.sandbox.daytona under the daemon\'s other shells', function()
+  for _, shell in ipairs({ 'zsh', 'bash' }) do
+    it('runs commands, files and timeouts when the daemon\'s shell is ' .. shell, function()
+      if not exists('/usr/bin/' .. shell) then
+        pending('no /usr/bin/' .. shell .. ' here (scripts/setup.sh installs it)')
+        return
+      end
+      local svc = daytona_service.new({ api_key = KEY, shell = shell })
+      local pool = sandbox.create_sandboxes(provider_for(svc), { max_sandboxes = 1, max_lifetime_ms = 600000,
+        max_output_bytes = 100000 })
+      local sb = pool:create({ lifetime_ms = 60000 })
+      local r = sb:exec({ 'sh', '-c', 'echo "out $0"; echo err >&2; exit 5' }, { env = { X = "a'b" } })
+      assert.are.same({ 5, 'out sh\n', 'err\n' }, { r.exit_code, r.stdout, r.stderr })
+      assert.are.equal("a'b", sb:exec({ 'printenv', 'X' }, { env = { X = "a'b" } }).stdout:sub(1, -2))
+      assert.are.equal('in\0put', sb:exec({ 'cat' }, { stdin = 'in\0put' }).stdout)
+      r = sb:exec({ 'sh', '-c', 'head -c 150000 /dev/zero | tr "\\000" x' })
+      assert.are.same({ 100000, true }, { #r.stdout, r.truncated })
+      r = sb:exec({ 'sh', '-c', 'sleep 30' }, { timeout_ms = 300 })
+      assert.is_true(r.timed_out)
+      sb:write_file('d/f.txt', 'f')
+      assert.are.equal('f.txt', sb:list_files('d')[1].name)
+      sb:remove_file('d', { recursive = true })
+      assert.is_nil(sb:list_files('d'))
+      assert.raises_code('INVALID_INPUT', sb.exec, sb, { 'true' }, { cwd = 'no/such/dir' })
+      sb:release()
+      pool:close()
+      svc:close()
+      assert.are.same({}, svc.failures)
+    end)
+  end
+end)
+
 describe('mayura.sandbox.daytona with desktop = true', function()
   it('starts the desktop and drives it: a PNG screenshot, the size, clicks, keys, text, a view URL', function()
     local svc = daytona_service.new({ api_key = KEY, desktop = true })

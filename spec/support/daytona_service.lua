@@ -17,7 +17,8 @@
 -- `creating` and that many GETs `starting_state` ('starting') before `started`), `desktop`
 -- (the computer-use endpoints work; else they fail as on a snapshot without a desktop),
 -- `proxy_domain`, `cut_executes` (the next that many executes run their command, then lose
--- the answer: the connection is reset where the answer would be).
+-- the answer: the connection is reset where the answer would be), `shell` (the daemon's shell,
+-- 'sh' by default: Daytona's is zsh where the image lists it, else bash, else sh).
 --
 -- The control plane, under /api (Authorization: Bearer <key>, else 401 whose body echoes the key
 -- it got, so a spec can check that no service text reaches an error):
@@ -37,8 +38,8 @@
 -- The toolbox, under /toolbox/{id} (the same key; a sandbox that is no more answers 401, as
 -- the real proxy does when it cannot find one):
 --   POST /process/execute         { command, cwd, envs, timeout } -> { exitCode, result }: the
---                                 command is the standard input of `sh` in the sandbox (as the
---                                 daemon pipes it to its shell), stdout and stderr merged;
+--                                 command is the standard input of the shell (`shell`) in the
+--                                 sandbox, as the daemon pipes it to its own, stdout and stderr merged;
 --                                 what is left in the command's process group when it ends
 --                                 is killed, setsid'd processes live on (the local agent's
 --                                 behaviour, and Daytona's); a timeout is 408 REQUEST_TIMEOUT
@@ -241,7 +242,7 @@ function M.new(opts)
   local state = {
     api_key = key, minute_ms = opts.minute_ms or 60000, create_delay_ms = opts.create_delay_ms or 0,
     starting_polls = opts.starting_polls or 0, starting_state = 'starting', desktop = opts.desktop == true,
-    cut_executes = 0,
+    cut_executes = 0, shell = opts.shell or 'sh',
     proxy_domain = opts.proxy_domain or 'proxy.daytona.test',
     sandboxes = {}, destroyed = {}, backing = backing, created = 0,
   }
@@ -492,7 +493,7 @@ function M.new(opts)
       env = {}
       for k, v in pairs(b.envs) do env[k] = v end
     end
-    local ok, r = pcall(rec.sb.exec, rec.sb, { 'sh' }, { stdin = b.command, cwd = b.cwd, env = env,
+    local ok, r = pcall(rec.sb.exec, rec.sb, { state.shell }, { stdin = b.command, cwd = b.cwd, env = env,
       timeout_ms = timeout_ms })
     if not ok then
       if errors.is(r, 'INVALID_INPUT') then return { json = { exitCode = -1, result = 'failed to start' } } end

@@ -156,8 +156,12 @@ local function service_url(u)
 end
 
 -- {======================================================
--- Scripts (POSIX sh, run by the daemon's shell as `sh -c '...'`)
+-- Scripts
 -- =======================================================
+
+-- The daemon hands the command to its shell (zsh when the image lists it, else bash, else sh) on
+-- standard input. The scripts of this file are written for all three (quoted expansions, no
+-- globs, no `echo -`) and go as they are; sandbox_scripts' are POSIX sh and go as `sh -c '...'`.
 
 -- The command's own shell, in a session of its own: checks the cwd, sets the env, runs the command
 -- with its files, writes the exit status, and leaves behind a watcher that removes the files of
@@ -193,10 +197,10 @@ end
 
 -- What the command did: 'D <status>', 'R' (running, or starting), 'N' (never started), 'X' (ended
 -- without a status) or, with `killed`, 'K'; after D and K, stdout and stderr as base64 (up to
--- INLINE + 1 bytes each), ended by a line '-' and a line '.'.
+-- INLINE + 1 bytes each), ended by a line ':' and a line '.'.
 local function report_script(killed)
   local n = tostring(INLINE + 1)
-  local blocks = 'if [ -s "$b.out" ];then head -c ' .. n .. ' "$b.out"|base64;fi;echo -\n' ..
+  local blocks = 'if [ -s "$b.out" ];then head -c ' .. n .. ' "$b.out"|base64;fi;echo :\n' ..
     'if [ -s "$b.err" ];then head -c ' .. n .. ' "$b.err"|base64;fi;echo .\n'
   if killed then return 'echo K\n' .. blocks end
   return 'r=;if [ -s "$b.rc" ];then read -r r <"$b.rc";fi\n' ..
@@ -258,8 +262,9 @@ function Backend:_toolbox(kind, method, path, body, opts)
   return a, b
 end
 
--- Runs a script with POST /process/execute and returns its standard output. `o.window_ms` bounds
--- the wait for the answer (nil when the answer comes by then: returns nil); `o.signal` cancels it.
+-- Runs a script with POST /process/execute and returns its standard output. `o.any_shell`: the
+-- script runs in zsh, bash and sh alike (else it goes through `sh -c`). `o.window_ms` bounds the
+-- wait for the answer (nil when the answer comes by then: returns nil); `o.signal` cancels it.
 function Backend:_execute(script, o)
   o = o or {}
   local window = o.window_ms and math.max(1, math.ceil(o.window_ms))
@@ -267,14 +272,16 @@ function Backend:_execute(script, o)
     self:_ensure_state()
     local name = self._state .. '/s' .. self:_id()
     self:_upload(name, 'rm -f -- ' .. q(name) .. '\n' .. script)
-    script = '. ' .. q(name) .. '\n'
+    script = (o.any_shell and '. ' or 'sh ') .. q(name) .. '\n'
   end
+  local command = 'exec 2>/dev/null\n' .. script
+  if not o.any_shell then command = 'sh -c ' .. q(command) end
   local token = task.cancel_token()
   local remove, timer
   if o.signal then remove = o.signal:on_cancel(function() token:cancel('user') end) end
   if window then timer = task.after(window, function() token:cancel('window') end, true) end
   local ok, body = pcall(self._toolbox, self, 'json', 'POST', '/process/execute',
-    { command = 'sh -c ' .. q('exec 2>/dev/null\n' .. script) }, {
+    { command = command }, {
       signal = token, idempotent = true,
       timeout_ms = (window or 0) + self._tb.call_timeout_ms,
     })
@@ -299,8 +306,8 @@ end
 -- Makes the state directory (once; the first exec's script makes it too).
 function Backend:_ensure_state()
   if self._state_ready then return end
-  local out = self:_execute('o=$(umask 077;mkdir -p -- ' .. q(self._state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
-    'echo OK\n')
+  local out = self:_execute('mkdir -m 700 -p -- ' .. q(self._state) .. '||{ echo "E state";exit 0;}\necho OK\n',
+    { any_shell = true })
   if out ~= 'OK\n' then error(failed('cannot make the state directory in the sandbox'), 0) end
   self._state_ready = true
 end
@@ -408,7 +415,7 @@ end
 local function parse_blocks(self, lines, i)
   local parts, k, j = { {}, {} }, 1, i
   while lines[j] and lines[j] ~= '.' do
-    if lines[j] == '-' and k == 1 then k = 2 else table.insert(parts[k], lines[j]) end
+    if lines[j] == ':' and k == 1 then k = 2 else table.insert(parts[k], lines[j]) end
     j = j + 1
   end
   if lines[j] ~= '.' or j ~= #lines or k ~= 2 then error(self._tb:bad_answer('a command report out of shape'), 0) end
@@ -430,7 +437,7 @@ function Backend:_outputs(base, out, err, cap)
     local sizes = self:_execute('b=' .. q(base) .. '\n' ..
       'for f in out err;do s=0;if [ -s "$b.$f" ];then s=$(stat -c %s -- "$b.$f")||s=0;fi\n' ..
       'if [ "$s" -gt ' .. cap .. ' ];then head -c ' .. cap .. ' "$b.$f" >"$b.$f.c";mv -f "$b.$f.c" "$b.$f";fi\n' ..
-      'echo "$s";done\n')
+      'echo "$s";done\n', { any_shell = true })
     local l = lines_of(sizes)
     local so, se = int_of(l[1]), int_of(l[2])
     if not so or not se or #l ~= 2 then error(self._tb:bad_answer('nonsense sizes'), 0) end
@@ -492,8 +499,8 @@ function Backend:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, wi
     input = "printf %s '" .. b64.encode(stdin_inline) .. "'|base64 -d >|" .. q(b .. '.in') .. '\n'
   end
   return 'b=' .. q(b) .. '\n' ..
-    'if [ ! -d ' .. q(self._state) .. ' ];then o=$(umask 077;mkdir -p -- ' .. q(self._state) ..
-    ' 2>&1)||{ echo "E state";exit 0;};fi\n' ..
+    'if [ ! -d ' .. q(self._state) .. ' ];then mkdir -m 700 -p -- ' .. q(self._state) ..
+    '||{ echo "E state";exit 0;};fi\n' ..
     'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
     'set -C\nif true >"$b.pid";then\n' .. input ..
     scripts.TAG_VAR .. '=' .. q(rec.tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
@@ -524,7 +531,7 @@ function Backend:exec(argv, o)
   local ok, res = pcall(function()
     local window = math.max(1, math.min(self._wait_ms, deadline - core.hrtime_ms()))
     local start = self:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, window)
-    local text = self:_execute(start, { window_ms = window, signal = token })
+    local text = self:_execute(start, { window_ms = window, signal = token, any_shell = true })
     local kind, status, out, err
     while true do
       if text then
@@ -544,10 +551,10 @@ function Backend:exec(argv, o)
       if kind == 'unstarted' then
         -- the first call never reached the sandbox (its window passed first): send it again
         text = self:_execute(self:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, window),
-          { window_ms = window, signal = token })
+          { window_ms = window, signal = token, any_shell = true })
       else
         text = self:_execute('b=' .. q(rec.base) .. '\n' .. wait_script(window) .. report_script(false),
-          { window_ms = window + 2000, signal = token })
+          { window_ms = window + 2000, signal = token, any_shell = true })
       end
     end
     local so, se, truncated = self:_outputs(rec.base, out, err, cap)
