@@ -92,6 +92,7 @@ bench: all
 	$(HOST) bench/docker.lua
 	$(HOST) bench/table.lua
 	$(HOST) bench/command_backend.lua
+	$(HOST) bench/daytona.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
