@@ -153,6 +153,20 @@ describe('mayura.sandbox.daytona', function()
     assert.is_nil(record(svc, b))
   end)
 
+  it('maps what the file API refuses to the same errors as the other providers', function()
+    sb:write_file('errs/dir/inner.txt', 'x')
+    assert.raises_code('INVALID_INPUT', sb.read_file, sb, 'errs/dir')           -- a directory
+    assert.raises_code('INVALID_INPUT', sb.write_file, sb, 'errs/dir', 'y')     -- refused, then diagnosed
+    assert.raises_code('PERMISSION_DENIED', sb.write_file, sb, '/usr/mayura-daytona.txt', 'y')
+    sb:exec({ 'mkfifo', 'errs/pipe' })
+    assert.raises_code('INVALID_INPUT', sb.read_file, sb, 'errs/pipe')          -- not a regular file
+    -- paths the daemon would change (it trims blanks) or cannot carry in a multipart field
+    assert.raises_code('INVALID_INPUT', sb.write_file, sb, 'errs/a\nb', 'y')
+    assert.raises_code('INVALID_INPUT', sb.write_file, sb, 'errs/trailing ', 'y')
+    assert.are.equal('x', sb:read_file('errs/dir/inner.txt'))
+    sb:remove_file('errs', { recursive = true })
+  end)
+
   it('gives a signed preview URL for a port, valid for what is left of the lifetime', function()
     local u = sb:url(3000)
     local previews = record(svc, sb).previews

@@ -747,11 +747,12 @@ local function check_name(v, what)
 end
 
 -- Deletes, in the background, every sandbox carrying the label of a create whose answer was lost
--- (looked for now and twice more, for a create the service finishes late).
+-- (looked for now and twice more, for a create the service finishes late). Its waits do not keep
+-- a script's loop alive: a sandbox it misses still ends at its ttlMinutes.
 local function sweep(api, token)
   task.spawn(function()
     for _, wait in ipairs({ 0, 2000, 10000 }) do
-      if wait > 0 then task.sleep(wait) end
+      if wait > 0 then task.await(function(done) task.after(wait, done, true) end) end
       pcall(function()
         local body = api:json('GET', '/sandbox', nil, {
           query = { labels = json.encode(object({ ['mayura-create'] = token })) },
@@ -826,8 +827,12 @@ function M.daytona_sandboxes(options)
     if spec.memory_mib then body.memory = math.ceil(spec.memory_mib / 1024) end
     local ok, sb = pcall(c.json, c, 'POST', '/sandbox', body)
     if not ok then
-      -- the answer may be lost while the sandbox was made: find it by its label and delete it
-      if not errors.is(sb, 'SANDBOX_ERROR') or sb.reason ~= 'authentication' then sweep(api, token) end
+      -- no answer, or a failure of the service's own: the sandbox may have been made all the same;
+      -- find it by its label and delete it (a 4xx refusal made none)
+      if errors.is(sb, 'SANDBOX_ERROR') and (sb.reason == 'timeout' or sb.reason == 'unavailable'
+          or (sb.status or 0) >= 500 or sb.status == nil) then
+        sweep(api, token)
+      end
       error(sb, 0)
     end
     if type(sb) ~= 'table' or type(sb.id) ~= 'string' or not sb.id:match('^[%w%._%-]+$') or #sb.id > 128 then
