@@ -160,6 +160,8 @@ describe('mayura.sandbox.daytona', function()
     assert.raises_code('PERMISSION_DENIED', sb.write_file, sb, '/usr/mayura-daytona.txt', 'y')
     sb:exec({ 'mkfifo', 'errs/pipe' })
     assert.raises_code('INVALID_INPUT', sb.read_file, sb, 'errs/pipe')          -- not a regular file
+    sb:exec({ 'sh', '-c', 'echo s > errs/secret; chmod 000 errs/secret' })
+    assert.raises_code('PERMISSION_DENIED', sb.read_file, sb, 'errs/secret')    -- the daemon's 403
     -- paths the daemon would change (it trims blanks) or cannot carry in a multipart field
     assert.raises_code('INVALID_INPUT', sb.write_file, sb, 'errs/a\nb', 'y')
     assert.raises_code('INVALID_INPUT', sb.write_file, sb, 'errs/trailing ', 'y')

@@ -317,7 +317,7 @@ function Backend:_script(script, signal)
   return self:_execute(script, { signal = signal })
 end
 
--- Uploads `data` to `path` (POST /files/bulk-upload); returns nil, or the failed call's error.
+-- Uploads `data` to `path` (POST /files/bulk-upload).
 function Backend:_upload(path, data)
   local boundary
   repeat boundary = 'mayura-' .. random_hex(16) until not data:find(boundary, 1, true)
@@ -343,9 +343,18 @@ end
 
 -- {------------------------------------------------------ files
 
+-- The daemon's 403 is about the file (the proxy refuses a key with 401).
+local function file_refused(status, code)
+  if status == 403 and (code == 'FILE_ACCESS_DENIED' or code == 'FORBIDDEN') then
+    return errors.new('PERMISSION_DENIED', 'the file: the sandbox does not allow it')
+  end
+  return nil
+end
+
 function Backend:read_file(path, o)
   local max = o and o.max_bytes or 16 * MIB
-  local res = self:_toolbox('call', 'GET', '/files/info', nil, { query = { path = api_path(path) }, allow = { 404 } })
+  local res = self:_toolbox('call', 'GET', '/files/info', nil, { query = { path = api_path(path) }, allow = { 404 },
+    on_error = file_refused })
   local info = hosted.decode(res.body, 16)
   if res.status == 404 then
     local code = type(info) == 'table' and info.code or nil
@@ -360,7 +369,8 @@ function Backend:read_file(path, o)
     errors.raise('INVALID_INPUT', 'the file is not a regular file', nil, 0)
   end
   if info.size > max then errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes', nil, 0) end
-  res = self:_toolbox('call', 'GET', '/files/download', nil, { query = { path = path }, allow = { 404 } })
+  res = self:_toolbox('call', 'GET', '/files/download', nil, { query = { path = path }, allow = { 404 },
+    on_error = file_refused })
   if res.status == 404 then return nil end
   if #res.body > max then errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes', nil, 0) end
   return res.body
