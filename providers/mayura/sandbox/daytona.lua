@@ -28,7 +28,9 @@
 --
 -- The toolbox (`{toolboxProxyUrl}/{id}`, the same key) does the rest, and is
 -- the only way in: no SSH, no sessions.
---   * exec: one POST /process/execute runs a sh script that starts the command
+--   * exec: one POST /process/execute hands the daemon's shell (which reads the
+--     command on its standard input: zsh, bash or sh, so the script is written
+--     for all three) a script that starts the command
 --     in the background, in a session of its own (setsid), tagged with
 --     MAYURA_EXEC=<tag> in its environment, its stdout, stderr and exit status
 --     going to files in a state directory (/tmp/.mayura-<random>, 0700), then
@@ -45,7 +47,9 @@
 --     killed a second after it ends; a process started with setsid outlives it.
 --     Standard input goes inline in the script (to 48 KiB) or through the file
 --     API. Output is bytes, exactly; a command killed by a signal reports the
---     shell's 128 + signal as its exit code.
+--     shell's 128 + signal as its exit code. Each command's files are removed by
+--     the next one (and all with the sandbox). The sandbox needs sh, setsid,
+--     base64, head, stat and sleep (coreutils or BusyBox), as Daytona's images have.
 --   * read_file: GET /files/info (a missing file is nil; a directory, or a file
 --     that is not regular, INVALID_INPUT; larger than max_bytes LIMIT_EXCEEDED
 --     before any byte moves), then GET /files/download, bytes as they are.
