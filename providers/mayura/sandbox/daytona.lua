@@ -48,8 +48,9 @@
 --     Standard input goes inline in the script (to 48 KiB) or through the file
 --     API. Output is bytes, exactly; a command killed by a signal reports the
 --     shell's 128 + signal as its exit code. Each command's files are removed by
---     the next one (and all with the sandbox). The sandbox needs sh, setsid,
---     base64, head, stat and sleep (coreutils or BusyBox), as Daytona's images have.
+--     the next one (and all with the sandbox). The sandbox needs setsid, head,
+--     sleep and what sandbox_scripts use (coreutils or BusyBox), as Daytona's
+--     images have.
 --   * read_file: GET /files/info (a missing file is nil; a directory, or a file
 --     that is not regular, INVALID_INPUT; larger than max_bytes LIMIT_EXCEEDED
 --     before any byte moves), then GET /files/download, bytes as they are.
