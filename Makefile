@@ -137,6 +137,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/desktop.lua
 	$(HOST) bench/e2b.lua
 	$(HOST) bench/vercel.lua
+	$(HOST) bench/daytona.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -28,6 +28,9 @@
 -- reads them; the provider never reads the environment). VERCEL_API_URL and
 -- VERCEL_WORKDIR point it at a service speaking the same API elsewhere, as
 -- the specs' stand-in does.
+-- `--provider daytona` uses Daytona's default snapshot, with the key from
+-- DAYTONA_API_KEY (read here: the library never reads the environment) and
+-- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -49,7 +52,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]\n')
   os.exit(2)
 end
 
@@ -79,8 +82,8 @@ do
     if a == '--provider' then
       provider_name = arg[i + 1]
       if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b'
-        and provider_name ~= 'vercel' then
-        usage_error('--provider takes local, docker, e2b or vercel')
+        and provider_name ~= 'vercel' and provider_name ~= 'daytona' then
+        usage_error('--provider takes local, docker, e2b, vercel or daytona')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -168,6 +171,13 @@ elseif provider_name == 'vercel' then
     token = env('VERCEL_TOKEN', true), team_id = env('VERCEL_TEAM_ID', true),
     project_id = env('VERCEL_PROJECT_ID', true),
     base_url = env('VERCEL_API_URL'), workdir = env('VERCEL_WORKDIR'),
+  })
+elseif provider_name == 'daytona' then
+  local key, url = os.getenv('DAYTONA_API_KEY'), os.getenv('DAYTONA_API_URL')
+  if not key or key == '' then usage_error('--provider daytona needs DAYTONA_API_KEY') end
+  provider = require('mayura.sandbox.daytona').daytona_sandboxes({
+    api_key = key,
+    base_url = url ~= '' and url or nil,   -- nil: Daytona's own API
   })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()

@@ -1,7 +1,7 @@
 -- examples/coding_agent.lua, the coding-agent guide end to end, run as `make demo` runs it: a
 -- subprocess of build/mayura with no OPENAI_API_KEY, so it plays the recorded session through the
 -- scripted model against real sandboxes, runs the tests again on the returned files and exits 0
--- only when that re-check passes.
+-- only when that re-check passes; the same with Docker, and with Daytona on its stand-in.
 local process = require('mayura.process')
 
 local HOST = require('support.compat').host
@@ -70,5 +70,21 @@ describe('examples/coding_agent.lua', function()
       return
     end
     check_offline_run(demo({ '--provider', 'docker' }))
+  end)
+
+  it('does the same with Daytona sandboxes (--provider daytona) on the Daytona stand-in', function()
+    local daytona_service = require('support.daytona_service')
+    local key = 'dtn_example_5b7d9f1a3c5e7a9b'
+    local r = demo({ '--provider', 'daytona' })
+    assert.are.equal(2, r.exit_code, r.stdout .. r.stderr)   -- no key, no run
+    assert.truthy(r.stderr:find('DAYTONA_API_KEY', 1, true), r.stderr)
+    local svc = daytona_service.new({ api_key = key })
+    r = demo({ '--provider', 'daytona' }, { DAYTONA_API_KEY = key, DAYTONA_API_URL = svc:url('/api') })
+    local created, left = svc.daytona.created, svc.daytona.count()
+    svc:close()
+    check_offline_run(r)
+    assert.are.equal(2, created)   -- the run's sandbox and the re-check's, both on the stand-in
+    assert.are.equal(0, left)      -- and both released
+    assert.are.same({}, svc.failures)
   end)
 end)

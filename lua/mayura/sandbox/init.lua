@@ -731,6 +731,7 @@ function Pool:create(options)
     return check.unpack(r, 2, r.n)
   end, function(created, late)
     -- created after the pool gave up on it: released at once, and only then is its slot free
+    handed_late = true
     if created and type(late) == 'table' and late.release then pcall(late.release, late) end
     late_ended = true
     self._count = self._count - 1
