@@ -306,7 +306,7 @@ describe('mayura.sandbox.daytona with desktop = true', function()
     d:double_click({ x = 151, y = 101 })
     d:move({ x = 10, y = 20 })
     d:scroll({ direction = 'down', amount = 3 })          -- where the mouse is
-    d:drag({ x = 1, y = 2, to_x = 30, to_y = 40 })
+    d:drag({ from = { x = 1, y = 2 }, to = { x = 30, y = 40 } })
     d:type('hello')
     d:key('ctrl+shift+t')
     d:key('Return')

@@ -723,7 +723,7 @@ function Pool:create(options)
   self._count = self._count + 1
   local started = core.hrtime_ms()
   local provider = self.provider
-  local returned, late_ended = false, false
+  local returned, handed_late = false, false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
     local r = pack(pcall(provider.create, provider, spec))
     returned = true
@@ -733,12 +733,12 @@ function Pool:create(options)
     -- created after the pool gave up on it: released at once, and only then is its slot free
     handed_late = true
     if created and type(late) == 'table' and late.release then pcall(late.release, late) end
-    late_ended = true
     self._count = self._count - 1
   end)
   if not ok then
-    -- else once the late create has ended (which may be already: then its slot is free already)
-    if returned and not late_ended then self._count = self._count - 1 end
+    -- else once the late create has ended; a create that ended as the deadline passed, before this
+    -- resumed, went to the late path already and frees its slot there
+    if returned and not handed_late then self._count = self._count - 1 end
     error(provider_error(backend), 2)
   end
   if type(backend) ~= 'table' or type(backend.exec) ~= 'function' then

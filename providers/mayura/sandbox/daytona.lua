@@ -66,7 +66,7 @@
 --     most Daytona's day); any port, as Daytona serves them all.
 --   * desktop (with `desktop = true`): `screenshot()` (PNG bytes),
 --     `click{ x, y, button }`, `double_click{ x, y }`, `move{ x, y }`,
---     `drag{ x, y, to_x, to_y }`, `scroll{ direction, amount, x, y }`,
+--     `drag{ from = { x, y }, to = { x, y } }`, `scroll{ direction, amount, x, y }`,
 --     `type(text)`, `key('ctrl+c')`, `size()` ({ width, height }) and
 --     `view_url()` (the noVNC page on port 6080, signed) over /computeruse/*.
 --
@@ -672,11 +672,13 @@ function Desktop:move(o)
 end
 
 function Desktop:drag(o)
-  if type(o) ~= 'table' then errors.raise('INVALID_INPUT', 'drag takes { x, y, to_x, to_y }', nil, 2) end
+  if type(o) ~= 'table' or type(o.from) ~= 'table' or type(o.to) ~= 'table' then
+    errors.raise('INVALID_INPUT', 'drag takes { from = { x, y }, to = { x, y } }', nil, 2)
+  end
   local button = o.button or 'left'
   if not BUTTONS[button] then errors.raise('INVALID_INPUT', "button must be 'left', 'right' or 'middle'", nil, 2) end
-  self:_call('POST', '/computeruse/mouse/drag', { startX = xy(o.x, 'x'), startY = xy(o.y, 'y'),
-    endX = xy(o.to_x, 'to_x'), endY = xy(o.to_y, 'to_y'), button = button })
+  self:_call('POST', '/computeruse/mouse/drag', { startX = xy(o.from.x, 'from.x'), startY = xy(o.from.y, 'from.y'),
+    endX = xy(o.to.x, 'to.x'), endY = xy(o.to.y, 'to.y'), button = button })
 end
 
 function Desktop:scroll(o)
