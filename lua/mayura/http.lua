@@ -56,7 +56,7 @@ end
 local MONTHS = { Jan = 1, Feb = 2, Mar = 3, Apr = 4, May = 5, Jun = 6, Jul = 7, Aug = 8, Sep = 9, Oct = 10,
   Nov = 11, Dec = 12 }
 
--- Days from 1970-01-01 to the given date of the proleptic Gregorian calendar.
+--- Days from 1970-01-01 to the given date of the proleptic Gregorian calendar.
 local function days_from_civil(y, m, d)
   if m <= 2 then y = y - 1 end
   local era = math.floor(y / 400)
@@ -66,6 +66,7 @@ local function days_from_civil(y, m, d)
   local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
   return era * 146097 + doe - 719468
 end
+M.days_from_civil = days_from_civil
 
 --- Seconds since the epoch of an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`), or nil.
 function M.http_date(s)

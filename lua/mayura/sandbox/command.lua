@@ -88,12 +88,7 @@ local function random_hex(n)
   return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
 end
 
-local function lines_of(text)
-  local out = {}
-  for line in text:gmatch('([^\n]*)\n?') do out[#out + 1] = line end
-  if out[#out] == '' then out[#out] = nil end   -- the text's final newline
-  return out
-end
+local lines_of = scripts.lines
 
 local function int_of(s)
   if type(s) ~= 'string' or not s:match('^%d+$') or #s > 15 then return nil end
@@ -275,11 +270,7 @@ function Backend:list_files(path)
 end
 
 function Backend:remove_file(path, o)
-  local out = self:_run(scripts.remove(path, o and o.recursive))
-  local lines = lines_of(out)
-  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
-  if code then error(scripts.script_error(code, 'the path'), 0) end
-  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then error(nonsense(), 0) end
+  scripts.remove_result(self:_run(scripts.remove(path, o and o.recursive)), nonsense)
 end
 
 function Backend:url(port)

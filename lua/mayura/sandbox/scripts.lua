@@ -185,6 +185,23 @@ function M.remove(path, recursive)
     'else o=$(rm -f -- "$p" 2>&1)||e "$o";fi\necho OK\n'
 end
 
+--- The lines of a script's output (without the final newline's empty line).
+function M.lines(text)
+  local out = {}
+  for line in text:gmatch('([^\n]*)\n?') do out[#out + 1] = line end
+  if out[#out] == '' then out[#out] = nil end   -- the text's final newline
+  return out
+end
+
+--- Reads what `remove` printed: nothing when it removed the path or there was none; raises the
+-- coded error it names; `nonsense()` (an error) for anything else.
+function M.remove_result(text, nonsense)
+  local lines = M.lines(text)
+  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
+  if code then error(M.script_error(code, 'the path'), 0) end
+  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then error(nonsense(), 0) end
+end
+
 --- SIGKILL to every process whose environment holds `var=tag`, in passes until none is left;
 -- with `prefix`, every process whose `var` starts with `tag`.
 function M.kill(tag, var, prefix)

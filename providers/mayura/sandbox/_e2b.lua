@@ -163,16 +163,7 @@ local function version_at_least(v, want)
 end
 M.version_at_least = version_at_least
 
--- Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = math.floor(y / 400)
-  local yoe = y - era * 400
-  local mp = (m + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
+local days_from_civil = require('mayura.http').days_from_civil
 
 --- ms since the epoch of an RFC 3339 time ('2026-01-02T03:04:05.123Z', '...+02:00'), or nil.
 function M.rfc3339_ms(s)

@@ -133,12 +133,7 @@ local function failed(message)
   return errors.sandbox('failed', 'daytona: ' .. message)
 end
 
-local function lines_of(text)
-  local out = {}
-  for line in text:gmatch('([^\n]*)\n?') do out[#out + 1] = line end
-  if out[#out] == '' then out[#out] = nil end
-  return out
-end
+local lines_of = scripts.lines
 
 local function int_of(s)
   if type(s) ~= 'string' or not s:match('^%-?%d+$') or #s > 15 then return nil end
@@ -415,11 +410,9 @@ function Backend:list_files(path)
 end
 
 function Backend:remove_file(path, o)
-  local out = self:_script(scripts.remove(path, o and o.recursive))
-  local lines = lines_of(out)
-  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
-  if code then error(scripts.script_error(code, 'the path'), 0) end
-  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then error(self._tb:bad_answer('nonsense'), 0) end
+  scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function()
+    return self._tb:bad_answer('nonsense')
+  end)
 end
 
 -- }------------------------------------------------------
