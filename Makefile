@@ -74,7 +74,7 @@ $(HOST): core/host.c $(CORE_DEP)
 
 $(ASAN_SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(SAN) -O1 -shared -o $@ $(CORE_SRC) $(DEPS_LIBS)
+	$(CC) $(ALL_CFLAGS) $(SAN) -DMAYURA_SANITIZED -O1 -shared -o $@ $(CORE_SRC) $(DEPS_LIBS)
 
 # Installs the Debian packages the project needs when any is missing; does nothing otherwise.
 setup:

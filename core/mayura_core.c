@@ -195,6 +195,11 @@ static const luaL_Reg core_funcs[] = {
 __attribute__((visibility("default"))) int luaopen_mayura_core(lua_State *L);
 
 int luaopen_mayura_core(lua_State *L) {
+#ifdef MAYURA_SANITIZED
+    /* The sanitizer build runs in an interpreter the sanitizer runtime was preloaded into
+    ** (make asan); the programs it starts must not inherit that preload, which can hang them. */
+    unsetenv("LD_PRELOAD");
+#endif
 #ifdef MC_NO_RIDX_MAINTHREAD
     mc_main(L);
 #endif

@@ -51,17 +51,3 @@ luassert:register('assertion', 'raises_code', function(_, args)
   return not ok and type(err) == 'table' and err.code == code, { err }
 end, 'assertion.raises_code.positive', 'assertion.raises_code.negative')
 
--- The AddressSanitizer pass (make asan) preloads its runtime into this interpreter. Programs the
--- specs start through a shell must not inherit it: a preloaded `ps`, or a program run under
--- another uid, can hang on the runtime's own locks.
-do
-  local preload = os.getenv('LD_PRELOAD')
-  if preload and preload:find('libasan', 1, true) then
-    local popen, execute = io.popen, os.execute
-    io.popen = function(cmd, ...) return popen('unset LD_PRELOAD; ' .. cmd, ...) end -- luacheck: ignore 122
-    os.execute = function(cmd) -- luacheck: ignore 122
-      if cmd == nil then return execute() end
-      return execute('unset LD_PRELOAD; ' .. cmd)
-    end
-  end
-end
