@@ -31,9 +31,9 @@ do
   local f = io.open('/dev/urandom', 'rb')
   local b = f and f:read(4) or ''
   if f then f:close() end
-  local seed = os.time()
-  for i = 1, #b do seed = seed * 256 + b:byte(i) end
-  math.randomseed(seed % 2147483647)
+  local seed = os.time() % 65536
+  for i = 1, #b do seed = (seed * 256 + b:byte(i)) % 2147483647 end
+  math.randomseed(seed)
 end
 
 -- assert.raises_code(code, fn, ...): fn(...) raises a coded error (a table) of `code`; returns the

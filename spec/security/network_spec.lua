@@ -103,6 +103,8 @@ local function internet_host(text)
       for _, x in ipairs({ ... }) do argv[#argv + 1] = x end
       return run(argv)
     end
+    -- one a run that was killed may have left under this name goes first
+    os.execute('ip netns del ' .. h.ns .. ' 2>/dev/null; ip link del ' .. h.link_host .. ' 2>/dev/null')
     run({ 'ip', 'netns', 'add', h.ns })
     run({ 'ip', 'link', 'add', h.link_host, 'type', 'veth', 'peer', 'name', h.link_peer })
     run({ 'ip', 'link', 'set', h.link_peer, 'netns', h.ns })
