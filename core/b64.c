@@ -11,6 +11,7 @@
 ** choose). Results are built in a luaL_Buffer, whose allocation failures
 ** raise Lua's memory error, so nothing can leak.
 */
+#include "mc.h"
 
 static const char b64_alphabet[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -16,6 +16,7 @@
 ** in protected mode, so even running out of memory on a hostile reply cannot
 ** unwind through libuv.
 */
+#include "mc.h"
 #include <fcntl.h>
 #include <sys/un.h>
 #include <unistd.h>

@@ -6,6 +6,7 @@
 ** Providers use it to frame a gzip member (mayura.sandbox.vercel sends
 ** files as a gzip'd tar).
 */
+#include "mc.h"
 
 static uint32_t crc_table[256];
 static int crc_table_ready = 0;

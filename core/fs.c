@@ -17,6 +17,7 @@
 **  - recursive remove keeps one descriptor open per directory level, so a
 **    tree deeper than the descriptor limit fails with EMFILE.
 */
+#include "mc.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>

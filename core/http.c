@@ -13,6 +13,7 @@
 ** curl_multi_socket_action has returned, so a Lua callback may cancel any
 ** transfer or start new ones without re-entering curl.
 */
+#include "mc.h"
 #include <sys/un.h>
 #include <curl/curl.h>
 

@@ -20,6 +20,7 @@
 ** userdata box whose __gc frees them, so a Lua error raised half-way (an
 ** invalid value, a memory error from the Lua allocator) cannot leak them.
 */
+#include "mc.h"
 #include <math.h>
 #include <cJSON.h>
 

@@ -14,6 +14,7 @@
 ** process carrying its tag is killed, in passes until none is left, so a
 ** double fork or a setsid does not escape.
 */
+#include "mc.h"
 #include "tree.h"
 #include <fcntl.h>
 #include <signal.h>

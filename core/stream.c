@@ -41,6 +41,7 @@
 ** and no events. Events decoded before the failure are still returned with
 ** it, so a stream gives the same events and error however it is cut.
 */
+#include "mc.h"
 
 #define MC_SP_MT "mayura.stream_parser"
 #define MC_SP_DEFAULT_MAX ((lua_Integer)16 * 1024 * 1024)
