@@ -108,8 +108,6 @@ typedef struct stream {
     int truncated;
 } stream;
 
-enum { K_NONE, K_GRACE, K_KILLED, K_DRAIN };
-
 typedef struct exec {
     struct exec *next;
     conn *c;                  /* NULL once its connection closed: no reply then */

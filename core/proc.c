@@ -46,7 +46,8 @@ typedef struct mc_proc {
     proc_stream out, err;
     int cb_ref, self_ref, stdin_ref;
     int handles;         /* uv handles not yet closed */
-    int exited, finished, timed_out, cancelled, killing;
+    int exited, finished, timed_out, cancelled;
+    int killing;              /* K_NONE, K_GRACE, K_KILLED or K_DRAIN (core/tree.h) */
     int64_t exit_status;
     int term_signal;
     pid_t pid;
@@ -167,7 +168,7 @@ static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
     uv_timer_stop(&p->timer);
     if (p->out.open || p->err.open) {
         /* a process that left the group may still hold the pipes: wait a little, then stop reading */
-        p->killing = 3;
+        p->killing = K_DRAIN;
         uv_timer_start(&p->timer, proc_on_timer, p->drain_ms, 0);
     }
     proc_check_done(p);
@@ -175,27 +176,27 @@ static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
 
 static void proc_begin_kill(mc_proc *p) {
     if (p->exited) return;
-    if (p->kill_grace_ms > 0 && p->killing == 0) {
+    if (p->kill_grace_ms > 0 && p->killing == K_NONE) {
         proc_signal_tree(p, SIGTERM);
-        p->killing = 1;
+        p->killing = K_GRACE;
         uv_timer_stop(&p->timer);
         uv_timer_start(&p->timer, proc_on_timer, p->kill_grace_ms, 0);
         return;
     }
-    p->killing = 2;
+    p->killing = K_KILLED;
     proc_kill_tree(p);
 }
 
 static void proc_on_timer(uv_timer_t *t) {
     mc_proc *p = (mc_proc *)t->data;
-    if (p->killing == 3) {          /* drain over */
+    if (p->killing == K_DRAIN) {     /* drain over */
         proc_stream_close(&p->out);
         proc_stream_close(&p->err);
         proc_check_done(p);
         return;
     }
-    if (p->killing == 1) {          /* grace over */
-        p->killing = 2;
+    if (p->killing == K_GRACE) {     /* grace over */
+        p->killing = K_KILLED;
         proc_kill_tree(p);
         return;
     }

@@ -28,6 +28,14 @@
 
 #define TREE_UNUSED __attribute__((unused))
 
+/*
+** Where a kill of a process (and what it started) stands, for the host's
+** processes (core/proc.c) and the agent's commands alike: not asked; SIGTERM
+** sent, waiting out the grace; SIGKILL sent; the leader gone, its pipes being
+** drained for a moment longer.
+*/
+enum { K_NONE, K_GRACE, K_KILLED, K_DRAIN };
+
 /* Whether /proc/<pid>/environ holds needle ("\0NAME=value" plus "\0" or "."), read in pieces. */
 static TREE_UNUSED int environ_has(pid_t pid, const char *needle, size_t nlen) {
     char path[64], buf[16384];
