@@ -495,7 +495,7 @@ static int l_chan_call(lua_State *L) {
     if (max_reply > 0 && ch->nlimits == ch->limits_cap) {
         size_t nc = ch->limits_cap ? ch->limits_cap * 2 : 8;
         void *nl = realloc(ch->limits, nc * sizeof *ch->limits);
-        if (nl == NULL) return mc_raise(L, "SANDBOX_ERROR", "out of memory");
+        if (nl == NULL) return mc_raise_oom(L);
         ch->limits = nl;
         ch->limits_cap = nc;
     }

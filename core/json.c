@@ -69,7 +69,7 @@ static json_box *json_box_new(lua_State *L) {
 }
 
 static int json_oom(lua_State *L, const char *fn) {
-    return mc_raise(L, "SANDBOX_ERROR", "json.%s: out of memory", fn);
+    return mc_raise(L, MC_OOM_CODE, "json.%s: " MC_OOM_MSG, fn);
 }
 
 /* Reads the optional options table at index 2: only max_depth is known. */

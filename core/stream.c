@@ -139,7 +139,7 @@ static void mc_sp_fail(mc_sp *s, const char *code, const char *fmt, ...) {
 }
 
 static void mc_sp_oom(mc_sp *s) {
-    mc_sp_fail(s, "NO_MEMORY", "out of memory");
+    mc_sp_fail(s, MC_OOM_CODE, MC_OOM_MSG);
 }
 
 /* The events table is at index t; pushes one event table onto it. */
