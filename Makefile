@@ -53,13 +53,13 @@ all: $(SO) $(HOST) $(AGENT)
 
 # The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
 # linked in (Debian's libseccomp-dev: scripts/setup.sh).
-$(AGENT): agent/agent.c core/wire.h core/tree.h
+$(AGENT): agent/agent.c core/wire.h core/tree.h core/files.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ agent/agent.c -lseccomp
 
 # For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
 AGENT_NOFILTER = build/bench/mayura-agent-nofilter
-$(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h
+$(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h core/files.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
 

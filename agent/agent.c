@@ -69,6 +69,7 @@
 
 #include "../core/wire.h"
 #include "../core/tree.h"
+#include "../core/files.h"
 
 #define AGENT_VERSION "1"
 #define TAG_VAR "MAYURA_EXEC"
@@ -1482,68 +1483,12 @@ static void op_read(conn *c, const wire_msg *m) {
 }
 
 /* Whether path names a directory (following symlinks). */
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* mkdir -p of p (a scratch copy, modified and restored). Returns 0 or an errno. */
-static int mkdir_p(char *p) {
-    char *s;
-    size_t len = strlen(p);
-    while (len > 1 && p[len - 1] == '/') p[--len] = '\0';
-    if (mkdir(p, 0755) == 0) return 0;
-    if (errno == EEXIST) return is_dir(p) ? 0 : ENOTDIR;
-    if (errno != ENOENT) return errno;
-    /* make each prefix in turn; existing ones fail with EEXIST */
-    for (s = p + 1; *s != '\0'; s++) {
-        if (*s != '/') continue;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) { int e = errno; *s = '/'; return e; }
-        if (!is_dir(p)) { *s = '/'; return ENOTDIR; }
-        *s = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) return errno;
-    return is_dir(p) ? 0 : ENOTDIR;
-}
-
-/* "<dir>/.<base>.mayura-XXXXXX" beside path; NULL when out of memory. */
-static char *temp_name(const char *path) {
-    const char *slash = strrchr(path, '/');
-    size_t dl = slash != NULL ? (size_t)(slash - path) + 1 : 0;
-    const char *base = path + dl;
-    size_t bl = strlen(base);
-    char *t;
-    if (bl > 100) bl = 100;   /* stay under NAME_MAX */
-    t = (char *)malloc(dl + bl + 16);
-    if (t == NULL) return NULL;
-    memcpy(t, path, dl);
-    t[dl] = '.';
-    memcpy(t + dl + 1, base, bl);
-    memcpy(t + dl + 1 + bl, ".mayura-XXXXXX", 15);
-    return t;
-}
-
-static int write_all(int fd, const unsigned char *p, size_t len) {
-    while (len > 0) {
-        ssize_t n = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (n == 0) return EIO;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 static void op_write(conn *c, const wire_msg *m) {
     const unsigned char *data = NULL;
-    size_t dlen = 0, pl;
+    size_t dlen = 0;
     int64_t mode = 0644;
-    char *path, *tmp;
-    int fd, e = 0;
+    char *path;
+    int e;
     if (wire_find(m, "data") == NULL || field_bytes(m, "data", &data, &dlen) != 0) {
         reply_error(c, m->id, "invalid", "field 'data' is missing or not bytes");
         return;
@@ -1553,43 +1498,8 @@ static void op_write(conn *c, const wire_msg *m) {
         return;
     }
     if ((path = path_field(c, m)) == NULL) return;
-    pl = strlen(path);
-    if (pl > 0 && path[pl - 1] == '/') {   /* a file name cannot end with a slash */
-        free(path);
-        reply_errno(c, m->id, EISDIR, "write");
-        return;
-    }
-    if ((tmp = temp_name(path)) == NULL) { free(path); reply_errno(c, m->id, ENOMEM, "write"); return; }
-    fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT) {
-        /* parents are made only when the first try says they are missing */
-        char *slash = strrchr(path, '/');
-        if (slash != NULL && slash != path) {
-            *slash = '\0';
-            e = mkdir_p(path);
-            *slash = '/';
-        }
-        if (e == 0) {
-            free(tmp);
-            if ((tmp = temp_name(path)) == NULL) { free(path); reply_errno(c, m->id, ENOMEM, "write"); return; }
-            fd = mkostemp(tmp, O_CLOEXEC);
-        } else {
-            errno = e;
-        }
-    }
-    if (fd < 0) {
-        e = errno;
-        free(tmp);
-        free(path);
-        reply_errno(c, m->id, e, "write");
-        return;
-    }
-    e = write_all(fd, data, dlen);
-    if (e == 0 && fchmod(fd, (mode_t)mode) != 0) e = errno;
-    if (close(fd) != 0 && e == 0 && errno != EINTR) e = errno;
-    if (e == 0 && rename(tmp, path) != 0) e = errno;
-    if (e != 0) unlink(tmp);
-    free(tmp);
+    /* a name ending in '/' is EISDIR; missing parents are made */
+    e = files_write_atomic(path, data, dlen, (mode_t)mode, 1);
     free(path);
     if (e != 0) reply_errno(c, m->id, e, "write");
     else reply_ok(c, m->id, "ok");
@@ -1603,13 +1513,6 @@ typedef struct entry {
 
 static int entry_cmp(const void *a, const void *b) {
     return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
-}
-
-static const char *type_name(mode_t md) {
-    if (S_ISREG(md)) return "file";
-    if (S_ISDIR(md)) return "directory";
-    if (S_ISLNK(md)) return "symlink";
-    return "other";
 }
 
 /* The most a listing holds: beyond either, the reply is the error 'too_many_entries'. */
@@ -1658,7 +1561,7 @@ static void op_list(conn *c, const wire_msg *m) {
             cap = nc;
         }
         if ((ents[n].name = strdup(de->d_name)) == NULL) { e = ENOMEM; break; }
-        ents[n].type = type_name(st.st_mode);
+        ents[n].type = files_type_name(st.st_mode);
         ents[n].size = (int64_t)st.st_size;
         ents[n].mtime = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
         n++;
@@ -1688,64 +1591,6 @@ static void op_list(conn *c, const wire_msg *m) {
     }
     for (i = 0; i < n; i++) free(ents[i].name);
     free(ents);
-}
-
-static int remove_at(int dfd, const char *name, int isdir);
-
-/* Empties the directory dfd (taken: closed here). Returns 0 or an errno. */
-static int remove_tree(int dfd) {
-    DIR *d = fdopendir(dfd);
-    struct dirent *de;
-    int e = 0;
-    if (d == NULL) { e = errno; close(dfd); return e; }
-    for (;;) {
-        int isdir;
-        errno = 0;
-        de = readdir(d);
-        if (de == NULL) { e = errno; break; }
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-        if (de->d_type == DT_UNKNOWN) {
-            struct stat st;
-            if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-                if (errno == ENOENT) continue;
-                e = errno;
-                break;
-            }
-            isdir = S_ISDIR(st.st_mode);
-        } else {
-            isdir = de->d_type == DT_DIR;
-        }
-        if ((e = remove_at(dirfd(d), de->d_name, isdir)) != 0) break;
-    }
-    closedir(d);
-    return e;
-}
-
-/*
-** Removes entry name of dfd and, for a directory, all in it. A directory is
-** opened with O_NOFOLLOW: one swapped for a symlink since is unlinked as a
-** link, so nothing outside is ever walked.
-*/
-static int remove_at(int dfd, const char *name, int isdir) {
-    int sub, e, tries;
-    if (!isdir) {
-        if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
-        if (errno != EISDIR && errno != EPERM) return errno;
-    }
-    for (tries = 0; tries < 3; tries++) {
-        sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-        if (sub < 0) {
-            if (errno == ENOENT) return 0;
-            if (errno == ENOTDIR || errno == ELOOP)
-                return unlinkat(dfd, name, 0) == 0 || errno == ENOENT ? 0 : errno;
-            return errno;
-        }
-        if ((e = remove_tree(sub)) != 0) return e;
-        if (unlinkat(dfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT) return 0;
-        /* an entry readdir skipped, or one made meanwhile: walk again */
-        if (errno != ENOTEMPTY && errno != EEXIST) return errno;
-    }
-    return ENOTEMPTY;
 }
 
 static void op_remove(conn *c, const wire_msg *m) {
@@ -1796,7 +1641,7 @@ static void op_remove(conn *c, const wire_msg *m) {
         }
         if (dfd < 0) e = errno;
         else {
-            e = remove_at(dfd, slash + 1, 1);
+            e = files_remove_at(dfd, slash + 1, DT_DIR);
             close(dfd);
         }
     }

@@ -1,5 +1,7 @@
 /*
 ** fs.c: core.fs, asynchronous file operations on the shared loop.
+** The operations themselves (atomic write, mkdir -p, recursive remove)
+** are core/files.h's, shared with the in-sandbox agent.
 **
 ** read, write (atomic replace), list, remove (optionally recursive, never
 ** following symlinks), stat and mkdir. Each call checks its arguments at
@@ -18,6 +20,7 @@
 **    tree deeper than the descriptor limit fails with EMFILE.
 */
 #include "mc.h"
+#include "files.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -29,8 +32,6 @@ enum { FS_READ, FS_WRITE, FS_LIST, FS_REMOVE, FS_STAT, FS_MKDIR };
 /* What the work came to: a result, nothing there, or an error. */
 enum { FS_DONE, FS_MISSING, FS_FAILED };
 
-/* Temporary names keep at most this much of the target's name, to stay under NAME_MAX. */
-#define FS_TMP_BASE_MAX 100
 /* Without max_bytes a read is bounded only by memory; this keeps max+1 from overflowing. */
 #define FS_READ_HARD_MAX ((size_t)PTRDIFF_MAX - 1)
 
@@ -81,71 +82,13 @@ static void fs_fail(fs_req *r, const char *code, int err, const char *msg) {
     snprintf(r->msg, sizeof r->msg, "%s", msg);
 }
 
-static const char *fs_type_name(mode_t m) {
-    if (S_ISREG(m)) return "file";
-    if (S_ISDIR(m)) return "directory";
-    if (S_ISLNK(m)) return "symlink";
-    return "other";
-}
-
 static int64_t fs_mtime_ms(const struct stat *st) {
     return (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
-}
-
-static int fs_is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 /* Whether errno means "nothing at this path" (a missing entry or a file in the middle). */
 static int fs_missing_errno(int e) {
     return e == ENOENT || e == ENOTDIR;
-}
-
-/*
-** mkdir -p on a scratch string p (modified): parents get parent_mode, the
-** last component mode. Returns 0 or an errno; an existing directory is fine.
-** Components are cut off the end until one can be made, so an existing
-** prefix costs no system call.
-*/
-static int fs_mkdir_p(char *p, mode_t parent_mode, mode_t mode) {
-    size_t len = strlen(p);
-    char *cut, *end;
-    int e;
-    while (len > 1 && p[len - 1] == '/') p[--len] = '\0';
-    end = p + len;
-    if (mkdir(p, mode) == 0) return 0;
-    e = errno;
-    if (e == EEXIST) return fs_is_dir(p) ? 0 : EEXIST;
-    if (e != ENOENT) return e;
-    cut = end;
-    for (;;) {
-        char *q, *slash = NULL;
-        for (q = cut - 1; q > p; q--)
-            if (*q == '/') { slash = q; break; }
-        if (slash == NULL) return ENOENT;
-        *slash = '\0';
-        cut = slash;
-        if (mkdir(p, parent_mode) == 0) break;
-        e = errno;
-        if (e == EEXIST) {
-            if (fs_is_dir(p)) break;
-            return ENOTDIR;
-        }
-        if (e != ENOENT) return e;
-    }
-    /* Put the slashes back one by one, making each directory on the way. */
-    while (cut < end) {
-        char *next;
-        *cut = '/';
-        next = cut + strlen(cut);
-        if (mkdir(p, next == end ? mode : parent_mode) != 0) {
-            e = errno;
-            if (!(e == EEXIST && fs_is_dir(p))) return e;
-        }
-        cut = next;
-    }
-    return 0;
 }
 
 static void fs_do_read(fs_req *r) {
@@ -235,85 +178,11 @@ static void fs_do_read(fs_req *r) {
     r->outcome = FS_DONE;
 }
 
-/* Writes all of data to fd. Returns 0 or an errno. */
-static int fs_write_all(int fd, const char *data, size_t len) {
-    while (len > 0) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t n = write(fd, data, chunk);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (n == 0) return EIO;
-        data += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-/* Temporary name next to the target: <dir>/.<base>.mayura-XXXXXX */
-static void fs_tmp_name(char *tmp, const char *path, size_t dirlen, const char *base, size_t baselen) {
-    memcpy(tmp, path, dirlen);
-    tmp[dirlen] = '.';
-    memcpy(tmp + dirlen + 1, base, baselen);
-    memcpy(tmp + dirlen + 1 + baselen, ".mayura-XXXXXX", sizeof ".mayura-XXXXXX");
-}
-
 static void fs_do_write(fs_req *r) {
-    const char *path = r->path;
-    const char *slash = strrchr(path, '/');
-    const char *base = slash != NULL ? slash + 1 : path;
-    size_t dirlen = slash != NULL ? (size_t)(slash - path) + 1 : 0;
-    size_t baselen = strlen(base);
-    char *tmp;
-    int fd, e;
-    if (baselen == 0) {   /* "dir/": a file name cannot end with a slash */
-        fs_fail(r, "IO_ERROR", EISDIR, "cannot write");
-        return;
-    }
-    if (baselen > FS_TMP_BASE_MAX) baselen = FS_TMP_BASE_MAX;
-    tmp = malloc(dirlen + 1 + baselen + sizeof ".mayura-XXXXXX");
-    if (tmp == NULL) {
-        fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot write");
-        return;
-    }
-    fs_tmp_name(tmp, path, dirlen, base, baselen);
-    fd = mkostemp(tmp, O_CLOEXEC);
-    e = fd < 0 ? errno : 0;
-    /* Parents are made only when the first try says they are missing: the common case costs nothing. */
-    if (fd < 0 && e == ENOENT && r->o.mkdir && dirlen > 0) {
-        char *dir = malloc(dirlen + 1);
-        if (dir == NULL) {
-            e = ENOMEM;
-        } else {
-            memcpy(dir, path, dirlen);
-            dir[dirlen] = '\0';
-            e = fs_mkdir_p(dir, 0755, 0755);
-            free(dir);
-        }
-        if (e == 0) {
-            fs_tmp_name(tmp, path, dirlen, base, baselen);
-            fd = mkostemp(tmp, O_CLOEXEC);
-            e = fd < 0 ? errno : 0;
-        }
-    }
-    if (fd < 0) {
-        fs_fail(r, "IO_ERROR", e, "cannot write");
-        free(tmp);
-        return;
-    }
-    e = fs_write_all(fd, r->data, r->len);
-    if (e == 0 && fchmod(fd, r->o.mode) != 0) e = errno;
-    /* close can report a delayed write error (NFS); EINTR still closed the descriptor. */
-    if (close(fd) != 0 && e == 0 && errno != EINTR) e = errno;
-    if (e == 0 && rename(tmp, path) != 0) e = errno;
-    if (e != 0) {
-        unlink(tmp);
-        fs_fail(r, "IO_ERROR", e, "cannot write");
-    } else {
-        r->outcome = FS_DONE;
-    }
-    free(tmp);
+    int e = files_write_atomic(r->path, r->data, r->len, r->o.mode, r->o.mkdir);
+    if (e == ENOMEM) fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot write");
+    else if (e != 0) fs_fail(r, "IO_ERROR", e, "cannot write");
+    else r->outcome = FS_DONE;
 }
 
 static int fs_entry_cmp(const void *a, const void *b) {
@@ -374,7 +243,7 @@ static void fs_do_list(fs_req *r) {
             fs_fail(r, MC_OOM_CODE, ENOMEM, "cannot list");
             break;
         }
-        ent->type = fs_type_name(st.st_mode);
+        ent->type = files_type_name(st.st_mode);
         ent->size = (int64_t)st.st_size;
         ent->modified = fs_mtime_ms(&st);
         r->nentries++;
@@ -383,76 +252,6 @@ static void fs_do_list(fs_req *r) {
     if (r->outcome == FS_FAILED) return;
     if (r->nentries > 1) qsort(r->entries, r->nentries, sizeof *r->entries, fs_entry_cmp);
     r->outcome = FS_DONE;
-}
-
-static int fs_remove_tree(int dfd);
-
-/*
-** Removes entry name of the directory dfd and, for a directory, all in it.
-** Never follows a symlink: a directory is opened with O_NOFOLLOW, and an
-** entry that turns out not to be a directory is unlinked itself.
-*/
-static int fs_remove_at(int dfd, const char *name, unsigned char dtype) {
-    int isdir, sub, e;
-    if (dtype == DT_DIR) {
-        isdir = 1;
-    } else if (dtype != DT_UNKNOWN) {
-        isdir = 0;
-    } else {
-        struct stat st;
-        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : errno;
-        isdir = S_ISDIR(st.st_mode);
-    }
-    if (!isdir) {
-        if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
-        return errno;
-    }
-    sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (sub < 0) {
-        e = errno;
-        if (e == ENOENT) return 0;
-        /* Replaced by a symlink or a file since readdir: remove that, not what it points at. */
-        if (e == ELOOP || e == ENOTDIR) {
-            if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT) return 0;
-            return errno;
-        }
-        return e;
-    }
-    e = fs_remove_tree(sub);
-    if (e != 0) return e;
-    if (unlinkat(dfd, name, AT_REMOVEDIR) == 0 || errno == ENOENT) return 0;
-    return errno;
-}
-
-/* Empties the directory dfd (taken over and closed). Returns 0 or an errno. */
-static int fs_remove_tree(int dfd) {
-    DIR *d = fdopendir(dfd);
-    int e = 0, again = 1;
-    if (d == NULL) {
-        e = errno;
-        close(dfd);
-        return e;
-    }
-    /* Removing while reading may make readdir skip entries: read again until a pass finds nothing. */
-    while (e == 0 && again) {
-        again = 0;
-        for (;;) {
-            struct dirent *de;
-            errno = 0;
-            de = readdir(d);
-            if (de == NULL) {
-                e = errno;
-                break;
-            }
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-            again = 1;
-            e = fs_remove_at(dirfd(d), de->d_name, de->d_type);
-            if (e != 0) break;
-        }
-        if (e == 0 && again) rewinddir(d);
-    }
-    closedir(d);
-    return e;
 }
 
 static void fs_do_remove(fs_req *r) {
@@ -473,7 +272,7 @@ static void fs_do_remove(fs_req *r) {
         e = 0;
         if (r->o.recursive) {
             int fd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-            e = fd < 0 ? errno : fs_remove_tree(fd);
+            e = fd < 0 ? errno : files_remove_tree(fd);
         }
         if (e == 0 && rmdir(p) != 0) e = errno;
         if (e == EEXIST) e = ENOTEMPTY;   /* POSIX allows either */
@@ -490,7 +289,7 @@ static void fs_do_stat(fs_req *r) {
 }
 
 static void fs_do_mkdir(fs_req *r) {
-    int e = fs_mkdir_p(r->path, 0755, r->o.mode);
+    int e = files_mkdir_p(r->path, 0755, r->o.mode);
     if (e == 0) r->outcome = FS_DONE;
     else fs_fail(r, "IO_ERROR", e, "cannot create directory");
 }
@@ -578,7 +377,7 @@ static int fs_deliver(lua_State *L) {
             }
             break;
         case FS_STAT:
-            fs_push_stat(L, fs_type_name(r->st.st_mode), (int64_t)r->st.st_size, fs_mtime_ms(&r->st));
+            fs_push_stat(L, files_type_name(r->st.st_mode), (int64_t)r->st.st_size, fs_mtime_ms(&r->st));
             lua_pushinteger(L, (lua_Integer)(r->st.st_mode & 07777));
             lua_setfield(L, -2, "mode");
             break;
