@@ -350,35 +350,35 @@ static char **proc_build_env(lua_State *L, int opts, const char *tagvar) {
     return envp;
 }
 
-/*
-** core.spawn(opts, cb) -> process, or nil, err when the program cannot be
-** started (err.code 'SPAWN_FAILED', err.errno e.g. 'ENOENT').
-*/
-static int l_spawn(lua_State *L) {
-    static unsigned long counter = 0;
-    uv_loop_t *loop = mc_loop(L);
-    uv_process_options_t o;
-    uv_stdio_container_t stdio[3 + PROC_MAX_FDS];
-    int nfds = 0, fdv[PROC_MAX_FDS];
-    char **args, **envp, tagvar[128];
-    size_t argc, i, stdin_len = 0;
-    const char *stdin_data, *cwd = NULL;
+/* What core.spawn's options table says, read and checked before anything starts. */
+typedef struct proc_spawn_opts {
+    char **args, **envp;
+    const char *cwd, *stdin_data;
+    size_t stdin_len;
     lua_Integer timeout_ms, max_out, grace, drain;
-    mc_proc *p;
-    proc_box *box;
-    int rc, top;
+    int nfds, fdv[PROC_MAX_FDS];
+    char tagvar[128];
+} proc_spawn_opts;
 
-    if (lua_type(L, 1) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "spawn expects an options table");
-    if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "spawn expects a callback");
+/*
+** Reads and checks the options table at index 1 into so. The strings it
+** points at stay alive in the options table and in values pushed onto the
+** stack (argv and environment arrays), so the caller keeps the stack as it
+** is until the process has started. Raises INVALID_INPUT on a bad option.
+*/
+static void proc_read_opts(lua_State *L, proc_spawn_opts *so) {
+    static unsigned long counter = 0;
+    size_t argc, i;
+    memset(so, 0, sizeof *so);
     mc_check_keys(L, 1, proc_keys);
-    timeout_ms = mc_opt_int(L, 1, "timeout_ms", 0, 0, (lua_Integer)1 << 40);
-    max_out = mc_opt_int(L, 1, "max_output_bytes", 1 << 20, 0, (lua_Integer)1 << 40);
-    grace = mc_opt_int(L, 1, "kill_grace_ms", 0, 0, 3600000);
-    drain = mc_opt_int(L, 1, "drain_ms", 100, 0, 3600000);
-    stdin_data = mc_opt_lstr(L, 1, "stdin", &stdin_len);
+    so->timeout_ms = mc_opt_int(L, 1, "timeout_ms", 0, 0, (lua_Integer)1 << 40);
+    so->max_out = mc_opt_int(L, 1, "max_output_bytes", 1 << 20, 0, (lua_Integer)1 << 40);
+    so->grace = mc_opt_int(L, 1, "kill_grace_ms", 0, 0, 3600000);
+    so->drain = mc_opt_int(L, 1, "drain_ms", 100, 0, 3600000);
+    so->stdin_data = mc_opt_lstr(L, 1, "stdin", &so->stdin_len);
 
     lua_getfield(L, 1, "cwd");
-    if (!lua_isnil(L, -1)) cwd = mc_check_path(L, -1, "cwd");
+    if (!lua_isnil(L, -1)) so->cwd = mc_check_path(L, -1, "cwd");
     lua_pop(L, 1);
 
     lua_getfield(L, 1, "argv");
@@ -386,51 +386,106 @@ static int l_spawn(lua_State *L) {
     argc = lua_rawlen(L, -1);
     if (argc == 0) mc_raise(L, "INVALID_INPUT", "option 'argv' is empty");
     if (argc > 65536) mc_raise(L, "INVALID_INPUT", "option 'argv' is too long");
-    args = (char **)lua_newuserdatauv(L, (argc + 1) * sizeof(char *), 0);
+    so->args = (char **)lua_newuserdatauv(L, (argc + 1) * sizeof(char *), 0);
     for (i = 0; i < argc; i++) {
         size_t l;
         lua_rawgeti(L, -2, (lua_Integer)i + 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             mc_raise(L, "INVALID_INPUT", "argv[%d] must be a string", (int)i + 1);
-        args[i] = (char *)lua_tolstring(L, -1, &l);
-        if (strlen(args[i]) != l) mc_raise(L, "INVALID_INPUT", "argv[%d] contains a NUL byte", (int)i + 1);
+        so->args[i] = (char *)lua_tolstring(L, -1, &l);
+        if (strlen(so->args[i]) != l) mc_raise(L, "INVALID_INPUT", "argv[%d] contains a NUL byte", (int)i + 1);
         if (i == 0 && l == 0) mc_raise(L, "INVALID_INPUT", "argv[1] is empty");
         lua_pop(L, 1);   /* the string stays alive in the argv table */
     }
-    args[argc] = NULL;
+    so->args[argc] = NULL;
 
-    snprintf(tagvar, sizeof tagvar, "%s=%ld.%lu.%llu", PROC_TAG_VAR, (long)getpid(), ++counter,
+    snprintf(so->tagvar, sizeof so->tagvar, "%s=%ld.%lu.%llu", PROC_TAG_VAR, (long)getpid(), ++counter,
              (unsigned long long)uv_hrtime());
     /* fds = { a, b, ... }: host descriptors the command inherits as 3, 4, ... */
     lua_getfield(L, 1, "fds");
     if (!lua_isnil(L, -1)) {
         int k;
         if (lua_type(L, -1) != LUA_TTABLE) mc_raise(L, "INVALID_INPUT", "option 'fds' must be a list of descriptors");
-        nfds = (int)lua_rawlen(L, -1);
-        if (nfds > PROC_MAX_FDS) mc_raise(L, "INVALID_INPUT", "option 'fds' has more than %d entries", PROC_MAX_FDS);
-        for (k = 0; k < nfds; k++) {
+        so->nfds = (int)lua_rawlen(L, -1);
+        if (so->nfds > PROC_MAX_FDS)
+            mc_raise(L, "INVALID_INPUT", "option 'fds' has more than %d entries", PROC_MAX_FDS);
+        for (k = 0; k < so->nfds; k++) {
             lua_Integer fd;
             lua_rawgeti(L, -1, k + 1);
             fd = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
             if (fd < 0 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)
                 mc_raise(L, "INVALID_INPUT", "fds[%d] is not an open descriptor", k + 1);
-            fdv[k] = (int)fd;
+            so->fdv[k] = (int)fd;
             lua_pop(L, 1);
         }
     }
     lua_pop(L, 1);
+    so->envp = proc_build_env(L, 1, so->tagvar);
+}
 
+/* Pushes nil and a SPAWN_FAILED error after uv_spawn refused; every handle is closed. */
+static int proc_start_failed(lua_State *L, mc_proc *p, const char *file, int rc) {
+    /* the process handle must still be closed after a failed spawn */
+    p->finished = 1;
+    p->L = NULL;
+    p->handles++;
+    proc_close(p, (uv_handle_t *)&p->process);
+    proc_close(p, (uv_handle_t *)&p->timer);
+    proc_close(p, (uv_handle_t *)&p->out.pipe);
+    proc_close(p, (uv_handle_t *)&p->err.pipe);
+    proc_close(p, (uv_handle_t *)&p->in);
+    lua_pushnil(L);
+    mc_push_error(L, "SPAWN_FAILED", "cannot start '%s': %s", file, uv_strerror(rc));
+    mc_error_field(L, "errno", uv_err_name(rc));
+    return 2;
+}
+
+/* Starts writing the stdin bytes (kept alive by a reference to the options' string), or closes stdin. */
+static void proc_start_stdin(lua_State *L, mc_proc *p, const proc_spawn_opts *so) {
+    if (so->stdin_data != NULL) {
+        uv_buf_t b = uv_buf_init((char *)so->stdin_data, (unsigned int)so->stdin_len);
+        lua_getfield(L, 1, "stdin");
+        p->stdin_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* keeps the bytes alive while written */
+        p->write_req.data = p;
+        if (so->stdin_len > UINT_MAX || uv_write(&p->write_req, (uv_stream_t *)&p->in, &b, 1, proc_on_write) != 0) {
+            luaL_unref(L, LUA_REGISTRYINDEX, p->stdin_ref);
+            p->stdin_ref = LUA_NOREF;
+            proc_close(p, (uv_handle_t *)&p->in);
+        }
+    } else {
+        proc_close(p, (uv_handle_t *)&p->in);
+    }
+}
+
+/*
+** core.spawn(opts, cb) -> process, or nil, err when the program cannot be
+** started (err.code 'SPAWN_FAILED', err.errno e.g. 'ENOENT'). The options
+** are read first (proc_read_opts); then the process object is made, born
+** with its handles open but nothing started, and only then is the program
+** started, so every failure after the options leaves nothing behind.
+*/
+static int l_spawn(lua_State *L) {
+    uv_loop_t *loop = mc_loop(L);
+    uv_process_options_t o;
+    uv_stdio_container_t stdio[3 + PROC_MAX_FDS];
+    proc_spawn_opts so;
+    mc_proc *p;
+    proc_box *box;
+    int rc, top, i;
+
+    if (lua_type(L, 1) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "spawn expects an options table");
+    if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "spawn expects a callback");
     top = lua_gettop(L);
-    envp = proc_build_env(L, 1, tagvar);
+    proc_read_opts(L, &so);
 
     p = (mc_proc *)calloc(1, sizeof *p);
     if (p == NULL) return mc_raise_oom(L);
-    snprintf(p->tag, sizeof p->tag, "%s", tagvar + sizeof PROC_TAG_VAR);
+    snprintf(p->tag, sizeof p->tag, "%s", so.tagvar + sizeof PROC_TAG_VAR);
     p->L = mc_main(L);
     p->cb_ref = p->self_ref = p->stdin_ref = LUA_NOREF;
-    p->out.cap = p->err.cap = (size_t)max_out;
-    p->kill_grace_ms = (uint64_t)grace;
-    p->drain_ms = (uint64_t)drain;
+    p->out.cap = p->err.cap = (size_t)so.max_out;
+    p->kill_grace_ms = (uint64_t)so.grace;
+    p->drain_ms = (uint64_t)so.drain;
 
     uv_pipe_init(loop, &p->out.pipe, 0);
     uv_pipe_init(loop, &p->err.pipe, 0);
@@ -440,43 +495,29 @@ static int l_spawn(lua_State *L) {
     p->out.pipe.data = p->err.pipe.data = p->in.data = p->timer.data = p->process.data = p;
 
     memset(&o, 0, sizeof o);
-    stdio[0].flags = stdin_data != NULL ? (uv_stdio_flags)(UV_CREATE_PIPE | UV_READABLE_PIPE) : UV_IGNORE;
+    stdio[0].flags = so.stdin_data != NULL ? (uv_stdio_flags)(UV_CREATE_PIPE | UV_READABLE_PIPE) : UV_IGNORE;
     stdio[0].data.stream = (uv_stream_t *)&p->in;
     stdio[1].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
     stdio[1].data.stream = (uv_stream_t *)&p->out.pipe;
     stdio[2].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
     stdio[2].data.stream = (uv_stream_t *)&p->err.pipe;
     o.exit_cb = proc_on_exit;
-    o.file = args[0];
-    o.args = args;
-    o.env = envp;
-    o.cwd = cwd;
+    o.file = so.args[0];
+    o.args = so.args;
+    o.env = so.envp;
+    o.cwd = so.cwd;
     o.flags = UV_PROCESS_DETACHED;   /* setsid: the command leads its own group */
-    for (i = 0; i < (size_t)nfds; i++) {
+    for (i = 0; i < so.nfds; i++) {
         stdio[3 + i].flags = UV_INHERIT_FD;
-        stdio[3 + i].data.fd = fdv[i];
+        stdio[3 + i].data.fd = so.fdv[i];
     }
-    o.stdio_count = 3 + nfds;
+    o.stdio_count = 3 + so.nfds;
     o.stdio = stdio;
 
     p->started = uv_hrtime();
     rc = uv_spawn(loop, &p->process, &o);
-    lua_settop(L, top);
-    if (rc != 0) {
-        /* the process handle must still be closed after a failed spawn */
-        p->finished = 1;
-        p->L = NULL;
-        p->handles++;
-        proc_close(p, (uv_handle_t *)&p->process);
-        proc_close(p, (uv_handle_t *)&p->timer);
-        proc_close(p, (uv_handle_t *)&p->out.pipe);
-        proc_close(p, (uv_handle_t *)&p->err.pipe);
-        proc_close(p, (uv_handle_t *)&p->in);
-        lua_pushnil(L);
-        mc_push_error(L, "SPAWN_FAILED", "cannot start '%s': %s", args[0], uv_strerror(rc));
-        mc_error_field(L, "errno", uv_err_name(rc));
-        return 2;
-    }
+    lua_settop(L, top);   /* argv[1] stays alive in the options table */
+    if (rc != 0) return proc_start_failed(L, p, so.args[0], rc);
     p->handles++;   /* the process handle */
     p->pid = p->process.pid;
     p->out.open = p->err.open = 1;
@@ -491,20 +532,8 @@ static int l_spawn(lua_State *L) {
     lua_pushvalue(L, 2);
     p->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 
-    if (stdin_data != NULL) {
-        uv_buf_t b = uv_buf_init((char *)stdin_data, (unsigned int)stdin_len);
-        lua_getfield(L, 1, "stdin");
-        p->stdin_ref = luaL_ref(L, LUA_REGISTRYINDEX);   /* keeps the bytes alive while written */
-        p->write_req.data = p;
-        if (stdin_len > UINT_MAX || uv_write(&p->write_req, (uv_stream_t *)&p->in, &b, 1, proc_on_write) != 0) {
-            luaL_unref(L, LUA_REGISTRYINDEX, p->stdin_ref);
-            p->stdin_ref = LUA_NOREF;
-            proc_close(p, (uv_handle_t *)&p->in);
-        }
-    } else {
-        proc_close(p, (uv_handle_t *)&p->in);
-    }
-    if (timeout_ms > 0) uv_timer_start(&p->timer, proc_on_timer, (uint64_t)timeout_ms, 0);
+    proc_start_stdin(L, p, &so);
+    if (so.timeout_ms > 0) uv_timer_start(&p->timer, proc_on_timer, (uint64_t)so.timeout_ms, 0);
     return 1;
 }
 
