@@ -611,14 +611,14 @@ static mc_chan *chan_new(lua_State *L, int opts) {
     luaL_setmetatable(L, CHAN_MT);
     ch = (mc_chan *)calloc(1, sizeof *ch);
     if (ch == NULL) mc_raise_oom(L);
-    if (!lua_isnoneornil(L, opts)) on_close = mc_opt_func_ref(L, opts, "on_close");
     ch->L = mc_main(L);
     ch->max_frame = (size_t)max;
     ch->next_id = 1;
-    ch->on_close_ref = on_close;
-    ch->connect_cb_ref = LUA_NOREF;
+    ch->on_close_ref = ch->connect_cb_ref = ch->pending_ref = ch->self_ref = LUA_NOREF;
     ch->boxed = 1;
-    box->ch = ch;
+    box->ch = ch;   /* owned by the box from here: a raise below is cleaned up by __gc */
+    if (!lua_isnoneornil(L, opts)) on_close = mc_opt_func_ref(L, opts, "on_close");
+    ch->on_close_ref = on_close;
     lua_newtable(L);
     ch->pending_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pushvalue(L, -1);
@@ -711,6 +711,8 @@ static void mc_open_chan(lua_State *L) {
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_chan_gc);
         lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, l_chan_gc);
+        lua_setfield(L, -2, "__close");
         lua_pushcfunction(L, l_chan_tostring);
         lua_setfield(L, -2, "__tostring");
     }

@@ -471,13 +471,18 @@ static int l_spawn(lua_State *L) {
     proc_spawn_opts so;
     mc_proc *p;
     proc_box *box;
-    int rc, top, i;
+    int rc, top, boxidx, i;
 
     if (lua_type(L, 1) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "spawn expects an options table");
     if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "spawn expects a callback");
     top = lua_gettop(L);
     proc_read_opts(L, &so);
 
+    /* The box first, born empty: from here on its __gc cleans up whatever a raise leaves. */
+    box = (proc_box *)lua_newuserdatauv(L, sizeof *box, 0);
+    box->p = NULL;
+    luaL_setmetatable(L, PROC_MT);
+    boxidx = lua_gettop(L);
     p = (mc_proc *)calloc(1, sizeof *p);
     if (p == NULL) return mc_raise_oom(L);
     snprintf(p->tag, sizeof p->tag, "%s", so.tagvar + sizeof PROC_TAG_VAR);
@@ -516,17 +521,20 @@ static int l_spawn(lua_State *L) {
 
     p->started = uv_hrtime();
     rc = uv_spawn(loop, &p->process, &o);
-    lua_settop(L, top);   /* argv[1] stays alive in the options table */
-    if (rc != 0) return proc_start_failed(L, p, so.args[0], rc);
+    if (rc != 0) {
+        lua_settop(L, top);   /* argv[1] stays alive in the options table */
+        return proc_start_failed(L, p, so.args[0], rc);
+    }
+    box->p = p;
+    lua_pushvalue(L, boxidx);
+    lua_replace(L, top + 1);   /* the box; the option scratch above it is dropped */
+    lua_settop(L, top + 1);
     p->handles++;   /* the process handle */
     p->pid = p->process.pid;
     p->out.open = p->err.open = 1;
     uv_read_start((uv_stream_t *)&p->out.pipe, proc_alloc, proc_read);
     uv_read_start((uv_stream_t *)&p->err.pipe, proc_alloc, proc_read);
 
-    box = (proc_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->p = p;
-    luaL_setmetatable(L, PROC_MT);
     lua_pushvalue(L, -1);
     p->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pushvalue(L, 2);
@@ -638,6 +646,8 @@ static void mc_open_proc(lua_State *L) {
         lua_setfield(L, -2, "__index");
         lua_pushcfunction(L, l_proc_gc);
         lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, l_proc_gc);
+        lua_setfield(L, -2, "__close");
         lua_pushcfunction(L, l_proc_tostring);
         lua_setfield(L, -2, "__tostring");
     }

@@ -173,6 +173,19 @@ describe('core.spawn', function()
     assert.is_false(proc:running())
   end)
 
+  it('closes through __close like __gc: the tree is stopped, and closing again does nothing', function()
+    local called = false
+    local proc = assert(core.spawn({ argv = { 'sh', '-c', 'sleep 4743 & sleep 4744' } }, function() called = true end))
+    local close = getmetatable(proc).__close
+    close(proc)
+    close(proc)
+    assert.is_true(util.eventually(function()
+      return #util.procs_matching('sleep 4743') == 0 and #util.procs_matching('sleep 4744') == 0
+    end))
+    assert.is_false(called)
+    assert.is_false(proc:cancel())
+  end)
+
   it('runs 200 processes at once on one loop', function()
     local results, pending = {}, 200
     for i = 1, 200 do
