@@ -2,7 +2,7 @@
 -- uploads that way (Vercel Sandbox's fs/write).
 --
 --   local tar = require('mayura.sandbox._tar')
---   local body = tar.tar_gz({ { name = 'workspace/a.txt', data = 'hi', mode = 420 } })
+--   local body = tar.tar_gz({ { name = 'workspace/a.txt', data = 'hi', mode = tonumber('644', 8) } })
 --
 -- `tar(entries)` is a POSIX (ustar) archive of regular files: each entry's
 -- `name` (relative: no leading '/', no NUL byte, no `.` or `..` part; up to
@@ -27,6 +27,7 @@ local BLOCK = 512
 local MAX_STORED = 65535
 local MAX_NAME = 4096
 local MAX_SIZE = 8589934591   -- 11 octal digits
+local MODE_FILE = tonumber('644', 8)
 
 -- {======================================================
 -- Bytes
@@ -127,14 +128,14 @@ function M.tar(entries, mtime)
     if type(e.data) ~= 'string' or #e.data > MAX_SIZE then
       errors.raise('INVALID_INPUT', 'entry ' .. i .. ': data must be a string', nil, 2)
     end
-    local mode = e.mode or 420
+    local mode = e.mode or MODE_FILE
     if type(mode) ~= 'number' or mode < 0 or mode > 4095 or mode ~= math.floor(mode) then
       errors.raise('INVALID_INPUT', 'entry ' .. i .. ': mode must be permission bits (0..07777)', nil, 2)
     end
     local prefix, name = split(e.name)
     if not prefix then
       local pax = pax_record('path', e.name)
-      out[#out + 1] = header('PaxHeaders/' .. i, '', #pax, 420, mtime, 'x')
+      out[#out + 1] = header('PaxHeaders/' .. i, '', #pax, MODE_FILE, mtime, 'x')
       out[#out + 1] = pax .. padding(#pax)
       prefix, name = '', e.name:sub(-100):gsub('^/+', '')
     end

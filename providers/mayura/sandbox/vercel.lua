@@ -363,7 +363,7 @@ function Backend:read_file(path, opts)
 end
 
 function Backend:write_file(path, data)
-  local body = tar.tar_gz({ { name = path:sub(2), data = data, mode = 420 } })
+  local body = tar.tar_gz({ { name = path:sub(2), data = data, mode = tonumber('644', 8) } })
   self.client:call('POST', self:_path('/fs/write'), {
     query = self:_query(), body = body, content_type = 'application/gzip', headers = { ['x-cwd'] = '/' },
     gone = GONE, on_error = file_error('the file'),
