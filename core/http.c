@@ -1055,6 +1055,8 @@ static void mc_open_http(lua_State *L) {
     if (luaL_newmetatable(L, MC_HTTP_MT)) {
         lua_pushcfunction(L, l_http_req_gc);
         lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, l_http_req_gc);   /* idempotent: a second call finds nothing left */
+        lua_setfield(L, -2, "__close");
         lua_pushcfunction(L, l_http_req_tostring);
         lua_setfield(L, -2, "__tostring");
         luaL_newlib(L, mc_http_req_methods);

@@ -155,6 +155,20 @@ describe('core.http', function()
             assert.equal('CANCELLED', got_err.code)
         end)
 
+        it('drops an in-flight request through __close: no callback, and closing again does nothing', function()
+            local calls = 0
+            local h = core.http.request({ url = srv:url('/stall') }, function() calls = calls + 1 end)
+            while #srv.requests == 0 do core.run_once() end
+            local close = getmetatable(h).__close
+            close(h)
+            close(h)
+            h:cancel()
+            sleep(50)
+            assert.equal(0, calls)
+            local res = request({ url = srv:url('/echo') })   -- the loop and the client go on
+            assert.equal(200, res.status)
+        end)
+
         it('cancels a request before the loop ever ran', function()
             local calls, got_err = 0, nil
             local h = core.http.request({ url = srv:url('/echo') }, function(_, err)
