@@ -338,10 +338,10 @@ local POWERS = { read = true, exec = true, write = true, ports = true, desktop =
 
 local function provider_of(d)
   local name = d.def.provider
-  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
   local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
-  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   return as_problem(d, make, d.def.provider_options and copy(d.def.provider_options) or nil)
 end
 
