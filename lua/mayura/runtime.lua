@@ -4,6 +4,8 @@
 --   local runtime = mayura.create_runtime{ permissions = { allow = { ... } }, limits = { ... } }
 --   local run = runtime:submit(agent, { input = { ... }, on_event = function(event) end })
 --   local outcome = run:result()
+--   local session = runtime:session(agent, { id = 'client-1' })   -- tool calls made by a caller
+--   local result = session:call('workspace.exec', { command = 'ls' }); session:close()
 --
 -- A run is a task on the shared loop. It checks the input against the
 -- agent's input schema, then asks the model for a step at a time: a step

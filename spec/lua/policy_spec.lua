@@ -142,7 +142,7 @@ describe('policy files: the environment they run in', function()
     load_src("leaked = 1\nstring.leaked = 1\ntable.insert = nil\nmath.pi = 3\nos.getenv = nil\n"
       .. "local s = require('mayura.z').string()\nassert(('x'):upper() == 'X')")
     assert.is_nil(rawget(_G, 'leaked'))
-    assert.is_nil(string.leaked)
+    assert.is_nil(rawget(string, 'leaked'))
     assert.is_function(table.insert)
     assert.is_true(math.pi > 3.14)
     assert.is_function(os.getenv)
@@ -308,6 +308,12 @@ describe('policy files: --policy in the host program', function()
   end
 
   it('loads and merges the files before the script, which has them as mayura.policy()', function()
+    assert.are.equal(policy_mod.load_policy, mayura.load_policy)
+    assert.is_nil(mayura.policy())   -- no --policy here
+    local both = mayura.load_policy({ 'examples/policies/coding.lua',
+      { name = 'more.lua', source = "hook 'log' { stage = 'on_start', handler = function() end }" } })
+    assert.are.same({ 'examples/policies/coding.lua', 'more.lua' }, both.files)
+    assert.are.same({ kind = 'hook', name = 'log', file = 'more.lua', line = 1 }, both:where('hook', 'log'))
     local r = host({ HOST, '--policy', 'examples/policies/workspace.lua', '-e', APP })
     assert.are.equal(0, r.exit_code, r.stderr)
     assert.are.equal('workspace\n', r.stdout)
