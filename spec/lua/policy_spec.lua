@@ -71,6 +71,8 @@ describe('policy files: each mistake stops the load with file, line and key', fu
         .. "agent 'coder' { tools = { 'workspace' }, allow = { 'tool:clock' } }"))
     assert.are.equal("p.lua:3: agent 'coder': grant for unknown sandbox tools 'sandbox:workspace:delete'",
       mistake(POOL .. "agent 'coder' { tools = { 'workspace' }, allow = { 'sandbox:workspace:delete' } }"))
+    assert.are.equal("p.lua:3: agent 'coder': grant for unknown sandbox tools 'sandbox:workspace:ports'",
+      mistake(POOL .. "agent 'coder' { tools = { 'workspace' }, allow = { 'sandbox:workspace:ports' } }"))
     assert.are.equal("p.lua:3: agent 'coder': unknown grant 'network:all'",
       mistake(POOL .. "agent 'coder' { tools = { 'workspace' }, allow = { 'network:all' } }"))
   end)
@@ -159,6 +161,13 @@ agent 'a' { tools = { 'probe' }, allow = { 'tool:probe', 'effect:read' } }
     local env = p:open()
     local s = env:session('s1')
     assert.are.same({ io = 'nil', execute = 'nil', time = 'number' }, s.call('probe', {}))
+    -- a declaration from a function that runs later is refused
+    local q = load_src("tool 'late' { effect = 'read', run = function() pool 'x' {} end }\n"
+      .. "agent 'a' { tools = { 'late' }, allow = { 'tool:late', 'effect:read' } }")
+    local qenv = q:open()
+    local err = assert.raises_code('TOOL_ERROR', qenv:session('q').call, 'late', {})
+    assert.truthy(err.message:find('declarations are made only while the policy loads', 1, true), err.message)
+    qenv:close()
     s.close()
     env:close()
   end)
