@@ -902,11 +902,11 @@ function Session:call(tool_id, input, options)
     self._idle = {}
     for _, w in ipairs(idle) do w() end
   end
+  local result = take_result(run, call.id)
   if not ok then
     if getmetatable(err) == End then error(err.error, 2) end
     error(errors.wrap(err), 2)
   end
-  local result = take_result(run, call.id)
   if type(result) == 'table' and type(result.error) == 'table' then
     local e = result.error
     error(errors.new(e.code, e.message, { reason = e.reason, tool_error = true }), 2)
