@@ -120,7 +120,7 @@ describe('ARCHITECTURE.md dependency rules', function()
     local bad = {}
     for _, file in ipairs(files('agent', 'c')) do
       for _, name in ipairs(includes(file)) do
-        local shared = name == '../core/wire.h' or name == '../core/tree.h' or name == '../core/fsx.h'
+        local shared = name == '../core/wire.h' or name == '../core/tree.h' or name == '../core/files.h'
         local own = not name:find('/', 1, true)
         if not shared and not own then bad[#bad + 1] = file .. ' includes ' .. name end
       end
@@ -128,7 +128,7 @@ describe('ARCHITECTURE.md dependency rules', function()
     for _, file in ipairs(files('agent', 'h')) do
       for _, name in ipairs(includes(file)) do
         if name:find('core/', 1, true) and not name:match('wire%.h$') and not name:match('tree%.h$')
-          and not name:match('fsx%.h$') then
+          and not name:match('files%.h$') then
           bad[#bad + 1] = file .. ' includes ' .. name
         end
       end
