@@ -123,7 +123,7 @@ fuzz: setup
 	sh fuzz/run.sh
 
 lint:
-	luacheck lua providers tools spec examples bench fuzz
+	luacheck lua providers tools spec examples bench fuzz plugin
 
 bench: all $(AGENT_NOFILTER)
 	@$(MAKE) --no-print-directory all LUA=luajit
