@@ -96,18 +96,51 @@ MAYURA_API int mayura_backend_timeout(lua_State *L) {
     return uv_backend_timeout(loop);
 }
 
+#include <luv/lhandle.h>
+
+struct embed_walk {
+    lua_State *L;
+    luv_ctx_t *ctx;
+};
+
+/*
+** Closes a luv handle (a timer a task still waits on, say) through luv's own close while the
+** state is alive: luv's close callback uses the state, so it must run before lua_close.
+** The core's handles are closed by their own finalizers in lua_close.
+*/
+static void embed_close_luv(uv_handle_t *h, void *arg) {
+    struct embed_walk *w = (struct embed_walk *)arg;
+    luv_handle_t *d = (luv_handle_t *)h->data;
+    if (d == NULL || uv_is_closing(h) || d->ctx != w->ctx) return;
+    lua_rawgeti(w->L, LUA_REGISTRYINDEX, d->ref);
+    lua_getfield(w->L, -1, "close");
+    lua_insert(w->L, -2);
+    if (lua_pcall(w->L, 1, 0, 0) != LUA_OK) lua_pop(w->L, 1);
+}
+
 MAYURA_API void mayura_close(lua_State *L) {
+    struct embed_walk w;
     uv_loop_t *loop;
+    int i;
     lua_getfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
     loop = (uv_loop_t *)lua_touserdata(L, -1);
     lua_pop(L, 1);
+    if (loop != NULL && mc_run_depth == 0) {
+        w.L = L;
+        lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
+        w.ctx = (luv_ctx_t *)lua_touserdata(L, -1);
+        lua_pop(L, 1);
+        if (w.ctx != NULL) {
+            uv_walk(loop, embed_close_luv, &w);
+            mc_run_depth++;
+            uv_run(loop, UV_RUN_NOWAIT);
+            mc_run_depth--;
+        }
+    }
     lua_close(L);
     if (loop == NULL) return;
-    /* the handles the state's finalizers closed finish closing; then nothing is left */
-    uv_run(loop, UV_RUN_NOWAIT);
-    if (uv_loop_close(loop) != 0) {
-        uv_run(loop, UV_RUN_DEFAULT);
-        (void)uv_loop_close(loop);
-    }
-    free(loop);
+    /* what the state's finalizers closed finishes closing; then nothing is left */
+    for (i = 0; i < 100 && uv_loop_close(loop) != 0; i++) uv_run(loop, UV_RUN_NOWAIT);
+    if (uv_loop_close(loop) == 0) free(loop);
+    /* else something outlives the state (a request the kernel has not answered): the loop is left, not freed under it */
 }
