@@ -20,7 +20,7 @@ end
 
 local empty = per_step_us()
 local pool
-local boxes = {}
+local boxes = {}   -- kept alive (and idle) while the steps are measured
 local t = mayura.run(function()
   -- the local provider checks the host when it is made: that waits, so inside the task too
   pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes(), {
@@ -31,6 +31,7 @@ end)
 while not t.done do mayura.step(1) end
 t:wait()
 local busy = per_step_us()
+assert(#boxes == 4)
 t = mayura.run(function() pool:close() end)
 while not t.done do mayura.step(1) end
 t:wait()

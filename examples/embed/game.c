@@ -8,7 +8,7 @@
 ** mayura's loop (`mayura.run(chunk, ARGS...)`), which returns at once: every frame the host calls
 ** mayura_step() with a budget of --budget-us (4000 by default), then "draws" (busy work of
 ** --draw-us microseconds, 3000 by default, standing in for a renderer) and sleeps to the next
-** frame's deadline. It stops when the script's task has ended (or after --frames frames) and
+** frame's deadline. The global GAME_FRAME holds the number of the frame being drawn. It stops when the script's task has ended (or after --frames frames) and
 ** prints one line of frame statistics:
 **
 **   frames N  step_us mean M p99 P max X  frame_ms max F  late L
@@ -121,6 +121,8 @@ int main(int argc, char **argv) {
             if (frame_start - prev > FRAME_NS + FRAME_NS / 2) late++;
         }
         prev = frame_start;
+        lua_pushinteger(L, frames + 1);
+        lua_setglobal(L, "GAME_FRAME");
         t0 = now_ns();
         if (mayura_step(L, budget_us) < 0) { fprintf(stderr, "game: step refused\n"); break; }
         t1 = now_ns();

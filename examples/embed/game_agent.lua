@@ -3,6 +3,10 @@
 --
 --   build/embed/game . examples/embed/game_agent.lua
 --
--- Prints each line of progress; returns whether the re-check of the agent's files passed.
+-- Prints each line of progress with the frame the host was at (the global GAME_FRAME, which
+-- examples/embed/game.c sets); returns whether the re-check of the agent's files passed.
 local root = ... or '.'
-return dofile(root .. '/examples/embed/coding_session.lua').run({ root = root })
+return dofile(root .. '/examples/embed/coding_session.lua').run({
+  root = root,
+  print = function(line) print(string.format('[frame %d] %s', rawget(_G, 'GAME_FRAME') or 0, line)) end,
+})
