@@ -11,9 +11,10 @@
 ** frame's deadline. The global GAME_FRAME holds the number of the frame being drawn. It stops when the script's task has ended (or after --frames frames) and
 ** prints one line of frame statistics:
 **
-**   frames N  step_us mean M p99 P max X  frame_ms max F  late L
+**   frames N  step_us mean M p99 P max X  step_cpu_us p99 C max Y  frame_ms max F  late L
 **
-** (step_us: the time mayura_step took in each frame; frame_ms: from one frame's start to the
+** (step_us: the wall time mayura_step took in each frame; step_cpu_us: the CPU time this thread
+** spent in it, which leaves out the time other programs had the CPU on a busy machine; frame_ms: from one frame's start to the
 ** next; late: frames that started more than a frame period after the one before). The exit
 ** status is 0 when the task succeeded and returned something other than false.
 */
@@ -44,6 +45,12 @@ static void draw(long us) {
     while (now_ns() < end) x = x * 1664525u + 1013904223u;
 }
 
+static long long cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int cmp_ll(const void *a, const void *b) {
     long long x = *(const long long *)a, y = *(const long long *)b;
     return (x > y) - (x < y);
@@ -68,7 +75,7 @@ int main(int argc, char **argv) {
     long frames_max = -1, draw_us = 3000, budget_us = 4000;
     const char *root = ".", *script;
     int i = 1, nargs = 0, ref, status = 1;
-    long long *step_ns, max_frame = 0, late = 0, start, prev = 0, sum = 0;
+    long long *step_ns, *cpu_step_ns, max_frame = 0, late = 0, start, prev = 0, sum = 0;
     long frames = 0, cap = 1 << 16;
     lua_State *L;
 
@@ -86,8 +93,9 @@ int main(int argc, char **argv) {
     }
     script = argv[i++];
     step_ns = malloc(sizeof *step_ns * (size_t)cap);
+    cpu_step_ns = malloc(sizeof *cpu_step_ns * (size_t)cap);
     L = luaL_newstate();
-    if (step_ns == NULL || L == NULL) { fprintf(stderr, "game: out of memory\n"); return 1; }
+    if (step_ns == NULL || cpu_step_ns == NULL || L == NULL) { fprintf(stderr, "game: out of memory\n"); return 1; }
     luaL_openlibs(L);
     if (mayura_open(L, root) != 0) {
         fprintf(stderr, "game: %s\n", lua_tostring(L, -1));
@@ -115,7 +123,7 @@ int main(int argc, char **argv) {
 
     start = now_ns();
     while (!task_flag(L, ref, "done") && (frames_max < 0 || frames < frames_max)) {
-        long long frame_start = now_ns(), t0, t1, next;
+        long long frame_start = now_ns(), t0, t1, c0, c1, next;
         if (prev != 0) {
             if (frame_start - prev > max_frame) max_frame = frame_start - prev;
             if (frame_start - prev > FRAME_NS + FRAME_NS / 2) late++;
@@ -123,15 +131,21 @@ int main(int argc, char **argv) {
         prev = frame_start;
         lua_pushinteger(L, frames + 1);
         lua_setglobal(L, "GAME_FRAME");
+        c0 = cpu_ns();
         t0 = now_ns();
         if (mayura_step(L, budget_us) < 0) { fprintf(stderr, "game: step refused\n"); break; }
         t1 = now_ns();
+        c1 = cpu_ns();
         if (frames == cap) {
-            long long *more = realloc(step_ns, sizeof *step_ns * (size_t)cap * 2);
+            long long *more = realloc(step_ns, sizeof *step_ns * (size_t)cap * 2), *more_cpu;
             if (more == NULL) { fprintf(stderr, "game: out of memory\n"); break; }
             step_ns = more;
+            more_cpu = realloc(cpu_step_ns, sizeof *cpu_step_ns * (size_t)cap * 2);
+            if (more_cpu == NULL) { fprintf(stderr, "game: out of memory\n"); break; }
+            cpu_step_ns = more_cpu;
             cap *= 2;
         }
+        cpu_step_ns[frames] = c1 - c0;
         step_ns[frames++] = t1 - t0;
         sum += t1 - t0;
         draw(draw_us);
@@ -163,15 +177,20 @@ int main(int argc, char **argv) {
         status = 0;
     }
     if (frames > 0) {
-        long long p99, max;
+        long long p99, max, cpu_p99, cpu_max;
         qsort(step_ns, (size_t)frames, sizeof *step_ns, cmp_ll);
+        qsort(cpu_step_ns, (size_t)frames, sizeof *cpu_step_ns, cmp_ll);
         p99 = step_ns[(frames * 99) / 100];
         max = step_ns[frames - 1];
-        printf("frames %ld  step_us mean %.1f p99 %.1f max %.1f  frame_ms max %.2f  late %lld\n", frames,
-               (double)sum / frames / 1e3, p99 / 1e3, max / 1e3, max_frame / 1e6, late);
+        cpu_p99 = cpu_step_ns[(frames * 99) / 100];
+        cpu_max = cpu_step_ns[frames - 1];
+        printf("frames %ld  step_us mean %.1f p99 %.1f max %.1f  step_cpu_us p99 %.1f max %.1f  frame_ms max %.2f"
+               "  late %lld\n", frames, (double)sum / frames / 1e3, p99 / 1e3, max / 1e3, cpu_p99 / 1e3,
+               cpu_max / 1e3, max_frame / 1e6, late);
     }
     fflush(stdout);
     free(step_ns);
+    free(cpu_step_ns);
     mayura_close(L);
     return status;
 }
