@@ -52,7 +52,7 @@ timer:start(50, 50, vim.schedule_wrap(function()
   end
   if exec.state ~= 'running' then
     note('command ended ' .. exec.state)
-    if not session then session = nvim.run_session() end
+    if not session then vim.cmd('MayuraRun'); session = nvim.runs()[2] end
   end
   if (session and session.state ~= 'running') or waited > 60000 then
     timer:stop()
