@@ -7,6 +7,7 @@
 #   make demo        run the main example (installs what is missing first)
 #   make test        run every spec under Lua 5.4, then under LuaJIT (installs what is missing first)
 #   make specs       run every spec under $(LUA) only
+#   make embed       the C embedding library (include/mayura.h: $(BUILD)/lib/libmayura.a) and its example game host
 
 LUA        ?= lua5.4
 CC         ?= gcc
@@ -45,11 +46,15 @@ SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
 HOST    = $(BUILD)/mayura
 ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
+EMBED_LIB = $(BUILD)/lib/libmayura.a
+GAME    = $(BUILD)/embed/game
 SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
 
-.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps
+.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps embed
 
-all: $(SO) $(HOST) $(AGENT)
+all: $(SO) $(HOST) $(AGENT) embed
+
+embed: $(EMBED_LIB) $(GAME)
 
 # The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
 # linked in (Debian's libseccomp-dev: scripts/setup.sh).
@@ -71,6 +76,17 @@ $(HOST): core/host.c $(CORE_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -DMAYURA_HOST -o $@ core/host.c \
 	    $(shell $(PKG_CONFIG) --libs $(LUA_PC)) $(DEPS_LIBS) -Wl,-E
+
+# The embedding API (include/mayura.h) from the core's one source, for a C host with its own loop.
+$(EMBED_LIB): core/embed.c include/mayura.h $(CORE_DEP)
+	@mkdir -p $(BUILD)/embed $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $(BUILD)/embed/embed.o core/embed.c
+	rm -f $@ && ar rcs $@ $(BUILD)/embed/embed.o
+
+$(GAME): examples/embed/game.c include/mayura.h $(EMBED_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) $(DEPS_CFLAGS) -Iinclude -o $@ examples/embed/game.c $(EMBED_LIB) \
+	    $(shell $(PKG_CONFIG) --libs $(LUA_PC)) $(DEPS_LIBS) -lm
 
 $(ASAN_SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
@@ -125,8 +141,8 @@ fuzz: setup
 # luacheck over the Lua, and each piece of the core compiled on its own (each includes mc.h, so an
 # editor's language server reads any of them alone).
 lint:
-	luacheck lua providers tools spec examples bench fuzz
-	@for f in $(filter-out core/mayura_core.c core/host.c,$(wildcard core/*.c)); do \
+	luacheck lua providers tools spec examples bench fuzz plugin
+	@for f in $(filter-out core/mayura_core.c core/host.c core/embed.c,$(wildcard core/*.c)); do \
 	    $(CC) -std=gnu11 $(WARN) $(DEPS_CFLAGS) -fsyntax-only $$f || exit 1; done
 
 bench: all $(AGENT_NOFILTER)
@@ -142,6 +158,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/e2b.lua
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua
+	$(HOST) bench/embed.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

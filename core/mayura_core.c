@@ -55,6 +55,30 @@ static int mc_luv_pcall(lua_State *L, int nargs, int nresult, int flags) {
     return nresult == LUA_MULTRET ? lua_gettop(L) - base + 1 : nresult;
 }
 
+/*
+** Who runs the loop (registry MC_DRIVER_KEY): MC_DRIVER_SELF (unset: a
+** waiting call made from top-level code runs the loop until it is done),
+** "step" (the host calls step() from its own loop: its frame, its poll on
+** backend_fd()) or "host" (the loop is the host's and the host runs it, as
+** Neovim runs vim.loop). Under a host no call runs the loop from top-level
+** code: a waiting call must be made inside a task.
+*/
+#define MC_DRIVER_KEY "mayura.core.driver"
+#define MC_DRIVER_SELF "mayura"
+
+static const char *mc_driver(lua_State *L) {
+    const char *who;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_DRIVER_KEY);
+    who = lua_tostring(L, -1);   /* the registry holds the interned string */
+    lua_pop(L, 1);
+    return who != NULL ? who : MC_DRIVER_SELF;
+}
+
+static void mc_set_driver(lua_State *L, const char *who) {
+    if (strcmp(who, MC_DRIVER_SELF) == 0) lua_pushnil(L); else lua_pushstring(L, who);
+    lua_setfield(L, LUA_REGISTRYINDEX, MC_DRIVER_KEY);
+}
+
 /* Whether a loop run is under way (ours or luv's uv.run). */
 static int mc_loop_busy(lua_State *L) {
     luv_ctx_t *ctx;
@@ -65,10 +89,18 @@ static int mc_loop_busy(lua_State *L) {
     return ctx != NULL && ctx->mode != -1;
 }
 
+/* Refuses to run the loop from top-level code when a host runs it. */
+static void mc_check_self_driven(lua_State *L) {
+    const char *who = mc_driver(L);
+    if (strcmp(who, MC_DRIVER_SELF) != 0)
+        mc_raise(L, "INVALID_INPUT", "the host runs the loop (driver '%s'): wait from inside a task (mayura.run)", who);
+}
+
 /* core.run_once(): runs the loop once, waiting for one event; returns whether anything is still pending. */
 static int l_run_once(lua_State *L) {
     uv_loop_t *loop = mc_loop(L);
     int alive;
+    mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running: wait from inside a task (mayura.run)");
     /*
@@ -87,6 +119,7 @@ static int l_run_once(lua_State *L) {
 /* core.run(): runs the loop until nothing is pending. */
 static int l_run(lua_State *L) {
     uv_loop_t *loop = mc_loop(L);
+    mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running");
     mc_run_depth++;
@@ -95,9 +128,89 @@ static int l_run(lua_State *L) {
     return 0;
 }
 
-/* core.loop_running(): whether the loop is being run now (a waiting call must then yield). */
+/* core.loop_running(): whether the loop is being run now, or by a host (a waiting call must then yield). */
 static int l_loop_running(lua_State *L) {
-    lua_pushboolean(L, mc_loop_busy(L));
+    lua_pushboolean(L, mc_loop_busy(L) || strcmp(mc_driver(L), MC_DRIVER_SELF) != 0);
+    return 1;
+}
+
+/*
+** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT,
+** then more passes while work is still due at once and the budget (µs, 0 for
+** one pass) is not spent. Returns whether anything is still pending, or -1
+** when the loop is already being run (the caller says so).
+*/
+static int mc_step(lua_State *L, long budget_us) {
+    uv_loop_t *loop = mc_loop(L);
+    uint64_t start, limit;
+    int alive;
+    if (mc_loop_busy(L)) return -1;
+    start = uv_hrtime();
+    limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
+    mc_run_depth++;
+    do {
+        alive = uv_run(loop, UV_RUN_NOWAIT);
+    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() - start < limit);
+    mc_run_depth--;
+    return alive != 0;
+}
+
+/*
+** core.step([budget_ms]): for a host that drives the loop from its own (a game's frame, an
+** editor's poll of backend_fd()): runs the work that is due and returns at once, never waiting;
+** with a budget, goes on while more is due at once, up to that many milliseconds. Makes the host
+** the loop's driver ('step'). Returns whether anything is still pending.
+*/
+static int l_step(lua_State *L) {
+    lua_Number budget = luaL_optnumber(L, 1, 0);
+    const char *who = mc_driver(L);
+    int alive;
+    if (!(budget >= 0 && budget <= 60000))
+        return mc_raise(L, "INVALID_INPUT", "step: budget_ms must be a number from 0 to 60000");
+    if (strcmp(who, "host") == 0)
+        return mc_raise(L, "INVALID_INPUT", "step: the host runs this loop itself");
+    if (strcmp(who, "step") != 0) mc_set_driver(L, "step");
+    alive = mc_step(L, (long)(budget * 1000));
+    if (alive < 0) return mc_raise(L, "INVALID_INPUT", "step: the loop is already running (step from the host's loop, not from a callback)");
+    lua_pushboolean(L, alive);
+    return 1;
+}
+
+/* core.backend_fd(): the loop's file descriptor, readable when the loop has work: a host polls it, then calls step(). */
+static int l_backend_fd(lua_State *L) {
+    lua_pushinteger(L, uv_backend_fd(mc_loop(L)));
+    return 1;
+}
+
+/* core.backend_timeout(): milliseconds until the loop's next timer is due (0: work is due now; -1: no timer). */
+static int l_backend_timeout(lua_State *L) {
+    uv_loop_t *loop = mc_loop(L);
+    uv_update_time(loop);
+    lua_pushinteger(L, uv_backend_timeout(loop));
+    return 1;
+}
+
+/*
+** core.set_driver(who): who runs the loop: 'mayura' (the default: a top-level waiting call runs
+** it), 'step' (the host calls step()) or 'host' (the host runs the loop itself). Returns the
+** previous one. core.driver() tells the current one.
+*/
+static int l_set_driver(lua_State *L) {
+    static const char *const whos[] = {MC_DRIVER_SELF, "step", "host"};
+    const char *who = lua_type(L, 1) == LUA_TSTRING ? lua_tostring(L, 1) : "";
+    size_t i;
+    for (i = 0; i < sizeof whos / sizeof whos[0]; i++) {
+        if (strcmp(who, whos[i]) == 0) {
+            lua_pushstring(L, mc_driver(L));
+            mc_set_driver(L, whos[i]);
+            return 1;
+        }
+    }
+    return mc_raise(L, "INVALID_INPUT", "set_driver: expected 'mayura', 'step' or 'host'");
+}
+
+static int l_driver(lua_State *L) {
+    lua_pushstring(L, mc_driver(L));
     return 1;
 }
 
@@ -158,6 +271,15 @@ static void mc_setup_loop(lua_State *L) {
     if (ctx->cb_pcall == luv_cfpcall) ctx->cb_pcall = mc_luv_pcall;
     lua_pushlightuserdata(L, ctx->loop);
     lua_setfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
+    /* Neovim: luv is its vim.loop, which the editor runs; a wait must never run it from a callback. */
+    lua_getglobal(L, "vim");
+    if (lua_istable(L, -1)) {
+        lua_getfield(L, -1, "loop");
+        lua_getfield(L, LUA_REGISTRYINDEX, "mayura.core.luv");
+        if (lua_rawequal(L, -1, -2)) mc_set_driver(L, "host");
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
 }
 
 /* }====================================================== */
@@ -186,6 +308,11 @@ static const luaL_Reg core_funcs[] = {
     {"run_once", l_run_once},
     {"run", l_run},
     {"loop_running", l_loop_running},
+    {"step", l_step},
+    {"backend_fd", l_backend_fd},
+    {"backend_timeout", l_backend_timeout},
+    {"set_driver", l_set_driver},
+    {"driver", l_driver},
     {"alive", l_alive},
     {"hrtime_ms", l_hrtime_ms},
     {"now_ms", l_now_ms},

@@ -1,11 +1,13 @@
 -- README.md: every ```lua block runs, in order, as one program with build/mayura, against the
 -- local provider and (no OPENAI_API_KEY in its environment) the scripted model, so the tour
 -- cannot rot. Lines outside the blocks become empty lines, so an error's line number is the
--- README's own.
+-- README's own. The blocks marked ```lua host (Embedding: a program that runs the loop itself)
+-- run each on its own, under this pass's plain interpreter.
 local process = require('mayura.process')
 
 local README = 'README.md'
 local HOST = require('support.compat').host
+local compat = require('support.compat')
 
 local function read(path)
   local f = assert(io.open(path, 'rb'))
@@ -104,5 +106,36 @@ describe('README.md', function()
     -- Policies: a session of the example policy, and a mistake with its file, line and key
     assert.truthy(r.stdout:find('hello from a policy\nINVALID_INPUT\ttrue\n', 1, true), r.stdout)
     assert.truthy(r.stdout:find("INVALID_CONFIG: typo.lua:1: pool 'w': unknown key 'netwrk'\n", 1, true), r.stdout)
+  end)
+
+  it('runs each embedding example (```lua host) as a program of its own that runs the loop', function()
+    local hosted = {}
+    local n, block = 0, nil
+    for line in text:gmatch('([^\n]*)\n') do
+      n = n + 1
+      if block then
+        if line:match('^```%s*$') then
+          hosted[#hosted + 1] = block
+          block = nil
+        else
+          block.lines[#block.lines + 1] = line
+        end
+      elseif line:match('^```lua host%s*$') then
+        block = { first = n + 1, lines = {} }
+      end
+    end
+    assert.is_true(#hosted >= 1, 'the Embedding section has a ```lua host block')
+    for _, b in ipairs(hosted) do
+      -- blank lines in front, so an error's line number is the README's own
+      local code = string.rep('\n', b.first - 1) .. table.concat(b.lines, '\n')
+      local r = process.run({ compat.lua, '-e', "local f = assert(load(io.read('*a'), '@README.md', 't')); f()" }, {
+        stdin = code, timeout_ms = 60000,
+        env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'),
+          LUA_PATH = 'lua/?.lua;lua/?/init.lua;providers/?.lua;tools/?.lua;;', LUA_CPATH = compat.cpath .. ';;' },
+      })
+      assert.are.equal(0, r.exit_code, 'block at line ' .. b.first .. ':\n' .. r.stdout .. r.stderr)
+      assert.truthy(r.stdout:find('false\tINVALID_INPUT\n', 1, true), r.stdout)
+      assert.truthy(r.stdout:find('built\ttrue\n', 1, true), r.stdout)
+    end
   end)
 end)

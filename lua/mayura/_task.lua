@@ -4,7 +4,10 @@
 -- inside a task and is resumed by the loop; called from plain top-level
 -- code, it runs the loop itself until its work is done, so a short script
 -- needs no ceremony. Calling it from a loop callback that is not a task is
--- refused, since the loop cannot be run from inside itself.
+-- refused, since the loop cannot be run from inside itself; so is calling it
+-- from top-level code when a host runs the loop (an editor's loop, or a game
+-- that calls `step` every frame, see `core.set_driver`): there `run` starts a
+-- task and returns it at once, and the waits go inside it.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 
@@ -113,6 +116,11 @@ function M.await(start)
     return coroutine.yield()
   end
   if core.loop_running() then
+    local driver = core.driver()
+    if driver ~= 'mayura' then
+      errors.raise('INVALID_INPUT', 'the host runs the loop (driver \'' .. driver
+        .. '\'): a waiting call must run inside a task (mayura.run), which never blocks the host', nil, 2)
+    end
     errors.raise('INVALID_INPUT',
       'a waiting call made from a loop callback must run inside a task (mayura.run)', nil, 2)
   end

@@ -5,13 +5,25 @@
 -- (`load_policy(path_or_list)`, and `policy()`: the one the host program's
 -- `--policy` loaded, or nil). Its
 -- parts load on first use, so `require('mayura')` stays cheap.
+--
+-- Embedding: a host that owns its loop calls `mayura.step(budget_ms)` from
+-- it (a game's frame; or when `mayura.backend_fd()` is readable, within
+-- `mayura.backend_timeout()` ms); from then on `mayura.run(fn)` returns the
+-- task at once and every wait happens inside tasks. In Neovim the core runs
+-- on `vim.loop`, which the editor runs (`mayura.driver()` is 'host').
+local core = require('mayura.core')
 local task = require('mayura._task')
 
 local M = {
-  _VERSION = require('mayura.core').version,
+  _VERSION = core.version,
   run = task.run,
   cancel_token = task.cancel_token,
   sleep = task.sleep,
+  step = core.step,
+  backend_fd = core.backend_fd,
+  backend_timeout = core.backend_timeout,
+  set_driver = core.set_driver,
+  driver = core.driver,
 }
 
 -- Functions that live in submodules, loaded when first asked for.

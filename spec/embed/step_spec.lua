@@ -1,0 +1,81 @@
+-- A host that drives the loop: mayura.step() from its own loop (a game's frame, an editor's poll of
+-- backend_fd()), the driver that says who runs the loop, and what a waiting call does under a host:
+-- never block it, refuse with a coded error outside a task.
+local mayura = require('mayura')
+local core = require('mayura.core')
+local process = require('mayura.process')
+
+-- Runs fn() with `who` driving the loop, then gives the loop back to mayura whatever happened.
+local function driven_by(who, fn)
+  local before = core.set_driver(who)
+  local ok, err = pcall(fn)
+  core.set_driver(before)
+  if not ok then error(err, 0) end
+end
+
+describe('a loop driven by the host', function()
+  it('starts tasks without waiting and runs them as the host steps', function()
+    driven_by('step', function()
+      local seen = {}
+      local t = mayura.run(function()
+        seen[#seen + 1] = 'task started'
+        local r = process.run({ 'sh', '-c', 'echo out' })
+        seen[#seen + 1] = 'command ended'
+        return r.stdout
+      end)
+      seen[#seen + 1] = 'run returned'
+      assert.is_false(t.done)
+      local frames = 0
+      while not t.done do
+        mayura.step(1)
+        frames = frames + 1
+        if frames == 1 then seen[#seen + 1] = 'first frame' end
+      end
+      assert.are.same({ 'task started', 'run returned', 'first frame', 'command ended' }, seen)
+      assert.are.equal('out\n', t:wait())
+    end)
+  end)
+
+  it('refuses a waiting call made at top level, with a code, instead of blocking the host', function()
+    driven_by('step', function()
+      local err = assert.raises_code('INVALID_INPUT', mayura.sleep, 1)
+      assert.truthy(err.message:find('inside a task (mayura.run)', 1, true), err.message)
+      assert.raises_code('INVALID_INPUT', core.run_once)
+      assert.raises_code('INVALID_INPUT', core.run)
+    end)
+    driven_by('host', function()
+      assert.raises_code('INVALID_INPUT', mayura.sleep, 1)
+      -- the host runs that loop itself: stepping it too would run it from inside itself
+      assert.raises_code('INVALID_INPUT', mayura.step)
+    end)
+  end)
+
+  it('refuses step from a loop callback, and a budget out of range', function()
+    driven_by('step', function()
+      local err
+      local t = mayura.run(function()
+        mayura.sleep(1)
+        err = select(2, pcall(mayura.step))
+      end)
+      while not t.done do mayura.step() end
+      t:wait()
+      assert.are.equal('INVALID_INPUT', err and err.code)
+      assert.raises_code('INVALID_INPUT', mayura.step, -1)
+      assert.raises_code('INVALID_INPUT', mayura.step, 1e9)
+    end)
+  end)
+
+  it('gives the loop\'s fd and the time to its next timer, for a host that polls', function()
+    driven_by('step', function()
+      local fd = mayura.backend_fd()
+      assert.is_true(type(fd) == 'number' and fd >= 0)
+      local t = mayura.run(function() mayura.sleep(200) end)
+      local ms = mayura.backend_timeout()
+      assert.is_true(ms > 0 and ms <= 200, tostring(ms))
+      while not t.done do mayura.step() end
+      assert.are.equal('step', mayura.driver())
+    end)
+    assert.are.equal('mayura', mayura.driver())
+    assert.raises_code('INVALID_INPUT', core.set_driver, 'nobody')
+  end)
+end)
