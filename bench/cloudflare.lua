@@ -16,7 +16,8 @@ local hosted2 = require('_hosted2')
 local N = tonumber(arg and arg[1]) or 10
 local svc, backing = stand_in.new(), stand_in.local_backing({ max_sandboxes = 4 })
 cloudflare_service.install(svc, backing, { api_key = 'cfsb_bench' })
-local pool = sandbox.create_sandboxes(cloudflare.cloudflare_sandboxes({ worker_url = svc:url(''), api_key = 'cfsb_bench' }),
+local provider = cloudflare.cloudflare_sandboxes({ worker_url = svc:url(''), api_key = 'cfsb_bench' })
+local pool = sandbox.create_sandboxes(provider,
   { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
 hosted2.run({ label = 'cloudflare', pool = pool, create = { lifetime_ms = 600000, network = 'all' } },
   { label = 'local', pool = backing.pool, create = { lifetime_ms = 600000 } }, N)

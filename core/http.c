@@ -7,6 +7,11 @@
 ** No threads of ours and never the blocking easy API. One CURLM per Lua
 ** state, made on first use and kept in the registry.
 **
+** A request with `aws_sigv4` ('aws:amz:<region>:<service>'), `aws_key_id` and
+** `aws_secret` (only all three together) is signed by libcurl with AWS
+** Signature V4 (CURLOPT_AWS_SIGV4, the key pair as CURLOPT_USERNAME and
+** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
+**
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
 ** (on_headers, on_data, then the final callback) after

@@ -97,7 +97,8 @@ do
       local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
         cloudflare = true, agentcore = true, ['apple-container'] = true }
       if not known[provider_name] then
-        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or apple-container')
+        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or '
+          .. 'apple-container')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then

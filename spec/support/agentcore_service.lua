@@ -34,7 +34,6 @@ local task = require('mayura._task')
 local sigv4 = require('support.sigv4')
 local eventstream = require('support.eventstream')
 
-local json = core.json
 
 local M = {}
 

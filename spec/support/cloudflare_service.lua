@@ -110,7 +110,9 @@ function M.install(svc, backing, opts)
       words[i] = quote(a)
     end
     local cwd = body.cwd or '/workspace'
-    if cwd:find('/%.%.?/') or cwd:find('/%.%.?$') or not (cwd == '/workspace' or cwd:sub(1, 11) == '/workspace/') then return fail(403, 'forbidden', 'cwd outside /workspace') end
+    if cwd:find('/%.%.?/') or cwd:find('/%.%.?$') or not (cwd == '/workspace' or cwd:sub(1, 11) == '/workspace/') then
+      return fail(403, 'forbidden', 'cwd outside /workspace')
+    end
     local sb = container(req.params.id)
     local stall = state.stall_streams > 0
     if stall then state.stall_streams = state.stall_streams - 1 end

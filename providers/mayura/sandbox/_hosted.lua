@@ -52,7 +52,8 @@
 -- Streams (`client:stream`) read Connect envelopes, NDJSON, SSE or AWS event-stream through
 -- `core.stream_parser` as bytes arrive. `on_event(value)` gets each message
 -- (the decoded JSON for 'connect' and 'ndjson', `{ event, data, id }` for
--- 'sse', `{ data, headers, message_type, event }` for 'eventstream'), is called from the loop and must not wait; returning false ends
+-- 'sse', `{ data, headers, message_type, event }` for 'eventstream'), is called
+-- from the loop and must not wait; returning false ends
 -- the stream early, raising ends it with that error. A Connect stream must
 -- end with its end-of-stream envelope; an error in it is mapped like an HTTP
 -- status (`connect_status`). A stream is retried only before its first byte.

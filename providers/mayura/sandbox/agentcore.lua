@@ -125,7 +125,9 @@ function M.agentcore_sandboxes(options)
     errors.raise(C, 'agentcore: interpreter must be an interpreter identifier', nil, 2)
   end
   local network = options.network or 'all'
-  if network ~= 'all' and network ~= 'none' then errors.raise(C, "agentcore: network must be 'all' or 'none'", nil, 2) end
+  if network ~= 'all' and network ~= 'none' then
+    errors.raise(C, "agentcore: network must be 'all' or 'none'", nil, 2)
+  end
   local workdir = options.workdir or '/tmp/workspace'
   if type(workdir) ~= 'string' or not workdir:match('^/[%w%._%-/]*$') or #workdir > 256
       or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then

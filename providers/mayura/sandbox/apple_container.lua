@@ -65,7 +65,9 @@ local function cli(self, args, opts)
     if errors.is(r, 'CANCELLED') then error(r, 0) end
     error(errors.sandbox('unavailable', 'apple_container: the container CLI could not be run'), 0)
   end
-  if r.timed_out then error(errors.sandbox('timeout', 'apple_container: the container CLI did not answer in time'), 0) end
+  if r.timed_out then
+    error(errors.sandbox('timeout', 'apple_container: the container CLI did not answer in time'), 0)
+  end
   if r.exit_code ~= 0 and (r.stderr or ''):find('XPC', 1, true) then
     error(errors.sandbox('unavailable', 'apple_container: the container system service is not running'), 0)
   end

@@ -147,7 +147,9 @@ end
 --- The provider: see the module's comment for the options.
 function M.fly_sandboxes(options)
   local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then errors.raise(C, 'fly_sandboxes needs an options table with token and app', nil, 2) end
+  if type(options) ~= 'table' then
+    errors.raise(C, 'fly_sandboxes needs an options table with token and app', nil, 2)
+  end
   check.keys(options, option_keys, 'fly options', C, 3)
   if options.token == nil then errors.raise(C, 'fly: token is required', nil, 2) end
   if options.app == nil then errors.raise(C, 'fly: app is required', nil, 2) end
