@@ -603,7 +603,7 @@ function Client:json(method, path, body, opts)
   return v, res
 end
 
---- A streamed answer: `opts.format` ('connect', 'ndjson' or 'sse') and
+--- A streamed answer: `opts.format` ('connect', 'ndjson', 'sse' or 'eventstream') and
 -- `opts.on_event(value)`, with the options of `call` but `body`, `allow` and
 -- `content_type`, and `idle_timeout_ms` (no byte for that long ends the
 -- stream with SANDBOX_ERROR `timeout`). `body` is a table sent as JSON (for
