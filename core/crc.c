@@ -4,7 +4,8 @@
 ** 0xFFFFFFFF). `crc` continues a checksum over data given in parts:
 ** crc32(b, crc32(a)) == crc32(a .. b). Returns an integer in [0, 2^32).
 ** Providers use it to frame a gzip member (mayura.sandbox.vercel sends
-** files as a gzip'd tar).
+** files as a gzip'd tar); core.stream_parser('eventstream') checks AWS
+** event-stream messages with mc_crc32.
 */
 #include "mc.h"
 
@@ -19,6 +20,16 @@ static void crc_init(void) {
         crc_table[i] = c;
     }
     crc_table_ready = 1;
+}
+
+/* The CRC-32 of p[0..n), continuing `crc` (0 to start); for the core's own parsers. */
+static uint32_t mc_crc32(uint32_t crc, const unsigned char *p, size_t n) {
+    uint32_t c;
+    size_t i;
+    if (!crc_table_ready) crc_init();
+    c = ~crc;
+    for (i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+    return ~c;
 }
 
 static int l_crc32(lua_State *L) {

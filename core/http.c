@@ -7,6 +7,11 @@
 ** No threads of ours and never the blocking easy API. One CURLM per Lua
 ** state, made on first use and kept in the registry.
 **
+** A request with `aws_sigv4` ('aws:amz:<region>:<service>'), `aws_key_id` and
+** `aws_secret` (only all three together) is signed by libcurl with AWS
+** Signature V4 (CURLOPT_AWS_SIGV4, the key pair as CURLOPT_USERNAME and
+** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
+**
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
 ** (on_headers, on_data, then the final callback) after
@@ -771,7 +776,7 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
-    "unix_socket", "on_data", "max_body_bytes", "on_headers", NULL
+    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", NULL
 };
 
 /* An RFC 9110 token character (method and header names). */
@@ -930,6 +935,28 @@ static int l_http_request(lua_State *L) {
     if (has_on_headers && lua_type(L, 9) != LUA_TFUNCTION)
         mc_raise(L, "INVALID_INPUT", "option 'on_headers' must be a function");
 
+    /* AWS Signature V4 by libcurl itself: the provider string and the key pair, which go
+    ** nowhere else (never as Basic credentials: the pair is refused without aws_sigv4). */
+    lua_getfield(L, 1, "aws_sigv4"); /* 10 */
+    lua_getfield(L, 1, "aws_key_id"); /* 11 */
+    lua_getfield(L, 1, "aws_secret"); /* 12 */
+    if (!lua_isnil(L, 10) || !lua_isnil(L, 11) || !lua_isnil(L, 12)) {
+        size_t n;
+        const char *v;
+        int i;
+        for (i = 10; i <= 12; i++) {
+            if (lua_type(L, i) != LUA_TSTRING)
+                mc_raise(L, "INVALID_INPUT", "options 'aws_sigv4', 'aws_key_id' and 'aws_secret' go together, as strings");
+            v = lua_tolstring(L, i, &n);
+            if (n == 0 || n > 1024 || strlen(v) != n)
+                mc_raise(L, "INVALID_INPUT", "an AWS signing option is empty, too long or holds a NUL byte");
+        }
+        v = lua_tolstring(L, 10, &n);
+        if (strncmp(v, "aws:amz:", 8) != 0)
+            mc_raise(L, "INVALID_INPUT", "option 'aws_sigv4' must start with aws:amz:");
+    }
+    lua_settop(L, 9);
+
     timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
     ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
     max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
@@ -990,6 +1017,17 @@ static int l_http_request(lua_State *L) {
     }
     if (has_headers) mc_http_build_headers(L, r, 5);
     if (r->hlist != NULL) MC_HTTP_SETOPT(r, CURLOPT_HTTPHEADER, r->hlist);
+    lua_getfield(L, 1, "aws_sigv4");
+    if (!lua_isnil(L, -1)) {
+        /* libcurl copies these strings: nothing of them stays here */
+        MC_HTTP_SETOPT(r, CURLOPT_AWS_SIGV4, lua_tostring(L, -1));
+        lua_getfield(L, 1, "aws_key_id");
+        MC_HTTP_SETOPT(r, CURLOPT_USERNAME, lua_tostring(L, -1));
+        lua_getfield(L, 1, "aws_secret");
+        MC_HTTP_SETOPT(r, CURLOPT_PASSWORD, lua_tostring(L, -1));
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
 
     /* Anchored while in flight: the object cannot be collected mid-transfer. */
     lua_pushvalue(L, 10);

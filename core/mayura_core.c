@@ -21,8 +21,9 @@
 #include "fs.c"
 #include "http.c"
 #include "chan.c"
-#include "stream.c"
 #include "crc.c"
+#include "stream.c"
+#include "sha.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -350,5 +351,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_chan(L);
     mc_open_stream(L);
     mc_open_crc(L);
+    mc_open_sha(L);
     return 1;
 }

@@ -31,6 +31,20 @@
 **              unless no data came. finish() drops an event without its
 **              blank line, as the rules say. Bytes are passed through as
 **              they are (no UTF-8 replacement).
+**   'eventstream'  AWS event-stream messages (application/vnd.amazon.eventstream):
+**              a 12-byte prelude (total length, headers length, both 4-byte
+**              big-endian, and the CRC-32 of those 8 bytes), the headers,
+**              the payload, and the CRC-32 of all that precedes it. Each
+**              gives { data = payload, headers = { name = value },
+**              message_type = headers[':message-type'], event = the
+**              ':event-type', ':exception-type' or ':error-code' header
+**              (the first there, when its value is a string or bytes) }.
+**              Header values by type: 0/1 true/false, 2 byte, 3 int16,
+**              4 int32, 5 int64 and 8 timestamp (ms) as integers, 6 bytes
+**              and 7 string as strings, 9 uuid as its 16 bytes. A wrong
+**              CRC, a header that does not fit its block, an unknown type, a
+**              name given twice or a total below 16 bytes is refused;
+**              finish() refuses a stream cut inside a message.
 **
 ** `max_bytes` (16 MiB by default) caps a single message, line or event's
 ** data (an SSE line may be 16 bytes longer, for its field name, so that a
@@ -51,7 +65,9 @@
 /* A buffer whose capacity grew past this is given back once it is nearly empty. */
 #define MC_SP_KEEP ((size_t)64 * 1024)
 
-enum { MC_SP_CONNECT, MC_SP_NDJSON, MC_SP_SSE };
+enum { MC_SP_CONNECT, MC_SP_NDJSON, MC_SP_SSE, MC_SP_EVENTSTREAM };
+/* AWS caps an event-stream message's headers at 128 KiB. */
+#define MC_SP_ES_MAX_HEADERS ((size_t)128 * 1024)
 
 typedef struct mc_sp_buf {
     char *p;
@@ -181,6 +197,127 @@ static void mc_sp_connect(lua_State *L, mc_sp *s, int t) {
         if (flags & 0x02) s->ended = 1;
     }
     if (s->ended && s->pos < s->in.len) mc_sp_fail(s, "INVALID_INPUT", "bytes after the end of the stream");
+}
+
+static uint32_t mc_sp_be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static lua_Integer mc_sp_be_signed(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    int i;
+    for (i = 0; i < n; i++) v = (v << 8) | p[i];
+    if (n < 8 && (p[0] & 0x80)) v |= ~(uint64_t)0 << (8 * n);   /* sign-extend */
+    return (lua_Integer)(int64_t)v;
+}
+
+/* Reads one message's headers h[0..n) into a table on the stack; returns 0, or -1 after mc_sp_fail. */
+static int mc_sp_es_headers(lua_State *L, mc_sp *s, const unsigned char *h, size_t n) {
+    size_t at = 0;
+    int t;
+    lua_createtable(L, 0, 4);
+    t = lua_gettop(L);
+    while (at < n) {
+        size_t name_len = h[at], vlen;
+        const char *name;
+        unsigned type;
+        static const unsigned char fixed[10] = { 0, 0, 1, 2, 4, 8, 0, 0, 8, 16 };
+        if (name_len == 0 || n - at - 1 < name_len + 1) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream header does not fit its block");
+            return -1;
+        }
+        name = (const char *)h + at + 1;
+        type = h[at + 1 + name_len];
+        at += 2 + name_len;
+        if (type > 9) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream header of unknown type %u", type);
+            return -1;
+        }
+        if (type == 6 || type == 7) {
+            if (n - at < 2) {
+                mc_sp_fail(s, "INVALID_INPUT", "an event-stream header does not fit its block");
+                return -1;
+            }
+            vlen = ((size_t)h[at] << 8) | h[at + 1];
+            at += 2;
+        } else {
+            vlen = fixed[type];
+        }
+        if (n - at < vlen) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream header does not fit its block");
+            return -1;
+        }
+        lua_pushlstring(L, name, name_len);
+        lua_rawget(L, t);
+        if (!lua_isnil(L, -1)) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream header given twice");
+            return -1;
+        }
+        lua_pop(L, 1);
+        lua_pushlstring(L, name, name_len);
+        switch (type) {
+        case 0: lua_pushboolean(L, 1); break;
+        case 1: lua_pushboolean(L, 0); break;
+        case 2: case 3: case 4: case 5: case 8: lua_pushinteger(L, mc_sp_be_signed(h + at, (int)vlen)); break;
+        default: lua_pushlstring(L, (const char *)h + at, vlen); break;
+        }
+        lua_rawset(L, t);
+        at += vlen;
+    }
+    return 0;
+}
+
+static void mc_sp_eventstream(lua_State *L, mc_sp *s, int t) {
+    while (s->err_code == NULL && s->in.len - s->pos >= 12) {
+        const unsigned char *m = (const unsigned char *)s->in.p + s->pos;
+        size_t total = mc_sp_be32(m), hlen = mc_sp_be32(m + 4), plen;
+        int ev, kind;
+        if (mc_crc32(0, m, 8) != mc_sp_be32(m + 8)) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream prelude with a wrong CRC");
+            return;
+        }
+        if (total < 16 || hlen > total - 16) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream message whose lengths do not add up");
+            return;
+        }
+        if (hlen > MC_SP_ES_MAX_HEADERS) {
+            mc_sp_fail(s, "LIMIT_EXCEEDED", "event-stream headers of %zu bytes, above 128 KiB", hlen);
+            return;
+        }
+        plen = total - 16 - hlen;
+        if (plen > s->max) {
+            mc_sp_fail(s, "LIMIT_EXCEEDED", "a message of %zu bytes, above the limit of %zu", plen, s->max);
+            return;
+        }
+        if (s->in.len - s->pos < total) return;
+        if (mc_crc32(0, m, total - 4) != mc_sp_be32(m + total - 4)) {
+            mc_sp_fail(s, "INVALID_INPUT", "an event-stream message with a wrong CRC");
+            return;
+        }
+        lua_createtable(L, 0, 4);
+        ev = lua_gettop(L);
+        lua_pushlstring(L, (const char *)m + 12 + hlen, plen);
+        lua_setfield(L, ev, "data");
+        if (mc_sp_es_headers(L, s, m + 12, hlen) != 0) {
+            lua_settop(L, ev - 1);
+            return;
+        }
+        lua_getfield(L, -1, ":message-type");
+        if (lua_type(L, -1) == LUA_TSTRING) lua_setfield(L, ev, "message_type");
+        else lua_pop(L, 1);
+        for (kind = 0; kind < 3; kind++) {
+            static const char *const names[] = { ":event-type", ":exception-type", ":error-code" };
+            lua_getfield(L, -1, names[kind]);
+            if (lua_type(L, -1) == LUA_TSTRING) {
+                lua_setfield(L, ev, "event");
+                break;
+            }
+            lua_pop(L, 1);
+        }
+        lua_setfield(L, ev, "headers");
+        lua_rawseti(L, t, (lua_Integer)lua_rawlen(L, t) + 1);
+        s->pos += total;
+    }
 }
 
 static int mc_sp_blank(const char *p, size_t n) {
@@ -340,6 +477,7 @@ static void mc_sp_run(lua_State *L, mc_sp *s, int t) {
     switch (s->kind) {
     case MC_SP_CONNECT: mc_sp_connect(L, s, t); break;
     case MC_SP_NDJSON: mc_sp_ndjson(L, s, t); break;
+    case MC_SP_EVENTSTREAM: mc_sp_eventstream(L, s, t); break;
     default: mc_sp_sse(L, s, t); break;
     }
 }
@@ -411,6 +549,8 @@ static int l_sp_finish(lua_State *L) {
             else if (!s->ended) mc_sp_fail(s, "INVALID_INPUT", "the stream ended without its end-of-stream message");
         } else if (s->kind == MC_SP_NDJSON) {
             if (left > 0) mc_sp_ndjson_line(L, s, t, s->in.p + s->pos, left);
+        } else if (s->kind == MC_SP_EVENTSTREAM) {
+            if (left > 0) mc_sp_fail(s, "INVALID_INPUT", "the stream ended inside a message");
         }
         /* sse: an event without its blank line is dropped */
         s->in.len = s->pos = 0;
@@ -453,7 +593,7 @@ static int l_sp_gc(lua_State *L) {
 
 static int l_sp_tostring(lua_State *L) {
     mc_sp *s = mc_sp_check(L);
-    static const char *const names[] = { "connect", "ndjson", "sse" };
+    static const char *const names[] = { "connect", "ndjson", "sse", "eventstream" };
     lua_pushfstring(L, MC_SP_MT " (%s)", names[s->kind]);
     return 1;
 }
@@ -462,16 +602,16 @@ static const char *const mc_sp_keys[] = { "max_bytes", NULL };
 
 /* core.stream_parser(kind[, { max_bytes = n }]) -> parser */
 static int l_stream_parser(lua_State *L) {
-    static const char *const kinds[] = { "connect", "ndjson", "sse", NULL };
+    static const char *const kinds[] = { "connect", "ndjson", "sse", "eventstream", NULL };
     const char *kind;
     int k;
     lua_Integer max = MC_SP_DEFAULT_MAX;
     mc_sp *s;
-    if (lua_type(L, 1) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "kind must be 'connect', 'ndjson' or 'sse'");
+    if (lua_type(L, 1) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "kind must be 'connect', 'ndjson', 'sse' or 'eventstream'");
     kind = lua_tostring(L, 1);
     for (k = 0; kinds[k] != NULL; k++)
         if (strcmp(kinds[k], kind) == 0) break;
-    if (kinds[k] == NULL) mc_raise(L, "INVALID_INPUT", "kind must be 'connect', 'ndjson' or 'sse'");
+    if (kinds[k] == NULL) mc_raise(L, "INVALID_INPUT", "kind must be 'connect', 'ndjson', 'sse' or 'eventstream'");
     if (!lua_isnoneornil(L, 2)) {
         if (!lua_istable(L, 2)) mc_raise(L, "INVALID_INPUT", "options must be a table");
         mc_check_keys(L, 2, mc_sp_keys);

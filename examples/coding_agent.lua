@@ -1,6 +1,7 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
+--   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or apple-container
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -31,6 +32,17 @@
 -- `--provider daytona` uses Daytona's default snapshot, with the key from
 -- DAYTONA_API_KEY (read here: the library never reads the environment) and
 -- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
+-- `--provider fly` uses Fly Machines in the app FLY_APP with the token in
+-- FLY_API_TOKEN (FLY_IMAGE: an image with Node.js; FLY_API_URL for another
+-- API). `--provider cloudflare` goes through your sandbox bridge Worker at
+-- CLOUDFLARE_SANDBOX_URL with the key in CLOUDFLARE_SANDBOX_API_KEY.
+-- `--provider agentcore` uses AgentCore Code Interpreter sessions in
+-- AWS_REGION with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+-- AWS_SESSION_TOKEN (read here, never by the library; AGENTCORE_ENDPOINT for
+-- another endpoint). These three cannot keep a sandbox off the network, so
+-- their pools hand out network 'all'. `--provider apple-container` uses Apple
+-- `container` VMs (CONTAINER_IMAGE, with Node.js; CONTAINER_CLI for another
+-- executable than `container`).
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -58,7 +70,8 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]\n',
+    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or apple-container\n')
   os.exit(2)
 end
 
@@ -87,9 +100,11 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b'
-        and provider_name ~= 'vercel' and provider_name ~= 'daytona' then
-        usage_error('--provider takes local, docker, e2b, vercel or daytona')
+      local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
+        cloudflare = true, agentcore = true, ['apple-container'] = true }
+      if not known[provider_name] then
+        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or '
+          .. 'apple-container')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -194,22 +209,55 @@ elseif provider_name == 'daytona' then
     api_key = key,
     base_url = url ~= '' and url or nil,   -- nil: Daytona's own API
   })
+elseif provider_name == 'fly' then
+  local token, app = setting('FLY_API_TOKEN'), setting('FLY_APP')
+  if not token or not app then usage_error('--provider fly needs FLY_API_TOKEN and FLY_APP') end
+  provider = require('mayura.sandbox.fly').fly_sandboxes({
+    token = token, app = app, image = setting('FLY_IMAGE'), base_url = setting('FLY_API_URL'),
+  })
+elseif provider_name == 'cloudflare' then
+  local url, key = setting('CLOUDFLARE_SANDBOX_URL'), setting('CLOUDFLARE_SANDBOX_API_KEY')
+  if not url or not key then
+    usage_error('--provider cloudflare needs CLOUDFLARE_SANDBOX_URL and CLOUDFLARE_SANDBOX_API_KEY')
+  end
+  provider = require('mayura.sandbox.cloudflare').cloudflare_sandboxes({ worker_url = url, api_key = key })
+elseif provider_name == 'agentcore' then
+  local region, id, secret = setting('AWS_REGION'), setting('AWS_ACCESS_KEY_ID'), setting('AWS_SECRET_ACCESS_KEY')
+  if not region or not id or not secret then
+    usage_error('--provider agentcore needs AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY')
+  end
+  provider = require('mayura.sandbox.agentcore').agentcore_sandboxes({
+    region = region, endpoint = setting('AGENTCORE_ENDPOINT'),
+    credentials = { access_key_id = id, secret_access_key = secret, session_token = setting('AWS_SESSION_TOKEN') },
+  })
+elseif provider_name == 'apple-container' then
+  provider = require('mayura.sandbox.apple_container').apple_container_sandboxes({
+    image = setting('CONTAINER_IMAGE'), executable = setting('CONTAINER_CLI'),
+  })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
+end
+-- A provider that cannot keep sandboxes off the network gets a pool of what it can give.
+local network = 'none'
+do
+  local offline = false
+  for _, k in ipairs(provider.features.network) do offline = offline or k == 'none' end
+  if not offline then network = provider.features.network[1] end
 end
 
 sandboxes = sandbox.create_sandboxes(provider, {
   max_sandboxes = 4,                -- at most four alive at once; a fifth fails with LIMIT_EXCEEDED
   max_lifetime_ms = 30 * 60000,     -- no sandbox lives longer than 30 minutes
   max_exec_timeout_ms = 5 * 60000,
-})                                  -- network left out: { 'none' }, no sandbox of this pool reaches it
+  network = { network },            -- { 'none' }: no sandbox of this pool reaches the network
+})
 
 -- {======================================================
 -- 2. One sandbox per run
 -- =======================================================
 
 local per_run = sandbox.sandbox_per_run(sandboxes, function(ctx)
-  return { lifetime_ms = 15 * 60000, labels = { run = ctx.run_id } }
+  return { lifetime_ms = 15 * 60000, labels = { run = ctx.run_id }, network = network }
 end)
 
 local tools = sandbox.sandbox_tools(per_run.source, {
@@ -331,7 +379,7 @@ end
 --- Runs the tests on `files` in a fresh sandbox, with no model involved.
 -- Returns whether they pass, and the command's result.
 local function tests_pass(pool, files)
-  local sb = pool:create({ lifetime_ms = 5 * 60000 })
+  local sb = pool:create({ lifetime_ms = 5 * 60000, network = network })
   local ok, res = pcall(function()
     for _, file in ipairs(files) do sb:write_file(file.path, file.content) end
     return sb:exec({ 'node', '--test' }, { timeout_ms = 60000 })
@@ -345,7 +393,8 @@ print('Task: ' .. task_text)
 if policy then
   print('Policy: ' .. table.concat(policy.files, ', ') .. ' (pool, tools, agent, grants, limits and budget).')
 else
-  print('Sandboxes: ' .. provider_name .. ', no network; one per run, released when the run ends.')
+  print('Sandboxes: ' .. provider_name .. (network == 'none' and ', no network' or ', network ' .. network
+    .. ' (the service cannot keep it offline)') .. '; one per run, released when the run ends.')
 end
 
 local outcome

@@ -162,6 +162,23 @@ write('connect', 'compressed', '\0\2' .. env(1, 'zz') .. env(2, '{}'))
 write('connect', 'after_end', '\0\3' .. env(2, '') .. env(0, 'x'))
 write('connect', 'cut', '\0\4' .. env(0, 'abc'):sub(1, 6))
 write('connect', 'too_big', '\3\5' .. env(0, string.rep('x', 65)) .. env(2, '{}'))
+-- eventstream: the same limit byte (bit 2 set: the harness writes the right CRCs), a seed, then messages
+local function es(headers, payload)
+  local hs = {}
+  for _, h in ipairs(headers) do
+    hs[#hs + 1] = string.char(#h[1]) .. h[1] .. string.char(7) .. string.pack('>I2', #h[2]) .. h[2]
+  end
+  local head = table.concat(hs)
+  return string.pack('>I4I4I4', 16 + #head + #payload, #head, 0) .. head .. payload .. '\0\0\0\0'
+end
+local result = es({ { ':message-type', 'event' }, { ':event-type', 'result' }, { ':content-type', 'application/json' } },
+  '{"structuredContent":{"stdout":"hi","exitCode":0}}')
+write('eventstream', 'result', '\4\7' .. result .. es({ { ':message-type', 'exception' },
+  { ':exception-type', 'throttlingException' } }, '{"message":"x"}'))
+write('eventstream', 'typed', '\4\1' .. string.pack('>I4I4I4', 16 + 10, 10, 0) .. '\1a\0' .. '\1b\4\0\0\0\5' .. '\0\0\0\0')
+write('eventstream', 'bad_crc', '\0\2' .. result)
+write('eventstream', 'cut', '\4\3' .. result:sub(1, 30))
+write('eventstream', 'too_big', '\7\5' .. result)
 write('ndjson', 'lines', '\0\7{"type":"stdout","data":"x"}\n\n  \r\n{"a":1}\r\n{"exit":0}')
 write('ndjson', 'long_line', '\1\3' .. string.rep('y', 20) .. '\nok\n')
 write('ndjson', 'crs', '\2\9a\r\r\nb\rc\n\r\n')

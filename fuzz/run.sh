@@ -20,7 +20,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 PKG_CONFIG=${PKG_CONFIG:-pkg-config}
 LUA_PC=${LUA_PC:-lua5.4}
 OUT=build/fuzz
-ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse listing"
+ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse eventstream listing"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 # The largest input each format needs: JSON up to the 1000-deep nesting limit,
@@ -107,7 +107,7 @@ for t in $TARGETS; do
     if [ -d "fuzz/corpus/$t" ]; then cp -R "fuzz/corpus/$t/." "$corpus/"; fi
     dict=""
     if [ -f "fuzz/$t.dict" ]; then dict="-dict=fuzz/$t.dict"; fi
-    case "$t" in connect|ndjson|sse) dict="-dict=fuzz/stream.dict" ;; esac
+    case "$t" in connect|ndjson|sse|eventstream) dict="-dict=fuzz/stream.dict" ;; esac
     # shellcheck disable=SC2086
     "$OUT/bin/$t" "$corpus" $dict -max_total_time="$FUZZ_SECONDS" -max_len="$(max_len "$t")" \
         -timeout=25 -rss_limit_mb=3072 -print_final_stats=1 \

@@ -1,7 +1,9 @@
 /*
 ** stream_fuzz.h: what the targets of core.stream_parser (core/stream.c)
-** share: connect_fuzz, ndjson_fuzz and sse_fuzz each define FZ_KIND and
-** a reference reading of a whole input, then include this.
+** share: connect_fuzz, ndjson_fuzz, sse_fuzz and eventstream_fuzz each
+** define FZ_KIND and a reference reading of a whole input, then include
+** this (a target that defines FZ_PREPARE also gives fz_prepare(buf, n),
+** which may rewrite the input before it is read).
 **
 ** Input: byte 0 picks the limit (max_bytes: the default, or small enough
 ** that LIMIT_EXCEEDED is reached), byte 1 seeds the cutting, the rest is the
@@ -173,6 +175,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     default: max = 64; break;
     }
     seed = (uint32_t)data[1] * 2654435761u + (uint32_t)size;
+#ifdef FZ_PREPARE
+    /* a target may rewrite its input first (eventstream: fix the CRCs, so that the fuzzer reaches
+    ** what follows them); the copy is what all three runs and the reference read */
+    {
+        static uint8_t *copy;
+        static size_t copy_cap;
+        if (size > copy_cap) {
+            uint8_t *np = (uint8_t *)realloc(copy, size);
+            if (np == NULL) fz_fail("out of memory");
+            copy = np;
+            copy_cap = size;
+        }
+        memcpy(copy, data, size);
+        fz_prepare(copy, size);
+        data = copy;
+    }
+#endif
     memset(out, 0, sizeof out);
     memset(&ref, 0, sizeof ref);
     for (i = 0; i < 3; i++) {

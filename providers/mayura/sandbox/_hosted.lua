@@ -13,6 +13,12 @@
 --     call_timeout_ms = 120000,         -- a whole call, retries and waits included
 --     retries = 2,
 --   })
+--
+-- A service signed with AWS Signature V4 (AgentCore) gives `aws_sigv4 =
+-- 'aws:amz:<region>:<service>'` and `aws_credentials = { access_key_id,
+-- secret_access_key, session_token }` instead of `api_key`: libcurl signs
+-- each request itself (CURLOPT_AWS_SIGV4), the session token travels in
+-- X-Amz-Security-Token, and all three are secrets of the client.
 --   local body, res = client:json('POST', '/sandboxes', { templateID = 'base' })
 --   client:json('GET', '/sandboxes/' .. hosted.escape(id), nil, { gone = true })
 --   client:stream('POST', '/process.Process/Start', msg, { format = 'connect', on_event = fn })
@@ -43,10 +49,11 @@
 --     message above the size caps is SANDBOX_ERROR `failed`; no connection
 --     is `unavailable`; a cancelled `signal` is CANCELLED.
 --
--- Streams (`client:stream`) read Connect envelopes, NDJSON or SSE through
+-- Streams (`client:stream`) read Connect envelopes, NDJSON, SSE or AWS event-stream through
 -- `core.stream_parser` as bytes arrive. `on_event(value)` gets each message
 -- (the decoded JSON for 'connect' and 'ndjson', `{ event, data, id }` for
--- 'sse'), is called from the loop and must not wait; returning false ends
+-- 'sse', `{ data, headers, message_type, event }` for 'eventstream'), is called
+-- from the loop and must not wait; returning false ends
 -- the stream early, raising ends it with that error. A Connect stream must
 -- end with its end-of-stream envelope; an error in it is mapped like an HTTP
 -- status (`connect_status`). A stream is retried only before its first byte.
@@ -69,7 +76,7 @@ local MIB = 1048576
 M.GONE_STATUSES = { 404, 410 }
 M.RETRY_STATUSES = { 429, 502, 503, 504 }
 local IDEMPOTENT = { GET = true, HEAD = true, PUT = true, DELETE = true, OPTIONS = true }
-local FORMATS = { connect = true, ndjson = true, sse = true }
+local FORMATS = { connect = true, ndjson = true, sse = true, eventstream = true }
 local MAX_ERROR_BODY = 65536        -- what is read of a failed answer, to find its code
 local CONNECT_TIMEOUT_CAP = 30000
 
@@ -218,7 +225,7 @@ Client.__index = Client
 local client_keys = {
   label = true, base_url = true, api_key = true, auth_header = true, auth_prefix = true, headers = true,
   call_timeout_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
-  max_response_bytes = true, max_message_bytes = true, secrets = true,
+  max_response_bytes = true, max_message_bytes = true, secrets = true, aws_sigv4 = true, aws_credentials = true,
 }
 
 local function check_headers(h, what, level)
@@ -267,6 +274,25 @@ function M.client(options)
   end
   local secrets = {}
   if key then secrets[1] = key end
+  local aws
+  if options.aws_sigv4 ~= nil or options.aws_credentials ~= nil then
+    local sig, cred = options.aws_sigv4, options.aws_credentials
+    if key ~= nil then errors.raise(C, label .. ': api_key and AWS signing do not go together', nil, 2) end
+    if type(sig) ~= 'string' or not sig:match('^aws:amz:[%w%-]+:[%w%-]+$') then
+      errors.raise(C, label .. ": aws_sigv4 must be 'aws:amz:<region>:<service>'", nil, 2)
+    end
+    if type(cred) ~= 'table' then errors.raise(C, label .. ': aws_credentials must be a table', nil, 2) end
+    check.keys(cred, { access_key_id = true, secret_access_key = true, session_token = true }, 'aws_credentials', C, 3)
+    for _, name in ipairs({ 'access_key_id', 'secret_access_key', 'session_token' }) do
+      local v = cred[name]
+      if (v ~= nil or name ~= 'session_token') and (type(v) ~= 'string' or v == '' or #v > 4096
+          or v:find('[%c ]') or (name == 'access_key_id' and v:find(':', 1, true))) then
+        errors.raise(C, label .. ': aws_credentials.' .. name .. ' must be a non-empty string without spaces', nil, 2)
+      end
+      if v then secrets[#secrets + 1] = v end
+    end
+    aws = { sig = sig, id = cred.access_key_id, secret = cred.secret_access_key, token = cred.session_token }
+  end
   if options.secrets ~= nil and type(options.secrets) ~= 'table' then
     errors.raise(C, label .. ': secrets must be a list of strings', nil, 2)
   end
@@ -287,6 +313,12 @@ function M.client(options)
   -- the key lives in closures: printing the client shows neither it nor the header that holds it
   self._auth = function(h)
     if key then h[auth_header] = prefix .. key end
+    if aws and aws.token then h['X-Amz-Security-Token'] = aws.token end
+  end
+  -- the signing options of a request (libcurl signs: the secret goes only there)
+  self._sign = function(req)
+    if aws then req.aws_sigv4, req.aws_key_id, req.aws_secret = aws.sig, aws.id, aws.secret end
+    return req
   end
   self._secrets = function() return secrets end
   return self
@@ -530,11 +562,11 @@ function Client:call(method, path, opts)
     headers['Content-Type'] = opts.content_type or headers['Content-Type'] or 'application/octet-stream'
   end
   return self:_run(method, path, opts, function(remaining)
-    local ok, res = pcall(http.request, {
+    local ok, res = pcall(http.request, self._sign({
       url = url, method = method, headers = headers, body = opts.body,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
       max_body_bytes = self.max_response_bytes, signal = opts.signal,
-    })
+    }))
     if not ok then return 'transport', res end
     if (res.status >= 200 and res.status < 300) or allow[res.status] then return 'ok', res end
     local body
@@ -571,7 +603,7 @@ function Client:json(method, path, body, opts)
   return v, res
 end
 
---- A streamed answer: `opts.format` ('connect', 'ndjson' or 'sse') and
+--- A streamed answer: `opts.format` ('connect', 'ndjson', 'sse' or 'eventstream') and
 -- `opts.on_event(value)`, with the options of `call` but `body`, `allow` and
 -- `content_type`, and `idle_timeout_ms` (no byte for that long ends the
 -- stream with SANDBOX_ERROR `timeout`). `body` is a table sent as JSON (for
@@ -580,7 +612,9 @@ end
 function Client:stream(method, path, body, opts)
   opts = check_call(self, method, path, opts, stream_keys)
   local format = opts.format
-  if not FORMATS[format] then errors.raise('INVALID_INPUT', "format must be 'connect', 'ndjson' or 'sse'", nil, 2) end
+  if not FORMATS[format] then
+    errors.raise('INVALID_INPUT', "format must be 'connect', 'ndjson', 'sse' or 'eventstream'", nil, 2)
+  end
   if type(opts.on_event) ~= 'function' then errors.raise('INVALID_INPUT', 'on_event must be a function', nil, 2) end
   local idle = opts.idle_timeout_ms
   if idle ~= nil then check.int(idle, 'idle_timeout_ms', 1, nil, 'INVALID_INPUT', 3) end
@@ -597,7 +631,8 @@ function Client:stream(method, path, body, opts)
     headers['Connect-Protocol-Version'] = headers['Connect-Protocol-Version'] or '1'
   else
     if payload then headers['Content-Type'] = 'application/json' end
-    headers.Accept = headers.Accept or (format == 'sse' and 'text/event-stream' or 'application/x-ndjson')
+    headers.Accept = headers.Accept or (format == 'sse' and 'text/event-stream')
+      or (format == 'eventstream' and 'application/vnd.amazon.eventstream') or 'application/x-ndjson'
   end
   local url = self.base_url .. path .. M.query(opts.query)
   local what = method .. ' ' .. path_only(path)
@@ -625,7 +660,7 @@ function Client:stream(method, path, body, opts)
       for _, ev in ipairs(events) do
         if failure or stopped then return end
         local value = ev
-        if format ~= 'sse' then
+        if format ~= 'sse' and format ~= 'eventstream' then
           local v = M.decode(ev.data)
           if v == nil then
             failure = self:bad_answer('a streamed message that is not JSON (' .. what .. ')')
@@ -655,7 +690,7 @@ function Client:stream(method, path, body, opts)
       end
     end
     arm()
-    local ok, res = pcall(http.request, {
+    local ok, res = pcall(http.request, self._sign({
       url = url, method = method, headers = headers, body = payload,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
       signal = token,
@@ -675,7 +710,7 @@ function Client:stream(method, path, body, opts)
         if failure or stopped then return false end
         return true
       end,
-    })
+    }))
     if idle_timer then idle_timer:stop(); idle_timer:close() end
     if remove_user then remove_user() end
     local reason = token.reason

@@ -1,0 +1,242 @@
+--- mayura.sandbox.fly: sandboxes on Fly.io Machines (https://fly.io/docs/machines/), in one of
+-- the user's apps, on command_sandbox_backend over the Machines exec endpoint.
+--
+--   local fly = require('mayura.sandbox.fly')
+--   local provider = fly.fly_sandboxes({ token = t, app = 'my-sandboxes', image = 'node:22-bookworm' })
+--   local sandboxes = sandbox.create_sandboxes(provider, { max_sandboxes = 4, network = { 'all' } })
+--
+-- Options: `token` (required: a Fly token for the app, `fly tokens deploy`; the library never
+-- reads the environment), `app` (required: the app the machines go in, made beforehand),
+-- `image` (an OCI image with sh and coreutils or BusyBox: default `node:22-bookworm-slim`; a
+-- create's `image` names another), `region` (Fly picks one when nil), `base_url`
+-- (https://api.machines.dev), `workdir` (/workspace, made at boot), `max_lifetime_ms` (24 h),
+-- `retries`, `retry_base_ms`, `max_retry_after_ms` (the kit's).
+--
+-- A create is POST /v1/apps/{app}/machines: the image, `env`, `guest` (cpus, rounded up, and
+-- memory in MiB, rounded up to 256), the labels as `metadata`, and a main process that makes
+-- the workdir and sleeps for the lifetime (`auto_destroy`, `restart: no`): Fly has no TTL, so the
+-- machine destroys itself when that sleep ends, and the pool also destroys it at its lifetime
+-- (DELETE ...?force=true). The create waits with GET .../wait?state=started (Fly's longest wait is
+-- 60 s a call; a 408 is waited again until the call timeout). Each create names its machine
+-- `mayura-<random>`, so that a machine whose create answer was lost (a timeout, a cut) is found
+-- by that name and destroyed.
+--
+-- Everything else is one exec at a time: POST .../machines/{id}/exec with `["sh","-c",script]`
+-- and the script's standard input (base64 text), which Fly answers whole, as JSON strings;
+-- command_sandbox_backend starts each command in the background, polls it, moves files as
+-- base64 and kills a command's every process by a tag at its timeout or a cancel (Fly's exec
+-- answers 408 for commands past about 30 s, so no exec is long). Fly answers 200 whatever the
+-- exit code; a missing `exit_code` is 0.
+--
+-- Failures: every non-2xx answer is SANDBOX_ERROR through the kit (401 authentication, 429
+-- rate_limited with `retry_after_ms`, 5xx unavailable, ...), never with Fly's text; the token is
+-- in no message, field or URL, and never reaches a machine. An exec that fails is checked with
+-- GET .../machines/{id}: 404, or a machine that is stopped or destroyed, is `gone`.
+--
+-- `features`: network { 'all' } only (the Machines API has no egress policy: a machine reaches
+-- the internet), no ports (Fly serves ports per app, not per machine), stdin true (through a
+-- file), no desktop.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local check = require('mayura._check')
+local task = require('mayura._task')
+local sandbox = require('mayura.sandbox')
+local hosted = require('mayura.sandbox._hosted')
+local scripts = require('mayura.sandbox.scripts')
+
+local M = {}
+
+local json = core.json
+local MIB = 1048576
+local DEFAULT_BASE_URL = 'https://api.machines.dev'
+local DEFAULT_IMAGE = 'node:22-bookworm-slim'
+local DEFAULT_MAX_LIFETIME_MS = 24 * 3600000
+local EXEC_TIMEOUT_S = 25            -- each exec is short; Fly cuts execs at about 30 s
+local MAX_COMMAND = 64 * 1024        -- a script and its standard input stay well under Fly's request limit
+local DOWN = { stopped = true, stopping = true, destroyed = true, destroying = true, failed = true,
+  replacing = true, suspended = true }
+
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
+  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+local function object(t)
+  local o = setmetatable({}, json.object_mt)
+  for k, v in pairs(t or {}) do o[k] = v end
+  return o
+end
+
+-- Whether the machine still runs: raises gone when Fly says it is not (404, or a state that is down).
+local function check_alive(api, path)
+  local ok, body = pcall(api.json, api, 'GET', path, nil, { gone = true })
+  if not ok then
+    if errors.is(body, 'SANDBOX_ERROR') and body.reason == 'gone' then error(body, 0) end
+    return
+  end
+  if type(body) == 'table' and DOWN[body.state] then
+    error(errors.sandbox('gone', 'fly: the machine is ' .. body.state), 0)
+  end
+end
+
+-- The transport: one exec per script.
+local function transport(api, path, workdir, env)
+  local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env }
+  function t.run(_, command, o)
+    -- no exec outlasts the pool's call timeout (a stalled one is SANDBOX_ERROR timeout)
+    local limit = math.min(api.call_timeout_ms, (EXEC_TIMEOUT_S + 10) * 1000)
+    local body = { command = setmetatable({ 'sh', '-c', command }, json.array_mt),
+      timeout = math.max(1, math.min(EXEC_TIMEOUT_S, math.ceil(limit / 1000))) }
+    if o.stdin then body.stdin = o.stdin end
+    local ok, res = pcall(api.json, api, 'POST', path .. '/exec', body, {
+      gone = true, signal = o.signal, idempotent = false, timeout_ms = limit,
+    })
+    if not ok then
+      if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+          and res.reason ~= 'rate_limited' then
+        check_alive(api, path)
+      end
+      error(res, 0)
+    end
+    if type(res) ~= 'table' then error(api:bad_answer('an exec answer that is not an object'), 0) end
+    local code = res.exit_code
+    if code == nil or code == json.null then code = 0 end
+    if not check.is_int(code) or type(res.stdout or '') ~= 'string' then
+      error(api:bad_answer('an exec answer without an exit code and output'), 0)
+    end
+    return { exit_code = code, stdout = res.stdout or '' }
+  end
+  return t
+end
+
+-- Destroys, in the background, the machine named `name` whose create answer was lost (looked for
+-- now and once more later, for a create Fly finishes late). Its own sleep still ends it otherwise.
+local function sweep(api, base, name)
+  task.spawn(function()
+    for _, wait in ipairs({ 0, 3000 }) do
+      if wait > 0 then task.await(function(done) task.after(wait, done, true) end) end
+      pcall(function()
+        local list = api:json('GET', base)
+        for _, m in ipairs(type(list) == 'table' and list or {}) do
+          if type(m) == 'table' and m.name == name and type(m.id) == 'string' then
+            pcall(api.json, api, 'DELETE', base .. '/' .. hosted.escape(m.id), nil,
+              { query = { force = true }, allow = { 404 } })
+          end
+        end
+      end)
+    end
+  end)
+end
+
+local option_keys = {
+  token = true, app = true, image = true, region = true, base_url = true, workdir = true, max_lifetime_ms = true,
+  retries = true, retry_base_ms = true, max_retry_after_ms = true,
+}
+
+local function name_option(v, what, pattern)
+  if v == nil then return nil end
+  if type(v) ~= 'string' or v == '' or #v > 256 or not v:match(pattern) then
+    errors.raise('INVALID_CONFIG', 'fly: ' .. what .. ' is not a valid name', nil, 4)
+  end
+  return v
+end
+
+--- The provider: see the module's comment for the options.
+function M.fly_sandboxes(options)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then
+    errors.raise(C, 'fly_sandboxes needs an options table with token and app', nil, 2)
+  end
+  check.keys(options, option_keys, 'fly options', C, 3)
+  if options.token == nil then errors.raise(C, 'fly: token is required', nil, 2) end
+  if options.app == nil then errors.raise(C, 'fly: app is required', nil, 2) end
+  local app = name_option(options.app, 'app', '^[a-z0-9][a-z0-9%-]*$')
+  local image = name_option(options.image, 'image', '^[%w][%w%._/:@%-]*$') or DEFAULT_IMAGE
+  local region = name_option(options.region, 'region', '^[a-z0-9]+$')
+  local workdir = options.workdir or '/workspace'
+  if type(workdir) ~= 'string' or not workdir:match('^/[%w%._%-/]*$') or #workdir > 256
+      or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
+    errors.raise(C, 'fly: workdir must be an absolute path of letters, digits, . _ - and /', nil, 2)
+  end
+  local api = hosted.client({
+    label = 'fly', base_url = options.base_url or DEFAULT_BASE_URL, api_key = options.token,
+    retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
+    max_response_bytes = 16 * MIB,
+  })
+  local base = '/v1/apps/' .. hosted.escape(app) .. '/machines'
+
+  local provider = {
+    id = 'fly',
+    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+    workdir = workdir,
+    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
+  }
+
+  function provider.create(_, spec)
+    local c = api
+    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
+    local started = core.hrtime_ms()
+    local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's' })
+    local name = 'mayura-' .. random_hex(8)
+    local config = {
+      image = name_option(spec.image, 'image', '^[%w][%w%._/:@%-]*$') or image,
+      env = object(spec.env),
+      metadata = hosted.metadata(spec.labels, { max_keys = 64, max_key_bytes = 63, key_pattern = '^[%w][%w%._%-]*$' }),
+      init = { exec = setmetatable({ '/bin/sh', '-c', 'mkdir -p ' .. scripts.quote(workdir) .. ' && exec sleep '
+        .. seconds }, json.array_mt) },
+      auto_destroy = true,
+      restart = { policy = 'no' },
+    }
+    if spec.cpus or spec.memory_mib then
+      config.guest = { cpu_kind = 'shared', cpus = math.ceil(spec.cpus or 1),
+        memory_mb = math.ceil((spec.memory_mib or 256) / 256) * 256 }
+    end
+    local ok, m = pcall(c.json, c, 'POST', base, { name = name, region = region, config = config })
+    if not ok then
+      if errors.is(m, 'SANDBOX_ERROR') and (m.reason == 'timeout' or m.reason == 'unavailable' or m.status == nil
+          or (m.status or 0) >= 500) then
+        sweep(api, base, name)
+      end
+      error(m, 0)
+    end
+    if type(m) ~= 'table' or type(m.id) ~= 'string' or not m.id:match('^[%w]+$') or #m.id > 64 then
+      sweep(api, base, name)
+      error(c:bad_answer('a machine without an id'), 0)
+    end
+    local path = base .. '/' .. hosted.escape(m.id)
+    local function destroy()
+      -- 404: it ended already, which is what release wants
+      c:json('DELETE', path, nil, { query = { force = true }, allow = { 404 } })
+    end
+    local built, backend = pcall(function()
+      while m.state ~= 'started' do
+        local left = started + c.call_timeout_ms - core.hrtime_ms()
+        if left <= 0 then
+          error(errors.sandbox('timeout', 'fly: the machine did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
+        end
+        local wait_s = math.max(1, math.min(60, math.floor(left / 1000)))
+        local _, res = c:json('GET', path .. '/wait', nil, {
+          query = { state = 'started', timeout = wait_s }, gone = true, allow = { 408 },
+          timeout_ms = math.ceil(math.min(left, wait_s * 1000 + 5000)),
+        })
+        if res.status ~= 408 then m.state = 'started' end
+      end
+      return sandbox.command_sandbox_backend('fly-' .. m.id, transport(c, path, workdir, spec.env), function()
+        destroy()
+      end)
+    end)
+    if not built then
+      pcall(destroy)
+      error(backend, 0)
+    end
+    backend.machine_id = m.id
+    return backend
+  end
+
+  return provider
+end
+
+return M

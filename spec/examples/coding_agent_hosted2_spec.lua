@@ -1,0 +1,106 @@
+-- examples/coding_agent.lua --provider fly | cloudflare | agentcore | apple-container: the
+-- coding-agent guide's recorded session on each, against the stand-ins of the specs (over real
+-- local sandboxes) or, for apple-container, the fake `container` CLI (Docker containers of the
+-- mayura-test/node:1 image). Each run's tests fail, then pass, and the example's own re-check in
+-- a fresh sandbox passes; no credential shows in the output.
+local process = require('mayura.process')
+local stand_in = require('support.stand_in')
+local fly_service = require('support.fly_service')
+local cloudflare_service = require('support.cloudflare_service')
+local agentcore_service = require('support.agentcore_service')
+local util = require('support.util')
+
+local HOST = 'build/mayura'
+local EXAMPLE = 'examples/coding_agent.lua'
+
+local function env(extra)
+  local out = {}
+  for _, name in ipairs({ 'PATH', 'HOME', 'LANG', 'TMPDIR' }) do out[name] = os.getenv(name) end
+  for k, v in pairs(extra or {}) do out[k] = v end
+  return out
+end
+
+-- Runs the example with `vars`; checks the session's course and that `secret` never shows.
+local function plays(name, vars, secret, network)
+  local r = process.run({ HOST, EXAMPLE, '--provider', name }, { env = env(vars), timeout_ms = 180000 })
+  local all = r.stdout .. r.stderr
+  assert.are.equal(0, r.exit_code, all)
+  assert.truthy(r.stdout:find('plays a recorded session', 1, true), all)
+  assert.truthy(r.stdout:find('Sandboxes: ' .. name .. ', ' .. network, 1, true), all)
+  local failed = r.stdout:find('%$ node %-%-test%s+%-> exit [1-9]')
+  assert.truthy(failed, 'a failing run of node --test in the progress:\n' .. all)
+  assert.truthy(r.stdout:find('%$ node %-%-test%s+%-> exit 0', failed), all)
+  assert.truthy(r.stdout:find('\nVerdict: the re-check passed', 1, true), all)
+  if secret then assert.is_falsy(all:find(secret, 1, true)) end
+end
+
+local can_run_local = pcall(function()
+  require('mayura.sandbox.local').local_sandboxes({})
+end)
+
+describe('examples/coding_agent.lua on the hosted providers of part 2', function()
+  if not can_run_local then
+    pending('needs local sandboxes (bubblewrap and the agent) for the stand-ins: not available here')
+    return
+  end
+  local svc, backing
+
+  before_each(function()
+    svc = stand_in.new()
+    backing = stand_in.local_backing({ max_sandboxes = 4 })
+  end)
+
+  after_each(function()
+    backing:close()
+    local others = {}
+    for _, f in ipairs(svc.failures) do others[#others + 1] = f end
+    svc:close()
+    assert.are.same({}, others)
+  end)
+
+  it('--provider fly needs FLY_API_TOKEN and FLY_APP (exit code 2), then plays the session', function()
+    local r = process.run({ HOST, EXAMPLE, '--provider', 'fly' }, { env = env({ FLY_APP = 'a' }), timeout_ms = 60000 })
+    assert.are.equal(2, r.exit_code, r.stdout .. r.stderr)
+    local token = 'fm2_example0123456789TOKEN'
+    local state = fly_service.install(svc, backing, { token = token, app = 'coding' })
+    plays('fly', { FLY_API_TOKEN = token, FLY_APP = 'coding', FLY_API_URL = svc:url('') }, token, 'network all')
+    assert.are.equal(2, #svc:calls('POST', '/v1/apps/{app}/machines'))
+    for _, m in pairs(state.machines) do assert.are.equal('destroyed', m.state) end
+  end)
+
+  it('--provider cloudflare plays the session through the bridge stand-in', function()
+    local key = 'cfsb_example0123456789KEY'
+    cloudflare_service.install(svc, backing, { api_key = key })
+    plays('cloudflare', { CLOUDFLARE_SANDBOX_URL = svc:url(''), CLOUDFLARE_SANDBOX_API_KEY = key }, key, 'network all')
+    assert.are.equal(2, #svc:calls('DELETE', '/v1/sandbox/{id}'))
+    assert.are.equal(0, backing.pool:count())
+  end)
+
+  it('--provider agentcore plays the session, every request signed', function()
+    local id, secret = 'AKIAEXAMPLEAGENTKEY0', 'example/Secret+0123456789SECRET'
+    local state = agentcore_service.install(svc, backing, { access_key_id = id, secret_access_key = secret,
+      region = 'eu-west-1' })
+    plays('agentcore', { AWS_REGION = 'eu-west-1', AWS_ACCESS_KEY_ID = id, AWS_SECRET_ACCESS_KEY = secret,
+      AGENTCORE_ENDPOINT = svc:url('') }, secret, 'network all')
+    assert.are.equal(#svc.requests, state.verified)
+    for _, s in pairs(state.sessions) do assert.are.equal('TERMINATED', s.status) end
+  end)
+
+  it('--provider apple-container plays the session through the fake container CLI', function()
+    if process.run({ 'docker', 'image', 'inspect', 'mayura-test/node:1' }, { timeout_ms = 20000 }).exit_code ~= 0 then
+      pending('needs Docker and the mayura-test/node:1 image (sh scripts/docker-setup.sh)')
+      return
+    end
+    local dir = util.tmpdir()
+    local cwd = process.run({ 'pwd' }).stdout:gsub('\n$', '')
+    local cli = dir .. '/container'
+    local f = assert(io.open(cli, 'w'))
+    f:write('#!/bin/sh\nFAKE_CONTAINER_IMAGE=mayura-test/node:1 exec ' .. cwd .. '/spec/support/fake_container/container "$@"\n')
+    f:close()
+    process.run({ 'chmod', '+x', cli })
+    plays('apple-container', { CONTAINER_CLI = cli }, nil, 'no network')
+    local left = process.run({ 'sh', '-c', 'docker ps -aq --filter label=mayura.fake-container=1' }).stdout
+    util.rmdir(dir)
+    assert.are.equal('', left)
+  end)
+end)

@@ -1,0 +1,111 @@
+-- mayura.sandbox.fly against the Fly Machines stand-in (support/fly_service.lua) over real local
+-- sandboxes. Fly has no official JavaScript SDK with exec (flyctl and fly-go are Go), so the
+-- stand-in follows the Machines API as Fly documents it (its OpenAPI spec, operation
+-- Machines_exec); this spec checks the requests the provider makes against that document, then
+-- runs the conformance suite through the provider.
+local sandbox = require('mayura.sandbox')
+local testing = require('mayura.sandbox.testing')
+local fly = require('mayura.sandbox.fly')
+local stand_in = require('support.stand_in')
+local fly_service = require('support.fly_service')
+
+local TOKEN_WORD = 'fm2_0123456789abcdefTOKEN'
+local APP = 'mayura-sandboxes'
+
+describe('fly_sandboxes options', function()
+  it('needs a token and an app, and never shows the token', function()
+    assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { app = APP })
+    assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x' })
+    assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x', app = 'Not/An/App' })
+    assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x', app = APP, workdir = 'rel' })
+    local err = assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN_WORD .. '\n', app = APP })
+    assert.is_falsy(tostring(err):find(TOKEN_WORD, 1, true))
+    local p = fly.fly_sandboxes({ token = TOKEN_WORD, app = APP })
+    assert.are.same({ stdin = true, ports = false, desktop = false, network = { 'all' } }, p.features)
+    assert.are.equal('/workspace', p.workdir)
+    assert.are.equal(24 * 3600000, p.max_lifetime_ms)
+  end)
+end)
+
+local can_run_local = pcall(function()
+  require('mayura.sandbox.local').local_sandboxes({})
+end)
+
+describe('the Fly stand-in, over real local sandboxes', function()
+  if not can_run_local then
+    pending('needs local sandboxes (bubblewrap and the agent): not available here')
+    return
+  end
+  local svc, backing, state, pool, sb
+
+  setup(function()
+    svc = stand_in.new()
+    backing = stand_in.local_backing({ max_sandboxes = 6 })
+    state = fly_service.install(svc, backing, { token = TOKEN_WORD, app = APP })
+    local provider = fly.fly_sandboxes({ token = TOKEN_WORD, app = APP, base_url = svc:url(''), retry_base_ms = 20 })
+    pool = sandbox.create_sandboxes(provider, {
+      max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'all' },
+    })
+    sb = pool:create({ lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } })
+  end)
+
+  teardown(function()
+    pool:close()
+    backing:close()
+    assert.are.same({}, svc.failures)
+    svc:close()
+  end)
+
+  describe('passes the conformance suite through the mayura provider', function()
+    for _, case in ipairs(testing.sandbox_conformance) do
+      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
+    end
+  end)
+
+  it('makes machines as the Machines API documents: a sleeping main process, metadata, guest', function()
+    local other = pool:create({ lifetime_ms = 90500, network = 'all', labels = { owner = 'spec' }, env = { A = 'b' },
+      cpus = 1.5, memory_mib = 300 })
+    local creates = svc:calls('POST', '/v1/apps/{app}/machines')
+    local req = creates[#creates]
+    local body = req.json
+    assert.are.equal('Bearer ' .. TOKEN_WORD, req.headers.authorization)
+    assert.truthy(body.name:match('^mayura%-%x+$'), body.name)
+    assert.are.equal('node:22-bookworm-slim', body.config.image)
+    assert.are.same({ A = 'b' }, body.config.env)
+    assert.are.same({ suite = 'c', owner = 'spec' }, body.config.metadata)
+    assert.are.same({ cpu_kind = 'shared', cpus = 2, memory_mb = 512 }, body.config.guest)
+    assert.are.same({ '/bin/sh', '-c', "mkdir -p '/workspace' && exec sleep 91" }, body.config.init.exec)
+    assert.is_true(body.config.auto_destroy)
+    assert.are.same({ policy = 'no' }, body.config.restart)
+    -- waited for with the documented wait call, within its 1..60 s
+    local waits = svc:calls('GET', '/v1/apps/{app}/machines/{id}/wait')
+    assert.are.equal('started', waits[#waits].query.state)
+    -- exec: argv sh -c, standard input as a string, a short timeout in seconds
+    assert.are.equal('b\n', other:exec({ 'sh', '-c', 'echo $A' }).stdout)
+    other:exec({ 'cat' }, { stdin = 'in' })
+    local execs = svc:calls('POST', '/v1/apps/{app}/machines/{id}/exec')
+    local with_stdin = 0
+    for _, e in ipairs(execs) do
+      assert.are.equal('sh', e.json.command[1])
+      assert.are.equal('-c', e.json.command[2])
+      assert.is_true(e.json.timeout >= 1 and e.json.timeout <= 30)
+      if type(e.json.stdin) == 'string' then with_stdin = with_stdin + 1 end
+      assert.is_falsy(e.body:find(TOKEN_WORD, 1, true))
+    end
+    assert.is_true(with_stdin > 0)
+    local id = other._backend.machine_id
+    other:release()
+    local deletes = svc:calls('DELETE', '/v1/apps/{app}/machines/{id}')
+    assert.are.equal(id, deletes[#deletes].params.id)
+    assert.are.equal('true', deletes[#deletes].query.force)
+    assert.are.equal('destroyed', state.machines[id].state)
+  end)
+
+  it('refuses network none (asking for nothing too) and ports, before any call', function()
+    local n = #svc.requests
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000 })
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'none' })
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'all', ports = { 8080 } })
+    assert.are.equal(n, #svc.requests)
+  end)
+end)
