@@ -4,6 +4,7 @@
 ** The specs' stand-in of AWS checks SigV4 signatures with them (libcurl signs
 ** the provider's requests: nothing in the library signs by hand).
 */
+#include "mc.h"
 
 typedef struct mc_sha256 {
     uint32_t h[8];

@@ -162,6 +162,7 @@ end
 
 -- Sections 1 to 4 as code; with a policy, its environment does all of it (see the end).
 local sandboxes, coder, runtime, policy_env
+local network = 'none'   -- the sandboxes' network: 'none' unless the provider cannot keep them offline
 if policy then
   policy_env = policy:open()
   sandboxes = policy_env:pool('workspace')
@@ -238,7 +239,6 @@ else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
 -- A provider that cannot keep sandboxes off the network gets a pool of what it can give.
-local network = 'none'
 do
   local offline = false
   for _, k in ipairs(provider.features.network) do offline = offline or k == 'none' end
