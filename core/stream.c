@@ -56,6 +56,7 @@
 ** it, so a stream gives the same events and error however it is cut.
 */
 #include "mc.h"
+#include "crc.h"
 
 #define MC_SP_MT "mayura.stream_parser"
 #define MC_SP_DEFAULT_MAX ((lua_Integer)16 * 1024 * 1024)
