@@ -90,6 +90,19 @@
 -- and the provider says so on stderr once when it does not: the tmpfs caps
 -- count toward `memory_mib` and may add up to more than it, and an agent left
 -- unshielded may then be what the kernel kills.
+--
+-- Warm sandboxes (`warm = N`, mayura.sandbox._agent_backend's add_warm): the
+-- provider keeps N sandboxes of its own shape (network 'none', its image and
+-- limits, no ports, no desktop) started, their agents past hello but without
+-- a setup, for the pool made over it (create_sandboxes; one pool at a time).
+-- A create asking for no more than that shape, with a lifetime that fits in
+-- what is left of the warm one's, gets one: its env (and desktop env) go in
+-- the agent's one setup then, so nothing of one create is ever seen by
+-- another; the set refills in the background. Warm sandboxes live the pool's
+-- max_lifetime_ms (the launcher's and the agent's lifetime; a handed-out one
+-- is ended at its own lifetime by the pool), take slots of the pool's
+-- max_sandboxes, and are launchers like the others: the pool's close, or the
+-- host's death (the end of the control socket), ends them.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -960,7 +973,7 @@ end
 
 local option_keys = {
   image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
-  pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true,
+  pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true, warm = true,
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
@@ -969,7 +982,9 @@ local option_keys = {
 -- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
 -- the agent binary), `desktop` (the desktop of sandboxes created with
 -- `desktop = true`: false for none, or `{ display = 0, width = 1024, height =
--- 768 }`; by default there is one when the root has its programs).
+-- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
+-- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
+-- "Warm sandboxes" above).
 function M.local_sandboxes(options)
   options = options or {}
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
@@ -985,6 +1000,7 @@ function M.local_sandboxes(options)
     memory_mib = check.int(options.memory_mib, 'memory_mib', 16, 16 * 1048576, C, 3, 1024),
     pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, nil, C, 3, 86400000),
+    warm = check.int(options.warm, 'warm', 0, 10000, C, 3, 0),
   }
   local cpus = options.cpus or 1
   if type(cpus) ~= 'number' or cpus ~= cpus or cpus <= 0 or cpus > 1024 then
@@ -1039,7 +1055,8 @@ function M.local_sandboxes(options)
   if not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
-  function p.create(self, spec)
+  -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
+  local function start(self, spec)
     if spec.network == 'all' and not self.can_connect then
       errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
     end
@@ -1107,12 +1124,41 @@ function M.local_sandboxes(options)
       local nok, nerr = pcall(connect_network, self, backend, spec, net_fds.info_host)
       if not nok then agent_backend.start_failed(backend, nerr) end
     end
-    -- the agent answers once the namespaces are up; then it gets the env, never on a command line
-    local ok, cerr = pcall(agent_backend.handshake, backend, desktop.env(self.desktop, spec, spec.env), WORKDIR)
-    if ok and spec.desktop then ok, cerr = pcall(desktop.attach, backend, self.desktop) end
+    -- the agent answers once the namespaces are up
+    local ok, cerr = pcall(agent_backend.hello, backend)
     if not ok then agent_backend.start_failed(backend, cerr) end
     return backend
   end
+
+  -- What a started sandbox gets before it is handed out: the env (never on a command line), the
+  -- desktop when asked for.
+  local function finish(self, backend, spec)
+    agent_backend.setup(backend, desktop.env(self.desktop, spec, spec.env), WORKDIR)
+    if spec.desktop then desktop.attach(backend, self.desktop) end
+    backend.labels = spec.labels
+  end
+
+  function p.create(self, spec)
+    local backend = start(self, spec)
+    local ok, cerr = pcall(finish, self, backend, spec)
+    if not ok then agent_backend.start_failed(backend, cerr) end
+    return backend
+  end
+
+  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
+  -- desktop), handed out to a create that asks for no more than that
+  agent_backend.add_warm(p, p.warm, {
+    make = function(self, lifetime_ms, labels)
+      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
+    end,
+    matches = function(self, spec)
+      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
+        and (spec.image == nil or spec.image == self.image)
+        and (spec.cpus == nil or spec.cpus >= self.cpus)
+        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
+    end,
+    hand_out = finish,
+  })
   return p
 end
 
