@@ -184,10 +184,10 @@ end
 
 --- The agent's one `setup`: the environment every command sees (so values never reach a command
 -- line or a container's configuration) and the working directory. A warm sandbox gets it when it
--- is handed out.
-function M.setup(backend, env, workdir)
+-- is handed out, with `lifetime_ms`, the one asked for (the agent only ever shortens its own).
+function M.setup(backend, env, workdir, lifetime_ms)
   -- an empty table would go on the wire as a list, which the agent refuses: no env then
-  local req = { op = 'setup', workdir = workdir }
+  local req = { op = 'setup', workdir = workdir, lifetime_ms = lifetime_ms }
   if env and next(env) then req.env = env end
   local setup = backend:call(req)
   if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
@@ -327,6 +327,11 @@ function M.add_warm(p, n, hooks)
 
   function p.warm_held()
     return #ready + starting + ending
+  end
+
+  --- How many are ready to be handed out.
+  function p.warm_ready()
+    return #ready
   end
 
   function p.warm_fill(_, budget)

@@ -1106,18 +1106,18 @@ function M.docker_sandboxes(options)
 
   -- What a started sandbox gets before it is handed out: the image's env and the asked one through
   -- the agent's setup, the desktop when asked for.
-  local function finish(self, backend, spec)
+  local function finish(self, backend, spec, warm)
     local env = {}
     for k, v in pairs(image_env(self, backend.image_name)) do env[k] = v end
     for k, v in pairs(spec.env or {}) do env[k] = v end
-    agent_backend.setup(backend, desktop.env(self.desktop, spec, env), self.workdir)
+    agent_backend.setup(backend, desktop.env(self.desktop, spec, env), self.workdir, warm and spec.lifetime_ms or nil)
     if spec.desktop then desktop.attach(backend, self.desktop) end
   end
 
   function p.create(self, spec)
     local backend = start(self, spec)
-    local ok, err = pcall(finish, self, backend, spec)
-    if not ok then agent_backend.start_failed(backend, err) end
+    local fok, err = pcall(finish, self, backend, spec)
+    if not fok then agent_backend.start_failed(backend, err) end
     return backend
   end
 
@@ -1141,7 +1141,7 @@ function M.docker_sandboxes(options)
         and same_labels(spec.labels, labels)
     end,
     hand_out = function(self, backend, spec)
-      finish(self, backend, spec)
+      finish(self, backend, spec, true)
       -- the host removes it at the lifetime asked for now, not the warm one's
       if backend.timer then
         if not backend.timer:is_closing() then backend.timer:close() end
