@@ -254,6 +254,7 @@ function M.add_warm(p, n, hooks)
   local idle = {}           -- who waits for nothing to be started or destroyed
   local retry               -- a refill's timer after a failed start
   local claimed = setmetatable({}, { __mode = 'k' })
+  local made, made_next = {}, 0   -- the last 64 backends started, for `warm_made`
   local fill
 
   local function settle()
@@ -288,6 +289,10 @@ function M.add_warm(p, n, hooks)
       task.spawn(function()
         local t0 = core.hrtime_ms()
         local ok, b = pcall(hooks.make, p, o.max_lifetime_ms, o.labels)
+        if ok then
+          made_next = made_next % 64 + 1
+          made[made_next] = b
+        end
         if ok and owner ~= o then
           destroy(b)
         elseif ok then
@@ -332,6 +337,14 @@ function M.add_warm(p, n, hooks)
   --- How many are ready to be handed out.
   function p.warm_ready()
     return #ready
+  end
+
+  --- The backends of the last 64 warm sandboxes started (ready, handed out or destroyed): what a
+  -- check of what is left on the host looks at.
+  function p.warm_made()
+    local out = {}
+    for _, b in pairs(made) do out[#out + 1] = b end
+    return out
   end
 
   function p.warm_fill(_, budget)
