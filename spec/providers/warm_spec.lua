@@ -2,7 +2,6 @@
 -- env and labels, inside max_sandboxes, and nothing left behind by a close while refilling or by
 -- a host killed with SIGKILL. On local and on Docker's 'api' engine (the warm set is the same code
 -- for both engines; only the container's start differs).
-local sandbox = require('mayura.sandbox')
 local task = require('mayura._task')
 local core = require('mayura.core')
 local util = require('support.util')
