@@ -21,6 +21,15 @@
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
 --
+-- Warm sandboxes: a provider with `warm_attach` (local and Docker with their
+-- option `warm`, mayura.sandbox._agent_backend's add_warm) keeps sandboxes
+-- started ahead for the first pool made over it. They take slots of its
+-- max_sandboxes: `count()` plus the provider's `warm_held()` never passes
+-- it; the provider starts one only in a free slot, a create that gets one
+-- (`warm_claim`, then `create(self, spec, claimed)`) moves its slot to the
+-- pool, a create of another shape finding no free slot has one destroyed
+-- first (`warm_evict`), and `close()` ends them all (`warm_detach`).
+--
 -- Desktop: `create{ desktop = true }` asks for one (INVALID_INPUT when the
 -- provider's `features.desktop` is false); `sandbox.desktop` is then the
 -- backend's `desktop` behind the pool's checks: `screenshot()` (PNG bytes),
