@@ -7,7 +7,7 @@
 -- create (`warm = 2`, a ready one handed out) against an exec of `true` in a sandbox (<= 2x);
 -- MANY_LOCAL (100) sandboxes created at once against one cold create (<= 3x); per idle sandbox,
 -- the host process's RSS (<= 64 KiB), the launcher's processes (host side, outside the sandbox)
--- and the sandbox's own memory, bubblewrap and the agent (proportional set size; <= 1 MiB).
+-- and the sandbox's own memory: its processes (proportional set size; <= 1 MiB).
 -- Docker (when a daemon answers; the test image of scripts/docker-setup.sh), engine 'api': cold
 -- create+release against the Engine API's create+start+remove of a container made by this bench
 -- over the daemon's socket (<= 0.7x); a warm create against `docker exec true` (<= 3x);
@@ -143,7 +143,7 @@ pool:close()
 row('host RSS per idle sandbox', (rss1 - rss0) / MANY_LOCAL, 'KiB')
 if counted > 0 then
   row('launcher processes per idle sandbox (PSS)', launcher_kib / counted, 'KiB')
-  row('bubblewrap + agent per idle sandbox (PSS)', own_kib / counted, 'KiB')
+  row('sandbox processes per idle sandbox (PSS)', own_kib / counted, 'KiB')
 end
 ratio('local cold create+release / bwrap one-shot', cold, bwrap, '<= 2x')
 ratio('local warm create / local exec true', warm, exec, '<= 2x')
