@@ -151,6 +151,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/sandbox.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
+	$(HOST) bench/warm.lua
 	$(HOST) bench/table.lua
 	$(HOST) bench/command_backend.lua
 	$(HOST) bench/suite.lua

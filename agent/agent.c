@@ -15,7 +15,9 @@
 ** unlinked. With --peer-uid the socket is made 0666 (the host may be
 ** another user than the agent's) and a connection whose peer is not that
 ** uid is closed at once, unanswered; without it the socket is 0600. The
-** peer must say hello first and may send setup once; a request out of that
+** peer must say hello first and may send setup once (its env and workdir,
+** and a lifetime_ms that may only shorten the lifetime: a sandbox started
+** ahead of time gets the one asked for when it is handed out); a request out of that
 ** order, an unknown op or a malformed frame ends the connection, and the
 ** end of the connection ends the agent.
 **
@@ -875,6 +877,11 @@ static void op_setup(conn *c, const wire_msg *m) {
     char *wd = NULL;
     size_t i;
     int rc;
+    int64_t life = 0;
+    if (field_int(m, "lifetime_ms", &life, 1, MAX_MS) != 0) {
+        reply_error(c, m->id, "invalid", "field 'lifetime_ms' must be an int from 1");
+        return;
+    }
     if (fe != NULL && fe->type != WIRE_MAP) {
         reply_error(c, m->id, "invalid", "field 'env' must be a map");
         return;
@@ -908,6 +915,7 @@ static void op_setup(conn *c, const wire_msg *m) {
     free(setup_env);
     setup_env = e.v;
     setup_n = e.n;
+    if (life > 0 && now_ms() + life < lifetime_end) lifetime_end = now_ms() + life;
     if (wd != NULL) {
         free(workdir);
         workdir = wd;

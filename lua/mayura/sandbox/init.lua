@@ -21,6 +21,15 @@
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
 --
+-- Warm sandboxes: a provider with `warm_attach` (local and Docker with their
+-- option `warm`, mayura.sandbox._agent_backend's add_warm) keeps sandboxes
+-- started ahead for the first pool made over it. They take slots of its
+-- max_sandboxes: `count()` plus the provider's `warm_held()` never passes
+-- it; the provider starts one only in a free slot, a create that gets one
+-- (`warm_claim`, then `create(self, spec, claimed)`) moves its slot to the
+-- pool, a create of another shape finding no free slot has one destroyed
+-- first (`warm_evict`), and `close()` ends them all (`warm_detach`).
+--
 -- Desktop: `create{ desktop = true }` asks for one (INVALID_INPUT when the
 -- provider's `features.desktop` is false); `sandbox.desktop` is then the
 -- backend's `desktop` behind the pool's checks: `screenshot()` (PNG bytes),
@@ -628,7 +637,21 @@ function M.create_sandboxes(provider, options)
     end
     self.exec_timeout_ms = self.max_exec_timeout_ms   -- the default never passes the cap
   end
+  -- a provider with warm sandboxes (its option `warm`) keeps them for this pool, as long as no other
+  -- pool holds them: they live max_lifetime_ms, carry the pool's labels and take free slots only
+  if type(provider.warm_attach) == 'function' then
+    local budget = { max_lifetime_ms = self.max_lifetime_ms, labels = self.labels }
+    function budget.may_fill()
+      return not self._closed and self._count + provider:warm_held() < self.max_sandboxes
+    end
+    self._warm = provider:warm_attach(budget)
+  end
   return self
+end
+
+-- How many of this pool's slots the provider's warm sandboxes take (ready, starting or ending).
+function Pool:_warm_held()
+  return self._warm and self.provider:warm_held() or 0
 end
 
 local create_keys = {
@@ -717,15 +740,22 @@ function Pool:create(options)
   for k, v in pairs(self.labels) do spec.labels[k] = v end
   for k, v in pairs(labels) do spec.labels[k] = v end
 
-  if self._count >= self.max_sandboxes then
-    errors.raise('LIMIT_EXCEEDED', 'max_sandboxes (' .. self.max_sandboxes .. ') are alive', nil, 2)
+  local provider = self.provider
+  -- a warm sandbox of exactly the asked shape moves from the provider's slots to the pool's; a
+  -- create of another shape finding every slot taken makes room by destroying a warm one
+  local warm = self._warm and provider:warm_claim(self._warm, spec) or nil
+  if not warm and self._count + self:_warm_held() >= self.max_sandboxes then
+    if self._warm then provider:warm_evict(self._warm) end
+    if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
+    if self._count + self:_warm_held() >= self.max_sandboxes then
+      errors.raise('LIMIT_EXCEEDED', 'max_sandboxes (' .. self.max_sandboxes .. ') are alive', nil, 2)
+    end
   end
   self._count = self._count + 1
   local started = core.hrtime_ms()
-  local provider = self.provider
   local returned, handed_late = false, false
   local ok, backend = pcall(with_deadline, self.call_timeout_ms, function()
-    local r = pack(pcall(provider.create, provider, spec))
+    local r = pack(pcall(provider.create, provider, spec, warm))
     returned = true
     if not r[1] then error(r[2], 0) end
     return check.unpack(r, 2, r.n)
@@ -797,22 +827,30 @@ function Pool:_free(sandbox)
   if self._alive[sandbox] then
     self._alive[sandbox] = nil
     self._count = self._count - 1
+    -- a slot is free: the provider's warm sandboxes may take it again
+    if self._warm then self.provider:warm_fill(self._warm) end
   end
 end
 
 --- How many sandboxes are alive, being created, or being released (until the provider's release
--- has returned).
+-- has returned). The provider's warm sandboxes are not in it, but take slots too: this count and
+-- theirs (`provider:warm_held()`) together stay within max_sandboxes.
 function Pool:count()
   return self._count
 end
 
---- Releases every sandbox still alive and refuses new ones.
+--- Releases every sandbox still alive, and the provider's warm sandboxes held for this pool (those
+-- being started too), and refuses new ones.
 function Pool:close()
   self._closed = true
   local list = {}
   for sb in pairs(self._alive) do list[#list + 1] = sb end
   local tasks = {}
-  for i, sb in ipairs(list) do tasks[i] = task.spawn(function() sb:release() end) end
+  if self._warm then
+    local provider, budget = self.provider, self._warm
+    tasks[#tasks + 1] = task.spawn(function() provider:warm_detach(budget) end)
+  end
+  for _, sb in ipairs(list) do tasks[#tasks + 1] = task.spawn(function() sb:release() end) end
   for _, t in ipairs(tasks) do pcall(t.wait, t) end
 end
 

@@ -176,17 +176,27 @@ function M.class()
   return class
 end
 
---- The first requests on a new channel: `hello`, then `setup` with the
--- environment every command sees (so values never reach a command line or
--- a container's configuration) and the working directory.
-function M.handshake(backend, env, workdir)
+--- The first request on a new channel: `hello` (the agent is up and answers).
+function M.hello(backend)
   local hello = backend:call({ op = 'hello' })
   if hello.error then error(errors.sandbox('failed', 'the sandbox agent did not start'), 0) end
+end
+
+--- The agent's one `setup`: the environment every command sees (so values never reach a command
+-- line or a container's configuration) and the working directory. A warm sandbox gets it when it
+-- is handed out, with `lifetime_ms`, the one asked for (the agent only ever shortens its own).
+function M.setup(backend, env, workdir, lifetime_ms)
   -- an empty table would go on the wire as a list, which the agent refuses: no env then
-  local req = { op = 'setup', workdir = workdir }
+  local req = { op = 'setup', workdir = workdir, lifetime_ms = lifetime_ms }
   if env and next(env) then req.env = env end
   local setup = backend:call(req)
   if setup.error then error(errors.sandbox('failed', 'the sandbox agent refused its setup'), 0) end
+end
+
+--- The first requests on a new channel: `hello`, then `setup` with the env and workdir.
+function M.handshake(backend, env, workdir)
+  M.hello(backend)
+  M.setup(backend, env, workdir)
 end
 
 --- A sandbox that failed to start: releases what was made of it and raises the
@@ -212,5 +222,206 @@ function M.connect(path, on_close)
     if not ok then done(nil, err) end
   end)
 end
+
+
+-- {======================================================
+-- Warm sandboxes
+-- =======================================================
+
+--- Gives the provider `p` (its option `warm = n`) a set of `n` sandboxes of its default shape,
+-- started ahead of time (the agent up and its hello said, no setup yet). Hooks:
+--   `make(p, lifetime_ms, labels)`: a started backend of the default shape (raises on failure);
+--   `matches(p, spec, labels)`: whether a create's spec asks for exactly that shape;
+--   `hand_out(p, backend, spec)`: the agent's setup (env, workdir) and the provider's own steps.
+-- The set belongs to one pool at a time (`warm_attach(budget)`, made by create_sandboxes): its
+-- sandboxes live `budget.max_lifetime_ms` (their own lifetime: at its end one is destroyed and
+-- replaced), carry `budget.labels`, and are started only while `budget.may_fill()` says the pool
+-- has a free slot (they count against its max_sandboxes: `warm_held()` counts those ready, being
+-- started and being destroyed). `warm_claim(budget, spec)` takes a ready one that fits the spec out
+-- of the set (the pool then passes it to `create` as its third argument, which hands it out) and
+-- refills in the background; a released sandbox is always destroyed, never put back.
+-- `warm_evict(budget)` destroys one ready sandbox to make room for a create of another shape;
+-- `warm_detach(budget)` (the pool's close) stops refilling and returns once every warm sandbox,
+-- those being started too, is destroyed. `p:close()` does the same for whichever pool holds it.
+-- A host that dies leaves none: they are sandboxes like the others (the local launcher ends one
+-- when the host's end of its control socket closes; a Docker agent ends its container when the
+-- host's connection closes).
+function M.add_warm(p, n, hooks)
+  p.warm = n
+  local ready = {}          -- { backend, ends_at (hrtime ms), timer } each, oldest first
+  local starting, ending = 0, 0
+  local owner               -- the budget of the pool the set belongs to, or nil
+  local idle = {}           -- who waits for nothing to be started or destroyed
+  local retry               -- a refill's timer after a failed start
+  local claimed = setmetatable({}, { __mode = 'k' })
+  local made, made_next = {}, 0   -- the last 64 backends started, for `warm_made`
+  local fill
+
+  local function settle()
+    if starting > 0 or ending > 0 then return end
+    local waiters = idle
+    idle = {}
+    for _, done in ipairs(waiters) do done() end
+  end
+
+  -- Destroys a warm sandbox in a task of its own; it counts until its release has returned.
+  local function destroy(b)
+    ending = ending + 1
+    task.spawn(function()
+      pcall(b.release, b)
+      ending = ending - 1
+      settle()
+      fill()
+    end)
+  end
+
+  local function drop(e)
+    if e.timer then
+      e.timer.cancel()
+      e.timer = nil
+    end
+  end
+
+  fill = function()
+    local o = owner
+    while o and owner == o and not retry and #ready + starting < n and o.may_fill() do
+      starting = starting + 1
+      task.spawn(function()
+        local t0 = core.hrtime_ms()
+        local ok, b = pcall(hooks.make, p, o.max_lifetime_ms, o.labels)
+        if ok then
+          made_next = made_next % 64 + 1
+          made[made_next] = b
+        end
+        if ok and owner ~= o then
+          destroy(b)
+        elseif ok then
+          local e = { backend = b, ends_at = t0 + o.max_lifetime_ms }
+          -- its own lifetime: then it goes, and another takes its place
+          e.timer = task.after(math.max(1, o.max_lifetime_ms - math.floor(core.hrtime_ms() - t0)), function()
+            e.timer = nil
+            for i, x in ipairs(ready) do
+              if x == e then
+                table.remove(ready, i)
+                destroy(b)
+                break
+              end
+            end
+          end, true)
+          ready[#ready + 1] = e
+        elseif owner == o and not retry then
+          -- a start that failed is tried again a second later, not at once
+          retry = task.after(1000, function()
+            retry = nil
+            fill()
+          end, true)
+        end
+        starting = starting - 1
+        settle()
+      end)
+    end
+  end
+
+  function p.warm_attach(_, budget)
+    if owner or n == 0 then return nil end
+    owner = budget
+    -- on the loop's next turn: making the pool stays quick
+    task.after(0, function() fill() end, true)
+    return budget
+  end
+
+  function p.warm_held()
+    return #ready + starting + ending
+  end
+
+  --- How many are ready to be handed out.
+  function p.warm_ready()
+    return #ready
+  end
+
+  --- The backends of the last 64 warm sandboxes started (ready, handed out or destroyed): what a
+  -- check of what is left on the host looks at.
+  function p.warm_made()
+    local out = {}
+    for _, b in pairs(made) do out[#out + 1] = b end
+    return out
+  end
+
+  function p.warm_fill(_, budget)
+    if budget and owner == budget then fill() end
+  end
+
+  function p.warm_claim(self, budget, spec)
+    if not budget or owner ~= budget then return nil end
+    local now = core.hrtime_ms()
+    local i = 1
+    while i <= #ready do
+      local e = ready[i]
+      if e.backend.closed then
+        -- ended on its own (killed from outside, say): gone from the set
+        table.remove(ready, i)
+        drop(e)
+        destroy(e.backend)
+      elseif e.ends_at - now >= spec.lifetime_ms + 1000 and hooks.matches(self, spec, budget.labels) then
+        table.remove(ready, i)
+        drop(e)
+        claimed[e] = true
+        task.after(0, function() fill() end, true)
+        return e
+      else
+        i = i + 1
+      end
+    end
+    return nil
+  end
+
+  function p.warm_evict(_, budget)
+    if not budget or owner ~= budget or #ready == 0 then return false end
+    local e = table.remove(ready, 1)
+    drop(e)
+    ending = ending + 1
+    pcall(e.backend.release, e.backend)
+    ending = ending - 1
+    settle()
+    return true
+  end
+
+  function p.warm_detach(_, budget)
+    if not budget or owner ~= budget then return end
+    owner = nil
+    if retry then
+      retry.cancel()
+      retry = nil
+    end
+    local list = ready
+    ready = {}
+    for _, e in ipairs(list) do
+      drop(e)
+      destroy(e.backend)
+    end
+    if starting > 0 or ending > 0 then
+      task.await(function(done) idle[#idle + 1] = done end)
+    end
+  end
+
+  function p.close(self)
+    if owner then self:warm_detach(owner) end
+  end
+
+  local cold = p.create
+  function p.create(self, spec, warm)
+    if warm ~= nil and claimed[warm] then
+      claimed[warm] = nil
+      local b = warm.backend
+      local ok, err = pcall(hooks.hand_out, self, b, spec)
+      if not ok then M.start_failed(b, err) end
+      return b
+    end
+    return cold(self, spec)
+  end
+  return p
+end
+
+-- }======================================================
 
 return M

@@ -72,6 +72,18 @@
 -- so code in the sandbox cannot reach it. The directory is removed on
 -- release, by the reaper, or, once its name's time (when it expires) is a
 -- minute past, by the next create.
+--
+-- Warm sandboxes (`warm = N`, mayura.sandbox._agent_backend's add_warm): N
+-- containers of the provider's shape (network none, its image and limits, no
+-- ports, no desktop) with the pool's labels, started and connected (hello
+-- said, no setup) for the pool made over the provider. A create asking for
+-- that shape with no labels of its own (a container's labels are fixed when
+-- it is made) gets one: the image's and the asked env go in the agent's one
+-- setup then, and the host's timer is set to the asked lifetime. They live
+-- the pool's max_lifetime_ms (mayura.expires says so), take slots of its
+-- max_sandboxes, and end with the pool's close or, as every container here,
+-- with the host: the agent ends its container when the host's connection
+-- closes, and the reaper removes what is past its time.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -792,7 +804,7 @@ end
 local option_keys = {
   image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
   tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true, desktop = true,
+  agent = true, run_dir = true, desktop = true, warm = true,
 }
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
@@ -846,7 +858,8 @@ end
 -- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
 -- `run_dir` (where the sockets' directories are made) for unusual setups;
 -- `desktop` (true, or `{ display = 0, width = 1024, height = 768 }`: the
--- image has a desktop's programs; none by default).
+-- image has a desktop's programs; none by default); `warm` (0: how many containers of the
+-- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes").
 function M.docker_sandboxes(options)
   local C = 'INVALID_CONFIG'
   if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
@@ -893,6 +906,7 @@ function M.docker_sandboxes(options)
     pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
     read_only_root = options.read_only_root ~= false,
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, 366 * 86400000, C, 3, 86400000),
+    warm = check.int(options.warm, 'warm', 0, 10000, C, 3, 0),
   }
   if engine == 'cli' then
     if options.docker ~= nil and (type(options.docker) ~= 'string' or options.docker == '') then
@@ -943,7 +957,9 @@ function M.docker_sandboxes(options)
     return map
   end
 
-  function p.create(self, spec)
+  -- A sandbox up to its agent's hello (its socket directory closed again): what a warm one is until
+  -- handed out. Returns the backend and the time left of its lifetime (ms).
+  local function start(self, spec)
     local started = core.hrtime_ms()
     local network = spec.network == 'all' and 'all' or 'none'
     if spec.ports and #spec.ports > 0 and network ~= 'all' then
@@ -968,9 +984,7 @@ function M.docker_sandboxes(options)
     end
 
     -- the image first: nothing is created for an image that is not here
-    local env = {}
-    for k, v in pairs(image_env(self, image_name)) do env[k] = v end
-    for k, v in pairs(spec.env or {}) do env[k] = v end
+    image_env(self, image_name)
 
     if not prepared then
       prepare_base(self.run_base, self.my_uid)
@@ -1079,17 +1093,63 @@ function M.docker_sandboxes(options)
       end
       backend.ch = connect_agent(eng, container, dir .. '/' .. SOCKET, function() backend.closed = true end)
       backend.oom_file = cgroup_oom_file(container)
-      agent_backend.handshake(backend, desktop.env(self.desktop, spec, env), self.workdir)
+      agent_backend.hello(backend)
       -- no more files from the sandbox's side in this host directory (the agent, answering, has
       -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
       uv_fs('fs_chmod', dir, 448)
-      if spec.desktop then desktop.attach(backend, self.desktop) end
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
+    backend.image_name = image_name
     backend:arm(remaining + LIFETIME_GRACE_MS)
     return backend
   end
 
+  -- What a started sandbox gets before it is handed out: the image's env and the asked one through
+  -- the agent's setup, the desktop when asked for.
+  local function finish(self, backend, spec, warm)
+    local env = {}
+    for k, v in pairs(image_env(self, backend.image_name)) do env[k] = v end
+    for k, v in pairs(spec.env or {}) do env[k] = v end
+    agent_backend.setup(backend, desktop.env(self.desktop, spec, env), self.workdir, warm and spec.lifetime_ms or nil)
+    if spec.desktop then desktop.attach(backend, self.desktop) end
+  end
+
+  function p.create(self, spec)
+    local backend = start(self, spec)
+    local fok, err = pcall(finish, self, backend, spec)
+    if not fok then agent_backend.start_failed(backend, err) end
+    return backend
+  end
+
+  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
+  -- desktop) with the pool's labels (a container's labels cannot change once it is made: a create
+  -- adding labels of its own gets a cold one)
+  local function same_labels(a, b)
+    for k, v in pairs(a or {}) do if b[k] ~= v then return false end end
+    for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
+    return true
+  end
+  agent_backend.add_warm(p, p.warm, {
+    make = function(self, lifetime_ms, labels)
+      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
+    end,
+    matches = function(self, spec, labels)
+      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
+        and (spec.image == nil or spec.image == self.image)
+        and (spec.cpus == nil or spec.cpus >= self.cpus)
+        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
+        and same_labels(spec.labels, labels)
+    end,
+    hand_out = function(self, backend, spec)
+      finish(self, backend, spec, true)
+      -- the host removes it at the lifetime asked for now, not the warm one's
+      if backend.timer then
+        if not backend.timer:is_closing() then backend.timer:close() end
+        backend.timer = nil
+      end
+      backend:arm(spec.lifetime_ms + LIFETIME_GRACE_MS)
+    end,
+  })
   return p
 end
 

@@ -72,7 +72,8 @@
 -- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
--- sandbox): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- sandbox; one mount(8) from a table the provider writes once, root's alone,
+-- in /run/mayura): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
 -- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
 -- and links can run out of inodes before bytes do) and `mode=`, owned by host
 -- root (so their options name no host uid; the roots of the root and of
@@ -90,6 +91,19 @@
 -- and the provider says so on stderr once when it does not: the tmpfs caps
 -- count toward `memory_mib` and may add up to more than it, and an agent left
 -- unshielded may then be what the kernel kills.
+--
+-- Warm sandboxes (`warm = N`, mayura.sandbox._agent_backend's add_warm): the
+-- provider keeps N sandboxes of its own shape (network 'none', its image and
+-- limits, no ports, no desktop) started, their agents past hello but without
+-- a setup, for the pool made over it (create_sandboxes; one pool at a time).
+-- A create asking for no more than that shape, with a lifetime that fits in
+-- what is left of the warm one's, gets one: its env (and desktop env) go in
+-- the agent's one setup then, so nothing of one create is ever seen by
+-- another; the set refills in the background. Warm sandboxes live the pool's
+-- max_lifetime_ms (the launcher's and the agent's lifetime; a handed-out one
+-- is ended at its own lifetime by the pool), take slots of the pool's
+-- max_sandboxes, and are launchers like the others: the pool's close, or the
+-- host's death (the end of the control socket), ends them.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -211,6 +225,37 @@ local function make_stage()
   return true
 end
 
+-- tmpfs options: `bytes`, one inode per 4 KiB page (every file with data takes a page anyway, so
+-- only empty files, directories and links can run out of inodes before the bytes run out), `mode`.
+local function tmpfs_options(bytes, mode)
+  return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
+end
+
+-- The mount table of the provider's sandboxes (made once per provider, as root, in STAGE: root's
+-- alone; named by what it holds, so providers with the same sizes share one). Its path, or nil.
+-- mount(8) reads it whole before it mounts the first line (a small tmpfs over STAGE, in which the
+-- others make their directories) and so hides it.
+local function make_fstab(agent_bytes, workspace_mib, tmp_mib)
+  local uv = require('luv')
+  local lines = {
+    ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
+    ('mayura %s/root tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(agent_bytes + MIB, '0755')),
+    ('mayura %s/w tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(workspace_mib * MIB, '0755')),
+    ('mayura %s/t tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
+    ('mayura %s/s tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
+    ('devpts %s/pts devpts newinstance,ptmxmode=0666,mode=0620,X-mount.mkdir 0 0'):format(STAGE),
+  }
+  local text = table.concat(lines, '\n') .. '\n'
+  local path = ('%s/fstab.%d.%d.%d'):format(STAGE, agent_bytes, workspace_mib, tmp_mib)
+  local st = lstat(path)
+  if st and st.type == 'file' and st.uid == 0 and read_plain(path) == text then return path end
+  local tmp = path .. '.' .. random_hex(4)
+  if not write_plain(tmp, text) then return nil end
+  local ok = uv.fs_rename(tmp, path)
+  if not ok then os.remove(tmp); return nil end
+  return path
+end
+
 local stage_ok
 
 -- Whether the launcher can mount tmpfs in a mount namespace of its own here (asked once).
@@ -223,12 +268,6 @@ local function stage_works()
     stage_ok = ok and r.exit_code == 0
   end
   return stage_ok
-end
-
--- tmpfs options: `bytes`, one inode per 4 KiB page (every file with data takes a page anyway, so
--- only empty files, directories and links can run out of inodes before the bytes run out), `mode`.
-local function tmpfs_options(bytes, mode)
-  return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
 end
 
 -- }======================================================
@@ -432,14 +471,22 @@ exit 0
 
 -- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
 -- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
--- commands may go down to at 0), then becomes bubblewrap (as root through MOUNT; the launcher has
--- started it in a mount namespace of its own), with the agent's bytes on fd 0 and, without an
+-- commands may go down to at 0), as root mounts the sandbox's file systems (the launcher has
+-- started it in a mount namespace of its own), then becomes bubblewrap under the sandbox's host
+-- uid, with the agent's bytes on fd 0 and, without an
 -- image, the /etc files on descriptors 5..9. fd 5: the agent's bytes.
 local START = [=[
 for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
 echo -17 > /proc/self/oom_adj 2>/dev/null
-if [ -n "$MAYURA_MOUNT" ]; then set -- /bin/sh -c "$MAYURA_MOUNT" mayura-mount "$@"
-elif [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
+# as root, in the launcher's own mount namespace: the sandbox's file systems under MAYURA_STAGE, in
+# one mount(8) from the provider's table (MAYURA_MOUNT; tmpfs owned by host root, capped in bytes and
+# inodes; a devpts instance of its own), the roots of the root and of the workspace given to the
+# sandbox's host uid
+if [ -n "$MAYURA_MOUNT" ]; then
+  mount -a -T "$MAYURA_MOUNT" && chown "$MAYURA_UID:$MAYURA_UID" "$MAYURA_STAGE/root" "$MAYURA_STAGE/w" && cd / \
+    || exit 125
+fi
+if [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
 if [ -n "$MAYURA_INFO" ]; then exec 4<&7 7<&-; fi
 if [ -z "$MAYURA_ETC_FDS" ] && [ -n "$MAYURA_RESOLV" ]; then exec "$@" 0<&5 5<<E1
 $MAYURA_RESOLV
@@ -457,23 +504,6 @@ $MAYURA_ETC_4
 E4
 $MAYURA_ETC_5
 E5
-]=]
-
--- As root, in the launcher's own mount namespace: mounts the sandbox's file systems under
--- MAYURA_STAGE (tmpfs owned by host root, capped in bytes and inodes, their roots given to the
--- sandbox's host uid; a devpts instance of its own), then becomes bubblewrap under that uid.
-local MOUNT = [=[
-set -e
-r=$MAYURA_STAGE
-mount -t tmpfs -o "$MAYURA_ROOT_OPTS" mayura "$r"
-mkdir "$r/root" "$r/w" "$r/t" "$r/s" "$r/pts"
-# the rest in one mount(8): a table of its own, outside what the sandbox sees
-printf '%s\n' "mayura $r/w tmpfs $MAYURA_WS_OPTS 0 0" "mayura $r/t tmpfs $MAYURA_TMP_OPTS 0 0" \
-  "mayura $r/s tmpfs $MAYURA_SHM_OPTS 0 0" "devpts $r/pts devpts newinstance,ptmxmode=0666,mode=0620 0 0" > "$r/fstab"
-mount -a -T "$r/fstab"
-chown "$MAYURA_UID:$MAYURA_UID" "$r/root" "$r/w"
-cd /
-exec setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"
 ]=]
 
 local function bwrap_argv(p, spec)
@@ -575,12 +605,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
   if spec.network == 'all' then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
   if p.staged then
-    env.MAYURA_MOUNT = MOUNT
+    env.MAYURA_MOUNT = p.fstab
     env.MAYURA_STAGE = STAGE
-    env.MAYURA_ROOT_OPTS = tmpfs_options(#p.agent_bytes + MIB, '0755')
-    env.MAYURA_WS_OPTS = tmpfs_options(p.workspace_mib * MIB, '0755')
-    env.MAYURA_TMP_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
-    env.MAYURA_SHM_OPTS = tmpfs_options(p.tmp_mib * MIB, '1777')
   end
   return env
 end
@@ -960,7 +986,7 @@ end
 
 local option_keys = {
   image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
-  pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true,
+  pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true, warm = true,
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
@@ -969,7 +995,9 @@ local option_keys = {
 -- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
 -- the agent binary), `desktop` (the desktop of sandboxes created with
 -- `desktop = true`: false for none, or `{ display = 0, width = 1024, height =
--- 768 }`; by default there is one when the root has its programs).
+-- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
+-- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
+-- "Warm sandboxes" above).
 function M.local_sandboxes(options)
   options = options or {}
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
@@ -985,6 +1013,7 @@ function M.local_sandboxes(options)
     memory_mib = check.int(options.memory_mib, 'memory_mib', 16, 16 * 1048576, C, 3, 1024),
     pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, nil, C, 3, 86400000),
+    warm = check.int(options.warm, 'warm', 0, 10000, C, 3, 0),
   }
   local cpus = options.cpus or 1
   if type(cpus) ~= 'number' or cpus ~= cpus or cpus <= 0 or cpus > 1024 then
@@ -1030,6 +1059,11 @@ function M.local_sandboxes(options)
   -- could be replaced by another user)
   p.agent_bytes = read_plain(p.agent)
   if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  -- prepared once: the launchers' mount table
+  if p.staged then
+    p.fstab = make_fstab(#p.agent_bytes, p.workspace_mib, p.tmp_mib)
+    p.staged = p.fstab ~= nil
+  end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
   p.enforced = {
     memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
@@ -1039,7 +1073,8 @@ function M.local_sandboxes(options)
   if not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
-  function p.create(self, spec)
+  -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
+  local function start(self, spec)
     if spec.network == 'all' and not self.can_connect then
       errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
     end
@@ -1107,12 +1142,41 @@ function M.local_sandboxes(options)
       local nok, nerr = pcall(connect_network, self, backend, spec, net_fds.info_host)
       if not nok then agent_backend.start_failed(backend, nerr) end
     end
-    -- the agent answers once the namespaces are up; then it gets the env, never on a command line
-    local ok, cerr = pcall(agent_backend.handshake, backend, desktop.env(self.desktop, spec, spec.env), WORKDIR)
-    if ok and spec.desktop then ok, cerr = pcall(desktop.attach, backend, self.desktop) end
+    -- the agent answers once the namespaces are up
+    local ok, cerr = pcall(agent_backend.hello, backend)
     if not ok then agent_backend.start_failed(backend, cerr) end
     return backend
   end
+
+  -- What a started sandbox gets before it is handed out: the env (never on a command line), the
+  -- desktop when asked for.
+  local function finish(self, backend, spec, warm)
+    agent_backend.setup(backend, desktop.env(self.desktop, spec, spec.env), WORKDIR, warm and spec.lifetime_ms or nil)
+    if spec.desktop then desktop.attach(backend, self.desktop) end
+    backend.labels = spec.labels
+  end
+
+  function p.create(self, spec)
+    local backend = start(self, spec)
+    local ok, cerr = pcall(finish, self, backend, spec)
+    if not ok then agent_backend.start_failed(backend, cerr) end
+    return backend
+  end
+
+  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
+  -- desktop), handed out to a create that asks for no more than that
+  agent_backend.add_warm(p, p.warm, {
+    make = function(self, lifetime_ms, labels)
+      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
+    end,
+    matches = function(self, spec)
+      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
+        and (spec.image == nil or spec.image == self.image)
+        and (spec.cpus == nil or spec.cpus >= self.cpus)
+        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
+    end,
+    hand_out = function(self, backend, spec) finish(self, backend, spec, true) end,
+  })
   return p
 end
 
