@@ -1110,7 +1110,8 @@ function M.local_sandboxes(options)
       error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
     end
     local backend = setmetatable({
-      id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
+      id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network,
+      cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
       control = c, closed = false, released = false, exited = false,
     }, Backend)
     -- with 'all', bubblewrap says its pid on INFO_FD (the launcher's 5) while the host connects it
