@@ -1,0 +1,73 @@
+-- The egress proxy's rules on their own (mayura.sandbox._egress): host names, the allow-list's
+-- matching, which resolved addresses a wildcard name may reach, and the server name of a TLS
+-- ClientHello. The proxy at work is spec/security/allowlist_spec.lua.
+local egress = require('mayura.sandbox._egress')
+
+local function u16(n) return string.char(math.floor(n / 256), n % 256) end
+
+-- A ClientHello record with the given extensions' bytes.
+local function hello(exts)
+  local body = '\3\3' .. string.rep('\1', 32) .. '\0' .. u16(2) .. '\0\47' .. '\1\0' .. u16(#exts) .. exts
+  local hs = '\1' .. string.char(0, math.floor(#body / 256), #body % 256) .. body
+  return '\22\3\1' .. u16(#hs) .. hs
+end
+
+local function sni(...)
+  local list = ''
+  for _, name in ipairs({ ... }) do list = list .. '\0' .. u16(#name) .. name end
+  return u16(0) .. u16(#list + 2) .. u16(#list) .. list
+end
+
+describe('the egress proxy', function()
+  it('takes domain names, normalised, and refuses every spelling of an address', function()
+    assert.are.equal('packages.example.com', egress.normalise_host('Packages.Example.COM.'))
+    for _, h in ipairs({ '127.0.0.1', '2130706433', '0x7f000001', '0x7f.1', '017700000001', '10.1', '[::1]',
+      '::1', 'example.123' }) do
+      local ok, why = egress.normalise_host(h)
+      assert.is_nil(ok, h)
+      assert.are.equal('ip_literal', why, h)
+    end
+    for _, h in ipairs({ '', 'a..b', '.a.com', 'a_b.com', '-a.com', 'a b.com', ('a'):rep(64) .. '.com' }) do
+      assert.is_nil((egress.normalise_host(h)), h)
+    end
+  end)
+
+  it('matches exact entries and wildcards below their name only, case-insensitively', function()
+    local list = egress.compile({ 'Packages.Example.com.', '*.github.com', '.example.org' })
+    assert.are.equal('exact', egress.match(list, 'packages.example.com'))
+    assert.are.equal('wildcard', egress.match(list, 'api.github.com'))
+    assert.are.equal('wildcard', egress.match(list, 'a.b.github.com'))
+    assert.are.equal('wildcard', egress.match(list, 'www.example.org'))
+    assert.is_nil(egress.match(list, 'github.com'))
+    assert.is_nil(egress.match(list, 'evilgithub.com'))
+    assert.is_nil(egress.match(list, 'x.packages.example.com'))
+    assert.is_nil(egress.match(list, 'example.com'))
+  end)
+
+  it('lets a wildcard name reach public addresses only', function()
+    for _, a in ipairs({ '93.184.216.34', '1.1.1.1', '2606:4700::1111', '::ffff:8.8.8.8' }) do
+      assert.is_true(egress.public_address(a), a)
+    end
+    for _, a in ipairs({ '127.0.0.1', '127.9.9.9', '0.0.0.0', '10.0.2.3', '172.16.0.1', '172.31.255.255',
+      '192.168.1.1', '100.64.0.1', '169.254.169.254', '224.0.0.1', '255.255.255.255', '::', '::1',
+      'fe80::1', 'fd00::1', 'fc00::1', 'ff02::1', '::ffff:127.0.0.1', '::ffff:7f00:1', '64:ff9b::a00:1',
+      '2002:a00:1::1', 'garbage' }) do
+      assert.is_false(egress.public_address(a), a)
+    end
+  end)
+
+  it('reads the one server name of a ClientHello, across records, and nothing else', function()
+    local h = hello(u16(10) .. u16(2) .. '\0\0' .. sni('tls.example.com'))
+    assert.are.equal('tls.example.com', egress.client_hello_sni(h))
+    -- split in two records
+    local hs = h:sub(6)
+    local two = '\22\3\1' .. u16(10) .. hs:sub(1, 10) .. '\22\3\1' .. u16(#hs - 10) .. hs:sub(11)
+    assert.are.equal('tls.example.com', egress.client_hello_sni(two))
+    local name, why = egress.client_hello_sni(h:sub(1, 20))
+    assert.are.same({ nil, 'more' }, { name, why })
+    assert.are.same({ nil, 'bad' }, { egress.client_hello_sni(hello('')) })
+    assert.are.same({ nil, 'bad' }, { egress.client_hello_sni(hello(sni('a.com', 'b.com'))) })
+    assert.are.same({ nil, 'bad' }, { egress.client_hello_sni(hello(sni('a.com') .. sni('b.com'))) })
+    assert.are.same({ nil, 'bad' }, { egress.client_hello_sni('GET / HTTP/1.1\r\n\r\n') })
+  end)
+end)
