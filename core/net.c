@@ -13,8 +13,9 @@
 ** cannot: it must never go on in a sandbox's namespace).
 **
 ** core.relay(fd_a, fd_b, opts, cb) -> relay: copies bytes both ways between
-** two connected stream sockets on the loop (the core's own buffers, no Lua
-** string per chunk), passing on each side's end of stream as a shutdown of
+** two connected stream sockets on the loop (splice(2) through a pipe per
+** direction, so the bytes never enter this process; a buffer of its own
+** where splice cannot serve; never a Lua string per chunk), passing on each side's end of stream as a shutdown of
 ** the other. Both descriptors are duplicated: the caller keeps and closes
 ** its own. opts: `to_b` (bytes sent to b before anything read from a),
 ** `connecting_b` (b's connect is under way: its result is awaited first).
@@ -29,7 +30,8 @@
 #include <unistd.h>
 
 #define RELAY_MT "mayura.relay"
-#define RELAY_BUF ((size_t)256 * 1024)
+#define RELAY_BUF ((size_t)256 * 1024)     /* the buffer of each direction without splice */
+#define RELAY_PIPE ((size_t)1024 * 1024)    /* the pipe of each direction with it */
 
 /* {======================================================
 ** Sockets in another network namespace
@@ -93,6 +95,8 @@ typedef struct relay_dir {
     size_t len, off;      /* pending bytes: buf[off, len) */
     int eof;              /* the source has ended */
     int shut;             /* the destination was told */
+    int pipe[2];          /* splice(2)'s pipe, -1 when there is none (then buf carries everything) */
+    size_t inpipe;        /* bytes in the pipe not yet passed on */
     uint64_t bytes;
 } relay_dir;
 
@@ -112,7 +116,11 @@ typedef struct mc_relay {
 typedef struct { mc_relay *r; } relay_box;
 
 static void relay_maybe_free(mc_relay *r) {
+    int i, j;
     if (r->live[0] || r->live[1] || r->boxed) return;
+    for (i = 0; i < 2; i++)
+        for (j = 0; j < 2; j++)
+            if (r->dir[i].pipe[j] >= 0) close(r->dir[i].pipe[j]);
     free(r->dir[0].buf);
     free(r->dir[1].buf);
     free(r);
@@ -169,8 +177,8 @@ static void relay_arm(mc_relay *r) {
         relay_dir *in = &r->dir[i], *out = &r->dir[1 - i];
         if (i == 1 && r->connecting) want = UV_WRITABLE;
         else {
-            if (!in->eof && in->len == 0) want |= UV_READABLE;
-            if (out->len > out->off) want |= UV_WRITABLE;
+            if (!in->eof && in->len == 0 && in->inpipe == 0) want |= UV_READABLE;
+            if (out->len > out->off || out->inpipe > 0) want |= UV_WRITABLE;
         }
         if (want != r->events[i]) {
             r->events[i] = want;
@@ -196,6 +204,16 @@ static int relay_flush(mc_relay *r, int d) {
         x->bytes += (uint64_t)n;
     }
     x->len = x->off = 0;
+    while (x->inpipe > 0) {
+        ssize_t n = splice(x->pipe[0], NULL, dst, NULL, x->inpipe, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            return -1;
+        }
+        x->inpipe -= (size_t)n;
+        x->bytes += (uint64_t)n;
+    }
     if (x->eof && !x->shut) {
         x->shut = 1;
         shutdown(dst, SHUT_WR);
@@ -210,14 +228,26 @@ static int relay_read(mc_relay *r, int s) {
     /* a bounded number of rounds, so a fast stream cannot hold the loop */
     for (rounds = 0; rounds < 16; rounds++) {
         ssize_t n;
-        if (x->eof || x->len > 0) return 0;
-        n = recv(r->fd[s], x->buf, RELAY_BUF, 0);
+        if (x->eof || x->len > 0 || x->inpipe > 0) return 0;
+        if (x->pipe[0] >= 0) {
+            /* in the kernel: socket to pipe to socket, no copy through this process */
+            n = splice(r->fd[s], NULL, x->pipe[1], NULL, RELAY_PIPE, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            if (n < 0 && errno == EINVAL) {
+                close(x->pipe[0]);
+                close(x->pipe[1]);
+                x->pipe[0] = x->pipe[1] = -1;
+                continue;
+            }
+        } else {
+            n = recv(r->fd[s], x->buf, RELAY_BUF, 0);
+        }
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             return -1;
         }
         if (n == 0) x->eof = 1;
+        else if (x->pipe[0] >= 0) x->inpipe = (size_t)n;
         else { x->len = (size_t)n; x->off = 0; }
         if (relay_flush(r, s) != 0) return -1;
     }
@@ -316,6 +346,13 @@ static int l_relay(lua_State *L) {
     r = (mc_relay *)calloc(1, sizeof *r);
     if (r == NULL) return mc_raise_oom(L);
     r->fd[0] = r->fd[1] = -1;
+    for (i = 0; i < 2; i++) {
+        r->dir[i].pipe[0] = r->dir[i].pipe[1] = -1;
+        if (pipe2(r->dir[i].pipe, O_NONBLOCK | O_CLOEXEC) == 0)
+            (void)fcntl(r->dir[i].pipe[0], F_SETPIPE_SZ, (int)RELAY_PIPE);
+        else
+            r->dir[i].pipe[0] = r->dir[i].pipe[1] = -1;
+    }
     r->cb_ref = r->self_ref = LUA_NOREF;
     r->boxed = 1;
     box->r = r;

@@ -121,6 +121,11 @@ for _, prov in ipairs(providers.list()) do
       assert.truthy(r.stdout:find('GET /echo?x=1\n', 1, true), r.stdout)
       assert.truthy(r.stdout:lower():find('host: packages.example.com\n', 1, true), r.stdout)
       assert.truthy(r.stdout:lower():find('connection: close\n', 1, true), r.stdout)
+      -- and a larger body arrives whole
+      local n = 3 * 1048576 + 17
+      a:write_file('/tmp/want', http_server.pattern(n))
+      r = sh(a, 'busybox wget -q -O /tmp/got "http://packages.example.com/big?n=' .. n .. '" && cmp /tmp/got /tmp/want')
+      assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     end)
 
     it('tunnels CONNECT to a listed name when the ClientHello names it, and nothing when it names another',

@@ -503,10 +503,11 @@ end
 
 --- Starts the proxy of a sandbox whose network namespace `ns_fd` names (an open descriptor of its
 -- /proc/<pid>/ns/net, which the proxy now owns). options: `allow` (the checked list), `on_event`,
--- `resolve` (tests only). Raises when it cannot listen there.
+-- `resolve` (tests only), `port` (PORT; 0 for the kernel's pick, as the benchmark does in this
+-- process's own namespace: `proxy.port` says it). Raises when it cannot listen there.
 function M.start(ns_fd, options)
   local uv = require('luv')
-  local fd, err = core.netns_socket(ns_fd, 'listen', M.PORT)
+  local fd, err = core.netns_socket(ns_fd, 'listen', options.port or M.PORT)
   if not fd then
     uv.fs_close(ns_fd)
     error(err, 0)
@@ -524,6 +525,7 @@ function M.start(ns_fd, options)
     error(tostring(ok and oerr or opened), 0)
   end
   self.server = server
+  self.port = server:getsockname().port
   self:_accepting(server, function(conn) return self:_serve(conn) end)
   return self
 end
