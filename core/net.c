@@ -260,7 +260,13 @@ static void relay_on_poll(uv_poll_t *h, int status, int events) {
     char msg[128];
     if (r->finished) return;
     if (status < 0) {
-        snprintf(msg, sizeof msg, "poll: %s", uv_strerror(status));
+        /* libuv tells an error on the socket (a refused connect, a reset) as EBADF: ask the socket */
+        int e = 0;
+        socklen_t len = sizeof e;
+        if (getsockopt(r->fd[s], SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e != 0)
+            snprintf(msg, sizeof msg, "%s: %s", s == 1 && r->connecting ? "connect" : "socket", strerror(e));
+        else
+            snprintf(msg, sizeof msg, "poll: %s", uv_strerror(status));
         relay_finish(r, msg, 1);
         return;
     }

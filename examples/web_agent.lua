@@ -59,7 +59,24 @@ local model = require('mayura.testing').scripted_model(session.steps, { max_cost
 -- The registry stand-in: one tarball over HTTP on 127.0.0.1
 -- =======================================================
 
-local tarball = require('mayura.sandbox._tar').tar_gz(session.package)
+-- the package's tarball, made with tar(1) from the session's files
+local function make_tarball(files)
+  local process = require('mayura.process')
+  local dir = assert(process.run({ 'mktemp', '-d' }).stdout:match('%S+'))
+  for _, f in ipairs(files) do
+    local path = dir .. '/' .. f.name
+    process.run({ 'mkdir', '-p', (path:match('^(.*)/')) })
+    local fh = assert(io.open(path, 'wb'))
+    fh:write(f.data)
+    fh:close()
+    if f.mode then process.run({ 'chmod', ('%o'):format(f.mode), path }) end
+  end
+  local r = process.run({ 'tar', '-czf', '-', '-C', dir, 'greet' }, { max_output_bytes = 1048576 })
+  process.run({ 'rm', '-rf', dir })
+  assert(r.exit_code == 0, 'tar: ' .. r.stderr)
+  return r.stdout
+end
+local tarball = make_tarball(session.package)
 local registry = uv.new_tcp()
 assert(registry:bind('127.0.0.1', 0))
 local registry_port = registry:getsockname().port

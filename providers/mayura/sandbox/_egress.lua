@@ -50,7 +50,7 @@ local MAX_HEAD = 16384          -- a request's head
 local MAX_HELLO = 65536         -- a ClientHello, across its records
 local HEAD_MS = 10000           -- to send the head, and (CONNECT) the ClientHello
 local CONNECT_MS = 10000        -- to reach the server
-local MAX_CONNS = 256           -- connections at once per sandbox
+local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
 
 --- The environment commands of an allow-listed sandbox get.
 function M.env()
