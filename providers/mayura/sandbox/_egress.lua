@@ -324,26 +324,36 @@ function Proxy:_resolve(host)
   return out
 end
 
--- A connected luv TCP handle to one of `addrs` at `port`, or nil.
-local function connect_any(addrs, port, test)
+-- A connected luv TCP handle to one of `addrs` at `port`, or nil. Each attempt is one of the
+-- proxy's handles while it lasts, so closing the proxy ends it.
+function Proxy:_connect_any(addrs, port, test)
   local uv = require('luv')
   for _, addr in ipairs(addrs) do
     -- a test's override may name the port of its server too
     local a, p = addr:match('^(%d+%.%d+%.%d+%.%d+):(%d+)$')
     if test and a then addr, port = a, tonumber(p) end
+    if self.closed then return nil end
     local tcp = uv.new_tcp()
+    self.handles[tcp] = true
     local ok = task.await(function(done)
-      local timer = task.after(CONNECT_MS, function() done(false) end)
+      local answered = false
+      local function answer(v)
+        if answered then return end
+        answered = true
+        done(v)
+      end
+      local timer = task.after(CONNECT_MS, function() answer(false) end, true)
       local started = pcall(tcp.connect, tcp, addr, port, function(err)
         timer.cancel()
-        done(err == nil)
+        answer(err == nil)
       end)
       if not started then
         timer.cancel()
-        done(false)
+        answer(false)
       end
     end)
-    if ok then return tcp end
+    self.handles[tcp] = nil
+    if ok and not tcp:is_closing() then return tcp end
     close(tcp)
   end
   return nil
@@ -394,7 +404,7 @@ end
 -- Serves one connection accepted from the sandbox.
 function Proxy:_serve(conn)
   local buf = { data = '' }
-  local deadline = task.after(HEAD_MS, function() if buf.abort then buf.abort() end; close(conn) end)
+  local deadline = task.after(HEAD_MS, function() if buf.abort then buf.abort() end; close(conn) end, true)
   local function finish() deadline.cancel(); close(conn) end
   local function refuse(host, port, reason, status)
     self:_event(host, port, reason)
@@ -421,7 +431,7 @@ function Proxy:_serve(conn)
     if how == 'exact' or M.public_address(a:match('^(%d+%.%d+%.%d+%.%d+):%d+$') or a) then usable[#usable + 1] = a end
   end
   if #usable == 0 then return refuse(host, req.port, 'private_address') end
-  local up = connect_any(usable, req.port, self.resolve ~= nil)
+  local up = self:_connect_any(usable, req.port, self.resolve ~= nil)
   if not up then
     write_all(conn, reply('502 Bad Gateway', 'cannot reach ' .. host))
     return finish()
