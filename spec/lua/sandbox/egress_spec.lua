@@ -71,3 +71,93 @@ describe('the egress proxy', function()
     assert.are.same({ nil, 'bad' }, { egress.client_hello_sni('GET / HTTP/1.1\r\n\r\n') })
   end)
 end)
+
+describe('the egress proxy at work (in this process\'s own namespace)', function()
+  local uv = require('luv')
+  local task = require('mayura._task')
+  local http_server = require('support.http_server')
+  local web, proxy, events
+
+  setup(function()
+    web = http_server.tcp()
+    events = {}
+    proxy = egress.start(uv.fs_open('/proc/self/ns/net', 'r', 0), {
+      allow = { 'packages.example.com' }, port = 0,
+      resolve = { ['packages.example.com'] = '127.0.0.1:' .. web.port },
+      on_event = function(e) events[#events + 1] = e end,
+    })
+  end)
+  teardown(function()
+    proxy:close()
+    web:close()
+  end)
+
+  -- Sends `data` to the proxy and reads until it closes (or `ms` pass); returns what came.
+  local function ask(data, ms)
+    local c = uv.new_tcp()
+    local out = task.await(function(done)
+      local chunks, finished = {}, false
+      local function finish()
+        if finished then return end
+        finished = true
+        done(table.concat(chunks))
+      end
+      task.after(ms or 5000, finish, true)
+      c:connect('127.0.0.1', proxy.port, function(err)
+        if err then return finish() end
+        c:write(data)
+        c:read_start(function(rerr, chunk)
+          if rerr or not chunk then return finish() end
+          chunks[#chunks + 1] = chunk
+        end)
+      end)
+    end)
+    c:close()
+    return out
+  end
+
+  it('sends a plain request on in origin form, with its Host, without Proxy-* headers, one per connection',
+    function()
+      local got = ask('GET http://Packages.Example.com./echo?q=1 HTTP/1.1\r\nHost: elsewhere.example\r\n' ..
+        'Proxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\n' ..
+        'X-Kept: yes\r\n\r\n')
+      assert.truthy(got:find('^HTTP/1.1 200'), got)
+      local body = got:match('\r\n\r\n(.*)$'):lower()
+      assert.truthy(body:find('^get /echo%?q=1\n'), body)
+      assert.truthy(body:find('\nhost: packages.example.com.\n', 1, true), body)
+      assert.truthy(body:find('\nx%-kept: yes\n'), body)
+      assert.truthy(body:find('\nconnection: close\n', 1, true), body)
+      assert.is_nil(body:find('proxy-', 1, true), body)
+      assert.is_nil(body:find('elsewhere', 1, true), body)
+    end)
+
+  it('answers what is no proxy request with 400 or 405, and says why', function()
+    local before = #events
+    assert.truthy(ask('GET /echo HTTP/1.1\r\nHost: packages.example.com\r\n\r\n'):find('^HTTP/1.1 400'))
+    assert.truthy(ask('GET https://packages.example.com/ HTTP/1.1\r\n\r\n'):find('^HTTP/1.1 405'))
+    assert.truthy(ask('CONNECT packages.example.com HTTP/1.1\r\n\r\n'):find('^HTTP/1.1 400'))
+    assert.truthy(ask('GET http://user@packages.example.com/ HTTP/1.1\r\n\r\n'):find('^HTTP/1.1 400'))
+    assert.truthy(ask('CONNECT [::1]:443 HTTP/1.1\r\n\r\n'):find('^HTTP/1.1 403'))
+    local reasons = {}
+    for i = before + 1, #events do reasons[#reasons + 1] = events[i].reason end
+    assert.are.same({ 'bad_request', 'method', 'bad_request', 'bad_request', 'ip_literal' }, reasons)
+  end)
+
+  it('holds at most 64 connections of a sandbox at once', function()
+    local conns, closed = {}, 0
+    task.await(function(done)
+      local connected = 0
+      for i = 1, 65 do
+        local c = uv.new_tcp()
+        conns[i] = c
+        c:connect('127.0.0.1', proxy.port, function()
+          connected = connected + 1
+          c:read_start(function(_, chunk) if not chunk then closed = closed + 1 end end)
+          if connected == 65 then task.after(300, done, true) end
+        end)
+      end
+    end)
+    assert.are.equal(1, closed)
+    for _, c in ipairs(conns) do c:close() end
+  end)
+end)
