@@ -50,6 +50,7 @@ local MAX_HEAD = 16384          -- a request's head
 local MAX_HELLO = 65536         -- a ClientHello, across its records
 local HEAD_MS = 10000           -- to send the head, and (CONNECT) the ClientHello
 local CONNECT_MS = 10000        -- to reach the server
+local MAX_LOOKUPS = 2            -- name lookups at once per sandbox
 local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
 
 --- The environment commands of an allow-listed sandbox get.
@@ -312,11 +313,20 @@ function Proxy:_resolve(host)
     return {}
   end
   local uv = require('luv')
+  -- lookups run on libuv's few worker threads, which the whole process shares: a sandbox asking
+  -- for many names at once waits for its own turn rather than taking them all
+  if self.lookups >= MAX_LOOKUPS then
+    task.await(function(done) self.lookup_queue[#self.lookup_queue + 1] = done end)
+  end
+  self.lookups = self.lookups + 1
   local res = task.await(function(done)
     local ok = pcall(uv.getaddrinfo, host, nil, { socktype = 'stream' },
       function(err, r) done(not err and r or nil) end)
     if not ok then done(nil) end
   end)
+  self.lookups = self.lookups - 1
+  local nxt = table.remove(self.lookup_queue, 1)
+  if nxt then nxt() end
   local out = {}
   for _, r in ipairs(res or {}) do
     if type(r.addr) == 'string' then out[#out + 1] = r.addr end
@@ -524,7 +534,7 @@ function M.start(ns_fd, options)
   end
   local self = setmetatable({
     ns_fd = ns_fd, list = M.compile(options.allow), on_event = options.on_event, resolve = options.resolve,
-    conns = 0, relays = {}, handles = {}, forwards = {}, closed = false,
+    conns = 0, lookups = 0, lookup_queue = {}, relays = {}, handles = {}, forwards = {}, closed = false,
   }, Proxy)
   local server = uv.new_tcp()
   local ok, opened, oerr = pcall(server.open, server, fd)

@@ -143,6 +143,29 @@ describe('the egress proxy at work (in this process\'s own namespace)', function
     assert.are.same({ 'bad_request', 'method', 'bad_request', 'bad_request', 'ip_literal' }, reasons)
   end)
 
+  it('resolves names with the host\'s resolver without an override: an exact entry may be loopback', function()
+    local own = egress.start(uv.fs_open('/proc/self/ns/net', 'r', 0), { allow = { 'localhost' }, port = 0,
+      on_event = function(e) events[#events + 1] = e end })
+    local before = #events
+    local c = uv.new_tcp()
+    local got = task.await(function(done)
+      local chunks = {}
+      c:connect('127.0.0.1', own.port, function(err)
+        if err then return done('') end
+        c:write('GET http://localhost/ HTTP/1.1\r\n\r\n')
+        c:read_start(function(_, chunk)
+          if not chunk then return done(table.concat(chunks)) end
+          chunks[#chunks + 1] = chunk
+        end)
+      end)
+    end)
+    c:close()
+    own:close()
+    -- resolved and let through (whatever listens on port 80 here, or 502 when nothing does)
+    assert.truthy(got:find('^HTTP/1%.[01] '), got)
+    assert.are.equal(before, #events)
+  end)
+
   it('holds at most 64 connections of a sandbox at once', function()
     local conns, closed = {}, 0
     task.await(function(done)
