@@ -15,8 +15,8 @@
 ** core.relay(fd_a, fd_b, opts, cb) -> relay: copies bytes both ways between
 ** two connected stream sockets on the loop (splice(2) through a pipe per
 ** direction, so the bytes never enter this process; a buffer of its own
-** where splice cannot serve; never a Lua string per chunk), passing on each side's end of stream as a shutdown of
-** the other. Both descriptors are duplicated: the caller keeps and closes
+** where splice cannot serve; never a Lua string per chunk), passing on each
+** side's end of stream as a shutdown of the other. Both descriptors are duplicated: the caller keeps and closes
 ** its own. opts: `to_b` (bytes sent to b before anything read from a),
 ** `connecting_b` (b's connect is under way: its result is awaited first).
 ** cb(a_to_b_bytes, b_to_a_bytes, err) once both directions are over or one

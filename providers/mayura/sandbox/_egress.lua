@@ -53,6 +53,26 @@ local CONNECT_MS = 10000        -- to reach the server
 local MAX_LOOKUPS = 2            -- name lookups at once per sandbox
 local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
 
+--- Checks a provider's `proxy_resolve` option (nil, or a table of names to an address or a list
+-- of them); raises INVALID_CONFIG at `level`.
+function M.check_resolve(v, level)
+  if v == nil then return nil end
+  local function bad()
+    require('mayura.errors').raise('INVALID_CONFIG',
+      'proxy_resolve must map host names to an address or a list of addresses', nil, level + 2)
+  end
+  if type(v) ~= 'table' then bad() end
+  local copy = {}
+  for name, a in pairs(v) do
+    if type(name) ~= 'string' then bad() end
+    local list = type(a) == 'table' and a or { a }
+    if #list == 0 then bad() end
+    for _, x in ipairs(list) do if type(x) ~= 'string' or x == '' then bad() end end
+    copy[name:lower():gsub('%.$', '')] = list
+  end
+  return copy
+end
+
 --- The environment commands of an allow-listed sandbox get.
 function M.env()
   local no = 'localhost,127.0.0.1,::1'

@@ -702,7 +702,7 @@ local Backend = agent_backend.class()
 
 function Backend:url(port)
   if self.network ~= 'all' and self.network ~= 'allowlist' then
-    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all or an allow-list', nil, 0)
   end
   local host_port = self.ports[port]
   if not host_port then error(errors.sandbox('not_found', 'the port is not published'), 0) end
@@ -922,7 +922,7 @@ function M.docker_sandboxes(options)
   local p = {
     id = 'docker',
     features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' } },
-    proxy_resolve = options.proxy_resolve,
+    proxy_resolve = egress.check_resolve(options.proxy_resolve, 2),
     desktop = settings,
     workdir = workdir,
     image = image,

@@ -919,7 +919,7 @@ end
 
 function Backend:url(port)
   if self.network ~= 'all' and self.network ~= 'allowlist' then
-    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all or an allow-list', nil, 0)
   end
   local host_port = self.net and self.net.ports[port]
   if not host_port then
@@ -1043,11 +1043,11 @@ function M.local_sandboxes(options)
   local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
   p.desktop = desktop.settings(options.desktop, p.image or '', 2)
   p.features = {
-    stdin = true, ports = can_connect, desktop = p.desktop ~= nil,
+    stdin = true, ports = can_connect or p.root == true, desktop = p.desktop ~= nil,
     network = can_connect and { 'none', 'all', 'allowlist' } or p.root and { 'none', 'allowlist' }
       or { 'none' },
   }
-  p.proxy_resolve = options.proxy_resolve
+  p.proxy_resolve = egress.check_resolve(options.proxy_resolve, 2)
   p.can_connect = can_connect
   p.root_links = {}
   for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do

@@ -32,6 +32,15 @@ describe('the egress proxy', function()
     end
   end)
 
+  it('takes a resolver override of names to addresses, and nothing else', function()
+    assert.are.same({ ['a.example.com'] = { '127.0.0.1:8080' }, ['b.example.com'] = { '10.0.0.1', '::1' } },
+      egress.check_resolve({ ['A.example.com.'] = '127.0.0.1:8080', ['b.example.com'] = { '10.0.0.1', '::1' } }, 1))
+    assert.is_nil(egress.check_resolve(nil, 1))
+    for _, bad in ipairs({ 5, { 'x' }, { a = 5 }, { a = {} }, { a = '' } }) do
+      assert.raises_code('INVALID_CONFIG', egress.check_resolve, bad, 1)
+    end
+  end)
+
   it('matches exact entries and wildcards below their name only, case-insensitively', function()
     local list = egress.compile({ 'Packages.Example.com.', '*.github.com', '.example.org' })
     assert.are.equal('exact', egress.match(list, 'packages.example.com'))
