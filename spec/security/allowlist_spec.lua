@@ -178,6 +178,11 @@ for _, prov in ipairs(providers.list()) do
         assert.truthy(got, r.stdout)
         assert.is_true(got ~= 'CONNECTED' and got ~= 'SENT' and got ~= 'OPENED', t .. '=' .. got)
       end
+      -- nor can it take the proxy's place
+      for _, where in ipairs({ 'tcp:0.0.0.0:3128', 'tcp:127.0.0.1:3128' }) do
+        r = common.abuse(a, { 'serve', where, '1000', 'fake-proxy' })
+        assert.is_nil(r.stdout:find('LISTENING', 1, true), r.stdout)
+      end
       r = sh(a, 'busybox nslookup packages.example.com; echo "rc=$?"; tail -n +3 /proc/net/dev | cut -d: -f1')
       assert.is_nil(r.stdout:find('rc=0', 1, true), r.stdout)
       assert.are.equal('lo', r.stdout:match('\n%s*(%S+)\n$'))
