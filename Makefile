@@ -156,6 +156,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/command_backend.lua
 	$(HOST) bench/suite.lua
 	$(HOST) bench/desktop.lua
+	$(HOST) bench/proxy.lua
 	$(HOST) bench/e2b.lua
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua

@@ -24,6 +24,7 @@
 #include "crc.c"
 #include "stream.c"
 #include "sha.c"
+#include "net.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -352,5 +353,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_stream(L);
     mc_open_crc(L);
     mc_open_sha(L);
+    mc_open_net(L);
     return 1;
 }

@@ -33,7 +33,7 @@ describe('local_sandboxes', function()
   end)
 
   it('says what it enforces', function()
-    assert.are.same({ 'none', 'all' }, provider.features.network)
+    assert.are.same({ 'none', 'all', 'allowlist' }, provider.features.network)
     assert.is_true(provider.features.stdin)
     assert.is_boolean(provider.enforced.memory)
     assert.is_true(provider.enforced.lifetime)

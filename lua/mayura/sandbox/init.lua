@@ -12,6 +12,13 @@
 -- asks for none gets 'none', and fails with INVALID_INPUT when the pool does
 -- not list 'none' or the provider cannot keep a sandbox offline.
 --
+-- Network events: a provider that filters the network (an allow-list) tells each refusal to
+-- `spec.on_event(event)`; the pool stamps it with the sandbox's id (`event.sandbox`), keeps the
+-- last MAX_EVENTS of each sandbox for `sandbox:events()` (a copy, oldest first) and hands it to
+-- the pool's `on_event(event)` option when there is one (an error there is reported through
+-- core.report, never raised into the provider). The allow-list's events are
+-- `{ type = 'network_refused', sandbox, host, port, reason }` (mayura.sandbox._egress).
+--
 -- A provider is a table (README, "Writing a provider"; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
@@ -52,6 +59,7 @@ M.is_error = errors.is
 local MIB = 1048576
 local NETWORK_KINDS = { none = true, all = true, allowlist = true }
 local MAX_PATH = 4096
+local MAX_EVENTS = 256
 local MAX_ARGV_BYTES = 1048576
 local MAX_ENV_BYTES = 1048576
 local ENTRY_TYPES = { file = true, directory = true, symlink = true, other = true }
@@ -241,6 +249,17 @@ function Sandbox:_call(ms, name, ...)
     error(err, 0)
   end
   return res
+end
+
+--- The sandbox's last network events (see the top of this module), oldest first.
+function Sandbox:events()
+  local out = {}
+  for i, e in ipairs(self._events) do
+    local copy = {}
+    for k, v in pairs(e) do copy[k] = v end
+    out[i] = copy
+  end
+  return out
 end
 
 local exec_keys = { cwd = true, env = true, stdin = true, timeout_ms = true, signal = true }
@@ -584,7 +603,7 @@ Pool.__index = Pool
 local pool_keys = {
   max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
   max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
-  labels = true,
+  labels = true, on_event = true,
 }
 
 --- Holds every sandbox from `provider` to the same limits.
@@ -626,11 +645,15 @@ function M.create_sandboxes(provider, options)
     max_file_bytes = check.int(options.max_file_bytes, 'max_file_bytes', 0, 512 * MIB, C, 3, 16 * MIB),
     call_timeout_ms = check.int(options.call_timeout_ms, 'call_timeout_ms', 1, nil, C, 3, 120000),
     labels = check_labels(options.labels, 3),
+    on_event = options.on_event,
     workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
     _alive = {},
     _count = 0,
     _closed = false,
   }, Pool)
+  if options.on_event ~= nil and type(options.on_event) ~= 'function' then
+    errors.raise(C, 'on_event must be a function', nil, 2)
+  end
   if self.exec_timeout_ms > self.max_exec_timeout_ms then
     if options.exec_timeout_ms ~= nil then
       errors.raise(C, 'exec_timeout_ms is above max_exec_timeout_ms', nil, 2)
@@ -690,11 +713,30 @@ function Pool:create(options)
   if not has(features.network, kind) then
     errors.raise('INVALID_INPUT', "this provider cannot give network '" .. kind .. "'", nil, 2)
   end
+  -- events the provider tells before the sandbox object exists wait in `events`
+  local events, holder = {}, {}
+  local function on_event(event)
+    if type(event) ~= 'table' or type(event.type) ~= 'string' then return end
+    local e = {}
+    for k, v in pairs(event) do
+      if type(k) == 'string' and (type(v) == 'string' or type(v) == 'number' or type(v) == 'boolean') then e[k] = v end
+    end
+    e.sandbox = holder.id
+    if #events >= MAX_EVENTS then table.remove(events, 1) end
+    events[#events + 1] = e
+    if self.on_event then
+      local copy = {}
+      for k, v in pairs(e) do copy[k] = v end
+      local ok, err = pcall(self.on_event, copy)
+      if not ok then core.report('the pool\'s on_event failed: ' .. tostring(err)) end
+    end
+  end
   local spec = {
     lifetime_ms = options.lifetime_ms,
     network = network,
     env = check_env(options.env, 3),
     call_timeout_ms = self.call_timeout_ms,
+    on_event = on_event,
   }
   local ports = {}
   if options.ports ~= nil then
@@ -794,7 +836,10 @@ function Pool:create(options)
     _ports = ports,
     _expires_at = started + options.lifetime_ms,
     _released = false,
+    _events = events,
   }, Sandbox)
+  holder.id = sandbox.id
+  for _, e in ipairs(events) do e.sandbox = sandbox.id end
   if features.desktop and type(backend.desktop) == 'table' then sandbox.desktop = new_desktop(sandbox) end
   self._alive[sandbox] = true
   self:_arm(sandbox, options.lifetime_ms)

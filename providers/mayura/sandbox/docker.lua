@@ -11,6 +11,14 @@
 --     shared network rather than one per sandbox: a network costs about 0.3 s
 --     to make and remove, and the daemon's address pools hold ~30 of them;
 --     a bridge takes about 1,000 containers;
+--   * with a network allow-list (`{ allow = { ... } }`, offered when run as
+--     root: `features.network` lists 'allowlist'), `--network none` too, and
+--     an egress proxy of its own (mayura.sandbox._egress) listening on
+--     127.0.0.1:3128 inside the container's namespace (found from its PID 1
+--     before the agent gets its setup), with HTTP_PROXY / HTTPS_PROXY set for
+--     commands: the listed names on ports 80 and 443 are all it reaches; its
+--     refusals are network events (`sandbox:events()`, the pool's
+--     `on_event`); `ports` are forwarded by the proxy from 127.0.0.1;
 --   * every capability dropped, no-new-privileges, the image's root
 --     read-only, memory with no swap (memory-swap = memory), CPUs and a
 --     process limit; logs off;
@@ -92,6 +100,7 @@ local process = require('mayura.process')
 local http = require('mayura.http')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local desktop = require('mayura.sandbox._desktop')
+local egress = require('mayura.sandbox._egress')
 
 local M = {}
 
@@ -283,12 +292,12 @@ end
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
 function Cli:inspect(id)
   local res = self:run({ 'container', 'inspect', '--format',
-    '{"running":{{json .State.Running}},"ports":{{json .NetworkSettings.Ports}}}', '--', id },
+    '{"running":{{json .State.Running}},"pid":{{json .State.Pid}},"ports":{{json .NetworkSettings.Ports}}}', '--', id },
     'inspect a container', { not_found = true })
   if not res then return nil end
   local ok, t = pcall(core.json.decode, res.stdout)
   if not ok or type(t) ~= 'table' then error(docker_error('failed', 'inspect a container'), 0) end
-  return { running = t.running == true, ports = t.ports }
+  return { running = t.running == true, pid = tonumber(t.pid), ports = t.ports }
 end
 
 --- Removes the container (killing it) and returns once it is gone; no such container is fine.
@@ -464,7 +473,7 @@ function Api:inspect(id)
   if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a container'), 0) end
   local state = type(body.State) == 'table' and body.State or {}
   local net = type(body.NetworkSettings) == 'table' and body.NetworkSettings or {}
-  return { running = state.Running == true, ports = net.Ports }
+  return { running = state.Running == true, pid = tonumber(state.Pid), ports = net.Ports }
 end
 
 function Api:remove(id)
@@ -704,8 +713,8 @@ end
 local Backend = agent_backend.class()
 
 function Backend:url(port)
-  if self.network ~= 'all' then
-    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+  if self.network ~= 'all' and self.network ~= 'allowlist' then
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all or an allow-list', nil, 0)
   end
   local host_port = self.ports[port]
   if not host_port then error(errors.sandbox('not_found', 'the port is not published'), 0) end
@@ -734,6 +743,7 @@ function Backend:release()
   -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
   -- and remove returns once the container is gone. The channel closes after: its end would end
   -- the agent, and so start the auto-remove first
+  if self.proxy then self.proxy:close() end
   local ok, err = pcall(self.engine.remove, self.engine, self.container)
   if not self.closed then
     self.closed = true
@@ -759,6 +769,39 @@ function Backend:arm(ms)
     if not self.released then task.spawn(function() pcall(self.release, self) end) end
   end)
   timer:unref()
+end
+
+--- Starts the egress proxy of an allow-listed container (`--network none`: its loopback alone) in its
+-- network namespace, found from its PID 1 on this machine, and the forwards of `spec.ports`.
+local function start_proxy(backend, eng, container, spec, resolve)
+  local uv = require('luv')
+  local function fail(what)
+    error(errors.sandbox('unavailable', 'cannot connect the sandbox\'s network: ' .. what), 0)
+  end
+  local st = eng:inspect(container)
+  if not st or not st.running or not st.pid or st.pid <= 1 then fail('the sandbox did not start') end
+  local ns_fd = uv.fs_open('/proc/' .. math.floor(st.pid) .. '/ns/net', 'r', 0)
+  if not ns_fd then fail('its namespace cannot be opened') end
+  -- never the host's own namespace, whatever the daemon said
+  local link = uv.fs_readlink('/proc/self/fd/' .. ns_fd)
+  if not link or link == uv.fs_readlink('/proc/self/ns/net') then
+    uv.fs_close(ns_fd)
+    fail('not the sandbox\'s namespace')
+  end
+  -- still that container's PID 1 (not a pid reused since the inspect)
+  local again = eng:inspect(container)
+  if not again or again.pid ~= st.pid then
+    uv.fs_close(ns_fd)
+    fail('the sandbox ended')
+  end
+  local ok, proxy = pcall(egress.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event,
+    resolve = resolve })
+  if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
+  backend.proxy = proxy
+  for _, port in ipairs(spec.ports or {}) do
+    backend.ports[port] = proxy:forward(port)
+    if not backend.ports[port] then fail('cannot forward port ' .. port) end
+  end
 end
 
 local function cgroup_oom_file(id)
@@ -804,7 +847,7 @@ end
 local option_keys = {
   image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
   tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true, desktop = true, warm = true,
+  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true,
 }
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
@@ -859,7 +902,8 @@ end
 -- `run_dir` (where the sockets' directories are made) for unusual setups;
 -- `desktop` (true, or `{ display = 0, width = 1024, height = 768 }`: the
 -- image has a desktop's programs; none by default); `warm` (0: how many containers of the
--- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes").
+-- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes");
+-- `proxy_resolve` (tests only: the allow-list proxy's names, see mayura.sandbox._egress).
 function M.docker_sandboxes(options)
   local C = 'INVALID_CONFIG'
   if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
@@ -891,6 +935,7 @@ function M.docker_sandboxes(options)
   local p = {
     id = 'docker',
     features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' } },
+    proxy_resolve = egress.check_resolve(options.proxy_resolve, 2),
     desktop = settings,
     workdir = workdir,
     image = image,
@@ -930,6 +975,9 @@ function M.docker_sandboxes(options)
       'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
   end
   p.my_uid = me
+  -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
+  p.allowlist = me == 0
+  if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
@@ -961,9 +1009,12 @@ function M.docker_sandboxes(options)
   -- handed out. Returns the backend and the time left of its lifetime (ms).
   local function start(self, spec)
     local started = core.hrtime_ms()
-    local network = spec.network == 'all' and 'all' or 'none'
-    if spec.ports and #spec.ports > 0 and network ~= 'all' then
-      errors.raise('INVALID_INPUT', 'ports are served only with network all', nil, 0)
+    local network = spec.network == 'all' and 'all' or type(spec.network) == 'table' and 'allowlist' or 'none'
+    if spec.ports and #spec.ports > 0 and network == 'none' then
+      errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
+    end
+    if network == 'allowlist' and not self.allowlist then
+      errors.raise('INVALID_INPUT', 'a network allow-list needs root and the daemon on this machine', nil, 0)
     end
     for k, v in pairs(spec.labels or {}) do
       if k:find('[=%c]') or v:find('[%c]') then
@@ -1045,7 +1096,8 @@ function M.docker_sandboxes(options)
       cpus = want_cpus,
       pids = self.pids,
       labels = labels,
-      ports = ports,
+      -- an allow-list's ports are forwarded by its proxy (a container without a network publishes none)
+      ports = network == 'all' and ports or {},
       entrypoint = { AGENT_IN },
       cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
     }
@@ -1081,7 +1133,9 @@ function M.docker_sandboxes(options)
       ports = {}, closed = false, released = false,
     }, Backend)
     local sok, serr = pcall(function()
-      if #ports > 0 then
+      if network == 'allowlist' then
+        start_proxy(backend, eng, container, spec, self.proxy_resolve)
+      elseif #ports > 0 then
         local st = eng:inspect(container)
         if not st then error(errors.sandbox('unavailable', 'the sandbox did not start'), 0) end
         for _, port in ipairs(ports) do
@@ -1110,6 +1164,9 @@ function M.docker_sandboxes(options)
     local env = {}
     for k, v in pairs(image_env(self, backend.image_name)) do env[k] = v end
     for k, v in pairs(spec.env or {}) do env[k] = v end
+    if type(spec.network) == 'table' then   -- an allow-list: commands find the proxy
+      for k, v in pairs(egress.env()) do env[k] = v end
+    end
     agent_backend.setup(backend, desktop.env(self.desktop, spec, env), self.workdir, warm and spec.lifetime_ms or nil)
     if spec.desktop then desktop.attach(backend, self.desktop) end
   end

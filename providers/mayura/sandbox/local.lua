@@ -36,6 +36,15 @@
 --         stack alone listens on, given by url(port), to the sandbox's address
 --         10.0.2.100 (a server there listens on 0.0.0.0, not 127.0.0.1); the
 --         stack's API socket (root's, 0700) is removed once they are set up;
+--     with an allow-list (`{ allow = { ... } }`, offered as root), the
+--     namespace keeps nothing but its loopback (no stack, no DNS): the host
+--     opens on it 127.0.0.1:3128, the socket of an egress proxy that runs
+--     here (mayura.sandbox._egress), before the agent gets its setup, and
+--     commands get HTTP_PROXY / HTTPS_PROXY naming it; the listed names on
+--     ports 80 and 443 are all the sandbox reaches, each refusal is a network
+--     event (`sandbox:events()`, the pool's `on_event`), and each of `ports`
+--     is forwarded by the proxy from a host port of 127.0.0.1 into the
+--     namespace; the option `proxy_resolve` (tests only) names its hosts;
 --     run as another user the host cannot enter the namespace bubblewrap
 --     makes, so `features.network` is { 'none' } and ports are not served;
 --   * run as root, each sandbox runs under a host uid of its own (no host
@@ -111,6 +120,7 @@ local check = require('mayura._check')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local host = require('mayura.sandbox._host')
 local desktop = require('mayura.sandbox._desktop')
+local egress = require('mayura.sandbox._egress')
 
 local M = {}
 
@@ -506,6 +516,11 @@ $MAYURA_ETC_5
 E5
 ]=]
 
+-- Whether the sandbox's namespace gets connected: 'all', or an allow-list (a table).
+local function online(spec)
+  return spec.network == 'all' or type(spec.network) == 'table'
+end
+
 local function bwrap_argv(p, spec)
   local a = { p.bwrap,
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
@@ -518,7 +533,7 @@ local function bwrap_argv(p, spec)
   -- a network namespace of its own, always; with 'all' the host connects it (connect_network)
   -- before the agent gets its setup
   add('--unshare-net')
-  if spec.network == 'all' then add('--info-fd', tostring(INFO_FD)) end
+  if online(spec) then add('--info-fd', tostring(INFO_FD)) end
   local image = spec.image or p.image
   local staged = p.staged    -- the launcher mounts the file systems under STAGE
   if image then
@@ -602,7 +617,7 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
   elseif spec.network == 'all' then
     env.MAYURA_RESOLV = (NET_RESOLV:gsub('\n$', ''))
   end
-  if spec.network == 'all' then env.MAYURA_INFO = '1' end
+  if online(spec) then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
   if p.staged then
     env.MAYURA_MOUNT = p.fstab
@@ -799,9 +814,10 @@ local function wait_setup_done(pid, ms)
   return false
 end
 
---- For a sandbox with 'all', the socket pair of bubblewrap's INFO_FD (host and child ends), or nil.
+--- For a sandbox with 'all' or an allow-list, the socket pair of bubblewrap's INFO_FD (host and
+-- child ends), or nil.
 local function network_fds(spec)
-  if spec.network ~= 'all' then return nil end
+  if not online(spec) then return nil end
   local t = {}
   t.info_host, t.info_child = core.socketpair()
   if not t.info_host then error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0) end
@@ -812,6 +828,7 @@ end
 local function stop_network(backend)
   local net = backend.net
   if not net then return end
+  if net.proxy then net.proxy:close() end
   if net.pipe and not net.pipe:is_closing() then net.pipe:close() end
   if net.api then os.remove(net.api) end
 end
@@ -842,6 +859,19 @@ local function connect_network(p, backend, spec, info)
   end
   local net = { ports = {} }
   backend.net = net
+  if type(spec.network) == 'table' then
+    -- an allow-list: nothing but the loopback bubblewrap brings up, and the proxy's socket on it
+    if not wait_setup_done(pid, 10000) then uv.fs_close(ns_fd); fail('bubblewrap did not get ready') end
+    local ok, proxy = pcall(egress.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event,
+      resolve = p.proxy_resolve })
+    if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
+    net.proxy = proxy
+    for _, port in ipairs(spec.ports or {}) do
+      net.ports[port] = proxy:forward(port)
+      if not net.ports[port] then fail('cannot forward port ' .. port) end
+    end
+    return
+  end
   -- the firewall (root, in the namespace only), while bubblewrap sets the namespace up and the
   -- stack starts; bubblewrap goes on only once both are done
   local rules = start_process({
@@ -914,8 +944,8 @@ function Backend:oom_kills()
 end
 
 function Backend:url(port)
-  if self.network ~= 'all' then
-    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all', nil, 0)
+  if self.network ~= 'all' and self.network ~= 'allowlist' then
+    errors.raise('INVALID_INPUT', 'a sandbox serves ports only with network all or an allow-list', nil, 0)
   end
   local host_port = self.net and self.net.ports[port]
   if not host_port then
@@ -987,6 +1017,7 @@ end
 local option_keys = {
   image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
   pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true, warm = true,
+  proxy_resolve = true,
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
@@ -997,7 +1028,8 @@ local option_keys = {
 -- `desktop = true`: false for none, or `{ display = 0, width = 1024, height =
 -- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
 -- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
--- "Warm sandboxes" above).
+-- "Warm sandboxes" above), `proxy_resolve` (tests only: the allow-list proxy's names, see
+-- mayura.sandbox._egress).
 function M.local_sandboxes(options)
   options = options or {}
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
@@ -1040,9 +1072,11 @@ function M.local_sandboxes(options)
   local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
   p.desktop = desktop.settings(options.desktop, p.image or '', 2)
   p.features = {
-    stdin = true, ports = can_connect, desktop = p.desktop ~= nil,
-    network = can_connect and { 'none', 'all' } or { 'none' },
+    stdin = true, ports = can_connect or p.root == true, desktop = p.desktop ~= nil,
+    network = can_connect and { 'none', 'all', 'allowlist' } or p.root and { 'none', 'allowlist' }
+      or { 'none' },
   }
+  p.proxy_resolve = egress.check_resolve(options.proxy_resolve, 2)
   p.can_connect = can_connect
   p.root_links = {}
   for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
@@ -1078,8 +1112,11 @@ function M.local_sandboxes(options)
     if spec.network == 'all' and not self.can_connect then
       errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
     end
-    if spec.ports and #spec.ports > 0 and spec.network ~= 'all' then
-      errors.raise('INVALID_INPUT', 'ports are served only with network all', nil, 0)
+    if type(spec.network) == 'table' and not self.root then
+      errors.raise('INVALID_INPUT', 'a network allow-list needs root here', nil, 0)
+    end
+    if spec.ports and #spec.ports > 0 and not online(spec) then
+      errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
     if spec.image ~= nil and (spec.image:sub(1, 1) ~= '/' or not is_dir(spec.image)) then
       errors.raise('INVALID_CONFIG', 'image must be the absolute path of a root file system directory', nil, 0)
@@ -1108,7 +1145,8 @@ function M.local_sandboxes(options)
       error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
     end
     local backend = setmetatable({
-      id = id, network = spec.network, cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
+      id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network,
+      cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
       control = c, closed = false, released = false, exited = false,
     }, Backend)
     -- with 'all', bubblewrap says its pid on INFO_FD (the launcher's 5) while the host connects it
@@ -1151,7 +1189,13 @@ function M.local_sandboxes(options)
   -- What a started sandbox gets before it is handed out: the env (never on a command line), the
   -- desktop when asked for.
   local function finish(self, backend, spec, warm)
-    agent_backend.setup(backend, desktop.env(self.desktop, spec, spec.env), WORKDIR, warm and spec.lifetime_ms or nil)
+    local env = spec.env
+    if type(spec.network) == 'table' then   -- an allow-list: commands find the proxy
+      env = {}
+      for k, v in pairs(spec.env or {}) do env[k] = v end
+      for k, v in pairs(egress.env()) do env[k] = v end
+    end
+    agent_backend.setup(backend, desktop.env(self.desktop, spec, env), WORKDIR, warm and spec.lifetime_ms or nil)
     if spec.desktop then desktop.attach(backend, self.desktop) end
     backend.labels = spec.labels
   end

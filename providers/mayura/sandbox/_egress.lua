@@ -1,0 +1,601 @@
+--- mayura.sandbox._egress: the egress proxy of a sandbox with a network allow-list.
+--
+-- A sandbox created with `network = { allow = { 'packages.example.com', '*.github.com' } }` on the
+-- local or Docker provider has a network namespace with nothing but its own loopback (no route, no
+-- DNS, no other interface). `start(ns_fd, options)` opens, inside that namespace, a listening
+-- socket on 127.0.0.1:3128 (`PORT`) that this process holds (core.netns_socket): the proxy runs
+-- here, outside the sandbox, on the loop, and makes its connections from the host's namespace.
+-- Commands get HTTP_PROXY / HTTPS_PROXY (and the lower-case names) pointing at it (`env`); software
+-- that ignores them cannot connect anywhere.
+--
+-- The proxy admits an HTTP `CONNECT host:port` and a plain HTTP request with an absolute URI
+-- (`GET http://host/path`), and nothing else, when:
+--   * the host is a domain name (an IP literal, in any spelling inet_aton takes, is refused), and
+--     matches the allow-list, case-insensitively, a trailing dot ignored: an entry `name` matches
+--     that name, `*.name` (or `.name`) any name below it, not `name` itself;
+--   * the port is 80 or 443;
+--   * the proxy resolves the name itself (the sandbox has no resolver) to an address that is not
+--     loopback, "this network", private (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7),
+--     link-local, multicast or reserved, unless the name is listed exactly (not by a wildcard):
+--     an exact entry is the one way to let a sandbox reach a host of the local network; it
+--     connects to the address it checked, so a name that changes its answer gains nothing;
+--   * for CONNECT, the TLS ClientHello that follows names (SNI) the CONNECT host; anything else
+--     (no TLS, no SNI, another name) ends the tunnel before a byte reaches the server.
+-- A plain request goes on with the origin-form target, `Host` set to the URI's authority,
+-- Proxy-* headers dropped and `Connection: close` (one request per connection, so a second one
+-- cannot ride on the first's admission). Bytes then flow through core.relay (C, no Lua per chunk).
+--
+-- Each refusal is answered with 403 (or, after CONNECT's 200, the end of the connection) and told
+-- to `options.on_event` as `{ type = 'network_refused', host = ..., port = ..., reason = ... }`,
+-- reason one of 'not_allowed', 'ip_literal', 'port', 'private_address', 'sni_mismatch',
+-- 'unresolved', 'bad_request', 'method'. An upstream that cannot be reached is a 502, not an event.
+--
+-- `options.resolve` (for tests only: a table name -> address, or list of addresses, an IPv4
+-- address possibly with ':port', the port its server really listens on) replaces the host's
+-- resolver: a name it does not hold does not resolve. It lets specs make "the internet" of
+-- test servers on the host's loopback or in namespaces they make.
+--
+-- `proxy:forward(port)` serves the sandbox's `port` (a server listening on its loopback or on
+-- 0.0.0.0) on a host port of 127.0.0.1, connecting into the namespace for each client: url(port).
+-- `proxy:close()` ends the listener, the forwards and every connection, and closes `ns_fd`.
+local core = require('mayura.core')
+local task = require('mayura._task')
+
+local M = {}
+
+M.PORT = 3128
+M.URL = 'http://127.0.0.1:' .. M.PORT
+
+local MAX_HEAD = 16384          -- a request's head
+local MAX_HELLO = 65536         -- a ClientHello, across its records
+local HEAD_MS = 10000           -- to send the head, and (CONNECT) the ClientHello
+local CONNECT_MS = 10000        -- to reach the server
+local MAX_LOOKUPS = 2            -- name lookups at once per sandbox
+local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
+
+--- Checks a provider's `proxy_resolve` option (nil, or a table of names to an address or a list
+-- of them); raises INVALID_CONFIG at `level`.
+function M.check_resolve(v, level)
+  if v == nil then return nil end
+  local function bad()
+    require('mayura.errors').raise('INVALID_CONFIG',
+      'proxy_resolve must map host names to an address or a list of addresses', nil, level + 2)
+  end
+  if type(v) ~= 'table' then bad() end
+  local copy = {}
+  for name, a in pairs(v) do
+    if type(name) ~= 'string' then bad() end
+    local list = type(a) == 'table' and a or { a }
+    if #list == 0 then bad() end
+    for _, x in ipairs(list) do if type(x) ~= 'string' or x == '' then bad() end end
+    copy[name:lower():gsub('%.$', '')] = list
+  end
+  return copy
+end
+
+--- The environment commands of an allow-listed sandbox get.
+function M.env()
+  local no = 'localhost,127.0.0.1,::1'
+  return { HTTP_PROXY = M.URL, HTTPS_PROXY = M.URL, http_proxy = M.URL, https_proxy = M.URL,
+    NO_PROXY = no, no_proxy = no }
+end
+
+-- {======================================================
+-- Names and addresses
+-- =======================================================
+
+--- The allow-list as { exact = { [name] = true }, suffixes = { '.name', ... } }.
+function M.compile(allow)
+  local list = { exact = {}, suffixes = {} }
+  for _, entry in ipairs(allow) do
+    local e = entry:lower():gsub('%.$', '')
+    if e:sub(1, 2) == '*.' then e = e:sub(2) end
+    if e:sub(1, 1) == '.' then list.suffixes[#list.suffixes + 1] = e
+    else list.exact[e] = true end
+  end
+  return list
+end
+
+--- 'exact', 'wildcard' or nil: how `name` (normalised) is on the list.
+function M.match(list, name)
+  if list.exact[name] then return 'exact' end
+  for _, suffix in ipairs(list.suffixes) do
+    if #name > #suffix and name:sub(-#suffix) == suffix then return 'wildcard' end
+  end
+  return nil
+end
+
+--- A host of a request normalised (lower case, no trailing dot), or nil and a reason.
+function M.normalise_host(host)
+  if host:find('[%[%]:]') then return nil, 'ip_literal' end
+  host = host:lower():gsub('%.$', '')
+  if host == '' or #host > 253 or not host:match('^[%w%-%.]+$') or host:find('..', 1, true)
+    or host:sub(1, 1) == '.' then
+    return nil, 'bad_request'
+  end
+  -- every spelling of an IPv4 address inet_aton takes: 1 to 4 parts, decimal, octal or hex
+  local numeric = true
+  for label in host:gmatch('[^.]+') do
+    if not (label:match('^%d+$') or label:match('^0[xX]%x*$')) then numeric = false end
+  end
+  -- and a name whose last label is a number is no domain either
+  if numeric or host:match('%.%d+$') then return nil, 'ip_literal' end
+  for label in host:gmatch('[^.]+') do
+    if #label > 63 or label:sub(1, 1) == '-' or label:sub(-1) == '-' then return nil, 'bad_request' end
+  end
+  return host
+end
+
+local function v4_parts(addr)
+  local a, b, c, d = addr:match('^(%d+)%.(%d+)%.(%d+)%.(%d+)$')
+  if not a then return nil end
+  return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+end
+
+local function v4_blocked(addr)
+  local a, b, c = v4_parts(addr)
+  if not a then return true end
+  return a == 0 or a == 10 or a == 127 or a >= 224
+    or (a == 100 and b >= 64 and b <= 127)
+    or (a == 169 and b == 254)
+    or (a == 172 and b >= 16 and b <= 31)
+    or (a == 192 and b == 168)
+    or (a == 192 and b == 0 and c == 0)
+    or (a == 198 and (b == 18 or b == 19))
+end
+
+-- The 8 groups of an IPv6 address as numbers, or nil.
+local function v6_groups(addr)
+  local tail4 = addr:match(':(%d+%.%d+%.%d+%.%d+)$')
+  if tail4 then
+    local a, b, c, d = v4_parts(tail4)
+    if not a then return nil end
+    addr = addr:sub(1, #addr - #tail4) .. ('%x:%x'):format(a * 256 + b, c * 256 + d)
+  end
+  local head, rest = addr:match('^(.-)::(.*)$')
+  local groups = {}
+  local function add(s)
+    for g in s:gmatch('[^:]+') do groups[#groups + 1] = tonumber(g, 16) end
+  end
+  if head then
+    add(head)
+    local tail = {}
+    for g in rest:gmatch('[^:]+') do tail[#tail + 1] = tonumber(g, 16) end
+    for _ = 1, 8 - #groups - #tail do groups[#groups + 1] = 0 end
+    for _, g in ipairs(tail) do groups[#groups + 1] = g end
+  else
+    add(addr)
+  end
+  if #groups ~= 8 then return nil end
+  return groups
+end
+
+--- Whether a sandbox may reach `addr` (a numeric address) through a name matched by a wildcard.
+function M.public_address(addr)
+  if addr:find(':', 1, true) then
+    local g = v6_groups(addr)
+    if not g then return false end
+    local zero5 = g[1] == 0 and g[2] == 0 and g[3] == 0 and g[4] == 0 and g[5] == 0
+    if zero5 and (g[6] == 0 or g[6] == 0xffff) then
+      -- ::, ::1, IPv4-compatible and IPv4-mapped: the IPv4 address inside decides
+      if g[6] == 0 and g[7] == 0 and g[8] <= 1 then return false end
+      return not v4_blocked(('%d.%d.%d.%d'):format(math.floor(g[7] / 256), g[7] % 256,
+        math.floor(g[8] / 256), g[8] % 256))
+    end
+    local top = g[1]
+    if top >= 0xfe80 and top <= 0xfebf then return false end   -- link-local
+    if top >= 0xfc00 and top <= 0xfdff then return false end   -- unique local
+    if top >= 0xff00 then return false end                     -- multicast
+    if top == 0x64 and g[2] == 0xff9b then return false end    -- NAT64: an IPv4 address inside
+    if top == 0x2002 then return false end                     -- 6to4: likewise
+    if top == 0x2001 and g[2] == 0xdb8 then return false end   -- documentation
+    return true
+  end
+  return not v4_blocked(addr)
+end
+
+--- The server name a TLS ClientHello (its records' bytes) asks for: the name; or nil and 'more'
+-- when more bytes are needed; or nil and 'bad' when it is no ClientHello with one server name.
+function M.client_hello_sni(data)
+  -- the handshake message, from as many records as it takes
+  local hs, pos = {}, 1
+  local hs_len
+  while true do
+    if #data < pos + 4 then return nil, 'more' end
+    local ctype, major = data:byte(pos), data:byte(pos + 1)
+    if ctype ~= 22 or major ~= 3 then return nil, 'bad' end
+    local len = data:byte(pos + 3) * 256 + data:byte(pos + 4)
+    if len == 0 or len > 16384 + 2048 then return nil, 'bad' end
+    if #data < pos + 4 + len then return nil, 'more' end
+    hs[#hs + 1] = data:sub(pos + 5, pos + 4 + len)
+    pos = pos + 5 + len
+    local body = table.concat(hs)
+    if #body >= 4 then
+      if body:byte(1) ~= 1 then return nil, 'bad' end
+      hs_len = body:byte(2) * 65536 + body:byte(3) * 256 + body:byte(4)
+      if hs_len + 4 > MAX_HELLO then return nil, 'bad' end
+      if #body >= hs_len + 4 then
+        hs = body:sub(5, 4 + hs_len)
+        break
+      end
+    end
+  end
+  local p = 1 + 2 + 32
+  local function u8() local v = hs:byte(p); p = p + 1; return v end
+  local function u16()
+    local a, b = hs:byte(p, p + 1)
+    p = p + 2
+    if not b then return nil end
+    return a * 256 + b
+  end
+  local sid = u8()
+  if not sid then return nil, 'bad' end
+  p = p + sid
+  local suites = u16()
+  if not suites then return nil, 'bad' end
+  p = p + suites
+  local comp = u8()
+  if not comp then return nil, 'bad' end
+  p = p + comp
+  local ext_total = u16()
+  if not ext_total or p + ext_total - 1 > #hs then return nil, 'bad' end
+  local ext_end = p + ext_total
+  local name
+  while p + 4 <= ext_end do
+    local etype, elen = u16(), u16()
+    if p + elen > ext_end then return nil, 'bad' end
+    if etype == 0 then
+      if name then return nil, 'bad' end
+      local q, list_end = p + 2, p + elen
+      local count = 0
+      while q + 3 <= list_end do
+        local ntype = hs:byte(q)
+        local nlen = hs:byte(q + 1) * 256 + hs:byte(q + 2)
+        if q + 3 + nlen > list_end then return nil, 'bad' end
+        if ntype == 0 then
+          count = count + 1
+          name = hs:sub(q + 3, q + 2 + nlen)
+        end
+        q = q + 3 + nlen
+      end
+      if count ~= 1 then return nil, 'bad' end
+    end
+    p = p + elen
+  end
+  if not name then return nil, 'bad' end
+  return name
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The proxy
+-- =======================================================
+
+local Proxy = {}
+Proxy.__index = Proxy
+
+local function reply(status, text, reason)
+  local body = 'mayura egress proxy: ' .. text .. '\n'
+  return ('HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s'):format(
+    status, #body, reason and ('X-Mayura-Refused: ' .. reason .. '\r\n') or '', body)
+end
+
+-- Closes a luv handle once.
+local function close(h)
+  if h and not h:is_closing() then h:close() end
+end
+
+function Proxy:_event(host, port, reason)
+  if self.on_event then
+    local ok, err = pcall(self.on_event, { type = 'network_refused', host = host, port = port, reason = reason })
+    if not ok then core.report('network event handler: ' .. tostring(err)) end
+  end
+end
+
+-- Reads from `conn` into `buf.data` until `enough(data)` says so, the peer ends, or the deadline;
+-- returns true when enough came.
+local function read_until(conn, buf, enough, limit)
+  if enough(buf.data) then return true end
+  if conn:is_closing() then return false end
+  return task.await(function(done)
+    local finished = false
+    local function finish(ok)
+      if finished then return end
+      finished = true
+      if not conn:is_closing() then conn:read_stop() end
+      done(ok)
+    end
+    buf.abort = function() finish(false) end
+    conn:read_start(function(err, chunk)
+      if err or not chunk then return finish(false) end
+      buf.data = buf.data .. chunk
+      if enough(buf.data) then return finish(true) end
+      if #buf.data > limit then return finish(false) end
+    end)
+  end)
+end
+
+local function write_all(conn, data)
+  if conn:is_closing() then return false end
+  return task.await(function(done)
+    local ok = pcall(conn.write, conn, data, function(err) done(err == nil) end)
+    if not ok then done(false) end
+  end)
+end
+
+-- The addresses of `host` (numeric strings), through the override when there is one.
+function Proxy:_resolve(host)
+  if self.resolve then
+    local a = self.resolve[host]
+    if type(a) == 'string' then return { a } end
+    if type(a) == 'table' then return a end
+    return {}
+  end
+  local uv = require('luv')
+  -- lookups run on libuv's few worker threads, which the whole process shares: a sandbox asking
+  -- for many names at once waits for its own turn rather than taking them all
+  if self.lookups >= MAX_LOOKUPS then
+    task.await(function(done) self.lookup_queue[#self.lookup_queue + 1] = done end)
+  end
+  self.lookups = self.lookups + 1
+  local res = task.await(function(done)
+    local ok = pcall(uv.getaddrinfo, host, nil, { socktype = 'stream' },
+      function(err, r) done(not err and r or nil) end)
+    if not ok then done(nil) end
+  end)
+  self.lookups = self.lookups - 1
+  local nxt = table.remove(self.lookup_queue, 1)
+  if nxt then nxt() end
+  local out = {}
+  for _, r in ipairs(res or {}) do
+    if type(r.addr) == 'string' then out[#out + 1] = r.addr end
+  end
+  return out
+end
+
+-- A connected luv TCP handle to one of `addrs` at `port`, or nil. Each attempt is one of the
+-- proxy's handles while it lasts, so closing the proxy ends it.
+function Proxy:_connect_any(addrs, port, test)
+  local uv = require('luv')
+  for _, addr in ipairs(addrs) do
+    -- a test's override may name the port of its server too
+    local a, p = addr:match('^(%d+%.%d+%.%d+%.%d+):(%d+)$')
+    if test and a then addr, port = a, tonumber(p) end
+    if self.closed then return nil end
+    local tcp = uv.new_tcp()
+    self.handles[tcp] = true
+    local ok = task.await(function(done)
+      local answered = false
+      local function answer(v)
+        if answered then return end
+        answered = true
+        done(v)
+      end
+      local timer = task.after(CONNECT_MS, function() answer(false) end, true)
+      local started = pcall(tcp.connect, tcp, addr, port, function(err)
+        timer.cancel()
+        answer(err == nil)
+      end)
+      if not started then
+        timer.cancel()
+        answer(false)
+      end
+    end)
+    self.handles[tcp] = nil
+    if ok and not tcp:is_closing() then return tcp end
+    close(tcp)
+  end
+  return nil
+end
+
+-- Parses a request head: { method, host, port, target (origin form), version, headers (lines) },
+-- or nil and a reason.
+local function parse_head(head)
+  local lines = {}
+  for line in head:gmatch('([^\r\n]*)\r?\n') do lines[#lines + 1] = line end
+  local method, target, version = (lines[1] or ''):match('^(%u+) (%S+) HTTP/(1%.[01])$')
+  if not method then return nil, 'bad_request' end
+  local req = { method = method, version = version, headers = {} }
+  for i = 2, #lines do
+    if lines[i] ~= '' then req.headers[#req.headers + 1] = lines[i] end
+  end
+  local authority
+  if method == 'CONNECT' then
+    authority = target
+    req.tls = true
+  else
+    local scheme, rest = target:match('^(%a[%w+.-]*)://(.*)$')
+    if not scheme then return nil, 'bad_request' end
+    if scheme:lower() ~= 'http' then return nil, 'method' end
+    authority = rest:match('^([^/?#]*)')
+    local path = rest:sub(#authority + 1)
+    if path == '' or path:sub(1, 1) ~= '/' then path = '/' .. path end
+    req.target = path:gsub('#.*$', '')
+  end
+  if authority:find('@', 1, true) then return nil, 'bad_request' end
+  local host, port
+  if authority:sub(1, 1) == '[' then
+    req.host, req.port = authority, nil
+    return req, 'ip_literal'
+  end
+  host, port = authority:match('^([^:]+):(%d+)$')
+  if not host then
+    host = authority:match('^([^:]+)$')
+    if not host then return nil, 'bad_request' end
+    if req.tls then return nil, 'bad_request' end
+    port = '80'
+  end
+  req.host, req.port = host, tonumber(port)
+  req.authority = authority
+  return req
+end
+
+-- Serves one connection accepted from the sandbox.
+function Proxy:_serve(conn)
+  local buf = { data = '' }
+  local deadline = task.after(HEAD_MS, function() if buf.abort then buf.abort() end; close(conn) end, true)
+  local function finish() deadline.cancel(); close(conn) end
+  local function refuse(host, port, reason, status)
+    self:_event(host, port, reason)
+    write_all(conn, reply(status or '403 Forbidden', reason .. (host and (': ' .. host) or ''), reason))
+    finish()
+  end
+  if not read_until(conn, buf, function(s) return s:find('\r\n\r\n', 1, true) ~= nil end, MAX_HEAD) then
+    return finish()
+  end
+  local head_end = buf.data:find('\r\n\r\n', 1, true)
+  local head, rest = buf.data:sub(1, head_end + 3), buf.data:sub(head_end + 4)
+  local req, why = parse_head(head)
+  if not req then return refuse(nil, nil, why, why == 'method' and '405 Method Not Allowed' or '400 Bad Request') end
+  if why then return refuse(req.host, req.port, why) end
+  local host, reason = M.normalise_host(req.host)
+  if not host then return refuse(req.host, req.port, reason) end
+  if req.port ~= 80 and req.port ~= 443 then return refuse(host, req.port, 'port') end
+  local how = M.match(self.list, host)
+  if not how then return refuse(host, req.port, 'not_allowed') end
+  local addrs = self:_resolve(host)
+  if #addrs == 0 then return refuse(host, req.port, 'unresolved', '502 Bad Gateway') end
+  local usable = {}
+  for _, a in ipairs(addrs) do
+    if how == 'exact' or M.public_address(a:match('^(%d+%.%d+%.%d+%.%d+):%d+$') or a) then usable[#usable + 1] = a end
+  end
+  if #usable == 0 then return refuse(host, req.port, 'private_address') end
+  local up = self:_connect_any(usable, req.port, self.resolve ~= nil)
+  if not up then
+    write_all(conn, reply('502 Bad Gateway', 'cannot reach ' .. host))
+    return finish()
+  end
+  local prefix
+  if req.tls then
+    if not write_all(conn, 'HTTP/1.1 200 Connection established\r\n\r\n') then close(up); return finish() end
+    buf.data = rest
+    local name, state
+    read_until(conn, buf, function(s)
+      name, state = M.client_hello_sni(s)
+      return name ~= nil or state == 'bad'
+    end, MAX_HELLO + 8)
+    local sni = name and M.normalise_host(name)
+    if sni ~= host then
+      self:_event(host, req.port, 'sni_mismatch')
+      close(up)
+      return finish()
+    end
+    prefix = buf.data
+  else
+    local lines = { req.method .. ' ' .. req.target .. ' HTTP/' .. req.version, 'Host: ' .. req.authority }
+    for _, h in ipairs(req.headers) do
+      local name = (h:match('^([^:]+):') or ''):lower()
+      if name ~= 'host' and name ~= 'connection' and name ~= 'keep-alive' and name:sub(1, 6) ~= 'proxy-' then
+        lines[#lines + 1] = h
+      end
+    end
+    lines[#lines + 1] = 'Connection: close'
+    prefix = table.concat(lines, '\r\n') .. '\r\n\r\n' .. rest
+  end
+  deadline.cancel()
+  return self:_relay(conn, up, prefix, false)
+end
+
+-- Hands two connected luv handles (or a handle and a raw descriptor) to the core's relay; true
+-- when it runs (the connection is then counted until it ends).
+function Proxy:_relay(a, b, prefix, connecting)
+  local function drop()
+    close(a)
+    if type(b) == 'number' then core.close_fd(b) else close(b) end
+  end
+  if a:is_closing() or (type(b) ~= 'number' and b:is_closing()) or self.closed then drop(); return false end
+  local holder = {}
+  local relay = core.relay(a:fileno(), type(b) == 'number' and b or b:fileno(),
+    { to_b = prefix ~= '' and prefix or nil, connecting_b = connecting },
+    function()
+      if holder.relay then self.relays[holder.relay] = nil end
+      self.conns = self.conns - 1
+    end)
+  drop()
+  if not relay then return false end
+  holder.relay = relay
+  self.relays[relay] = true
+  return true
+end
+
+-- Accepts on `server` with `fn(conn)` in a task of its own, within the connection cap.
+function Proxy:_accepting(server, fn)
+  local uv = require('luv')
+  server:listen(128, function(err)
+    if err or self.closed then return end
+    local conn = uv.new_tcp()
+    if not pcall(server.accept, server, conn) then close(conn); return end
+    if self.conns >= MAX_CONNS then close(conn); return end
+    self.conns = self.conns + 1
+    self.handles[conn] = true
+    task.spawn(function()
+      local ok, handed = pcall(fn, conn)
+      if not ok then core.report('egress proxy: ' .. tostring(handed)) end
+      self.handles[conn] = nil
+      if not (ok and handed) then
+        close(conn)
+        self.conns = self.conns - 1
+      end
+    end)
+  end)
+end
+
+--- Starts the proxy of a sandbox whose network namespace `ns_fd` names (an open descriptor of its
+-- /proc/<pid>/ns/net, which the proxy now owns). options: `allow` (the checked list), `on_event`,
+-- `resolve` (tests only), `port` (PORT; 0 for the kernel's pick, as the benchmark does in this
+-- process's own namespace: `proxy.port` says it). Raises when it cannot listen there.
+function M.start(ns_fd, options)
+  local uv = require('luv')
+  local fd, err = core.netns_socket(ns_fd, 'listen', options.port or M.PORT)
+  if not fd then
+    uv.fs_close(ns_fd)
+    error(err, 0)
+  end
+  local self = setmetatable({
+    ns_fd = ns_fd, list = M.compile(options.allow), on_event = options.on_event, resolve = options.resolve,
+    conns = 0, lookups = 0, lookup_queue = {}, relays = {}, handles = {}, forwards = {}, closed = false,
+  }, Proxy)
+  local server = uv.new_tcp()
+  local ok, opened, oerr = pcall(server.open, server, fd)
+  if not ok or not opened then
+    close(server)
+    core.close_fd(fd)
+    uv.fs_close(ns_fd)
+    error(tostring(ok and oerr or opened), 0)
+  end
+  self.server = server
+  self.port = server:getsockname().port
+  self:_accepting(server, function(conn) return self:_serve(conn) end)
+  return self
+end
+
+--- Serves the sandbox's `port` on a host port of 127.0.0.1; returns that port.
+function Proxy:forward(port)
+  local uv = require('luv')
+  local server = uv.new_tcp()
+  if not server:bind('127.0.0.1', 0) then close(server); return nil end
+  self.forwards[#self.forwards + 1] = server
+  self:_accepting(server, function(conn)
+    local fd = core.netns_socket(self.ns_fd, 'connect', port)
+    if not fd then return false end
+    return self:_relay(conn, fd, '', true)
+  end)
+  return server:getsockname().port
+end
+
+--- Ends the proxy: its listener, forwards, connections and relays; closes the namespace descriptor.
+function Proxy:close()
+  if self.closed then return end
+  self.closed = true
+  close(self.server)
+  for _, s in ipairs(self.forwards) do close(s) end
+  for h in pairs(self.handles) do close(h) end
+  for r in pairs(self.relays) do r:close() end
+  self.relays = {}
+  require('luv').fs_close(self.ns_fd)
+end
+
+-- }======================================================
+
+return M
