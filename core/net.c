@@ -22,6 +22,7 @@
 ** cb(a_to_b_bytes, b_to_a_bytes, err) once both directions are over or one
 ** failed (err a message); relay:close() ends it early (no callback).
 */
+#include "mc.h"
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
