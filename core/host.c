@@ -3,6 +3,7 @@
 **
 **   mayura FILE.lua [ARGS...]   runs FILE as a task on the loop, `arg` set as lua5.4 sets it
 **   mayura -e 'CODE' [ARGS...]  runs a chunk the same way
+**   mayura serve ARGS...        the MCP server (mayura.mcp.cli)
 **
 ** Lua 5.4 (or LuaJIT 2.1: build/luajit/mayura, from the same source) with
 ** luv and mayura.core linked in, sharing one libuv loop, and
@@ -18,7 +19,8 @@
 #include "mayura_core.c"
 
 static void usage(void) {
-    fprintf(stderr, "usage: mayura FILE.lua [ARGS...]\n       mayura -e 'CODE' [ARGS...]\n");
+    fprintf(stderr, "usage: mayura FILE.lua [ARGS...]\n       mayura -e 'CODE' [ARGS...]\n"
+                    "       mayura serve --policy FILE.lua [--http [HOST:]PORT] (see mayura.mcp.cli)\n");
 }
 
 static int file_exists(const char *path) {
@@ -98,6 +100,10 @@ int main(int argc, char **argv) {
         if (argc < 3) { usage(); return 2; }
         code = argv[2];
         script = 2;
+    } else if (strcmp(argv[1], "serve") == 0) {
+        /* the MCP server: mayura.mcp.cli.main(ARGS...) */
+        code = "return require('mayura.mcp.cli').main(...)";
+        script = 1;
     } else if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage();
         return 0;
