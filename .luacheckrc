@@ -8,3 +8,5 @@ files['.busted'] = { std = 'lua54' }
 ignore = { '212/_.*' }
 -- `unpack` is read only where `table.unpack` is missing (LuaJIT).
 read_globals = { 'unpack' }
+-- Policy files run in mayura.policy's environment, whose declarations are their globals.
+files['examples/policies/*.lua'] = { read_globals = { 'pool', 'tools', 'tool', 'hook', 'agent', 'serve', 'z' } }

@@ -3,6 +3,11 @@
 **
 **   mayura FILE.lua [ARGS...]   runs FILE as a task on the loop, `arg` set as lua5.4 sets it
 **   mayura -e 'CODE' [ARGS...]  runs a chunk the same way
+**   mayura --policy P.lua [--policy Q.lua ...] FILE.lua|-e CODE [ARGS...]
+**                               first loads and checks the policy files (mayura.policy), which
+**                               the script then has as require('mayura').policy(); a policy
+**                               that does not pass its check prints the error and exits 1
+**                               before the script runs
 **   mayura serve ARGS...        the MCP server (mayura.mcp.cli)
 **
 ** Lua 5.4 (or LuaJIT 2.1: build/luajit/mayura, from the same source) with
@@ -19,7 +24,8 @@
 #include "mayura_core.c"
 
 static void usage(void) {
-    fprintf(stderr, "usage: mayura FILE.lua [ARGS...]\n       mayura -e 'CODE' [ARGS...]\n"
+    fprintf(stderr, "usage: mayura [--policy FILE.lua ...] FILE.lua [ARGS...]\n"
+                    "       mayura [--policy FILE.lua ...] -e 'CODE' [ARGS...]\n"
                     "       mayura serve --policy FILE.lua [--http [HOST:]PORT] (see mayura.mcp.cli)\n");
 }
 
@@ -92,24 +98,30 @@ static int l_preload_luv(lua_State *L) {
 int main(int argc, char **argv) {
     uv_loop_t loop;
     lua_State *L;
-    int script, status = 0, nargs, i;
+    int script, status = 0, nargs, i, first = 1, npolicies = 0;
     const char *code = NULL, *file = NULL;
 
-    if (argc < 2) { usage(); return 2; }
-    if (strcmp(argv[1], "-e") == 0) {
-        if (argc < 3) { usage(); return 2; }
-        code = argv[2];
-        script = 2;
-    } else if (strcmp(argv[1], "serve") == 0) {
-        /* the MCP server: mayura.mcp.cli.main(ARGS...) */
+    /* --policy FILE, any number of times, before the script */
+    while (first < argc && strcmp(argv[first], "--policy") == 0) {
+        if (first + 1 >= argc) { usage(); return 2; }
+        npolicies++;
+        first += 2;
+    }
+    if (argc < first + 1) { usage(); return 2; }
+    if (strcmp(argv[first], "-e") == 0) {
+        if (argc < first + 2) { usage(); return 2; }
+        code = argv[first + 1];
+        script = first + 1;
+    } else if (first == 1 && strcmp(argv[1], "serve") == 0) {
+        /* the MCP server: mayura.mcp.cli.main(ARGS...) loads its own --policy files */
         code = "return require('mayura.mcp.cli').main(...)";
         script = 1;
-    } else if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    } else if (strcmp(argv[first], "-h") == 0 || strcmp(argv[first], "--help") == 0) {
         usage();
         return 0;
     } else {
-        file = argv[1];
-        script = 1;
+        file = argv[first];
+        script = first;
     }
 
     if (uv_loop_init(&loop) != 0) { fprintf(stderr, "mayura: cannot start the loop\n"); return 1; }
@@ -144,6 +156,30 @@ int main(int argc, char **argv) {
     }
     lua_getfield(L, -1, "main");
     lua_remove(L, -2);
+    if (npolicies > 0) {
+        /* require('mayura.policy')._host_load({ files }): checked before the script is even read */
+        lua_getglobal(L, "require");
+        lua_pushstring(L, "mayura.policy");
+        if (lua_pcall(L, 1, 1, 1) != LUA_OK) {
+            fprintf(stderr, "mayura: %s\n", lua_tostring(L, -1));
+            status = 1;
+            goto done;
+        }
+        lua_getfield(L, -1, "_host_load");
+        lua_remove(L, -2);
+        lua_createtable(L, npolicies, 0);
+        for (i = 0; i < npolicies; i++) {
+            lua_pushstring(L, argv[2 + 2 * i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+            /* a coded error prints as CODE: message (its __tostring) */
+            const char *msg = luaL_tolstring(L, -1, NULL);
+            fprintf(stderr, "mayura: %s\n", msg ? msg : "(error object is not a string)");
+            status = 1;
+            goto done;
+        }
+    }
     if ((code != NULL ? luaL_loadbuffer(L, code, strlen(code), "=(command line)")
                       : luaL_loadfile(L, file)) != LUA_OK) {
         fprintf(stderr, "mayura: %s\n", lua_tostring(L, -1));

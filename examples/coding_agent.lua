@@ -32,6 +32,12 @@
 -- DAYTONA_API_KEY (read here: the library never reads the environment) and
 -- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
 --
+-- With a policy file, the pool, the tools, the agent, its grants, limits and
+-- budget come from it instead of sections 1 to 4 below (--provider is then
+-- refused: the policy names its provider):
+--
+--   build/mayura --policy examples/policies/coding.lua examples/coding_agent.lua
+--
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
 local mayura = require('mayura')
@@ -95,6 +101,8 @@ do
   end
 end
 local task_text = #words > 0 and table.concat(words, ' ') or DEFAULT_TASK
+local policy = mayura.policy()   -- the policy of `build/mayura --policy FILE`, or nil
+if policy and provider_name ~= 'local' then usage_error('--provider is the policy\'s to choose') end
 
 -- {======================================================
 -- The model: a real one with a key, else the recorded session
@@ -136,6 +144,13 @@ else
   end
   task_text = session.task
 end
+
+-- Sections 1 to 4 as code; with a policy, its environment does all of it (see the end).
+local sandboxes, coder, runtime, policy_env
+if policy then
+  policy_env = policy:open()
+  sandboxes = policy_env:pool('workspace')
+else
 
 -- {======================================================
 -- 1. A pool of sandboxes
@@ -183,7 +198,7 @@ else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
 
-local sandboxes = sandbox.create_sandboxes(provider, {
+sandboxes = sandbox.create_sandboxes(provider, {
   max_sandboxes = 4,                -- at most four alive at once; a fifth fails with LIMIT_EXCEEDED
   max_lifetime_ms = 30 * 60000,     -- no sandbox lives longer than 30 minutes
   max_exec_timeout_ms = 5 * 60000,
@@ -220,7 +235,7 @@ local result_schema = z.object({
   files = z.array(z.object({ path = z.string():max(200), content = z.string():max(50000) })):min(1):max(10),
 })
 
-local coder = mayura.define_agent({
+coder = mayura.define_agent({
   id = 'coder', version = '1', input = task_schema, output = result_schema, tools = tools, model = model,
   hooks = { release_workspace },
   instructions = {
@@ -239,7 +254,7 @@ local coder = mayura.define_agent({
 -- 4. Permissions and limits
 -- =======================================================
 
-local runtime = mayura.create_runtime({
+runtime = mayura.create_runtime({
   profile = 'ephemeral',
   permissions = {
     allow = {
@@ -258,6 +273,8 @@ local runtime = mayura.create_runtime({
     max_cost_micros = 600000,      -- at most $0.60 per run, model calls and commands together
   },
 })
+
+end   -- of sections 1 to 4
 
 -- {======================================================
 -- Progress, from the run's events
@@ -325,11 +342,20 @@ local function tests_pass(pool, files)
 end
 
 print('Task: ' .. task_text)
-print('Sandboxes: ' .. provider_name .. ', no network; one per run, released when the run ends.')
+if policy then
+  print('Policy: ' .. table.concat(policy.files, ', ') .. ' (pool, tools, agent, grants, limits and budget).')
+else
+  print('Sandboxes: ' .. provider_name .. ', no network; one per run, released when the run ends.')
+end
 
-local run = runtime:submit(coder, { input = { task = task_text }, on_event = on_event })
-local outcome = run:result()
-runtime:close()
+local outcome
+if policy then
+  outcome = policy_env:run('coder', { task = task_text }, model, { on_event = on_event })
+else
+  local run = runtime:submit(coder, { input = { task = task_text }, on_event = on_event })
+  outcome = run:result()
+  runtime:close()
+end
 
 local usage = outcome.usage
 print(string.format('Run %s: %d model calls, %d tool calls, %s, %.1f s.', outcome.status, usage.model_calls,
@@ -365,5 +391,5 @@ else
   end
 end
 
-sandboxes:close()
+if policy_env then policy_env:close() else sandboxes:close() end
 os.exit(exit_code)

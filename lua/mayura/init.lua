@@ -1,7 +1,9 @@
 --- mayura: agents that work in isolated Linux sandboxes, with permissions, limits and budgets.
 --
 -- This facade gives the runtime (`define_agent`, `define_hook`,
--- `create_runtime`), schemas (`z`), cancel tokens and tasks (`run`). Its
+-- `create_runtime`), schemas (`z`), cancel tokens and tasks (`run`), policy files
+-- (`load_policy(path_or_list)`, and `policy()`: the one the host program's
+-- `--policy` loaded, or nil). Its
 -- parts load on first use, so `require('mayura')` stays cheap.
 local task = require('mayura._task')
 
@@ -18,6 +20,8 @@ local lazy = {
   define_hook = 'mayura.runtime',
   create_runtime = 'mayura.runtime',
   z = 'mayura.z',
+  load_policy = 'mayura.policy',
+  policy = 'mayura.policy',
 }
 
 return setmetatable(M, {

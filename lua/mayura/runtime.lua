@@ -607,7 +607,7 @@ local function tool_call(run, call)
   check_stop(run)
   emit(run, { type = 'tool_call_started', tool_id = tool.id, call_id = call.id, input = input })
   local context = { run_id = run.id, agent_id = run.agent_id, tool_id = tool.id, call_id = call.id,
-    signal = run._token }
+    signal = call.signal or run._token }
   local ok, result = pcall(tool.run, input, context)
   settle(run, cost, cost)
   local ending
@@ -773,13 +773,184 @@ function Runtime:submit(agent, options)
   return run
 end
 
---- Cancels every run still going, waits for their on_finally hooks, and refuses new runs.
+--- Cancels every run still going, closes every session, waits for their on_finally hooks, and
+-- refuses new runs and sessions.
 function Runtime:close()
   self._closed = true
   local runs = {}
   for run in pairs(self._runs) do runs[#runs + 1] = run end
   for _, run in ipairs(runs) do run:cancel() end
   for _, run in ipairs(runs) do run:result() end
+  local sessions = {}
+  for s in pairs(self._sessions or {}) do sessions[#sessions + 1] = s end
+  for _, s in ipairs(sessions) do s:close() end
+end
+
+-- {======================================================
+-- Sessions: tool calls made by a caller instead of a model
+-- =======================================================
+
+local Session = {}
+Session.__index = Session
+
+local session_keys = { id = true, on_event = true }
+local call_keys = { signal = true, call_id = true }
+
+--- A session of `agent`: `{ id, on_event }`. The caller (a tool host's client) makes the tool calls
+-- a model would make, with `session:call(tool_id, input, { signal, call_id })`; each goes through
+-- the very checks of a run's tool call, in the same order: the grants, `max_tool_calls`, the input
+-- schema, the budget (the tool's `exec_cost_micros`), the `before_tool_call` hooks, the tool, the
+-- `after_tool_call` hooks. `max_duration_ms` counts from the session's start. `call` returns the
+-- tool's result, or raises a coded error: what ends a run (a missing grant: PERMISSION_DENIED; a
+-- limit: LIMIT_EXCEEDED; the budget: BUDGET_EXCEEDED; a cancel: CANCELLED; a failed hook:
+-- HOOK_FAILED) as it is, and what a run hands back to its model (an unknown tool or a bad input:
+-- INVALID_INPUT; the tool's own failure) with `tool_error = true`. Neither ends the session.
+-- The on_start hooks run when the session is made (a failure raises), the on_finally hooks at
+-- `session:close()`, with `{ outcome = { status = 'succeeded', run_id, agent_id, usage } }`;
+-- `context.run_id` of tools and hooks is the session's id. `session.usage` is the run's usage.
+function Runtime:session(agent, options)
+  if getmetatable(self) ~= Runtime then
+    errors.raise('INVALID_INPUT', 'call session with a colon: runtime:session(...)')
+  end
+  if self._closed then errors.raise('INVALID_INPUT', 'the runtime is closed') end
+  if getmetatable(agent) ~= Agent then errors.raise('INVALID_INPUT', 'session expects an agent from define_agent') end
+  if options == nil then options = {} end
+  check.keys(options, session_keys, 'session options', 'INVALID_INPUT', 3)
+  if options.id ~= nil and (type(options.id) ~= 'string' or options.id == '' or #options.id > 256) then
+    errors.raise('INVALID_INPUT', 'the session id must be a non-empty string')
+  end
+  if options.on_event ~= nil and type(options.on_event) ~= 'function' then
+    errors.raise('INVALID_INPUT', 'on_event must be a function')
+  end
+  run_counter = run_counter + 1
+  local run = setmetatable({
+    id = options.id or string.format('session_%d_%x', run_counter, math.floor(core.now_ms()) % 0x1000000),
+    agent_id = agent.id,
+    status = 'running',
+    usage = { steps = 0, model_calls = 0, tool_calls = 0, cost_micros = 0 },
+    _runtime = self,
+    _agent = agent,
+    _on_event = options.on_event,
+    _limits = self.limits,
+    _allow = self._allow,
+    _events = {},
+    _waiters = {},
+    _hook_errors = {},
+    _messages = {},
+    _token = task.cancel_token(),
+    _reserved = 0,
+    _call_counter = 0,
+    _started_at = core.hrtime_ms(),
+  }, Run)
+  local session = setmetatable({ id = run.id, agent_id = agent.id, usage = run.usage, _run = run, _active = 0,
+    _idle = {} }, Session)
+  emit(run, { type = 'run_started', agent_id = run.agent_id, agent_version = agent.version })
+  local ok, err = pcall(run_hooks, run, 'on_start', { input = nil })
+  if not ok then
+    run._ended = true
+    error(getmetatable(err) == End and err.error or errors.wrap(err), 2)
+  end
+  self._sessions = self._sessions or {}
+  self._sessions[session] = true
+  return session
+end
+
+-- The result message of call `id`, taken out of the session's messages.
+local function take_result(run, id)
+  local messages = run._messages
+  for i = #messages, 1, -1 do
+    if messages[i].call_id == id then
+      return table.remove(messages, i).result
+    end
+  end
+  return nil
+end
+
+--- Makes one tool call in the session (see Runtime:session).
+function Session:call(tool_id, input, options)
+  if getmetatable(self) ~= Session then errors.raise('INVALID_INPUT', 'call call with a colon: session:call(...)') end
+  if type(tool_id) ~= 'string' then errors.raise('INVALID_INPUT', 'tool_id must be a string') end
+  if options == nil then options = {} end
+  check.keys(options, call_keys, 'call options', 'INVALID_INPUT', 3)
+  if options.signal ~= nil and not task.is_token(options.signal) then
+    errors.raise('INVALID_INPUT', 'signal must be a cancel token (mayura.cancel_token())')
+  end
+  if options.call_id ~= nil and type(options.call_id) ~= 'string' then
+    errors.raise('INVALID_INPUT', 'call_id must be a string')
+  end
+  if self._closed then errors.raise('CANCELLED', 'the session is closed') end
+  local run = self._run
+  run._call_counter = run._call_counter + 1
+  local token = task.cancel_token()
+  local unlink_run = run._token:on_cancel(function() token:cancel('cancelled') end)
+  local unlink_call = options.signal and options.signal:on_cancel(function() token:cancel('cancelled') end)
+  local call = { id = options.call_id or ('call_' .. run._call_counter), tool_id = tool_id, input = input,
+    signal = token }
+  self._active = self._active + 1
+  local ok, err = pcall(function()
+    check_time(run)
+    tool_call(run, call)
+  end)
+  self._active = self._active - 1
+  run._events = {}   -- a session may be long: its events go to on_event only
+  unlink_run()
+  if unlink_call then unlink_call() end
+  if self._active == 0 and #self._idle > 0 then
+    local idle = self._idle
+    self._idle = {}
+    for _, w in ipairs(idle) do w() end
+  end
+  if not ok then
+    if getmetatable(err) == End then error(err.error, 2) end
+    error(errors.wrap(err), 2)
+  end
+  local result = take_result(run, call.id)
+  if type(result) == 'table' and type(result.error) == 'table' then
+    local e = result.error
+    error(errors.new(e.code, e.message, { reason = e.reason, tool_error = true }), 2)
+  end
+  return result
+end
+
+--- Ends the session: cancels the calls still running (waiting at most a second for them), runs the
+-- on_finally hooks and returns the outcome. Again returns the same outcome.
+function Session:close()
+  if self._outcome then return self._outcome end
+  if self._closing then
+    while not self._outcome do task.await(function(done) table.insert(self._idle, done) end) end
+    return self._outcome
+  end
+  self._closing, self._closed = true, true
+  local run = self._run
+  run._stop = { status = 'cancelled', code = 'CANCELLED', message = 'the session was closed' }
+  run._token:cancel('closed')
+  if self._active > 0 then
+    local timer
+    task.await(function(done)
+      local finished = false
+      local function finish()
+        if finished then return end
+        finished = true
+        done()
+      end
+      table.insert(self._idle, finish)
+      timer = task.after(GRACE_MS, finish)
+    end)
+    timer.cancel(true)
+  end
+  run._finishing = true
+  local outcome = { status = 'succeeded', run_id = run.id, agent_id = run.agent_id, usage = run.usage,
+    hook_errors = run._hook_errors }
+  pcall(run_hooks, run, 'on_finally', { outcome = outcome })
+  outcome.duration_ms = math.floor(core.hrtime_ms() - run._started_at)
+  emit(run, { type = 'run_ended', status = outcome.status })
+  run._ended = true
+  if run._runtime._sessions then run._runtime._sessions[self] = nil end
+  self._outcome = outcome
+  local idle = self._idle
+  self._idle = {}
+  for _, w in ipairs(idle) do w() end
+  return outcome
 end
 
 --- Waits for the run to end and returns its outcome (never raises).
@@ -817,5 +988,6 @@ M.Agent = Agent
 M.Hook = Hook
 M.Runtime = Runtime
 M.Run = Run
+M.Session = Session
 
 return M

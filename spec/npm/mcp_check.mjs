@@ -26,7 +26,7 @@ async function startHttp() {
   const tokenFile = join(dir, 'token');
   writeFileSync(tokenFile, token + '\n', { mode: 0o600 });
   serverProc = spawn(mayura, ['serve', '--policy', policy, '--http', '127.0.0.1:0', '--token-file', tokenFile,
-    '--log', logFile], { stdio: ['ignore', 'ignore', 'pipe'] });
+    '--log', logFile, '--progress-ms', '100'], { stdio: ['ignore', 'ignore', 'pipe'] });
   url = await new Promise((resolve, reject) => {
     let buf = '';
     serverProc.stderr.on('data', (d) => {
@@ -42,7 +42,7 @@ async function connect(name = 'spec') {
   const client = new Client({ name, version: '1.0.0' });
   let transport;
   if (kind === 'stdio') {
-    transport = new StdioClientTransport({ command: mayura, args: ['serve', '--policy', policy, '--log', logFile],
+    transport = new StdioClientTransport({ command: mayura, args: ['serve', '--policy', policy, '--log', logFile, '--progress-ms', '100'],
       stderr: 'ignore' });
   } else {
     transport = new StreamableHTTPClientTransport(new URL(url), {

@@ -8,7 +8,9 @@
 -- other users of the host could read it), `--allow-remote` (HTTP: listen on
 -- a host that is not loopback), `--origin URL` (HTTP: another allowed
 -- Origin; repeatable), `--log FILE` (the structured log, one JSON record per
--- line, appended; stderr by default), `--max-message-bytes N` (1 MiB).
+-- line, appended; stderr by default), `--max-message-bytes N` (1 MiB),
+-- `--session-idle-ms N` (HTTP: a session with no request for N ms ends; 30
+-- minutes), `--progress-ms N` (the interval of progress notifications; 1000).
 --
 -- The policy gives the tool sessions (`mayura.mcp.policy`). Logs never go to
 -- stdout, which belongs to the protocol under stdio. SIGINT and SIGTERM end
@@ -22,6 +24,7 @@ local M = {}
 
 local USAGE = [[usage: mayura serve --policy FILE.lua [--policy FILE.lua ...] [--http [HOST:]PORT]
          [--token-file FILE] [--allow-remote] [--origin URL]... [--log FILE] [--max-message-bytes N]
+         [--session-idle-ms N] [--progress-ms N]
 ]]
 
 local function die(msg, status)
@@ -54,6 +57,10 @@ function M.parse_args(args)
     elseif a == '--max-message-bytes' then
       o.max_message_bytes = tonumber(value(a))
       if not o.max_message_bytes or o.max_message_bytes < 1024 then error('--max-message-bytes must be >= 1024', 0) end
+    elseif a == '--session-idle-ms' or a == '--progress-ms' then
+      local n = tonumber(value(a))
+      if not n or n < 1 or n ~= math.floor(n) then error(a .. ' must be a whole number of ms', 0) end
+      if a == '--progress-ms' then o.progress_ms = n else o.session_idle_ms = n end
     elseif a == '-h' or a == '--help' then o.help = true
     else error('unknown argument ' .. a, 0) end
     i = i + 1
@@ -105,7 +112,7 @@ function M.main(...)
   local server = mcp.server({
     open_session = function(id) return env:session(id) end,
     max_sessions = env.max_sessions,
-    progress_interval_ms = env.progress_interval_ms,
+    progress_interval_ms = o.progress_ms,
     log = log,
     secrets = token and { token } or nil,
   })
@@ -132,7 +139,7 @@ function M.main(...)
   if o.port then
     local hok, res = pcall(require('mayura.mcp.http').listen, server, { host = o.host, port = o.port, token = token,
       allow_remote = o.allow_remote, origins = o.origins, max_message_bytes = o.max_message_bytes,
-      session_idle_ms = env.session_idle_ms })
+      session_idle_ms = o.session_idle_ms })
     if not hok then die(type(res) == 'table' and (res.code .. ': ' .. tostring(res.message)) or tostring(res), 1) end
     listener = res
     log({ event = 'listening', url = listener:url() })

@@ -340,7 +340,7 @@ function Session:call_tool(id, params, out)
       progressToken = progress_token, progress = p, total = total, message = message } })
   end
   local ok, res = pcall(self.tools_session.call, params.name, args,
-    { signal = token, call_id = tostring(id), progress = progress })
+    { signal = token, call_id = 'mcp_' .. tostring(id), progress = progress })
   stop_progress:cancel()
   self.inflight[id_key(id)] = nil
   local record = { event = 'tool_call', session = self.id, request = id, tool = params.name, input = args,
@@ -355,6 +355,10 @@ function Session:call_tool(id, params, out)
     local err = coded(res)
     record.ok, record.code, record.message = false, err.code, tostring(err.message)
     record.decision = err.code == 'PERMISSION_DENIED' and 'denied' or 'allowed'
+  end
+  local usage = self.tools_session.usage
+  if type(usage) == 'table' then
+    record.usage = { tool_calls = usage.tool_calls, cost_micros = usage.cost_micros }
   end
   if entry.cancelled then record.cancelled = true end
   server:log(record)

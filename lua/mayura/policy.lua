@@ -1,0 +1,721 @@
+--- mayura.policy: policy files, the sandbox pools, tools, agents, grants, limits and hooks of a
+-- program written as data in Lua, loaded and checked completely at startup.
+--
+--   build/mayura --policy examples/policies/workspace.lua app.lua      -- in app.lua: mayura.policy()
+--   local policy = mayura.load_policy('policy.lua')                   -- or { 'a.lua', 'b.lua' }
+--   local env = policy:open()                       -- makes the pools (no sandbox yet)
+--   local s = env:session('client-1')               -- a caller that makes the tool calls itself
+--   local r = s:call('workspace.exec', { command = 'echo hi' })   -- r.stdout == 'hi\n'
+--   s:close()                                       -- releases the session's sandbox
+--   local outcome = env:run('coder', { task = '...' }, model)     -- or a run with a model
+--   env:close()
+--
+-- A policy file declares, each with a call that records its file and line:
+--
+--   pool 'workspace' {                 -- a pool of sandboxes (create_sandboxes) over a provider
+--     provider = 'local',              -- mayura.sandbox.<provider>, its <provider>_sandboxes(...)
+--     provider_options = { ... },      -- what that function takes (local: none needed)
+--     max_sandboxes = 4, max_lifetime_ms = 1800000,   -- required, as for create_sandboxes
+--     network = { 'none' }, exec_timeout_ms, max_exec_timeout_ms, max_output_bytes, max_file_bytes,
+--     call_timeout_ms, labels,         -- the pool's other options
+--     sandbox = { lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop },
+--   }                                  -- ^ create options of the sandbox each run or session gets
+--                                      --   (lifetime_ms: the pool's max_lifetime_ms by default)
+--   tools 'workspace' {                -- sandbox_tools over that sandbox: workspace.read, .list, ...
+--     pool = 'workspace',              -- the pool (by default the one of the same name)
+--     exec = true, write = true, ports, desktop, exec_timeout_ms, exec_cost_micros,
+--     max_output_bytes, max_read_bytes, max_write_bytes,
+--   }
+--   tool 'clock' {                     -- a tool written in Lua, as the runtime defines them
+--     description = '...', input = z.object({}), effect = 'read', capabilities = { ... },
+--     exec_cost_micros = 0, run = function(input, context) return { ms = os.time() * 1000 } end,
+--   }
+--   hook 'audit' { stage = 'after_tool_call', timeout_ms = 1000, handler = function(event, context) end }
+--   agent 'coder' {
+--     instructions = '...', description, version, input = z..., output = z...,
+--     tools = { 'workspace', 'clock' },            -- tools declarations and tool names
+--     allow = { 'tool:workspace.read', 'sandbox:workspace:read', 'effect:read', 'model:scripted' },
+--     limits = { max_steps, max_model_calls, max_tool_calls, max_duration_ms },
+--     budget = { max_cost_micros = 500000 },
+--     hooks = { 'audit' },
+--   }
+--   serve { agent = 'coder', max_sessions = 16 }  -- what a tool host serves (one at most)
+--
+-- The grants are the runtime's, and nothing is allowed that is not granted: `tool:<id>` for each
+-- tool, the tool's capabilities (`sandbox:<tools>:<read|exec|write|ports|desktop>`), its effect
+-- (`effect:read`, `effect:write`), and for a run `model:<id>` of its model. An agent's run or
+-- session gets a sandbox of each pool its tools use on the first call that needs one; it is
+-- released when the run ends or the session closes (after the agent's own on_finally hooks).
+--
+-- The file runs in an environment of its own: the declarations, `z` (mayura.z), `require` of
+-- 'mayura.z' only, string, table, math (copies), `os.time`, `os.clock`, `os.date`, `os.getenv`,
+-- and the plain functions (pairs, ipairs, type, tostring, pcall, error, setmetatable, ...); `print`
+-- writes to stderr. No io, no os.execute, no load, no debug, no package, no getmetatable. Its
+-- globals stay in it, and so do the functions it defines (a tool's run, a hook's handler).
+--
+-- Several files merge: each adds its declarations; a name declared twice (tools and tool share
+-- names) is an error. Everything is checked before anything runs: each mistake (a syntax error,
+-- an error the file raises, an unknown key, a wrong type, a missing key, an unknown pool, tool,
+-- hook or agent, a grant for a tool that does not exist, a hook on an unknown stage, a value the
+-- pool, provider or tools refuse) raises INVALID_CONFIG with the message
+-- `<file>:<line>: <kind> '<name>': <problem> '<key>'` (fields `file`, `line`, `key`).
+-- Loading and checking make no sandbox: `open()` makes the pools, and a sandbox comes on first use.
+local errors = require('mayura.errors')
+local z = require('mayura.z')
+
+local M = {}
+
+local NAME = '^[%a][%w_%-]*$'
+
+-- {======================================================
+-- Errors
+-- =======================================================
+
+local function config_error(file, line, message, key)
+  local where = file and (file .. ':' .. tostring(line or 0) .. ': ') or ''
+  return errors.new('INVALID_CONFIG', where .. message, { file = file, line = line, key = key })
+end
+
+local function what_of(d)
+  if d.kind == 'serve' then return 'serve' end
+  return d.kind .. " '" .. d.name .. "'"
+end
+
+-- Raises the problem of declaration `d`: "<file>:<line>: <kind> '<name>': <problem>".
+local function fail(d, problem, key)
+  error(config_error(d.file, d.line, what_of(d) .. ': ' .. problem, key), 0)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The shapes of the declarations
+-- =======================================================
+
+local function is_int(v)
+  return type(v) == 'number' and v == math.floor(v) and v >= -2 ^ 53 and v <= 2 ^ 53
+end
+
+local function is_list_of_strings(v)
+  if type(v) ~= 'table' then return false end
+  local n = #v
+  for k, x in pairs(v) do
+    if not is_int(k) or k < 1 or k > n or type(x) ~= 'string' then return false end
+  end
+  return true
+end
+
+-- type name -> { test, what it says it expected }
+local TYPES = {
+  string = { function(v) return type(v) == 'string' end, 'a string' },
+  int = { is_int, 'a whole number' },
+  number = { function(v) return type(v) == 'number' end, 'a number' },
+  boolean = { function(v) return type(v) == 'boolean' end, 'a boolean' },
+  table = { function(v) return type(v) == 'table' end, 'a table' },
+  ['function'] = { function(v) return type(v) == 'function' end, 'a function' },
+  schema = { function(v) return z.is_schema(v) end, 'a schema from z' },
+  strings = { is_list_of_strings, 'a list of strings' },
+  text = { function(v) return type(v) == 'string' or is_list_of_strings(v) end, 'a string or a list of strings' },
+  network = { function(v) return v == 'none' or v == 'all' or type(v) == 'table' end,
+    "'none', 'all' or { allow = { ... } }" },
+}
+
+local SHAPES = {
+  pool = {
+    provider = 'string', provider_options = 'table', max_sandboxes = 'int', max_lifetime_ms = 'int',
+    network = 'strings', exec_timeout_ms = 'int', max_exec_timeout_ms = 'int', max_output_bytes = 'int',
+    max_file_bytes = 'int', call_timeout_ms = 'int', labels = 'table', sandbox = 'table',
+  },
+  sandbox = {
+    lifetime_ms = 'int', network = 'network', env = 'table', ports = 'table', cpus = 'number',
+    memory_mib = 'int', image = 'string', labels = 'table', desktop = 'boolean',
+  },
+  tools = {
+    pool = 'string', exec = 'boolean', write = 'boolean', ports = 'boolean', desktop = 'boolean',
+    exec_timeout_ms = 'int', exec_cost_micros = 'int', max_output_bytes = 'int', max_read_bytes = 'int',
+    max_write_bytes = 'int',
+  },
+  tool = {
+    description = 'string', input = 'schema', effect = 'string', capabilities = 'strings', run = 'function',
+    exec_cost_micros = 'int',
+  },
+  hook = { stage = 'string', timeout_ms = 'int', handler = 'function', description = 'string', version = 'string' },
+  agent = {
+    instructions = 'text', description = 'string', version = 'string', input = 'schema', output = 'schema',
+    tools = 'strings', allow = 'strings', limits = 'table', budget = 'table', hooks = 'strings',
+  },
+  limits = { max_steps = 'int', max_model_calls = 'int', max_tool_calls = 'int', max_duration_ms = 'int' },
+  budget = { max_cost_micros = 'int' },
+  serve = { agent = 'string', max_sessions = 'int' },
+}
+
+local REQUIRED = {
+  pool = { 'provider', 'max_sandboxes', 'max_lifetime_ms' },
+  tool = { 'effect', 'run' },
+  hook = { 'stage', 'handler' },
+  agent = {},
+  tools = {},
+  serve = {},
+}
+
+local STAGES = {
+  on_start = true, before_model_call = true, after_model_call = true,
+  before_tool_call = true, after_tool_call = true, on_finally = true,
+}
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  return keys
+end
+
+-- Checks table `t` (the declaration's, or its field `prefix`) against SHAPES[shape].
+local function check_shape(d, t, shape, prefix)
+  local fields = SHAPES[shape]
+  for _, k in ipairs(sorted_keys(t)) do
+    local key = prefix and (prefix .. '.' .. tostring(k)) or tostring(k)
+    local ty = type(k) == 'string' and fields[k] or nil
+    if ty == nil then fail(d, "unknown key '" .. key .. "'", key) end
+    local spec = TYPES[ty]
+    if not spec[1](t[k]) then
+      fail(d, 'wrong type (' .. spec[2] .. ' expected, got ' .. type(t[k]) .. ") for '" .. key .. "'", key)
+    end
+  end
+  for _, k in ipairs(REQUIRED[shape] or {}) do
+    if t[k] == nil then
+      local key = prefix and (prefix .. '.' .. k) or k
+      fail(d, "missing key '" .. key .. "'", key)
+    end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Reading the files
+-- =======================================================
+
+local function copy(t)
+  local out = {}
+  for k, v in pairs(t) do out[k] = v end
+  return out
+end
+
+local function read_only(t, what)
+  return setmetatable({}, {
+    __index = t,
+    __newindex = function() error(what .. ' cannot be changed here', 2) end,
+  })
+end
+
+local function read_text(path)
+  local f, err = io.open(path, 'rb')
+  if not f then
+    errors.raise('INVALID_CONFIG', tostring(path) .. ': cannot read the policy file (' .. tostring(err) .. ')', nil, 4)
+  end
+  local text = f:read('a') or f:read('*a')
+  f:close()
+  return text
+end
+
+-- The environment a policy file runs in, whose declaration functions add to `reg`.
+local function make_env(reg, file)
+  local env = {
+    assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
+    select = select, tonumber = tonumber, tostring = tostring, type = type, xpcall = xpcall,
+    rawequal = rawequal, rawget = rawget, rawlen = rawlen, setmetatable = setmetatable,
+    unpack = table.unpack or unpack,  -- luacheck: ignore 143
+    string = copy(string), table = copy(table), math = copy(math),
+    os = { time = os.time, clock = os.clock, date = os.date, getenv = os.getenv },
+  }
+  env.string.dump = nil
+  env.utf8 = utf8 and copy(utf8) or nil  -- luacheck: ignore 143
+  env.z = read_only(z, 'z')
+  env.print = function(...)
+    local n, parts = select('#', ...), {}
+    for i = 1, n do parts[i] = tostring((select(i, ...))) end
+    io.stderr:write(table.concat(parts, '\t'), '\n')
+  end
+  env.require = function(name)
+    if name == 'mayura.z' then return env.z end
+    error("a policy may require only 'mayura.z', not '" .. tostring(name) .. "'", 2)
+  end
+  env._G = env
+
+  local function line_of()
+    local info = debug.getinfo(3, 'Sl')
+    return info and info.currentline or 0
+  end
+
+  local function record(kind, name, line, def)
+    local d = { kind = kind, name = name, file = file, line = line }
+    if type(def) ~= 'table' then fail(d, 'wrong type (a table expected, got ' .. type(def) .. ')', nil) end
+    d.def = copy(def)
+    local key = (kind == 'tools' or kind == 'tool') and 'tool' or kind
+    local names = reg.names[key]
+    local first = names[name]
+    if first then
+      fail(d, 'declared twice (first at ' .. first.file .. ':' .. first.line .. ')', nil)
+    end
+    names[name] = d
+    reg.list[#reg.list + 1] = d
+  end
+
+  local function declaration(kind)
+    return function(name)
+      local line = line_of()
+      if type(name) ~= 'string' or not name:match(NAME) or #name > 64 then
+        error(config_error(file, line, kind
+          .. ' needs a name (a letter, then letters, digits, _ or -) before its table', nil), 0)
+      end
+      local pending = { kind = kind, name = name, line = line }
+      reg.pending[pending] = true
+      return function(def)
+        reg.pending[pending] = nil
+        record(kind, name, line, def)
+      end
+    end
+  end
+
+  env.pool = declaration('pool')
+  env.tools = declaration('tools')
+  env.tool = declaration('tool')
+  env.hook = declaration('hook')
+  env.agent = declaration('agent')
+  env.serve = function(def)
+    local line = line_of()
+    local d = { kind = 'serve', name = 'serve', file = file, line = line }
+    if type(def) ~= 'table' then fail(d, 'wrong type (a table expected, got ' .. type(def) .. ')', nil) end
+    if reg.serve then fail(d, 'declared twice (first at ' .. reg.serve.file .. ':' .. reg.serve.line .. ')', nil) end
+    d.def = copy(def)
+    reg.serve = d
+  end
+  return env
+end
+
+-- Runs one policy file into `reg`.
+local function run_file(reg, path, text)
+  if text:sub(1, 1) == '\27' then
+    error(config_error(path, 1, 'a policy file must be Lua source, not bytecode', nil), 0)
+  end
+  local env = make_env(reg, path)
+  local chunk, err = load(text, '@' .. path, 't', env)
+  if not chunk then
+    local line, rest = tostring(err):match('^.-:(%d+): (.*)$')
+    error(config_error(path, tonumber(line) or 0, 'syntax error: ' .. (rest or tostring(err)), nil), 0)
+  end
+  local ok, res = pcall(chunk)
+  if not ok then
+    if errors.is(res) then error(res, 0) end
+    local msg = tostring(res)
+    local line, rest = msg:match('^' .. path:gsub('%p', '%%%0') .. ':(%d+): (.*)$')
+    if line then error(config_error(path, tonumber(line), rest, nil), 0) end
+    error(config_error(path, 0, msg, nil), 0)
+  end
+  for p in pairs(reg.pending) do
+    reg.pending[p] = nil
+    fail({ kind = p.kind, name = p.name, file = path, line = p.line }, 'no table after the name', nil)
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Checking and building
+-- =======================================================
+
+-- Calls fn(...); an error it raises becomes a problem of declaration `d`.
+local function as_problem(d, fn, ...)
+  local ok, res = pcall(fn, ...)
+  if ok then return res end
+  if errors.is(res) and res.file then error(res, 0) end
+  local msg = errors.is(res) and res.message or tostring(res)
+  fail(d, tostring(msg), nil)
+end
+
+local POWERS = { read = true, exec = true, write = true, ports = true, desktop = true }
+
+local function provider_of(d)
+  local name = d.def.provider
+  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
+  local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
+  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  return as_problem(d, make, d.def.provider_options and copy(d.def.provider_options) or nil)
+end
+
+local pool_options = {
+  'max_sandboxes', 'max_lifetime_ms', 'network', 'exec_timeout_ms', 'max_exec_timeout_ms', 'max_output_bytes',
+  'max_file_bytes', 'call_timeout_ms', 'labels',
+}
+local tools_options = {
+  'exec', 'write', 'ports', 'desktop', 'exec_timeout_ms', 'exec_cost_micros', 'max_output_bytes',
+  'max_read_bytes', 'max_write_bytes',
+}
+
+-- Everything the declarations describe, made: pools (no sandbox), per-run sources, tools, hooks, agents'
+-- parts. Made once to check, and again by each open().
+local function build(policy)
+  local sandbox = require('mayura.sandbox')
+  local runtime = require('mayura.runtime')
+  local out = { pools = {}, per_run = {}, tools = {}, tool_pool = {}, hooks = {}, agents = {} }
+  for _, d in ipairs(policy._decls.pool) do
+    local def = d.def
+    local provider = provider_of(d)
+    local opts = {}
+    for _, k in ipairs(pool_options) do opts[k] = def[k] end
+    local pool = as_problem(d, sandbox.create_sandboxes, provider, opts)
+    local create = def.sandbox and copy(def.sandbox) or {}
+    if create.lifetime_ms == nil then create.lifetime_ms = pool.max_lifetime_ms end
+    if create.lifetime_ms < 1 or create.lifetime_ms > pool.max_lifetime_ms then
+      fail(d, 'lifetime_ms must be from 1 to the pool\'s max_lifetime_ms (' .. pool.max_lifetime_ms
+        .. ") in 'sandbox.lifetime_ms'", 'sandbox.lifetime_ms')
+    end
+    local kind = create.network
+    if type(kind) == 'table' then kind = 'allowlist' end
+    if kind ~= nil and not pool.network[kind] then
+      fail(d, "network '" .. kind .. "' is not in the pool's network in 'sandbox.network'", 'sandbox.network')
+    end
+    out.pools[d.name] = pool
+    out.per_run[d.name] = sandbox.sandbox_per_run(pool, function() return copy(create) end)
+  end
+  for _, d in ipairs(policy._decls.tools) do
+    local opts = { name = d.name }
+    for _, k in ipairs(tools_options) do opts[k] = d.def[k] end
+    local pool_name = d.def.pool or d.name
+    out.tools[d.name] = as_problem(d, sandbox.sandbox_tools, out.per_run[pool_name].source, opts)
+    out.tool_pool[d.name] = pool_name
+  end
+  for _, d in ipairs(policy._decls.tool) do
+    local t = copy(d.def)
+    t.id = d.name
+    local agent = as_problem(d, runtime.define_agent, { id = 'check', model = function() end, tools = { t } })
+    out.tools[d.name] = { agent.tools[1] }
+  end
+  for _, d in ipairs(policy._decls.hook) do
+    local h = copy(d.def)
+    h.id = d.name
+    out.hooks[d.name] = as_problem(d, runtime.define_hook, h)
+  end
+  for _, d in ipairs(policy._decls.agent) do
+    local def = d.def
+    local tools, used = {}, {}
+    for _, name in ipairs(def.tools or {}) do
+      for _, t in ipairs(out.tools[name]) do tools[#tools + 1] = t end
+      local pool_name = out.tool_pool[name]
+      if pool_name and not used[pool_name] then
+        used[pool_name] = true
+        used[#used + 1] = pool_name
+      end
+    end
+    local hooks = {}
+    for _, name in ipairs(def.hooks or {}) do hooks[#hooks + 1] = out.hooks[name] end
+    if #used > 0 then
+      local per_run = out.per_run
+      hooks[#hooks + 1] = runtime.define_hook({
+        id = 'policy.release', stage = 'on_finally', timeout_ms = 60000,
+        handler = function(_, context)
+          for _, pool_name in ipairs(used) do per_run[pool_name].release(context.run_id) end
+        end,
+      })
+    end
+    local limits = copy(def.limits or {})
+    if def.budget then limits.max_cost_micros = def.budget.max_cost_micros end
+    local parts = {
+      agent = { id = d.name, version = def.version, description = def.description, instructions = def.instructions,
+        input = def.input, output = def.output, tools = tools, hooks = hooks },
+      runtime = { permissions = { allow = copy(def.allow or {}) }, limits = limits },
+    }
+    local check_agent = copy(parts.agent)
+    check_agent.model = function() end
+    as_problem(d, runtime.define_agent, check_agent)
+    as_problem(d, runtime.create_runtime, parts.runtime)
+    out.agents[d.name] = parts
+  end
+  return out
+end
+
+-- The cross references and the grants, then a build of everything.
+local function check_all(policy)
+  local decls, names = policy._decls, policy._names
+  for _, d in ipairs(policy._list) do
+    check_shape(d, d.def, d.kind)
+    if d.kind == 'pool' and d.def.sandbox then check_shape(d, d.def.sandbox, 'sandbox', 'sandbox') end
+    if d.kind == 'agent' then
+      if d.def.limits then check_shape(d, d.def.limits, 'limits', 'limits') end
+      if d.def.budget then check_shape(d, d.def.budget, 'budget', 'budget') end
+    end
+  end
+  for _, d in ipairs(decls.tools) do
+    local pool_name = d.def.pool or d.name
+    if not names.pool[pool_name] then fail(d, "unknown pool '" .. pool_name .. "' in 'pool'", 'pool') end
+  end
+  for _, d in ipairs(decls.tool) do
+    if d.def.effect ~= 'read' and d.def.effect ~= 'write' then
+      fail(d, "effect must be 'read' or 'write' in 'effect'", 'effect')
+    end
+  end
+  for _, d in ipairs(decls.hook) do
+    if not STAGES[d.def.stage] then fail(d, "unknown stage '" .. d.def.stage .. "' in 'stage'", 'stage') end
+  end
+  for _, d in ipairs(decls.agent) do
+    for _, name in ipairs(d.def.tools or {}) do
+      if not names.tool[name] then fail(d, "unknown tool '" .. name .. "' in 'tools'", 'tools') end
+    end
+    for _, name in ipairs(d.def.hooks or {}) do
+      if not names.hook[name] then fail(d, "unknown hook '" .. name .. "' in 'hooks'", 'hooks') end
+    end
+  end
+  if policy.serve_decl then
+    local d = policy.serve_decl
+    check_shape(d, d.def, 'serve')
+    local agent = d.def.agent
+    if agent == nil then
+      if #decls.agent ~= 1 then fail(d, "missing key 'agent' (the policy declares " .. #decls.agent
+        .. ' agents)', 'agent') end
+      agent = decls.agent[1].name
+    elseif not names.agent[agent] then
+      fail(d, "unknown agent '" .. agent .. "' in 'agent'", 'agent')
+    end
+    local max = d.def.max_sessions or 16
+    if max < 1 or max > 100000 then fail(d, "max_sessions must be from 1 to 100000 in 'max_sessions'",
+      'max_sessions') end
+    policy.serve = { agent = agent, max_sessions = max, file = d.file, line = d.line }
+  end
+
+  local built = build(policy)
+
+  -- Grants: each names something the agent has.
+  for _, d in ipairs(decls.agent) do
+    local ids, groups = {}, {}
+    for _, name in ipairs(d.def.tools or {}) do
+      for _, t in ipairs(built.tools[name]) do ids[t.id] = true end
+      if names.tool[name].kind == 'tools' then groups[name] = names.tool[name] end
+    end
+    local all_ids = {}
+    for _, list in pairs(built.tools) do
+      for _, t in ipairs(list) do all_ids[t.id] = true end
+    end
+    for _, g in ipairs(d.def.allow or {}) do
+      local kind, rest = g:match('^(%a+):(.+)$')
+      if kind == 'tool' then
+        if not all_ids[rest] then
+          fail(d, "grant for unknown tool '" .. g .. "'", 'allow')
+        elseif not ids[rest] then
+          fail(d, "grant for a tool not in its tools '" .. g .. "'", 'allow')
+        end
+      elseif kind == 'sandbox' then
+        local group, power = rest:match('^([%w_%-]+):(%a+)$')
+        if not group or not groups[group] or not POWERS[power] then
+          fail(d, "grant for unknown sandbox tools '" .. g .. "'", 'allow')
+        end
+      elseif kind == 'effect' then
+        if rest ~= 'read' and rest ~= 'write' then fail(d, "grant for unknown effect '" .. g .. "'", 'allow') end
+      elseif kind ~= 'model' then
+        fail(d, "unknown grant '" .. g .. "'", 'allow')
+      end
+    end
+  end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The policy, and its environment
+-- =======================================================
+
+local Policy = {}
+Policy.__index = Policy
+
+local Env = {}
+Env.__index = Env
+
+--- Loads and checks policy files: a path, a list of paths, or `{ name = 'x.lua', source = '...' }`
+-- items (a source given as text). Returns the policy; raises INVALID_CONFIG (see the module comment).
+function M.load_policy(files)
+  if type(files) == 'string' or (type(files) == 'table' and files.source ~= nil) then files = { files } end
+  if type(files) ~= 'table' or #files == 0 then
+    errors.raise('INVALID_CONFIG', 'load_policy expects a path, a list of paths or { name, source } items', nil, 2)
+  end
+  local reg = { list = {}, pending = {}, names = { pool = {}, tool = {}, hook = {}, agent = {} } }
+  local paths = {}
+  for i, f in ipairs(files) do
+    local path, text
+    if type(f) == 'string' then
+      path, text = f, read_text(f)
+    elseif type(f) == 'table' and type(f.source) == 'string' then
+      path, text = type(f.name) == 'string' and f.name or ('policy ' .. i), f.source
+    else
+      errors.raise('INVALID_CONFIG', 'load_policy: item ' .. i .. ' is not a path or { name, source }', nil, 2)
+    end
+    paths[i] = path
+    run_file(reg, path, text)
+  end
+  local decls = { pool = {}, tools = {}, tool = {}, hook = {}, agent = {} }
+  for _, d in ipairs(reg.list) do table.insert(decls[d.kind], d) end
+  local policy = setmetatable({
+    files = paths,
+    _list = reg.list,
+    _decls = decls,
+    _names = reg.names,
+    serve_decl = reg.serve,
+  }, Policy)
+  check_all(policy)
+  local agents, pools = {}, {}
+  for _, d in ipairs(decls.agent) do agents[#agents + 1] = d.name end
+  for _, d in ipairs(decls.pool) do pools[#pools + 1] = d.name end
+  policy.agents, policy.pools = agents, pools
+  policy.serve_decl = nil
+  return policy
+end
+
+local current
+
+--- The policy the host program loaded with --policy (nil without one).
+function M.policy()
+  return current
+end
+
+--- Used by the host program: loads the --policy files and keeps the policy for `mayura.policy()`.
+function M._host_load(files)
+  current = M.load_policy(files)
+  return current
+end
+
+--- Where a declaration was made: `{ kind, name, file, line }`, or nil.
+function Policy:where(kind, name)
+  local key = (kind == 'tools' or kind == 'tool') and 'tool' or kind
+  local d = self._names[key] and self._names[key][name]
+  if not d then return nil end
+  return { kind = d.kind, name = d.name, file = d.file, line = d.line }
+end
+
+--- Makes the pools (no sandbox: each comes on first use) and returns the environment.
+function Policy:open()
+  if getmetatable(self) ~= Policy then errors.raise('INVALID_INPUT', 'call open with a colon: policy:open()') end
+  local built = build(self)
+  return setmetatable({ policy = self, _built = built, _sessions = {}, _count = 0, _runtimes = {},
+    _closed = false }, Env)
+end
+
+local function agent_parts(env, name, level)
+  if name == nil then
+    if env.policy.serve then name = env.policy.serve.agent
+    elseif #env.policy.agents == 1 then name = env.policy.agents[1] end
+  end
+  local parts = type(name) == 'string' and env._built.agents[name]
+  if not parts then errors.raise('NOT_FOUND', 'the policy has no agent ' .. tostring(name), nil, level + 1) end
+  return parts, name
+end
+
+local function make_agent(parts, model)
+  local def = copy(parts.agent)
+  def.model = model
+  return require('mayura.runtime').define_agent(def)
+end
+
+local function runtime_of(env, name, parts)
+  local rt = env._runtimes[name]
+  if not rt then
+    rt = require('mayura.runtime').create_runtime(parts.runtime)
+    env._runtimes[name] = rt
+  end
+  return rt
+end
+
+local session_keys = { agent = true, on_event = true }
+
+--- A session of the serve agent (or `options.agent`): `{ id, agent, tools, call(tool_id, input,
+-- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists
+-- `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
+-- through the runtime's checks (Runtime:session) and raises coded errors; `close` releases the
+-- session's sandboxes. More than the serve's max_sessions open at once: LIMIT_EXCEEDED.
+function Env:session(id, options)
+  if getmetatable(self) ~= Env then errors.raise('INVALID_INPUT', 'call session with a colon: env:session(...)') end
+  if self._closed then errors.raise('INVALID_INPUT', 'the policy environment is closed') end
+  if type(id) ~= 'string' or id == '' or #id > 256 then
+    errors.raise('INVALID_INPUT', 'the session id must be a non-empty string (at most 256 bytes)')
+  end
+  options = options or {}
+  if type(options) ~= 'table' then errors.raise('INVALID_INPUT', 'session options must be a table') end
+  for k in pairs(options) do
+    if not session_keys[k] then
+      errors.raise('INVALID_INPUT', 'unknown option ' .. tostring(k) .. ' in session options')
+    end
+  end
+  if self._sessions[id] then errors.raise('INVALID_INPUT', 'there is already a session ' .. id) end
+  local max = self.policy.serve and self.policy.serve.max_sessions or 16
+  if self._count >= max then
+    errors.raise('LIMIT_EXCEEDED', 'max_sessions (' .. max .. ') sessions are open')
+  end
+  local parts, name = agent_parts(self, options.agent, 2)
+  local agent = make_agent(parts, function()
+    errors.raise('MODEL_ERROR', 'a session has no model')
+  end)
+  self._count = self._count + 1
+  local ok, inner = pcall(runtime_of(self, name, parts).session, runtime_of(self, name, parts), agent,
+    { id = id, on_event = options.on_event })
+  if not ok then
+    self._count = self._count - 1
+    error(inner, 2)
+  end
+  local tools = {}
+  for i, t in ipairs(agent.tools) do
+    tools[i] = { id = t.id, description = t.description, effect = t.effect, input = t.input,
+      input_schema = agent._tool_defs[i].input_schema }
+  end
+  local s = { id = id, agent = name, tools = tools, usage = inner.usage }
+  self._sessions[id] = s
+  local env = self
+  function s.call(a, b, c, d)
+    if a == s then return inner:call(b, c, d) end
+    return inner:call(a, b, c)
+  end
+  function s.close()
+    if env._sessions[id] == s then
+      env._sessions[id] = nil
+      env._count = env._count - 1
+    end
+    return inner:close()
+  end
+  return s
+end
+
+--- Starts a run of agent `name` with `model`: `options` are `{ input, on_event, signal }` as for
+-- runtime:submit. Returns the run.
+function Env:submit(name, model, options)
+  if getmetatable(self) ~= Env then errors.raise('INVALID_INPUT', 'call submit with a colon: env:submit(...)') end
+  if self._closed then errors.raise('INVALID_INPUT', 'the policy environment is closed') end
+  local parts = agent_parts(self, name, 2)
+  local agent = make_agent(parts, model)
+  return runtime_of(self, name, parts):submit(agent, options)
+end
+
+--- Runs agent `name` on `input` with `model` and returns the outcome (runtime:submit, then result).
+function Env:run(name, input, model, options)
+  local opts = options and copy(options) or {}
+  opts.input = input
+  return self:submit(name, model, opts):result()
+end
+
+--- The pool of a pool declaration (to make a sandbox outside the agents, or to read its count).
+function Env:pool(name)
+  return self._built.pools[name]
+end
+
+--- Closes every session and run, then every pool (releasing every sandbox).
+function Env:close()
+  if self._closed then return end
+  self._closed = true
+  local sessions = {}
+  for _, s in pairs(self._sessions) do sessions[#sessions + 1] = s end
+  for _, s in ipairs(sessions) do pcall(s.close) end
+  for _, rt in pairs(self._runtimes) do rt:close() end
+  for _, pool in pairs(self._built.pools) do pool:close() end
+end
+
+M.Policy = Policy
+M.Env = Env
+
+return M
