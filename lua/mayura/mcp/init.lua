@@ -116,7 +116,7 @@ local function is_object(v)
 end
 
 local function valid_id(id)
-  return type(id) == 'string' or math.type(id) == 'integer'
+  return type(id) == 'string' or (type(id) == 'number' and id == math.floor(id) and id >= -2 ^ 53 and id <= 2 ^ 53)
 end
 
 local function error_response(id, code, message, data)
