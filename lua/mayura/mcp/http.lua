@@ -373,6 +373,7 @@ end
 function Listener:accept()
   local handle = uv.new_tcp()
   if not self.tcp:accept(handle) then handle:close() return end
+  handle:nodelay(true)   -- an answer goes out in a few writes: no waiting on Nagle for the last one
   local conn = { handle = handle, listener = self, parser = M.parser(self.limits) }
   self.conns[conn] = true
   local function idle()
