@@ -255,6 +255,6 @@ task.run(function()
     over_stdio - api, over_stdio / api))
   print(string.format('  MCP over HTTP (kept alive)      %8.3f ms   (+%.3f ms, x%.2f)', over_http,
     over_http - api, over_http / api))
-  print(string.format('%d concurrent HTTP sessions, %d calls each: %.0f ms wall, %.0f calls/s (sandbox creation included)',
-    SESSIONS, calls / SESSIONS, wall, calls / (wall / 1000)))
+  print(string.format('%d concurrent HTTP sessions, %d calls each: %.0f ms wall, %.0f calls/s'
+    .. ' (sandbox creation included)', SESSIONS, calls / SESSIONS, wall, calls / (wall / 1000)))
 end)
