@@ -10,8 +10,9 @@
 -- CRLF line ends, header names that are tokens, no folded lines, one
 -- Content-Length of digits (no Transfer-Encoding: 501), a head of at most
 -- `max_head_bytes` (16 KiB, 100 fields) and a body of at most
--- `max_body_bytes` (1 MiB: 413). Connections are kept alive, one request at
--- a time; an idle or slow one is closed after `idle_ms`.
+-- `max_message_bytes` (1 MiB: 413). Connections are kept alive, one request at
+-- a time; an idle or slow one is closed after `idle_ms` (2 minutes), and at
+-- most `max_connections` (256) are open at once.
 --
 -- Every request must come from an allowed Origin when it has one (the
 -- listener's own http://127.0.0.1:port and http://localhost:port, and
@@ -374,6 +375,12 @@ function Listener:accept()
   local handle = uv.new_tcp()
   if not self.tcp:accept(handle) then handle:close() return end
   handle:nodelay(true)   -- an answer goes out in a few writes: no waiting on Nagle for the last one
+  local open = 0
+  for _ in pairs(self.conns) do open = open + 1 end
+  if open >= self.max_connections then
+    handle:close()   -- a flood of connections: refused before a byte is read
+    return
+  end
   local conn = { handle = handle, listener = self, parser = M.parser(self.limits) }
   self.conns[conn] = true
   local function idle()
@@ -415,6 +422,7 @@ function M.listen(server, options)
     sessions = {}, conns = {}, origins = {},
     session_idle_ms = options.session_idle_ms or 1800000,
     idle_ms = options.idle_ms or 120000,
+    max_connections = options.max_connections or 256,
     limits = { max_head_bytes = options.max_head_bytes or 16384,
       max_body_bytes = options.max_message_bytes or 1048576 },
   }, Listener)
