@@ -309,6 +309,18 @@ describe('mayura.mcp.http on bad input', function()
   end)
 end)
 
+describe('the log', function()
+  it('redacts secret-like keys and the given secrets, and cuts long strings', function()
+    local r = mcp.redact({ input = { command = 'curl -H "x: s3cr3t-value" host', api_key = 'k', env = { TOKEN = 'v' } },
+      big = string.rep('a', 5000), n = 3 }, { 's3cr3t-value', '' })
+    assert.are.equal('curl -H "x: [redacted]" host', r.input.command)
+    assert.are.equal('[redacted]', r.input.api_key)
+    assert.are.equal('[redacted]', r.input.env.TOKEN)
+    assert.are.equal(string.rep('a', 2048) .. '...(5000 bytes)', r.big)
+    assert.are.equal(3, r.n)
+  end)
+end)
+
 describe('the HTTP request parser', function()
   local function parse_all(pieces, limits)
     local p = http.parser(limits)

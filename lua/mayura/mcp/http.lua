@@ -180,6 +180,7 @@ end
 
 -- A whole answer; the connection then reads the next request (or closes).
 local function respond(conn, status, headers, body)
+  if conn.closed then return end
   body = body or ''
   send(conn, write_head(conn, status, headers, #body) .. body)
   conn.busy = false

@@ -80,7 +80,7 @@ end
 
 local function scrub(s, secrets)
   for _, secret in ipairs(secrets) do
-    local i = s:find(secret, 1, true)
+    local i = #secret >= 4 and s:find(secret, 1, true)
     while i do
       s = s:sub(1, i - 1) .. '[redacted]' .. s:sub(i + #secret)
       i = s:find(secret, i + 10, true)
@@ -89,12 +89,19 @@ local function scrub(s, secrets)
   return s
 end
 
---- A copy of `v` for a log: values under secret-like keys are `[redacted]`, and each string of
--- `secrets` (at least 4 bytes long) is cut out of every string.
+local MAX_LOGGED = 2048
+
+--- A copy of `v` for a log: values under secret-like keys are `[redacted]`, each string of
+-- `secrets` (4 bytes or longer) is cut out of every string, and a string past 2048 bytes is then
+-- cut there.
 function M.redact(v, secrets, depth)
   secrets = secrets or {}
   depth = depth or 0
-  if type(v) == 'string' then return scrub(v, secrets) end
+  if type(v) == 'string' then
+    v = scrub(v, secrets)
+    if #v > MAX_LOGGED then v = v:sub(1, MAX_LOGGED) .. '...(' .. #v .. ' bytes)' end
+    return v
+  end
   if type(v) ~= 'table' or depth > 8 then return v end
   local out = setmetatable({}, getmetatable(v))
   for k, x in pairs(v) do

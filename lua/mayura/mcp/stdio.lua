@@ -64,18 +64,17 @@ function M.serve(server, options)
   options = options or {}
   local max = options.max_message_bytes or 1048576
   local input = assert(open_handle(options.input_fd or 0, true))
-  local out_handle, kind = open_handle(options.output_fd or 1, false)
+  local out_handle = open_handle(options.output_fd or 1, false)
   local function write(msg)
     local line = json.encode(msg) .. '\n'
     if out_handle then
       if not out_handle:is_closing() then out_handle:write(line) end
     else
-      -- a regular file (kind) takes a blocking write
+      -- a regular file takes a blocking write
       io.stdout:write(line)
       io.stdout:flush()
     end
   end
-  local _ = kind
   local session = server:session('stdio')
   local out = {
     send = write,
