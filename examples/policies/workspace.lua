@@ -2,7 +2,6 @@
 -- workspace tools (read, list, write, remove, exec) granted.
 --
 --   build/mayura --policy examples/policies/workspace.lua app.lua   -- app.lua: mayura.policy()
---   build/mayura serve --policy examples/policies/workspace.lua     -- the MCP server (README)
 --
 -- Each session (or run) gets a sandbox of its own on its first call that needs one, with no
 -- network, released when the session closes or after 30 minutes, whichever comes first.

@@ -265,6 +265,7 @@ local function make_env(reg, file)
   local function declaration(kind)
     return function(name)
       local line = line_of()
+      if reg.loaded then error(kind .. ': declarations are made only while the policy loads', 2) end
       if type(name) ~= 'string' or not name:match(NAME) or #name > 64 then
         error(config_error(file, line, kind
           .. ' needs a name (a letter, then letters, digits, _ or -) before its table', nil), 0)
@@ -285,6 +286,7 @@ local function make_env(reg, file)
   env.agent = declaration('agent')
   env.serve = function(def)
     local line = line_of()
+    if reg.loaded then error('serve: declarations are made only while the policy loads', 2) end
     local d = { kind = 'serve', name = 'serve', file = file, line = line }
     if type(def) ~= 'table' then fail(d, 'wrong type (a table expected, got ' .. type(def) .. ')', nil) end
     if reg.serve then fail(d, 'declared twice (first at ' .. reg.serve.file .. ':' .. reg.serve.line .. ')', nil) end
@@ -338,10 +340,10 @@ local POWERS = { read = true, exec = true, write = true, ports = true, desktop =
 
 local function provider_of(d)
   local name = d.def.provider
-  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
   local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
-  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "'", 'provider') end
+  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   return as_problem(d, make, d.def.provider_options and copy(d.def.provider_options) or nil)
 end
 
@@ -507,7 +509,8 @@ local function check_all(policy)
         end
       elseif kind == 'sandbox' then
         local group, power = rest:match('^([%w_%-]+):(%a+)$')
-        if not group or not groups[group] or not POWERS[power] then
+        local def = group and groups[group] and groups[group].def
+        if not def or not POWERS[power] or (power ~= 'read' and def[power] ~= true) then
           fail(d, "grant for unknown sandbox tools '" .. g .. "'", 'allow')
         end
       elseif kind == 'effect' then
@@ -552,6 +555,7 @@ function M.load_policy(files)
     paths[i] = path
     run_file(reg, path, text)
   end
+  reg.loaded = true
   local decls = { pool = {}, tools = {}, tool = {}, hook = {}, agent = {} }
   for _, d in ipairs(reg.list) do table.insert(decls[d.kind], d) end
   local policy = setmetatable({

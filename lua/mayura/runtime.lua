@@ -4,6 +4,8 @@
 --   local runtime = mayura.create_runtime{ permissions = { allow = { ... } }, limits = { ... } }
 --   local run = runtime:submit(agent, { input = { ... }, on_event = function(event) end })
 --   local outcome = run:result()
+--   local session = runtime:session(agent, { id = 'client-1' })   -- tool calls made by a caller
+--   local result = session:call('workspace.exec', { command = 'ls' }); session:close()
 --
 -- A run is a task on the shared loop. It checks the input against the
 -- agent's input schema, then asks the model for a step at a time: a step
@@ -900,11 +902,11 @@ function Session:call(tool_id, input, options)
     self._idle = {}
     for _, w in ipairs(idle) do w() end
   end
+  local result = take_result(run, call.id)
   if not ok then
     if getmetatable(err) == End then error(err.error, 2) end
     error(errors.wrap(err), 2)
   end
-  local result = take_result(run, call.id)
   if type(result) == 'table' and type(result.error) == 'table' then
     local e = result.error
     error(errors.new(e.code, e.message, { reason = e.reason, tool_error = true }), 2)
