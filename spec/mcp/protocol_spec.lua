@@ -93,6 +93,28 @@ describe('mayura serve over stdio on bad input', function()
     assert.are.equal('2025-11-25', lines_of(r.stdout)[1].result.protocolVersion)
   end)
 
+  it('never lets a session call past the agent\'s limits', function()
+    local path = os.tmpname() .. '.lua'
+    local f = assert(io.open(path, 'w'))
+    f:write((assert(io.open('spec/mcp/policy.lua')):read('a'):gsub("tools = { 'workspace' },",
+      "tools = { 'workspace' }, limits = { max_tool_calls = 2 },")))
+    f:close()
+    -- bad arguments count as calls, and are answered before stdin's end cancels what still runs
+    local call = req(2, 'tools/call', { name = 'workspace.read', arguments = { offset = 1 } })
+    local input = table.concat({ init(1), call, (call:gsub('"id":2', '"id":3')), (call:gsub('"id":2', '"id":4')) }, '\n')
+    local r = process.run({ HOST, 'serve', '--policy', path }, { stdin = input .. '\n', timeout_ms = 30000 })
+    os.remove(path)
+    local got = lines_of(r.stdout)
+    assert.are.equal(4, #got, r.stdout .. r.stderr)
+    local texts = {}
+    for i = 2, 4 do texts[got[i].id] = got[i].result.content[1].text end
+    local limited = 0
+    for _, t in pairs(texts) do
+      if t:find('^LIMIT_EXCEEDED') then limited = limited + 1 else assert.truthy(t:find('^INVALID_INPUT'), t) end
+    end
+    assert.are.equal(1, limited)
+  end)
+
   it('refuses to start on a policy that does not pass its check, and names it', function()
     local r = process.run({ HOST, 'serve', '--policy', 'spec/mcp/no_such_policy.lua' }, { timeout_ms = 30000 })
     assert.are.equal(1, r.exit_code)

@@ -6,8 +6,9 @@
 -- and notifications are written to stdout one per line, and nothing else is
 -- (logs go to stderr). A line longer than `max_message_bytes` is dropped as
 -- it streams in (never held whole) and answered with -32600; malformed
--- JSON gets -32700: the session goes on. `serve` returns once stdin ends,
--- after the session is closed (its sandbox released).
+-- JSON gets -32700: the session goes on. When stdin ends the client has
+-- gone: calls still running are cancelled (their commands stopped), the
+-- session is closed (its sandbox released) and `serve` returns.
 local uv = require('luv')
 local core = require('mayura.core')
 local task = require('mayura._task')
