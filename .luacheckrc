@@ -10,3 +10,4 @@ ignore = { '212/_.*' }
 read_globals = { 'unpack' }
 -- Policy files run in mayura.policy's environment, whose declarations are their globals.
 files['examples/policies/*.lua'] = { read_globals = { 'pool', 'tools', 'tool', 'hook', 'agent', 'serve', 'z' } }
+files['spec/mcp/*.lua'] = { std = '+busted', max_line_length = 140, read_globals = { 'pool', 'tools', 'tool', 'hook', 'agent', 'serve', 'z' } }

@@ -161,6 +161,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua
 	$(HOST) bench/embed.lua
+	$(HOST) bench/mcp.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

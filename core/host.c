@@ -8,6 +8,7 @@
 **                               the script then has as require('mayura').policy(); a policy
 **                               that does not pass its check prints the error and exits 1
 **                               before the script runs
+**   mayura serve ARGS...        the MCP server (mayura.mcp.cli)
 **
 ** Lua 5.4 (or LuaJIT 2.1: build/luajit/mayura, from the same source) with
 ** luv and mayura.core linked in, sharing one libuv loop, and
@@ -24,7 +25,8 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: mayura [--policy FILE.lua ...] FILE.lua [ARGS...]\n"
-                    "       mayura [--policy FILE.lua ...] -e 'CODE' [ARGS...]\n");
+                    "       mayura [--policy FILE.lua ...] -e 'CODE' [ARGS...]\n"
+                    "       mayura serve --policy FILE.lua [--http [HOST:]PORT] (see mayura.mcp.cli)\n");
 }
 
 static int file_exists(const char *path) {
@@ -110,6 +112,10 @@ int main(int argc, char **argv) {
         if (argc < first + 2) { usage(); return 2; }
         code = argv[first + 1];
         script = first + 1;
+    } else if (first == 1 && strcmp(argv[1], "serve") == 0) {
+        /* the MCP server: mayura.mcp.cli.main(ARGS...) loads its own --policy files */
+        code = "return require('mayura.mcp.cli').main(...)";
+        script = 1;
     } else if (strcmp(argv[first], "-h") == 0 || strcmp(argv[first], "--help") == 0) {
         usage();
         return 0;

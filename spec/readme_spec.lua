@@ -138,4 +138,29 @@ describe('README.md', function()
       assert.truthy(r.stdout:find('built\ttrue\n', 1, true), r.stdout)
     end
   end)
+
+  it('serves the example policy with the MCP client configuration it gives, through the official client', function()
+    local at = text:find('\n## Use it from your agent\n', 1, true)
+    assert.truthy(at, 'the MCP section')
+    local section = text:sub(at, (text:find('\n## ', at + 1, true) or #text))
+    assert.truthy(section:find('`examples/policies/workspace.lua`', 1, true))
+    local config = section:match('\n```json\n(.-)\n```\n')
+    assert.truthy(config:find('"serve", "--policy", "examples/policies/workspace.lua"', 1, true))
+    local f = io.open('spec/npm/node_modules/@modelcontextprotocol/sdk/package.json', 'r')
+    if not f then
+      pending('needs node and @modelcontextprotocol/sdk in spec/npm (sh scripts/setup.sh installs them)')
+      return
+    end
+    f:close()
+    -- the configuration's command, for this pass's build
+    config = config:gsub('"build/mayura"', '"' .. HOST .. '"')
+    local env = env_without_keys()
+    local r = process.run({ 'node', 'spec/npm/mcp_config_check.mjs', config }, { env = env, timeout_ms = 60000 })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local out = require('mayura.core').json.decode(r.stdout:match('([^\n]+)\n?$'))
+    assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.remove', 'workspace.write' },
+      out.tools)
+    assert.are.equal('hello from the sandbox\nsandbox\n', out.stdout)
+    assert.is_false(out.is_error)
+  end)
 end)
