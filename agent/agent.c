@@ -103,8 +103,9 @@ typedef struct conn {
 
 typedef struct stream {
     int fd;                   /* -1 once closed */
-    unsigned char *data;
-    size_t len, size, cap;
+    int which;                /* 1 stdout, 2 stderr: the `fd` of its chunks */
+    unsigned char *data;      /* what is kept for the reply (not when streaming) */
+    size_t len, size, cap;    /* len: bytes kept, or sent as chunks when streaming */
     int truncated;
 } stream;
 
@@ -121,6 +122,7 @@ typedef struct exec {
     unsigned char *in_data;
     size_t in_len, in_off;
     int exited, status;
+    int streaming;            /* output goes to the host as chunks as it comes (see core/wire.h) */
     int timed_out, cancelled, killing;
     int64_t started, ended;   /* ms, CLOCK_MONOTONIC */
     int64_t deadline;         /* ms, 0 = none: timeout, grace or drain by `killing` */
@@ -330,11 +332,35 @@ static void stdin_close(exec *x) {
     x->in_data = NULL;
 }
 
-/* Reads what the pipe has now; keeps up to the cap and drops the rest. */
-static void stream_read(stream *s) {
+/* A chunk of a streaming exec's output, to the host at once (core/wire.h, "Streaming"). */
+static void stream_send(exec *x, const stream *s, const unsigned char *p, size_t n) {
+    wire_buf b = {0};
+    if (x->c == NULL) return;
+    wire_begin(&b, x->id);
+    wire_add_bool(&b, "more", 1);
+    wire_add_int(&b, "fd", s->which);
+    wire_add_bytes(&b, "data", p, n);
+    conn_send(x->c, &b);
+}
+
+/*
+** Reads what the pipe has now; keeps up to the cap and drops the rest. A
+** streaming exec keeps nothing: what is under the cap goes out as a chunk
+** (read into the one static buffer: no allocation per read), the rest is
+** dropped and marks the stream truncated.
+*/
+static void stream_read(exec *x, stream *s) {
     while (s->fd >= 0) {
         ssize_t n;
-        if (s->len < s->cap) {
+        if (x->streaming) {
+            n = read(s->fd, scratch, sizeof scratch);
+            if (n > 0) {
+                size_t keep = s->cap - s->len < (size_t)n ? s->cap - s->len : (size_t)n;
+                if (keep > 0) stream_send(x, s, scratch, keep);
+                s->len += keep;
+                if (keep < (size_t)n) s->truncated = 1;
+            }
+        } else if (s->len < s->cap) {
             size_t want = s->len + READ_CHUNK < s->cap ? s->len + READ_CHUNK : s->cap;
             if (want > s->size) {
                 size_t ns = s->size ? s->size : 16384;
@@ -429,8 +455,8 @@ static void exec_exited(exec *x, int status, int64_t now) {
     /* a timeout or cancel ends all it started; what is left of its group ends a little later */
     if (x->timed_out || x->cancelled) kill_tree(x);
     else leftovers_add(x->pid, now);
-    stream_read(&x->out);
-    stream_read(&x->err);
+    stream_read(x, &x->out);
+    stream_read(x, &x->err);
     x->deadline = 0;
     if (x->out.fd >= 0 || x->err.fd >= 0) {
         /* a process that left the group may still hold the pipes: wait a little, then stop */
@@ -463,8 +489,9 @@ static void exec_reply(exec *x) {
     if (!x->timed_out && !x->cancelled && WIFEXITED(x->status))
         wire_add_int(&b, "exit_code", WEXITSTATUS(x->status));
     if (WIFSIGNALED(x->status)) wire_add_int(&b, "signal", WTERMSIG(x->status));
-    wire_add_bytes(&b, "stdout", x->out.data, x->out.len);
-    wire_add_bytes(&b, "stderr", x->err.data, x->err.len);
+    /* streamed, the output went out in chunks already */
+    wire_add_bytes(&b, "stdout", x->out.data, x->streaming ? 0 : x->out.len);
+    wire_add_bytes(&b, "stderr", x->err.data, x->streaming ? 0 : x->err.len);
     wire_add_bool(&b, "stdout_truncated", x->out.truncated);
     wire_add_bool(&b, "stderr_truncated", x->err.truncated);
     wire_add_bool(&b, "timed_out", x->timed_out);
@@ -489,8 +516,8 @@ static void exec_timer(exec *x, int64_t now) {
     x->deadline = 0;
     switch (x->killing) {
     case K_DRAIN:
-        stream_read(&x->out);
-        stream_read(&x->err);
+        stream_read(x, &x->out);
+        stream_read(x, &x->err);
         stream_close(&x->out);
         stream_close(&x->err);
         break;
@@ -1265,7 +1292,7 @@ static void op_exec(conn *c, const wire_msg *m) {
     int64_t timeout = 0, max_out = DEFAULT_MAX_OUTPUT, grace = 0, drain = 100;
     char **argv = NULL, *cwd = NULL, home[PATH_MAX + 8];
     envlist env = {0};
-    int has_stdin, po[2] = {-1, -1}, pe[2] = {-1, -1}, pi[2] = {-1, -1}, rc;
+    int has_stdin, streaming = 0, po[2] = {-1, -1}, pe[2] = {-1, -1}, pi[2] = {-1, -1}, rc;
     struct stat st;
     exec *x = NULL;
     pid_t pid;
@@ -1290,6 +1317,7 @@ static void op_exec(conn *c, const wire_msg *m) {
     if (field_int(m, "kill_grace_ms", &grace, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'kill_grace_ms' must be an int from 0"); return; }
     if (field_int(m, "drain_ms", &drain, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'drain_ms' must be an int from 0"); return; }
     if (fe != NULL && fe->type != WIRE_MAP) { reply_error(c, m->id, "invalid", "field 'env' must be a map"); return; }
+    if (field_bool(m, "stream", &streaming) != 0) { reply_error(c, m->id, "invalid", "field 'stream' must be a bool"); return; }
 
     /* the cwd must be a directory before anything runs */
     if (cwdp != NULL && cwdl > 0) {
@@ -1365,6 +1393,17 @@ static void op_exec(conn *c, const wire_msg *m) {
     x->out.fd = po[0];
     x->err.fd = pe[0];
     x->out.cap = x->err.cap = (size_t)max_out;
+    x->out.which = 1;
+    x->err.which = 2;
+    x->streaming = streaming;
+    if (streaming) {
+        /* the first frame of a streaming exec: it runs, with this pid (in the sandbox's pid namespace) */
+        wire_buf b = {0};
+        wire_begin(&b, x->id);
+        wire_add_bool(&b, "more", 1);
+        wire_add_int(&b, "pid", pid);
+        conn_send(c, &b);
+    }
     x->in_fd = pi[1];
     set_nonblock(x->out.fd);
     set_nonblock(x->err.fd);
@@ -1407,6 +1446,25 @@ static void op_cancel(conn *c, const wire_msg *m) {
         x->cancelled = 1;
         x->deadline = 0;
         exec_begin_kill(x, now_ms());
+        break;
+    }
+    reply_ok(c, m->id, "ok");
+}
+
+/* Sends a signal to a running exec's tree (the pool's start handle's kill): it is not cancelled, its
+** reply says how it ended. An exec that is over, or another connection's, is left alone. */
+static void op_signal(conn *c, const wire_msg *m) {
+    int64_t target = -1, sig = SIGKILL;
+    exec *x;
+    if (wire_find(m, "target") == NULL || field_int(m, "target", &target, 0, UINT32_MAX) != 0 ||
+        field_int(m, "signal", &sig, 1, NSIG - 1) != 0) {
+        reply_error(c, m->id, "invalid", "field 'target' or 'signal' is missing or out of range");
+        return;
+    }
+    for (x = execs; x != NULL; x = x->next) {
+        if (x->c != c || x->id != (uint32_t)target || x->exited) continue;
+        if (sig == SIGKILL) kill_tree(x);
+        else signal_tree(x, (int)sig);
         break;
     }
     reply_ok(c, m->id, "ok");
@@ -1829,7 +1887,7 @@ static void op_shutdown(conn *c, const wire_msg *m) {
 static void dispatch(conn *c, const wire_msg *m) {
     const wire_field *f = wire_find(m, "op");
     static const struct { const char *name; void (*fn)(conn *, const wire_msg *); } ops[] = {
-        {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel},
+        {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel}, {"signal", op_signal},
         {"read", op_read}, {"write", op_write}, {"list", op_list}, {"remove", op_remove},
         {"ping", op_ping}, {"shutdown", op_shutdown},
     };
@@ -2169,8 +2227,8 @@ int main(int argc, char **argv) {
             }
             /* execs started during this turn have no slots yet (-1) */
             for (x = execs; x != NULL; x = x->next) {
-                if (x->pi_out >= 0 && pfs[x->pi_out].revents != 0) stream_read(&x->out);
-                if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(&x->err);
+                if (x->pi_out >= 0 && pfs[x->pi_out].revents != 0) stream_read(x, &x->out);
+                if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(x, &x->err);
                 if (x->pi_in >= 0 && pfs[x->pi_in].revents != 0) stdin_write(x);
             }
             if (listen_idx >= 0 && pfs[listen_idx].revents != 0) accept_peer();
