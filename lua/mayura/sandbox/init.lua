@@ -431,6 +431,10 @@ function Process:wait()
   if self._result then return self._result end
   local ok, res = self._task:wait()
   local pool = self._sandbox._pool
+  if self._gone then
+    self._stream.over = true
+    error(gone('the sandbox was released'), 2)
+  end
   if not ok then
     self._stream.over = true
     if self._cancelled or not self._killed or not errors.is(res, 'CANCELLED') then error(res, 0) end
@@ -557,8 +561,8 @@ function Sandbox:release()
   if not self._released then
     self._released = true
     pool:_stop_timer(self)
-    -- started processes stop with it (the provider's release ends them anyway; this says so first)
-    for p in pairs(self._started) do pcall(p.kill, p) end
+    -- started processes stop with it (the provider's release ends them): their wait() says `gone`
+    for p in pairs(self._started) do p._gone = true end
     local backend = self._backend
     -- a task of its own: it goes on (and frees the slot) past a deadline the caller gave up at
     self._releasing = task.spawn(function()
