@@ -496,8 +496,8 @@ function Backend:exec(argv, o)
       delay = math.min(delay * 2, POLL_MAX_MS)
       if self._closed then error(gone(), 0) end
       if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local lines = lines_of(self:_run(streaming and poll_stream_script(rec.base, offsets, cap) or poll_script(rec.base),
-        nil, token))
+      local poll = streaming and poll_stream_script(rec.base, offsets, cap) or poll_script(rec.base)
+      local lines = lines_of(self:_run(poll, nil, token))
       if streaming and lines[1] == 'R' then
         local o_new, e_new = parse_chunks(lines)
         pass_on('stdout', o_new)

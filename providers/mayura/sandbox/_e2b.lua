@@ -300,7 +300,8 @@ function Backend:_process(process, o)
           -- envd's signals: SIGTERM, or SIGKILL for every other
           task.spawn(function()
             pcall(self._rpc, self, 'process.Process/SendSignal', { process = { pid = st.pid },
-              signal = sig == 15 and 'SIGNAL_SIGTERM' or 'SIGNAL_SIGKILL' }, { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
+              signal = sig == 15 and 'SIGNAL_SIGTERM' or 'SIGNAL_SIGKILL' },
+              { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
           end)
         end })
       end
