@@ -333,13 +333,13 @@ function M.sandbox_tools(source, options)
         if type(progress) == 'function' then
           -- the output as it comes, to the run's listeners: the first max_output bytes of each stream
           local sent = { stdout = 0, stderr = 0 }
-          local function pass(name)
+          local function pass(which)
             return function(chunk)
-              local room = max_output - sent[name]
+              local room = max_output - sent[which]
               if room <= 0 then return end
               if #chunk > room then chunk = chunk:sub(1, room) end
-              sent[name] = sent[name] + #chunk
-              progress({ stream = name, text = M.to_text(chunk) })
+              sent[which] = sent[which] + #chunk
+              progress({ stream = which, text = M.to_text(chunk) })
             end
           end
           opts.on_stdout, opts.on_stderr = pass('stdout'), pass('stderr')
