@@ -63,6 +63,12 @@ $(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
 
+# For bench/sandbox.lua only: the baseline, a C fork+exec of /bin/true.
+FORKEXEC = build/bench/forkexec
+$(FORKEXEC): bench/forkexec.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -o $@ bench/forkexec.c
+
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $(CORE_SRC) $(DEPS_LIBS)
@@ -125,10 +131,11 @@ fuzz: setup
 lint:
 	luacheck lua providers tools spec examples bench fuzz
 
-bench: all $(AGENT_NOFILTER)
+bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	@$(MAKE) --no-print-directory all LUA=luajit
 	$(HOST) bench/core.lua
 	$(HOST) bench/sandbox.lua
+	$(HOST) bench/stream.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
 	$(HOST) bench/table.lua

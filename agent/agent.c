@@ -949,22 +949,48 @@ nomem:
     reply_errno(c, m->id, ENOMEM, "setup");
 }
 
-/* The child between fork and exec: never returns. */
+/*
+** Signals whose disposition is not the default in the agent (SIG_IGN: what it
+** ignores, what its launcher left ignored), found once at start: a command's
+** process resets only these (a handler is reset by execve anyway), not all 64.
+*/
+static int ignored_sigs[NSIG];
+static int nignored;
+
+static void ignored_sigs_find(void) {
+    int sig;
+    nignored = 0;
+    for (sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL) ignored_sigs[nignored++] = sig;
+    }
+}
+
+/* The command's process no longer shielded from the OOM killer (the launcher may shield the agent). */
+static void oom_unshield(void) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (write(fd, "0\n", 2) < 0) {}
+        close(fd);
+    }
+}
+
+/*
+** The child between fork and exec: never returns. Started by the spawner it
+** may share the spawner's memory (clone with CLONE_VM | CLONE_VFORK, the
+** spawner waiting meanwhile): so it only changes what is its own (descriptors,
+** dispositions, mask, cwd, session) and allocates nothing.
+*/
 static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd) {
     sigset_t none;
-    int sig;
+    int i;
     char msg[512];
     int e, n;
     setsid();
-    /* the launcher may shield the agent from the OOM killer; its commands get no such shield */
-    {
-        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            if (write(fd, "0\n", 2) < 0) {}
-            close(fd);
-        }
-    }
-    for (sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    /* the spawner did this once for itself, and its commands inherit it */
+    if (!filter_inherited) oom_unshield();
+    for (i = 0; i < nignored; i++) signal(ignored_sigs[i], SIG_DFL);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (in_fd < 0) {
@@ -1069,9 +1095,62 @@ static int split_strings(char **p, size_t *left, char **v, uint32_t n) {
     return 0;
 }
 
+/*
+** buf (of *cap bytes) grown to at least want, or NULL (buf is then left as it
+** was). Buffers only grow, so a steady load allocates nothing.
+*/
+static void *grow(void *buf, size_t *cap, size_t want) {
+    void *nb;
+    size_t nc;
+    if (want <= *cap) return buf;
+    nc = *cap ? *cap : 4096;
+    while (nc < want) nc *= 2;
+    nb = realloc(buf, nc);
+    if (nb == NULL) return NULL;
+    *cap = nc;
+    return nb;
+}
+
+/*
+** The spawner starts a command with clone(CLONE_VM | CLONE_VFORK | CLONE_PARENT):
+** no copy of its page tables, and it waits until the command's execve (or its
+** end). The child runs on a stack of its own, mapped once with a guard page
+** below it, so an overflow faults instead of writing over the spawner. A job
+** with more words than SPAWN_VM_MAX_WORDS (execvpe may put a copy of argv on
+** that stack) is started with a plain clone instead.
+*/
+#define SPAWN_STACK (256u << 10)
+#define SPAWN_VM_MAX_WORDS 4096
+static unsigned char *spawn_stack;   /* its lowest usable byte; NULL: no such stack, plain clone */
+
+typedef struct spawn_args {
+    char **argv, **envp;
+    const char *cwd;
+    int in_fd, out_fd, err_fd;
+} spawn_args;
+
+static int spawn_child(void *p) {
+    spawn_args *a = (spawn_args *)p;
+    child_run(a->argv, a->envp, a->cwd, a->in_fd, a->out_fd, a->err_fd);
+    return 127;
+}
+
+static void spawn_stack_map(void) {
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned char *m;
+    if (page <= 0) return;
+    m = (unsigned char *)mmap(NULL, SPAWN_STACK + (size_t)page, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED) return;
+    if (mprotect(m, (size_t)page, PROT_NONE) != 0) { munmap(m, SPAWN_STACK + (size_t)page); return; }
+    spawn_stack = m + page;
+}
+
 /* The helper's life: jobs until the agent's end closes. Never returns. */
 static void spawner_main(int fd, pid_t agent) __attribute__((noreturn));
 static void spawner_main(int fd, pid_t agent) {
+    char *data = NULL, **vec = NULL;
+    size_t data_cap = 0, vec_cap = 0;
     if (fd != 3 && dup2(fd, 3) != 3) _exit(1);
     fd = 3;
     if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {
@@ -1079,22 +1158,34 @@ static void spawner_main(int fd, pid_t agent) {
         for (i = 4; i < 65536; i++) close(i);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* once for all its commands, which inherit it: the agent's shield is not theirs */
+    oom_unshield();
+    spawn_stack_map();
+    /* room for a common job at once: the first commands allocate nothing either */
+    if ((data = (char *)grow(NULL, &data_cap, 65536)) == NULL ||
+        (vec = (char **)grow(NULL, &vec_cap, 1024 * sizeof *vec)) == NULL)
+        _exit(1);
     if (getppid() != agent || filter_install() != 0) _exit(1);
     filter_inherited = 1;
     if (write(fd, "R", 1) != 1) _exit(1);   /* ready */
     for (;;) {
         spawn_head h;
-        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data, *p, *cwd, **argv, **envp;
-        struct iovec iov = { &h, sizeof h };
+        char cbuf[CMSG_SPACE(3 * sizeof(int))], *p, *cwd, **argv, **envp;
+        struct iovec iov[2];
         struct msghdr mh;
         struct cmsghdr *cm;
         int fds[3] = { -1, -1, -1 }, nfds = 0, i;
         int32_t answer = -EINVAL;
-        size_t left;
+        size_t left, got;
         ssize_t n;
         memset(&mh, 0, sizeof mh);
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
+        /* the head, and as much of the data as the buffer takes, in one call */
+        iov[0].iov_base = &h;
+        iov[0].iov_len = sizeof h;
+        iov[1].iov_base = data;
+        iov[1].iov_len = data_cap;
+        mh.msg_iov = iov;
+        mh.msg_iovlen = 2;
         mh.msg_control = cbuf;
         mh.msg_controllen = sizeof cbuf;
         do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
@@ -1105,29 +1196,44 @@ static void spawner_main(int fd, pid_t agent) {
                 if (nfds > 3) nfds = 3;
                 memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
             }
-        if (n != sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
-            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2))
+        if ((size_t)n < sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
+            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2) || (size_t)n - sizeof h > h.len)
             _exit(1);   /* not the agent's: nothing of it can be trusted */
-        data = (char *)malloc(h.len);
-        argv = (char **)calloc((size_t)h.argc + 1, sizeof *argv);
-        envp = (char **)calloc((size_t)h.envc + 1, sizeof *envp);
+        got = (size_t)n - sizeof h;
+        if (got < h.len) {
+            /* a larger job than the buffer: grow it (keeping what came), read the rest */
+            if ((data = (char *)grow(data, &data_cap, h.len)) == NULL || read_full(fd, data + got, h.len - got) != 0)
+                _exit(1);
+        }
         /* out of memory, it ends: the agent then forks commands itself */
-        if (data == NULL || argv == NULL || envp == NULL || read_full(fd, data, h.len) != 0) _exit(1);
+        if ((vec = (char **)grow(vec, &vec_cap, ((size_t)h.argc + h.envc + 2) * sizeof *vec)) == NULL) _exit(1);
+        argv = vec;
+        envp = vec + h.argc + 1;
         cwd = data;
         p = (char *)memchr(data, '\0', h.len);
         if (p != NULL) {
             left = h.len - (size_t)(p - data) - 1;
             p++;
             if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
-                pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
-                if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
+                spawn_args a;
+                pid_t pid;
+                a.argv = argv;
+                a.envp = envp;
+                a.cwd = cwd;
+                a.in_fd = h.has_in ? fds[0] : -1;
+                a.out_fd = fds[nfds - 2];
+                a.err_fd = fds[nfds - 1];
+                if (spawn_stack != NULL && (size_t)h.argc + h.envc <= SPAWN_VM_MAX_WORDS) {
+                    pid = clone(spawn_child, spawn_stack + SPAWN_STACK,
+                                CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, &a);
+                } else {
+                    pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
+                    if (pid == 0) spawn_child(&a);
+                }
                 answer = pid > 0 ? (int32_t)pid : -errno;
             }
         }
         for (i = 0; i < nfds; i++) close(fds[i]);
-        free(data);
-        free(argv);
-        free(envp);
         if (write(fd, &answer, sizeof answer) != (ssize_t)sizeof answer) _exit(1);
     }
 }
@@ -1183,6 +1289,9 @@ static void spawner_start(void) {
 ** it could not start (no process left, say); -2 when the helper is not
 ** there or did not take the job: the caller forks the command itself.
 */
+static char *job_buf;      /* the agent's side of a job, grown as needed, never freed */
+static size_t job_cap;
+
 static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
                          const char *tag) {
     spawn_head h;
@@ -1199,7 +1308,8 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     memset(&h, 0, sizeof h);
     for (i = 0; argv[i] != NULL; i++, h.argc++) len += strlen(argv[i]) + 1;
     for (i = 0; envp[i] != NULL; i++, h.envc++) len += strlen(envp[i]) + 1;
-    if (len > SPAWN_MAX_JOB || (data = (char *)malloc(len)) == NULL) return -2;
+    if (len > SPAWN_MAX_JOB || (data = (char *)grow(job_buf, &job_cap, len)) == NULL) return -2;
+    job_buf = data;
     at = 0;
     memcpy(data, cwd, strlen(cwd) + 1);
     at += strlen(cwd) + 1;
@@ -1229,7 +1339,6 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     do n = sendmsg(spawner_fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
     if (n < (ssize_t)sizeof h) {
         /* it never had the job: safe to start the command another way */
-        free(data);
         spawner_stop();
         return -2;
     }
@@ -1240,7 +1349,6 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
         if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLOUT, deadline) == 0) continue;
         break;
     }
-    free(data);
     answer = 0;
     if (at == len) {
         for (at = 0; at < sizeof answer;) {
@@ -1405,10 +1513,11 @@ static void op_exec(conn *c, const wire_msg *m) {
         conn_send(c, &b);
     }
     x->in_fd = pi[1];
-    set_nonblock(x->out.fd);
-    set_nonblock(x->err.fd);
+    /* fresh pipe ends: their flags are known, one fcntl each */
+    fcntl(x->out.fd, F_SETFL, O_RDONLY | O_NONBLOCK);
+    fcntl(x->err.fd, F_SETFL, O_RDONLY | O_NONBLOCK);
     if (x->in_fd >= 0) {
-        set_nonblock(x->in_fd);
+        fcntl(x->in_fd, F_SETFL, O_WRONLY | O_NONBLOCK);
         stdin_write(x);
     }
     x->grace_ms = grace;
@@ -2137,6 +2246,7 @@ int main(int argc, char **argv) {
 #endif
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */
+    ignored_sigs_find();
     umask(022);
     /* 0..2 stay taken (PID 1 may start without them), so pipes never land there */
     for (i = 0; i < 3; i++)
