@@ -63,11 +63,12 @@ $(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
 
-# For bench/sandbox.lua only: the baseline, a C fork+exec of /bin/true.
+# For bench/sandbox.lua and bench/stream.lua only: the baseline, a C fork+exec of /bin/true, and a
+# clock stamp to run in a sandbox (static, so it runs in any image).
 FORKEXEC = build/bench/forkexec
 $(FORKEXEC): bench/forkexec.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -o $@ bench/forkexec.c
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ bench/forkexec.c
 
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)

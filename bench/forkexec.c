@@ -4,10 +4,14 @@
 ** command can cost on this machine.
 **
 **   build/bench/forkexec [N]    prints the median in ms
+**   build/bench/forkexec stamp  prints the wall clock (ns since the epoch), then
+**                               after a second "b": bench/stream.lua runs it in a
+**                               sandbox (it is static) to time the first byte
 */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,9 +30,20 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    int n = argc > 1 ? atoi(argv[1]) : 200, i;
+    int n, i;
     char *args[] = { "/bin/true", NULL };
     double *xs;
+    if (argc > 1 && strcmp(argv[1], "stamp") == 0) {
+        struct timespec ts;
+        char line[64];
+        int len;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        len = snprintf(line, sizeof line, "%lld%09ld\n", (long long)ts.tv_sec, ts.tv_nsec);
+        if (write(1, line, (size_t)len) != len) return 1;
+        sleep(1);
+        return write(1, "b\n", 2) == 2 ? 0 : 1;
+    }
+    n = argc > 1 ? atoi(argv[1]) : 200;
     if (n < 1) n = 1;
     xs = (double *)malloc((size_t)n * sizeof *xs);
     if (xs == NULL) return 1;
