@@ -1270,7 +1270,13 @@ static void spawner_start(void) {
     }
     close(sv[1]);
     if (pid < 0) { close(sv[0]); return; }
-    set_nonblock(sv[0]);
+    {
+        /* blocking, at most SPAWN_WAIT_MS a call: the answer is read at once, without a poll first */
+        struct timeval tv = { SPAWN_WAIT_MS / 1000, (SPAWN_WAIT_MS % 1000) * 1000 };
+        if (setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+            setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+            set_nonblock(sv[0]);
+    }
     spawner_pid = pid;
     spawner_fd = sv[0];
     {
