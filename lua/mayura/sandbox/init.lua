@@ -21,6 +21,16 @@
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
 --
+-- Streaming: `sandbox:exec(argv, { on_stdout = fn, on_stderr = fn })` and
+-- `sandbox:start(argv, opts)` (a handle: `pid`, `wait()`, `kill(signal)`,
+-- `output()`). The pool passes the backend's exec `o.on_output(name, chunk)`
+-- and `o.on_start(ctl)` (ctl = `{ pid, kill(signal_number) }`, once the
+-- command runs); a backend that calls them as things happen says
+-- `streaming = true` (start then returns once on_start came). Whatever a
+-- backend did not stream reaches the callbacks when the command ends; a
+-- backend without `ctl.kill` has `kill()` cancel the command (wait() then
+-- gives the output so far, `signal` the one asked for).
+--
 -- Desktop: `create{ desktop = true }` asks for one (INVALID_INPUT when the
 -- provider's `features.desktop` is false); `sandbox.desktop` is then the
 -- backend's `desktop` behind the pool's checks: `screenshot()` (PNG bytes),
@@ -388,10 +398,13 @@ Process.__index = Process
 -- `pid` (in the sandbox; nil where the provider does not tell), `wait()` (exec's result, or its
 -- errors), `kill(signal)` (9 by default; a number or a name such as 'TERM'), `output()` (the
 -- output so far: `{ stdout, stderr, truncated }`). Options are exec's; `timeout_ms` defaults to
--- the pool's `max_exec_timeout_ms`. Releasing the sandbox stops it (`wait()` then fails `gone`).
+-- the sandbox's remaining lifetime (within the pool's `max_exec_timeout_ms`). Releasing the
+-- sandbox stops it (`wait()` then fails `gone`).
 function Sandbox:start(command, opts)
   local pool = self._pool
-  local argv, o, given = exec_options(self, command, opts, pool.max_exec_timeout_ms)
+  -- by default it may run as long as the sandbox lives (within max_exec_timeout_ms)
+  local left = math.max(1, math.floor(self._expires_at - core.hrtime_ms()))
+  local argv, o, given = exec_options(self, command, opts, math.min(pool.max_exec_timeout_ms, left))
   local token = o.signal
   alive(self)
   if token and token.cancelled then errors.raise('CANCELLED', 'cancelled before it started', nil, 2) end

@@ -1,6 +1,6 @@
 -- Streamed output and started processes (sandbox:exec's on_stdout/on_stderr, sandbox:start) on
 -- every provider that runs here (support/providers.lua), on the command backend (over local
--- sandboxes) and on E2B's stand-in: output comes while the command runs, in order, within
+-- sandboxes) and on the stand-ins of E2B and Vercel (which stream as the services do): output comes while the command runs, in order, within
 -- max_output_bytes (the callbacks stop at the cap, the result says truncated), a cancel stops a
 -- streaming exec and a started process, kill() signals one and wait() says how it ended, and a
 -- release stops what was started.
@@ -11,6 +11,8 @@ local transports = require('support.command_transports')
 local stand_in = require('support.stand_in')
 local e2b_service = require('support.e2b_service')
 local e2b = require('mayura.sandbox.e2b')
+local vercel = require('mayura.sandbox.vercel')
+local vercel_service = require('support.vercel_service')
 
 local CAP = 1000
 
@@ -168,6 +170,31 @@ describe('streaming on E2B (the stand-in)', function()
       pool = sandbox.create_sandboxes(e2b.e2b_sandboxes({ api_key = 'e2b_0123456789abcdef0123456789abcdef',
         api_url = svc:url(''), sandbox_url = svc:url(''), workdir = '/workspace', retry_base_ms = 20 }),
         { max_sandboxes = 2, max_lifetime_ms = 600000, max_output_bytes = CAP })
+    end
+    return pool:create({ lifetime_ms = 120000 })
+  end, { term = false })
+  teardown(function()
+    if pool then pool:close() end
+    if backing then backing:close() end
+    if svc then svc:close() end
+  end)
+end)
+
+describe('streaming on Vercel (the stand-in)', function()
+  if not local_ok then
+    pending('needs local sandboxes (bubblewrap and the agent): not available here')
+    return
+  end
+  local svc, backing, pool
+  cases(function()
+    if not pool then
+      svc = stand_in.new()
+      backing = stand_in.local_backing({ max_sandboxes = 4 })
+      vercel_service.install(svc, backing, { token = 'vcp_0123456789abcdefTOKEN', team_id = 'team_m',
+        project_id = 'prj_m' })
+      pool = sandbox.create_sandboxes(vercel.vercel_sandboxes({ token = 'vcp_0123456789abcdefTOKEN',
+        team_id = 'team_m', project_id = 'prj_m', base_url = svc:url('/api'), workdir = '/workspace',
+        retry_base_ms = 20 }), { max_sandboxes = 2, max_lifetime_ms = 600000, max_output_bytes = CAP })
     end
     return pool:create({ lifetime_ms = 120000 })
   end, { term = false })
