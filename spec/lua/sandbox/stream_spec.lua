@@ -1,9 +1,9 @@
 -- Streamed output and started processes (sandbox:exec's on_stdout/on_stderr, sandbox:start) on
 -- every provider that runs here (support/providers.lua), on the command backend (over local
--- sandboxes) and on the stand-ins of E2B and Vercel (which stream as the services do): output comes while the command runs, in order, within
--- max_output_bytes (the callbacks stop at the cap, the result says truncated), a cancel stops a
--- streaming exec and a started process, kill() signals one and wait() says how it ended, and a
--- release stops what was started.
+-- sandboxes) and on the stand-ins of E2B and Vercel (which stream as the services do): output
+-- comes while the command runs, in order, within max_output_bytes (the callbacks stop at the
+-- cap, the result says truncated), a cancel stops a streaming exec and a started process,
+-- kill() signals one and wait() says how it ended, and a release stops what was started.
 local sandbox = require('mayura.sandbox')
 local task = require('mayura._task')
 local providers = require('support.providers')
