@@ -1062,6 +1062,7 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
 ** variables, each ending in a NUL. The answer: an int32, the pid or -errno.
 */
 #define SPAWN_WAIT_MS 2000
+#define SPAWN_SLICE_MS 20   /* see spawner_wait */
 #define SPAWN_MAX_JOB (4u << 20)   /* a larger one is forked by the agent (execve would refuse it anyway) */
 
 typedef struct spawn_head {
@@ -1271,8 +1272,8 @@ static void spawner_start(void) {
     close(sv[1]);
     if (pid < 0) { close(sv[0]); return; }
     {
-        /* blocking, at most SPAWN_WAIT_MS a call: the answer is read at once, without a poll first */
-        struct timeval tv = { SPAWN_WAIT_MS / 1000, (SPAWN_WAIT_MS % 1000) * 1000 };
+        /* blocking, SPAWN_SLICE_MS a call at most: the answer is read at once, without a poll first */
+        struct timeval tv = { 0, SPAWN_SLICE_MS * 1000 };
         if (setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
             setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
             set_nonblock(sv[0]);
@@ -1295,6 +1296,21 @@ static void spawner_start(void) {
 ** it could not start (no process left, say); -2 when the helper is not
 ** there or did not take the job: the caller forks the command itself.
 */
+/*
+** Between a job and its answer the helper may be stopped again (the command
+** it just started can stop it before it answers: with CLONE_VFORK it answers
+** only once the command runs): every SPAWN_SLICE_MS without progress it is
+** sent SIGCONT, until SPAWN_WAIT_MS have passed. Returns 0 to go on, -1 past
+** the deadline.
+*/
+static int spawner_wait(short ev, int64_t deadline) {
+    int64_t now = now_ms();
+    if (now >= deadline) return -1;
+    kill(spawner_pid, SIGCONT);
+    wait_fd(spawner_fd, ev, now + SPAWN_SLICE_MS < deadline ? now + SPAWN_SLICE_MS : deadline);
+    return 0;
+}
+
 static char *job_buf;      /* the agent's side of a job, grown as needed, never freed */
 static size_t job_cap;
 
@@ -1352,7 +1368,7 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
         n = write(spawner_fd, data + at, len - at);
         if (n > 0) { at += (size_t)n; continue; }
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLOUT, deadline) == 0) continue;
+        if (n < 0 && errno == EAGAIN && spawner_wait(POLLOUT, deadline) == 0) continue;
         break;
     }
     answer = 0;
@@ -1361,7 +1377,7 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
             n = read(spawner_fd, (char *)&answer + at, sizeof answer - at);
             if (n > 0) { at += (size_t)n; continue; }
             if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0) continue;
+            if (n < 0 && errno == EAGAIN && spawner_wait(POLLIN, deadline) == 0) continue;
             break;
         }
         if (at < sizeof answer) answer = 0;
