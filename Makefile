@@ -68,6 +68,13 @@ $(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h core/files.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
 
+# For bench/sandbox.lua and bench/stream.lua only: the baseline, a C fork+exec of /bin/true, and a
+# clock stamp to run in a sandbox (static, so it runs in any image).
+FORKEXEC = build/bench/forkexec
+$(FORKEXEC): bench/forkexec.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ bench/forkexec.c
+
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $(CORE_SRC) $(DEPS_LIBS)
@@ -145,10 +152,11 @@ lint:
 	@for f in $(filter-out core/mayura_core.c core/host.c core/embed.c,$(wildcard core/*.c)); do \
 	    $(CC) -std=gnu11 $(WARN) $(DEPS_CFLAGS) -fsyntax-only $$f || exit 1; done
 
-bench: all $(AGENT_NOFILTER)
+bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	@$(MAKE) --no-print-directory all LUA=luajit
 	$(HOST) bench/core.lua
 	$(HOST) bench/sandbox.lua
+	$(HOST) bench/stream.lua
 	$(HOST) bench/runtime.lua
 	$(HOST) bench/docker.lua
 	$(HOST) bench/warm.lua

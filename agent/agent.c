@@ -106,8 +106,9 @@ typedef struct conn {
 
 typedef struct stream {
     int fd;                   /* -1 once closed */
-    unsigned char *data;
-    size_t len, size, cap;
+    int which;                /* 1 stdout, 2 stderr: the `fd` of its chunks */
+    unsigned char *data;      /* what is kept for the reply (not when streaming) */
+    size_t len, size, cap;    /* len: bytes kept, or sent as chunks when streaming */
     int truncated;
 } stream;
 
@@ -122,6 +123,7 @@ typedef struct exec {
     unsigned char *in_data;
     size_t in_len, in_off;
     int exited, status;
+    int streaming;            /* output goes to the host as chunks as it comes (see core/wire.h) */
     int timed_out, cancelled, killing;
     int64_t started, ended;   /* ms, CLOCK_MONOTONIC */
     int64_t deadline;         /* ms, 0 = none: timeout, grace or drain by `killing` */
@@ -331,11 +333,35 @@ static void stdin_close(exec *x) {
     x->in_data = NULL;
 }
 
-/* Reads what the pipe has now; keeps up to the cap and drops the rest. */
-static void stream_read(stream *s) {
+/* A chunk of a streaming exec's output, to the host at once (core/wire.h, "Streaming"). */
+static void stream_send(exec *x, const stream *s, const unsigned char *p, size_t n) {
+    wire_buf b = {0};
+    if (x->c == NULL) return;
+    wire_begin(&b, x->id);
+    wire_add_bool(&b, "more", 1);
+    wire_add_int(&b, "fd", s->which);
+    wire_add_bytes(&b, "data", p, n);
+    conn_send(x->c, &b);
+}
+
+/*
+** Reads what the pipe has now; keeps up to the cap and drops the rest. A
+** streaming exec keeps nothing: what is under the cap goes out as a chunk
+** (read into the one static buffer: no allocation per read), the rest is
+** dropped and marks the stream truncated.
+*/
+static void stream_read(exec *x, stream *s) {
     while (s->fd >= 0) {
         ssize_t n;
-        if (s->len < s->cap) {
+        if (x->streaming) {
+            n = read(s->fd, scratch, sizeof scratch);
+            if (n > 0) {
+                size_t keep = s->cap - s->len < (size_t)n ? s->cap - s->len : (size_t)n;
+                if (keep > 0) stream_send(x, s, scratch, keep);
+                s->len += keep;
+                if (keep < (size_t)n) s->truncated = 1;
+            }
+        } else if (s->len < s->cap) {
             size_t want = s->len + READ_CHUNK < s->cap ? s->len + READ_CHUNK : s->cap;
             if (want > s->size) {
                 size_t ns = s->size ? s->size : 16384;
@@ -430,8 +456,8 @@ static void exec_exited(exec *x, int status, int64_t now) {
     /* a timeout or cancel ends all it started; what is left of its group ends a little later */
     if (x->timed_out || x->cancelled) kill_tree(x);
     else leftovers_add(x->pid, now);
-    stream_read(&x->out);
-    stream_read(&x->err);
+    stream_read(x, &x->out);
+    stream_read(x, &x->err);
     x->deadline = 0;
     if (x->out.fd >= 0 || x->err.fd >= 0) {
         /* a process that left the group may still hold the pipes: wait a little, then stop */
@@ -464,8 +490,9 @@ static void exec_reply(exec *x) {
     if (!x->timed_out && !x->cancelled && WIFEXITED(x->status))
         wire_add_int(&b, "exit_code", WEXITSTATUS(x->status));
     if (WIFSIGNALED(x->status)) wire_add_int(&b, "signal", WTERMSIG(x->status));
-    wire_add_bytes(&b, "stdout", x->out.data, x->out.len);
-    wire_add_bytes(&b, "stderr", x->err.data, x->err.len);
+    /* streamed, the output went out in chunks already */
+    wire_add_bytes(&b, "stdout", x->out.data, x->streaming ? 0 : x->out.len);
+    wire_add_bytes(&b, "stderr", x->err.data, x->streaming ? 0 : x->err.len);
     wire_add_bool(&b, "stdout_truncated", x->out.truncated);
     wire_add_bool(&b, "stderr_truncated", x->err.truncated);
     wire_add_bool(&b, "timed_out", x->timed_out);
@@ -490,8 +517,8 @@ static void exec_timer(exec *x, int64_t now) {
     x->deadline = 0;
     switch (x->killing) {
     case K_DRAIN:
-        stream_read(&x->out);
-        stream_read(&x->err);
+        stream_read(x, &x->out);
+        stream_read(x, &x->err);
         stream_close(&x->out);
         stream_close(&x->err);
         break;
@@ -929,22 +956,48 @@ nomem:
     reply_errno(c, m->id, ENOMEM, "setup");
 }
 
-/* The child between fork and exec: never returns. */
+/*
+** Signals whose disposition is not the default in the agent (SIG_IGN: what it
+** ignores, what its launcher left ignored), found once at start: a command's
+** process resets only these (a handler is reset by execve anyway), not all 64.
+*/
+static int ignored_sigs[NSIG];
+static int nignored;
+
+static void ignored_sigs_find(void) {
+    int sig;
+    nignored = 0;
+    for (sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL) ignored_sigs[nignored++] = sig;
+    }
+}
+
+/* The command's process no longer shielded from the OOM killer (the launcher may shield the agent). */
+static void oom_unshield(void) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (write(fd, "0\n", 2) < 0) {}
+        close(fd);
+    }
+}
+
+/*
+** The child between fork and exec: never returns. Started by the spawner it
+** may share the spawner's memory (clone with CLONE_VM | CLONE_VFORK, the
+** spawner waiting meanwhile): so it only changes what is its own (descriptors,
+** dispositions, mask, cwd, session) and allocates nothing.
+*/
 static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd) {
     sigset_t none;
-    int sig;
+    int i;
     char msg[512];
     int e, n;
     setsid();
-    /* the launcher may shield the agent from the OOM killer; its commands get no such shield */
-    {
-        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            if (write(fd, "0\n", 2) < 0) {}
-            close(fd);
-        }
-    }
-    for (sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    /* the spawner did this once for itself, and its commands inherit it */
+    if (!filter_inherited) oom_unshield();
+    for (i = 0; i < nignored; i++) signal(ignored_sigs[i], SIG_DFL);
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (in_fd < 0) {
@@ -1016,6 +1069,7 @@ static void child_run(char **argv, char **envp, const char *cwd, int in_fd, int 
 ** variables, each ending in a NUL. The answer: an int32, the pid or -errno.
 */
 #define SPAWN_WAIT_MS 2000
+#define SPAWN_SLICE_MS 20   /* see spawner_wait */
 #define SPAWN_MAX_JOB (4u << 20)   /* a larger one is forked by the agent (execve would refuse it anyway) */
 
 typedef struct spawn_head {
@@ -1049,9 +1103,62 @@ static int split_strings(char **p, size_t *left, char **v, uint32_t n) {
     return 0;
 }
 
+/*
+** buf (of *cap bytes) grown to at least want, or NULL (buf is then left as it
+** was). Buffers only grow, so a steady load allocates nothing.
+*/
+static void *grow(void *buf, size_t *cap, size_t want) {
+    void *nb;
+    size_t nc;
+    if (want <= *cap) return buf;
+    nc = *cap ? *cap : 4096;
+    while (nc < want) nc *= 2;
+    nb = realloc(buf, nc);
+    if (nb == NULL) return NULL;
+    *cap = nc;
+    return nb;
+}
+
+/*
+** The spawner starts a command with clone(CLONE_VM | CLONE_VFORK | CLONE_PARENT):
+** no copy of its page tables, and it waits until the command's execve (or its
+** end). The child runs on a stack of its own, mapped once with a guard page
+** below it, so an overflow faults instead of writing over the spawner. A job
+** with more words than SPAWN_VM_MAX_WORDS (execvpe may put a copy of argv on
+** that stack) is started with a plain clone instead.
+*/
+#define SPAWN_STACK (256u << 10)
+#define SPAWN_VM_MAX_WORDS 4096
+static unsigned char *spawn_stack;   /* its lowest usable byte; NULL: no such stack, plain clone */
+
+typedef struct spawn_args {
+    char **argv, **envp;
+    const char *cwd;
+    int in_fd, out_fd, err_fd;
+} spawn_args;
+
+static int spawn_child(void *p) {
+    spawn_args *a = (spawn_args *)p;
+    child_run(a->argv, a->envp, a->cwd, a->in_fd, a->out_fd, a->err_fd);
+    return 127;
+}
+
+static void spawn_stack_map(void) {
+    long page = sysconf(_SC_PAGESIZE);
+    unsigned char *m;
+    if (page <= 0) return;
+    m = (unsigned char *)mmap(NULL, SPAWN_STACK + (size_t)page, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED) return;
+    if (mprotect(m, (size_t)page, PROT_NONE) != 0) { munmap(m, SPAWN_STACK + (size_t)page); return; }
+    spawn_stack = m + page;
+}
+
 /* The helper's life: jobs until the agent's end closes. Never returns. */
 static void spawner_main(int fd, pid_t agent) __attribute__((noreturn));
 static void spawner_main(int fd, pid_t agent) {
+    char *data = NULL, **vec = NULL;
+    size_t data_cap = 0, vec_cap = 0;
     if (fd != 3 && dup2(fd, 3) != 3) _exit(1);
     fd = 3;
     if (syscall(SYS_close_range, 4u, ~0u, 0u) != 0) {
@@ -1059,22 +1166,34 @@ static void spawner_main(int fd, pid_t agent) {
         for (i = 4; i < 65536; i++) close(i);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    /* once for all its commands, which inherit it: the agent's shield is not theirs */
+    oom_unshield();
+    spawn_stack_map();
+    /* room for a common job at once: the first commands allocate nothing either */
+    if ((data = (char *)grow(NULL, &data_cap, 65536)) == NULL ||
+        (vec = (char **)grow(NULL, &vec_cap, 1024 * sizeof *vec)) == NULL)
+        _exit(1);
     if (getppid() != agent || filter_install() != 0) _exit(1);
     filter_inherited = 1;
     if (write(fd, "R", 1) != 1) _exit(1);   /* ready */
     for (;;) {
         spawn_head h;
-        char cbuf[CMSG_SPACE(3 * sizeof(int))], *data, *p, *cwd, **argv, **envp;
-        struct iovec iov = { &h, sizeof h };
+        char cbuf[CMSG_SPACE(3 * sizeof(int))], *p, *cwd, **argv, **envp;
+        struct iovec iov[2];
         struct msghdr mh;
         struct cmsghdr *cm;
         int fds[3] = { -1, -1, -1 }, nfds = 0, i;
         int32_t answer = -EINVAL;
-        size_t left;
+        size_t left, got;
         ssize_t n;
         memset(&mh, 0, sizeof mh);
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
+        /* the head, and as much of the data as the buffer takes, in one call */
+        iov[0].iov_base = &h;
+        iov[0].iov_len = sizeof h;
+        iov[1].iov_base = data;
+        iov[1].iov_len = data_cap;
+        mh.msg_iov = iov;
+        mh.msg_iovlen = 2;
         mh.msg_control = cbuf;
         mh.msg_controllen = sizeof cbuf;
         do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
@@ -1085,29 +1204,44 @@ static void spawner_main(int fd, pid_t agent) {
                 if (nfds > 3) nfds = 3;
                 memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
             }
-        if (n != sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
-            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2))
+        if ((size_t)n < sizeof h || (mh.msg_flags & MSG_CTRUNC) || h.len > SPAWN_MAX_JOB || h.argc == 0 ||
+            (size_t)h.argc + h.envc > h.len || nfds != (h.has_in ? 3 : 2) || (size_t)n - sizeof h > h.len)
             _exit(1);   /* not the agent's: nothing of it can be trusted */
-        data = (char *)malloc(h.len);
-        argv = (char **)calloc((size_t)h.argc + 1, sizeof *argv);
-        envp = (char **)calloc((size_t)h.envc + 1, sizeof *envp);
+        got = (size_t)n - sizeof h;
+        if (got < h.len) {
+            /* a larger job than the buffer: grow it (keeping what came), read the rest */
+            if ((data = (char *)grow(data, &data_cap, h.len)) == NULL || read_full(fd, data + got, h.len - got) != 0)
+                _exit(1);
+        }
         /* out of memory, it ends: the agent then forks commands itself */
-        if (data == NULL || argv == NULL || envp == NULL || read_full(fd, data, h.len) != 0) _exit(1);
+        if ((vec = (char **)grow(vec, &vec_cap, ((size_t)h.argc + h.envc + 2) * sizeof *vec)) == NULL) _exit(1);
+        argv = vec;
+        envp = vec + h.argc + 1;
         cwd = data;
         p = (char *)memchr(data, '\0', h.len);
         if (p != NULL) {
             left = h.len - (size_t)(p - data) - 1;
             p++;
             if (split_strings(&p, &left, argv, h.argc) == 0 && split_strings(&p, &left, envp, h.envc) == 0) {
-                pid_t pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
-                if (pid == 0) child_run(argv, envp, cwd, h.has_in ? fds[0] : -1, fds[nfds - 2], fds[nfds - 1]);
+                spawn_args a;
+                pid_t pid;
+                a.argv = argv;
+                a.envp = envp;
+                a.cwd = cwd;
+                a.in_fd = h.has_in ? fds[0] : -1;
+                a.out_fd = fds[nfds - 2];
+                a.err_fd = fds[nfds - 1];
+                if (spawn_stack != NULL && (size_t)h.argc + h.envc <= SPAWN_VM_MAX_WORDS) {
+                    pid = clone(spawn_child, spawn_stack + SPAWN_STACK,
+                                CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, &a);
+                } else {
+                    pid = (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), 0, NULL, NULL, 0);
+                    if (pid == 0) spawn_child(&a);
+                }
                 answer = pid > 0 ? (int32_t)pid : -errno;
             }
         }
         for (i = 0; i < nfds; i++) close(fds[i]);
-        free(data);
-        free(argv);
-        free(envp);
         if (write(fd, &answer, sizeof answer) != (ssize_t)sizeof answer) _exit(1);
     }
 }
@@ -1144,7 +1278,13 @@ static void spawner_start(void) {
     }
     close(sv[1]);
     if (pid < 0) { close(sv[0]); return; }
-    set_nonblock(sv[0]);
+    {
+        /* blocking, SPAWN_SLICE_MS a call at most: the answer is read at once, without a poll first */
+        struct timeval tv = { 0, SPAWN_SLICE_MS * 1000 };
+        if (setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+            setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+            set_nonblock(sv[0]);
+    }
     spawner_pid = pid;
     spawner_fd = sv[0];
     {
@@ -1163,6 +1303,24 @@ static void spawner_start(void) {
 ** it could not start (no process left, say); -2 when the helper is not
 ** there or did not take the job: the caller forks the command itself.
 */
+/*
+** Between a job and its answer the helper may be stopped again (the command
+** it just started can stop it before it answers: with CLONE_VFORK it answers
+** only once the command runs): every SPAWN_SLICE_MS without progress it is
+** sent SIGCONT, until SPAWN_WAIT_MS have passed. Returns 0 to go on, -1 past
+** the deadline.
+*/
+static int spawner_wait(short ev, int64_t deadline) {
+    int64_t now = now_ms();
+    if (now >= deadline) return -1;
+    kill(spawner_pid, SIGCONT);
+    wait_fd(spawner_fd, ev, now + SPAWN_SLICE_MS < deadline ? now + SPAWN_SLICE_MS : deadline);
+    return 0;
+}
+
+static char *job_buf;      /* the agent's side of a job, grown as needed, never freed */
+static size_t job_cap;
+
 static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, int out_fd, int err_fd,
                          const char *tag) {
     spawn_head h;
@@ -1179,7 +1337,8 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     memset(&h, 0, sizeof h);
     for (i = 0; argv[i] != NULL; i++, h.argc++) len += strlen(argv[i]) + 1;
     for (i = 0; envp[i] != NULL; i++, h.envc++) len += strlen(envp[i]) + 1;
-    if (len > SPAWN_MAX_JOB || (data = (char *)malloc(len)) == NULL) return -2;
+    if (len > SPAWN_MAX_JOB || (data = (char *)grow(job_buf, &job_cap, len)) == NULL) return -2;
+    job_buf = data;
     at = 0;
     memcpy(data, cwd, strlen(cwd) + 1);
     at += strlen(cwd) + 1;
@@ -1209,7 +1368,6 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     do n = sendmsg(spawner_fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
     if (n < (ssize_t)sizeof h) {
         /* it never had the job: safe to start the command another way */
-        free(data);
         spawner_stop();
         return -2;
     }
@@ -1217,17 +1375,16 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
         n = write(spawner_fd, data + at, len - at);
         if (n > 0) { at += (size_t)n; continue; }
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLOUT, deadline) == 0) continue;
+        if (n < 0 && errno == EAGAIN && spawner_wait(POLLOUT, deadline) == 0) continue;
         break;
     }
-    free(data);
     answer = 0;
     if (at == len) {
         for (at = 0; at < sizeof answer;) {
             n = read(spawner_fd, (char *)&answer + at, sizeof answer - at);
             if (n > 0) { at += (size_t)n; continue; }
             if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0) continue;
+            if (n < 0 && errno == EAGAIN && spawner_wait(POLLIN, deadline) == 0) continue;
             break;
         }
         if (at < sizeof answer) answer = 0;
@@ -1272,7 +1429,7 @@ static void op_exec(conn *c, const wire_msg *m) {
     int64_t timeout = 0, max_out = DEFAULT_MAX_OUTPUT, grace = 0, drain = 100;
     char **argv = NULL, *cwd = NULL, home[PATH_MAX + 8];
     envlist env = {0};
-    int has_stdin, po[2] = {-1, -1}, pe[2] = {-1, -1}, pi[2] = {-1, -1}, rc;
+    int has_stdin, streaming = 0, po[2] = {-1, -1}, pe[2] = {-1, -1}, pi[2] = {-1, -1}, rc;
     struct stat st;
     exec *x = NULL;
     pid_t pid;
@@ -1297,6 +1454,7 @@ static void op_exec(conn *c, const wire_msg *m) {
     if (field_int(m, "kill_grace_ms", &grace, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'kill_grace_ms' must be an int from 0"); return; }
     if (field_int(m, "drain_ms", &drain, 0, MAX_MS) != 0) { reply_error(c, m->id, "invalid", "field 'drain_ms' must be an int from 0"); return; }
     if (fe != NULL && fe->type != WIRE_MAP) { reply_error(c, m->id, "invalid", "field 'env' must be a map"); return; }
+    if (field_bool(m, "stream", &streaming) != 0) { reply_error(c, m->id, "invalid", "field 'stream' must be a bool"); return; }
 
     /* the cwd must be a directory before anything runs */
     if (cwdp != NULL && cwdl > 0) {
@@ -1372,11 +1530,23 @@ static void op_exec(conn *c, const wire_msg *m) {
     x->out.fd = po[0];
     x->err.fd = pe[0];
     x->out.cap = x->err.cap = (size_t)max_out;
+    x->out.which = 1;
+    x->err.which = 2;
+    x->streaming = streaming;
+    if (streaming) {
+        /* the first frame of a streaming exec: it runs, with this pid (in the sandbox's pid namespace) */
+        wire_buf b = {0};
+        wire_begin(&b, x->id);
+        wire_add_bool(&b, "more", 1);
+        wire_add_int(&b, "pid", pid);
+        conn_send(c, &b);
+    }
     x->in_fd = pi[1];
-    set_nonblock(x->out.fd);
-    set_nonblock(x->err.fd);
+    /* fresh pipe ends: their flags are known, one fcntl each */
+    fcntl(x->out.fd, F_SETFL, O_RDONLY | O_NONBLOCK);
+    fcntl(x->err.fd, F_SETFL, O_RDONLY | O_NONBLOCK);
     if (x->in_fd >= 0) {
-        set_nonblock(x->in_fd);
+        fcntl(x->in_fd, F_SETFL, O_WRONLY | O_NONBLOCK);
         stdin_write(x);
     }
     x->grace_ms = grace;
@@ -1414,6 +1584,25 @@ static void op_cancel(conn *c, const wire_msg *m) {
         x->cancelled = 1;
         x->deadline = 0;
         exec_begin_kill(x, now_ms());
+        break;
+    }
+    reply_ok(c, m->id, "ok");
+}
+
+/* Sends a signal to a running exec's tree (the pool's start handle's kill): it is not cancelled, its
+** reply says how it ended. An exec that is over, or another connection's, is left alone. */
+static void op_signal(conn *c, const wire_msg *m) {
+    int64_t target = -1, sig = SIGKILL;
+    exec *x;
+    if (wire_find(m, "target") == NULL || field_int(m, "target", &target, 0, UINT32_MAX) != 0 ||
+        field_int(m, "signal", &sig, 1, NSIG - 1) != 0) {
+        reply_error(c, m->id, "invalid", "field 'target' or 'signal' is missing or out of range");
+        return;
+    }
+    for (x = execs; x != NULL; x = x->next) {
+        if (x->c != c || x->id != (uint32_t)target || x->exited) continue;
+        if (sig == SIGKILL) kill_tree(x);
+        else signal_tree(x, (int)sig);
         break;
     }
     reply_ok(c, m->id, "ok");
@@ -1680,7 +1869,7 @@ static void op_shutdown(conn *c, const wire_msg *m) {
 static void dispatch(conn *c, const wire_msg *m) {
     const wire_field *f = wire_find(m, "op");
     static const struct { const char *name; void (*fn)(conn *, const wire_msg *); } ops[] = {
-        {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel},
+        {"hello", op_hello}, {"setup", op_setup}, {"exec", op_exec}, {"cancel", op_cancel}, {"signal", op_signal},
         {"read", op_read}, {"write", op_write}, {"list", op_list}, {"remove", op_remove},
         {"ping", op_ping}, {"shutdown", op_shutdown},
     };
@@ -1930,6 +2119,7 @@ int main(int argc, char **argv) {
 #endif
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN);   /* a write past RLIMIT_FSIZE fails with EFBIG instead */
+    ignored_sigs_find();
     umask(022);
     /* 0..2 stay taken (PID 1 may start without them), so pipes never land there */
     for (i = 0; i < 3; i++)
@@ -2020,8 +2210,8 @@ int main(int argc, char **argv) {
             }
             /* execs started during this turn have no slots yet (-1) */
             for (x = execs; x != NULL; x = x->next) {
-                if (x->pi_out >= 0 && pfs[x->pi_out].revents != 0) stream_read(&x->out);
-                if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(&x->err);
+                if (x->pi_out >= 0 && pfs[x->pi_out].revents != 0) stream_read(x, &x->out);
+                if (x->pi_err >= 0 && pfs[x->pi_err].revents != 0) stream_read(x, &x->err);
                 if (x->pi_in >= 0 && pfs[x->pi_in].revents != 0) stdin_write(x);
             }
             if (listen_idx >= 0 && pfs[listen_idx].revents != 0) accept_peer();

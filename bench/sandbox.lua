@@ -2,8 +2,9 @@
 --
 --   build/mayura bench/sandbox.lua [N]
 --
--- exec of `true` in a local sandbox against a fork+exec of `true` on the host
--- (core.spawn), against a one-shot `bwrap ... true`, and against `docker exec`
+-- exec of `true` in a local sandbox against a C program's fork+exec+wait of `true`
+-- (build/bench/forkexec, bench/forkexec.c, made by `make bench`: the target is 1.2x), against a
+-- fork+exec of `true` on the host through core.spawn, against a one-shot `bwrap ... true`, and against `docker exec`
 -- when a Docker daemon answers; create+release of a sandbox, with network 'none' and,
 -- where the provider offers it, 'all' (its stack and firewall), without and with a port. What the
 -- agent's syscall filter costs: exec of `true` in a sandbox of the agent against one of the agent
@@ -28,7 +29,21 @@ local function add(name, ms) results[#results + 1] = { name, ms } end
 
 local host = measure(function() assert(process.run({ '/bin/true' }).exit_code == 0) end)
 add('host fork+exec true (core.spawn)', host)
-local exec = measure(function() assert(sb:exec({ 'true' }).exit_code == 0) end)
+-- the C baseline and the sandbox's exec in turns of 50, so that both see the same machine
+local FORKEXEC = 'build/bench/forkexec'
+local c_ms, exec
+do
+  local fe = io.open(FORKEXEC, 'rb')
+  if fe then fe:close() end
+  local cs, es = {}, {}
+  for _ = 1, math.max(1, math.floor(N / 50)) do
+    if fe then cs[#cs + 1] = tonumber(process.run({ FORKEXEC, '50' }).stdout) end
+    es[#es + 1] = measure(function() assert(sb:exec({ 'true' }).exit_code == 0) end, 50)
+  end
+  exec = bench.median(es)
+  if fe then c_ms = bench.median(cs) end
+end
+if c_ms then add('C fork+exec+wait true (bench/forkexec.c)', c_ms) end
 add('local sandbox exec true', exec)
 local bwrap = measure(function()
   assert(process.run({ 'bwrap', '--ro-bind', '/', '/', '--unshare-all', '--die-with-parent', '/bin/true' })
@@ -96,6 +111,11 @@ pool:close()
 print(('%-46s %10s'):format('operation (median)', 'ms'))
 for _, r in ipairs(results) do print(('%-46s %10.3f'):format(r[1], r[2])) end
 print()
+if c_ms then
+  print(('sandbox exec / C fork+exec         %6.2fx   (target <= 1.2x)'):format(exec / c_ms))
+else
+  print('sandbox exec / C fork+exec         (not measured: ' .. FORKEXEC .. ' is missing, run make bench)')
+end
 print(('sandbox exec / host fork+exec      %6.2fx   (target <= 2x)'):format(exec / host))
 print(('sandbox exec / bwrap one-shot      %6.3fx'):format(exec / bwrap))
 if docker_ms then print(('sandbox exec / docker exec         %6.3fx'):format(exec / docker_ms)) end

@@ -6,7 +6,11 @@
 ** an agent listening on a socket path. ch:call(request, cb[, max_reply_bytes])
 ** sends a request frame (core/wire.h) built from a Lua table and calls
 ** cb(reply) when the reply with the same id comes back, or cb(nil, err) when
-** the channel closes first.
+** the channel closes first. ch:call(request, cb, max_reply_bytes, on_more)
+** makes a streaming call: a frame with that id carrying `more = true`
+** (core/wire.h, "Streaming") is passed to on_more(frame) and the call stays
+** pending until the frame without it; such a frame for a call that gave no
+** on_more is a protocol error (the channel closes, 'failed').
 **
 ** What comes back is untrusted: code in the sandbox runs as the agent's
 ** user and may replace it. So a frame longer than max_frame_bytes (or than
@@ -33,6 +37,7 @@ typedef struct mc_chan {
     lua_State *L;         /* main thread; NULL once the state is closing */
     int self_ref;         /* anchors the userdata while the channel is open */
     int pending_ref;      /* table: id -> callback */
+    int more_ref;         /* table: id -> on_more, for the pending streaming calls */
     int on_close_ref;
     int connect_cb_ref;   /* channel_connect: the callback, until connected */
     uint32_t next_id;
@@ -105,7 +110,8 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     pending = ch->pending_ref;
     on_close = ch->on_close_ref;
     self = ch->self_ref;
-    ch->pending_ref = ch->on_close_ref = ch->self_ref = LUA_NOREF;
+    if (L != NULL && ch->more_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, ch->more_ref);
+    ch->pending_ref = ch->on_close_ref = ch->self_ref = ch->more_ref = LUA_NOREF;
     ch->npending = 0;
     ch->nlimits = 0;
     if (L == NULL) return;   /* the state is closing: nobody to tell */
@@ -256,6 +262,30 @@ static int chan_handle_frame(mc_chan *ch, const unsigned char *body, size_t len)
         lua_pop(L, 3);
         chan_shutdown(ch, L, "failed", "the agent sent a reply to no pending call", 1);
         return -1;
+    }
+    {
+        const wire_field *more = wire_find(&msg, "more");
+        if (more != NULL && more->type == WIRE_BOOL && more->val[0] == 1) {
+            /* a frame of a streaming call: to its on_more; the call stays pending */
+            lua_pop(L, 2);                                        /* reply */
+            lua_rawgeti(L, LUA_REGISTRYINDEX, ch->more_ref);      /* reply, more */
+            lua_rawgeti(L, -1, (lua_Integer)msg.id);              /* reply, more, on_more */
+            if (lua_type(L, -1) != LUA_TFUNCTION) {
+                lua_pop(L, 3);
+                chan_shutdown(ch, L, "failed", "the agent streamed to a call that is not streaming", 1);
+                return -1;
+            }
+            lua_replace(L, -2);                                   /* reply, on_more */
+            lua_insert(L, -2);                                    /* on_more, reply */
+            mc_call(L, 1);
+            return 0;
+        }
+    }
+    if (ch->more_ref != LUA_NOREF) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ch->more_ref);
+        lua_pushnil(L);
+        lua_rawseti(L, -2, (lua_Integer)msg.id);
+        lua_pop(L, 1);
     }
     lua_pushnil(L);
     lua_rawseti(L, -3, (lua_Integer)msg.id);
@@ -471,6 +501,8 @@ static int l_chan_call(lua_State *L) {
         if (!lua_isinteger(L, 4) || (max_reply = lua_tointeger(L, 4)) < 4 || max_reply > (lua_Integer)WIRE_MAX_FRAME)
             return mc_raise(L, "INVALID_INPUT", "max_reply_bytes must be an integer from 4 to %u", WIRE_MAX_FRAME);
     }
+    if (!lua_isnoneornil(L, 5) && lua_type(L, 5) != LUA_TFUNCTION)
+        return mc_raise(L, "INVALID_INPUT", "on_more must be a function");
     lua_pushnil(L);
     while (lua_next(L, 2) != 0) {
         const char *why = NULL;
@@ -535,6 +567,12 @@ static int l_chan_call(lua_State *L) {
     lua_pushvalue(L, 3);
     lua_rawseti(L, -2, (lua_Integer)id);
     lua_pop(L, 1);
+    if (lua_type(L, 5) == LUA_TFUNCTION) {
+        lua_rawgeti(L, LUA_REGISTRYINDEX, ch->more_ref);
+        lua_pushvalue(L, 5);
+        lua_rawseti(L, -2, (lua_Integer)id);
+        lua_pop(L, 1);
+    }
     ch->npending++;
     if (max_reply > 0) {   /* room was made above */
         ch->limits[ch->nlimits].id = id;
@@ -621,6 +659,8 @@ static mc_chan *chan_new(lua_State *L, int opts) {
     ch->on_close_ref = on_close;
     lua_newtable(L);
     ch->pending_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_newtable(L);
+    ch->more_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     lua_pushvalue(L, -1);
     ch->self_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return ch;

@@ -15,6 +15,31 @@
 ** WIRE_MAP (pairs: u32 length + key bytes, u32 length + value bytes),
 ** WIRE_INTS (a list of i64 LE, 8 bytes each).
 **
+** Requests carry `op`; each gets one reply with its id (agent/agent.c):
+**     op        request fields                     reply
+**     hello     -                                  version, pid, uid
+**     setup     env (map), workdir                 ok
+**     exec      argv, cwd, env, stdin, timeout_ms, exit_code | signal, stdout, stderr,
+**               max_output_bytes, kill_grace_ms,   stdout_truncated, stderr_truncated,
+**               drain_ms, stream (bool)            timed_out, cancelled, duration_ms
+**     cancel    target (an exec's id)              ok
+**     signal    target, signal (1..64)             ok
+**     read, write, list, remove, ping, shutdown    (see agent.c)
+** An error reply carries `error` (a code) and `message` instead.
+**
+** Streaming: an exec with `stream = true` gets, before its reply, frames
+** with its id and `more = true` (the only frames that are not a reply):
+**     more, pid              first, once the command runs (pid in the sandbox)
+**     more, fd (1|2), data   output of stdout (1) or stderr (2), in the order
+**                            the agent read it, each as soon as it was read;
+**                            at most max_output_bytes of each stream in all
+**                            (what is past the cap is dropped and marks the
+**                            stream truncated in the reply)
+** Its reply then has empty stdout and stderr: the chunks were the output.
+** `signal` sends a signal to a running exec's tree without cancelling it
+** (the reply tells how it ended). A `more` frame for a request that did not
+** ask to stream is a protocol error.
+**
 ** The parser trusts nothing: what the other end sends may be hostile (code
 ** in the sandbox runs as the same user as the agent and may replace it), so
 ** every length is checked against what is left before it is used.

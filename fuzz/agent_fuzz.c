@@ -12,7 +12,7 @@
 ** (build/fuzz/agent-root), /dev/null or an errno; mkostemp gives a memfd;
 ** openat opens only directories below the scratch directory, never
 ** following a link. So every op (hello, setup, exec, cancel, read, write,
-** list, remove, ping, shutdown, unknown) runs its field extraction, path
+** list, remove, ping, shutdown, signal, unknown) runs its field extraction, path
 ** handling and reply building on whatever the input sends.
 **
 ** Input: byte 0 = n, the next n bytes are the oracle, the rest is the byte
@@ -243,7 +243,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 /* What the model makes of a request: 1 answered, 0 ends the connection; *hello and *setup follow it. */
 static int model_request(const wire_msg *m, int *hello, int *setup) {
     static const char *const ops[] = { "hello", "setup", "exec", "cancel", "read", "write", "list", "remove",
-                                       "ping", "shutdown" };
+                                       "ping", "shutdown", "signal" };
     const wire_field *f = wire_find(m, "op");
     size_t i;
     if (f == NULL || f->type != WIRE_BYTES) return 0;

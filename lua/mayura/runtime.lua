@@ -22,6 +22,11 @@
 -- `run_id`, `usage = { steps, model_calls, tool_calls, cost_micros }`,
 -- `duration_ms` and `hook_errors` (a list, empty when every hook ran well).
 --
+-- A tool's context has `progress(update)`: each call adds a `tool_output` event
+-- (`tool_id`, `call_id`, `stream`, `text` from the update) between the call's
+-- `tool_call_started` and `tool_call_ended`; the sandbox exec tool sends a
+-- command's output through it as it comes. Later calls are ignored.
+--
 -- Choices made where the seeds are silent (see also docs):
 --   * a hook of a stage before the end that raises or passes its timeout ends
 --     the run failed with HOOK_FAILED; in `before_tool_call` and
@@ -610,7 +615,16 @@ local function tool_call(run, call)
   emit(run, { type = 'tool_call_started', tool_id = tool.id, call_id = call.id, input = input })
   local context = { run_id = run.id, agent_id = run.agent_id, tool_id = tool.id, call_id = call.id,
     signal = call.signal or run._token }
+  -- a tool's progress as it runs (a command's output as it comes): a `tool_output` event each,
+  -- `{ stream, text }` taken from the update, until the call ends
+  local call_over = false
+  function context.progress(update)
+    if call_over or type(update) ~= 'table' or type(update.text) ~= 'string' then return end
+    emit(run, { type = 'tool_output', tool_id = tool.id, call_id = call.id,
+      stream = type(update.stream) == 'string' and update.stream or nil, text = update.text })
+  end
   local ok, result = pcall(tool.run, input, context)
+  call_over = true
   settle(run, cost, cost)
   local ending
   if not ok then

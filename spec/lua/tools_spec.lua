@@ -660,6 +660,28 @@ describe('a run in a sandbox', function()
     end)
   end)
 
+  it('a command\'s output reaches the run\'s listeners as it comes (tool_output events), within max_output_bytes',
+    function()
+      local ws = workspace({ tools = { max_output_bytes = 6 } })
+      local outcome, _, events = run_coder(ws, testing.scripted_model({
+        exec_call('c1', 'echo one; sleep 0.1; echo two >&2; echo three'), final() }))
+      assert.are.equal('succeeded', outcome.status)
+      local kinds, out, err = {}, {}, {}
+      for _, e in ipairs(events) do
+        if e.type == 'tool_output' then
+          assert.are.equal('workspace.exec', e.tool_id)
+          assert.are.equal('c1', e.call_id)
+          table.insert(e.stream == 'stdout' and out or err, e.text)
+        end
+        if e.type:match('^tool_') then kinds[#kinds + 1] = e.type end
+      end
+      assert.are.equal('one\nth', table.concat(out))
+      assert.are.equal('two\n', table.concat(err))
+      assert.are.equal('tool_call_started', kinds[1])
+      assert.are.equal('tool_output', kinds[2])
+      assert.are.equal('tool_call_ended', kinds[#kinds])
+    end)
+
   it('run:cancel() during a command stops it, ends cancelled, and on_finally releases the sandbox', function()
     local ws = workspace()
     local marker = 'sleep 31.' .. math.random(100000, 999999)

@@ -29,7 +29,7 @@
 --                                         ?path=) -> [{ path, name, type }]
 --   POST /filesystem.Filesystem/{ListDir,Stat,Remove,MakeDir}   Connect unary (JSON)
 --   POST /process.Process/Start           Connect server stream: start { pid }, data { stdout |
---                                         stderr } (base64, 32 KiB at most), end { exitCode,
+--                                         stderr } (base64, 32 KiB at most, sent as the command writes), end { exitCode,
 --                                         exited, status }, then the end of stream ({} or
 --                                         { error: { code } }: deadline_exceeded at the
 --                                         Connect-Timeout-Ms, invalid_argument for a bad cwd)
@@ -419,6 +419,7 @@ function Service:_start(req, rec, sb)
       return
     end
     local r
+    local streamed = { stdout = 0, stderr = 0 }
     if fake then
       r = { exit_code = fake.exit_code, stdout = fake.stdout, stderr = fake.stderr }
     else
@@ -435,8 +436,15 @@ function Service:_start(req, rec, sb)
       if proc.token.cancelled then
         ok, res = false, errors.new('CANCELLED', 'killed before it ran')
       else
+        -- output goes out as data events as the command writes it, as envd sends it
+        local function pass(name)
+          return function(chunk)
+            streamed[name] = streamed[name] + #chunk
+            for i = 1, #chunk, CHUNK do send(event({ data = { [name] = b64.encode(chunk:sub(i, i + CHUNK - 1)) } })) end
+          end
+        end
         ok, res = pcall(sb.exec, sb, argv, { cwd = cwd, env = env, stdin = stdin,
-          timeout_ms = timeout or NO_TIMEOUT_MS, signal = proc.token })
+          timeout_ms = timeout or NO_TIMEOUT_MS, signal = proc.token, on_stdout = pass('stdout'), on_stderr = pass('stderr') })
       end
       rec.processes[pid] = nil
       if not ok then
@@ -457,7 +465,7 @@ function Service:_start(req, rec, sb)
       r = res
     end
     for _, name in ipairs({ 'stdout', 'stderr' }) do
-      local out = r[name] or ''
+      local out = (r[name] or ''):sub(streamed[name] + 1)
       for i = 1, #out, CHUNK do
         if not send(event({ data = { [name] = b64.encode(out:sub(i, i + CHUNK - 1)) } })) then return end
       end

@@ -22,7 +22,7 @@
 --   POST   .../sessions/{sid}/stop          { session, sandbox }
 --   POST   .../sessions/{sid}/cmd           { command, args, cwd, env, sudo, wait, logs, timeout }:
 --                                            { command } at once, or with `wait` NDJSON: the command,
---                                            with `logs` its output lines, then the command with
+--                                            with `logs` its output lines as they come, then the command with
 --                                            its exitCode (or an `error` line)
 --   GET    .../cmd/{id}[?wait=true]          { command } (with wait: once it has ended)
 --   GET    .../cmd/{id}/logs                 NDJSON output lines, once it has ended
@@ -322,12 +322,34 @@ function M.install(svc, backing, opts)
 
   -- Waits for the command's end, or for the client to leave; whether it ended.
   local function wait_done(c, signal)
-    if c.done then return true end
+    -- waiters are woken by new log lines too: wait again until the end
+    while not c.done and not signal.cancelled do
+      task.await(function(done)
+        c.waiters[#c.waiters + 1] = done
+        signal:on_cancel(function() done() end)
+      end)
+    end
+    return c.done
+  end
+
+  -- Waits until the command has more than n log lines, or ends, or the client leaves; false then.
+  local function wait_more(c, n, signal)
+    if c.done or #c.logs > n then return true end
     task.await(function(done)
       c.waiters[#c.waiters + 1] = done
       signal:on_cancel(function() done() end)
     end)
-    return c.done
+    return not signal.cancelled
+  end
+
+  -- The command's output as it comes: log lines (LOG_CHUNK at most each), waking who waits for them.
+  local function logger(c, name)
+    return function(text)
+      for i = 1, #text, LOG_CHUNK do c.logs[#c.logs + 1] = { stream = name, data = text:sub(i, i + LOG_CHUNK - 1) } end
+      local waiters = c.waiters
+      c.waiters = {}
+      for _, w in ipairs(waiters) do w() end
+    end
   end
 
   local function log_lines(c)
@@ -339,13 +361,11 @@ function M.install(svc, backing, opts)
 
   local function run(s, c, argv, o)
     local started = core.hrtime_ms()
+    -- the output reaches the logs as the command writes it (all of it by the time exec returns)
+    o.on_stdout, o.on_stderr = logger(c, 'stdout'), logger(c, 'stderr')
     local ok, r = pcall(s.sb.exec, s.sb, argv, o)
     c.durationMs = math.floor(core.hrtime_ms() - started)
     if ok then
-      for _, name in ipairs({ 'stdout', 'stderr' }) do
-        local text = r[name]
-        for i = 1, #text, LOG_CHUNK do c.logs[#c.logs + 1] = { stream = name, data = text:sub(i, i + LOG_CHUNK - 1) } end
-      end
       if r.timed_out then c.exitCode = 137
       elseif r.exit_code then c.exitCode = r.exit_code
       else c.exitCode = 128 + (tonumber(r.signal) or 9) end
@@ -392,11 +412,20 @@ function M.install(svc, backing, opts)
         task.sleep(50)
         error(M.CUT, 0)
       end
-      if not wait_done(c, req.signal) then return end
       if b.logs then
-        for _, l in ipairs(log_lines(c)) do
-          if not send(l) then return end
+        -- the lines as they come, as the service streams them
+        local i = 0
+        while true do
+          while i < #c.logs do
+            i = i + 1
+            if not send(line(c.logs[i])) then return end
+          end
+          if c.done then break end
+          if not wait_more(c, i, req.signal) then return end
         end
+        if c.error then send(line({ stream = 'error', data = c.error })) end
+      elseif not wait_done(c, req.signal) then
+        return
       elseif c.error then
         send(line({ stream = 'error', data = c.error }))
       end

@@ -44,6 +44,12 @@
 -- directory, in chunks, then sourced). Writes go to a temporary file beside the
 -- target, renamed into place.
 --
+-- Streaming (`o.on_output`, as the agent backend's): while the command runs, each poll also
+-- brings what its files grew by (at most 48 KiB of each per poll, polled every 20 ms at most
+-- while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
+-- gets `{ kill(signal) }` (no pid: the command's own is not known here): it signals every process
+-- carrying the command's tag but its own shell, which then records the exit code (128 + signal).
+--
 -- Errors are the agent backend's (`script_error`): INVALID_INPUT, PERMISSION_DENIED,
 -- LIMIT_EXCEEDED, or SANDBOX_ERROR `failed`; the sandbox's own text never
 -- becomes a message. Differences from the agent: the exit code of a command
@@ -65,10 +71,11 @@ local STDIN_CHUNK = 768 * KIB     -- raw bytes per write on standard input (1 Mi
 local INLINE = 48 * KIB           -- outputs up to this come back with the poll that sees the end
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
+local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
 local TOOLS = { 'base64', 'stat', 'dd', 'od', 'awk', 'tr', 'grep', 'mkdir', 'mv', 'rm', 'rmdir', 'ln', 'kill',
-  'sleep', 'setsid', 'head' }
+  'sleep', 'setsid', 'head', 'tail' }
 
 local q = scripts.quote
 
@@ -343,6 +350,44 @@ local function poll_script(base)
     'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
 end
 
+-- A streaming command's poll while it runs: 'R', then the bytes of out and err past the offsets
+-- given (at most INLINE of each) as base64, each followed by '-'.
+local function poll_stream_script(base, offsets, cap)
+  local lo = math.max(0, math.min(INLINE, cap - offsets.stdout))
+  local le = math.max(0, math.min(INLINE, cap - offsets.stderr))
+  return 'b=' .. q(base) .. '\n' ..
+    'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R\n' ..
+    'for f in out:' .. offsets.stdout .. ':' .. lo .. ' err:' .. offsets.stderr .. ':' .. le .. ';do\n' ..
+    'k=${f#*:};n=${k#*:};k=${k%:*};[ "$n" -gt 0 ]&&tail -c +$((k+1)) "$b.${f%%:*}" 2>/dev/null|head -c "$n"|base64\n' ..
+    'echo -;done;exit 0;fi\n' ..
+    'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
+    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
+end
+
+-- The chunks of a running streaming command's poll (lines from 2): out's and err's bytes.
+local function parse_chunks(lines)
+  local parts, k = { {}, {} }, 1
+  for j = 2, #lines do
+    if lines[j] == '-' then
+      k = k + 1
+      if k > 2 and j ~= #lines then error(nonsense(), 0) end
+    elseif k <= 2 then
+      table.insert(parts[k], lines[j])
+    end
+  end
+  if k ~= 3 then error(nonsense(), 0) end
+  return decode(table.concat(parts[1])), decode(table.concat(parts[2]))
+end
+
+-- Signals the command's processes (those carrying its tag) but its own shell, which then
+-- records how the command ended; one pass.
+local function signal_script(rec, sig)
+  return 'b=' .. q(rec.base) .. '\np=;read -r p 2>/dev/null <"$b.pid"\n' ..
+    [[for d in /proc/[0-9]*;do i=${d#/proc/};[ "$i" = "$p" ]&&continue;if tr '\0' '\n' 2>/dev/null <"$d/environ"|]] ..
+    'grep -qxF -- ' .. q(scripts.TAG_VAR .. '=' .. rec.tag) .. ';then kill -' .. sig .. ' "$i" 2>/dev/null;fi;done\n' ..
+    'echo OK\n'
+end
+
 -- Reads report()'s lines from `i`: sizes, and the outputs when they came inline.
 local function parse_report(lines, i)
   local o, e = (lines[i] or ''):match('^(%d+) (%d+)$')
@@ -422,10 +467,25 @@ function Backend:exec(argv, o)
     end)
   end
   self._running[rec] = true
+  local streaming = o.on_output ~= nil
+  local offsets = { stdout = 0, stderr = 0 }
+  -- what a streaming command wrote past what was passed on already
+  local function pass_on(name, bytes)
+    if not streaming or #bytes == 0 then return end
+    offsets[name] = offsets[name] + #bytes
+    o.on_output(name, bytes)
+  end
   local ok, res = pcall(function()
     rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
     local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
     expect_ok(out, 1, 'the command')
+    if o.on_start then
+      o.on_start({ kill = function(sig)
+        if not rec.over and not self._closed then
+          task.spawn(function() pcall(self._raw, self, signal_script(rec, sig)) end)
+        end
+      end })
+    end
     local deadline = started + (o.timeout_ms or 60000)
     local delay = POLL_FIRST_MS
     while true do
@@ -436,8 +496,15 @@ function Backend:exec(argv, o)
       delay = math.min(delay * 2, POLL_MAX_MS)
       if self._closed then error(gone(), 0) end
       if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local lines = lines_of(self:_run(poll_script(rec.base), nil, token))
-      if lines[1] == 'X' and #lines == 1 then
+      local poll = streaming and poll_stream_script(rec.base, offsets, cap) or poll_script(rec.base)
+      local lines = lines_of(self:_run(poll, nil, token))
+      if streaming and lines[1] == 'R' then
+        local o_new, e_new = parse_chunks(lines)
+        pass_on('stdout', o_new)
+        pass_on('stderr', e_new)
+        -- output keeps coming: poll again soon
+        if #o_new + #e_new > 0 then delay = math.min(delay, POLL_STREAM_MS) end
+      elseif lines[1] == 'X' and #lines == 1 then
         error(errors.sandbox('failed', 'the command ended without an exit status'), 0)
       elseif lines[1] == 'D' then
         local rc = lines[2] or ''
@@ -447,8 +514,10 @@ function Backend:exec(argv, o)
         if not exit_code then error(nonsense(), 0) end
         local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
         r.exit_code, r.timed_out = exit_code, false
+        pass_on('stdout', r.stdout:sub(offsets.stdout + 1))
+        pass_on('stderr', r.stderr:sub(offsets.stderr + 1))
         return r
-      elseif lines[1] ~= 'R' or #lines ~= 1 then
+      elseif lines[1] ~= 'R' or (not streaming and #lines ~= 1) then
         error(nonsense(), 0)
       end
     end
@@ -457,8 +526,11 @@ function Backend:exec(argv, o)
     if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
     local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
     r.timed_out = true
+    pass_on('stdout', r.stdout:sub(offsets.stdout + 1))
+    pass_on('stderr', r.stderr:sub(offsets.stderr + 1))
     return r
   end)
+  rec.over = true
   self._running[rec] = nil
   if remove then remove() end
   if not ok then
@@ -508,6 +580,7 @@ function M.command_sandbox_backend(id, transport, release)
     end
   end
   local self = setmetatable({
+    streaming = true,   -- exec passes output on as its polls see it, and tells on_start (no pid)
     id = id, _transport = transport, _release = release, _stdin = transport.stdin == true, _max = max,
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
     _env = {},

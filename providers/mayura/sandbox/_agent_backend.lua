@@ -12,6 +12,13 @@
 --   local b = setmetatable({ id = ..., ch = channel, closed = false }, Backend)
 --   agent_backend.handshake(b, spec.env, workdir)   -- hello, then setup with the env
 --
+-- exec streams (`streaming = true`): given `o.on_output(name, chunk)` it asks
+-- the agent for a streaming exec (core/wire.h, "Streaming") and passes each
+-- chunk of 'stdout' or 'stderr' on as it comes, in order, at most
+-- `max_output_bytes` of each (checked here again); the result's stdout and
+-- stderr are the chunks joined. `o.on_start(ctl)` is told `{ pid, kill(signal) }`
+-- once the command runs: kill sends a signal number to its tree (op `signal`).
+--
 -- A backend object needs `ch` (the channel) and `closed` (true once the
 -- channel is closed: every call then fails with SANDBOX_ERROR `gone`). It
 -- may have `oom_kills()`, a method giving the sandbox's count of processes
@@ -76,10 +83,11 @@ local Methods = {}
 --- Sends a request and waits for its reply; `on_id(id)` is told the
 -- request's id as soon as it is sent. A closed channel is `gone`. With
 -- `max_reply_bytes`, a longer reply closes the channel (`failed`) before it is read.
-function Methods:call(req, on_id, max_reply_bytes)
+-- `on_more(frame)` makes it a streaming call (core/wire.h): it gets each `more` frame.
+function Methods:call(req, on_id, max_reply_bytes, on_more)
   if self.closed then error(errors.sandbox('gone', 'the sandbox is gone'), 0) end
   local reply, err = task.await(function(done)
-    local ok, id = pcall(self.ch.call, self.ch, req, done, max_reply_bytes)
+    local ok, id = pcall(self.ch.call, self.ch, req, done, max_reply_bytes, on_more)
     if not ok then return done(nil, errors.sandbox('gone', 'the sandbox is gone')) end
     if on_id then on_id(id) end
   end)
@@ -92,29 +100,65 @@ function Methods:call(req, on_id, max_reply_bytes)
   return reply
 end
 
+-- The on_more of a streaming exec: passes chunks on within the cap; fills `st`.
+local function stream_frames(self, o, st)
+  local cap = o.max_output_bytes or MIB
+  return function(f)
+    if f.pid ~= nil then
+      if st.started or type(f.pid) ~= 'number' then return end
+      st.started = true
+      if o.on_start then
+        o.on_start({ pid = f.pid, kill = function(sig)
+          if st.id and not st.over and not self.closed then
+            pcall(self.ch.call, self.ch, { op = 'signal', target = st.id, signal = sig }, function() end)
+          end
+        end })
+      end
+      return
+    end
+    local name = f.fd == 1 and 'stdout' or f.fd == 2 and 'stderr' or nil
+    if not name or type(f.data) ~= 'string' or st.over then return end
+    local data, room = f.data, cap - st.size[name]
+    if #data > room then data, st.truncated = data:sub(1, room), true end
+    if #data == 0 then return end
+    st.size[name] = st.size[name] + #data
+    local parts = st[name]
+    parts[#parts + 1] = data
+    if o.on_output then o.on_output(name, data) end
+  end
+end
+
 function Methods:exec(argv, o)
   local kills_before = self.oom_kills and self:oom_kills() or 0
   local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }
   if o.cwd then req.cwd = o.cwd end
   if o.env and next(o.env) then req.env = o.env end
   if o.stdin then req.stdin = o.stdin end
+  local st, on_more
+  if o.on_output or o.on_start then
+    req.stream = true
+    st = { stdout = {}, stderr = {}, size = { stdout = 0, stderr = 0 } }
+    on_more = stream_frames(self, o, st)
+  end
   local token, remove = o.signal, nil
   local reply = self:call(req, function(id)
+    if st then st.id = id end
     if token then
       remove = token:on_cancel(function()
         if not self.closed then pcall(self.ch.call, self.ch, { op = 'cancel', target = id }, function() end) end
       end)
     end
-  end)
+  end, nil, on_more)
+  if st then st.over = true end
   if remove then remove() end
   if reply.error then error(M.reply_error(reply, 'cwd'), 0) end
   if reply.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
   local res = {
     exit_code = reply.exit_code,
     signal = reply.signal,
-    stdout = reply.stdout,
-    stderr = reply.stderr,
-    truncated = reply.stdout_truncated == true or reply.stderr_truncated == true,
+    stdout = st and table.concat(st.stdout) or reply.stdout,
+    stderr = st and table.concat(st.stderr) or reply.stderr,
+    truncated = reply.stdout_truncated == true or reply.stderr_truncated == true or (st and st.truncated) == true,
     timed_out = reply.timed_out == true,
     duration_ms = reply.duration_ms,
   }
@@ -172,6 +216,7 @@ end
 function M.class()
   local class = {}
   for k, fn in pairs(Methods) do class[k] = fn end
+  class.streaming = true   -- exec honours on_output and on_start as they happen
   class.__index = class
   return class
 end

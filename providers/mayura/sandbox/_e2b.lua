@@ -215,6 +215,7 @@ end
 
 local Backend = {}
 Backend.__index = Backend
+Backend.streaming = true   -- exec passes each data event on as it comes, and tells on_start the pid
 
 local function gone(label)
   return errors.sandbox('gone', label .. ': the sandbox was released')
@@ -265,7 +266,8 @@ end
 
 --- Starts a process (`process` = { cmd, args, envs, cwd }) and reads its stream.
 -- `o` = { timeout_ms (the command's, or nil: none), stream_timeout_ms, max_output_bytes, stdin,
--- signal, background (stop reading once it started) }. Returns { pid, stdout, stderr, truncated,
+-- signal, background (stop reading once it started), on_output(name, bytes) (each data event's
+-- bytes as it comes), on_start({ pid, kill(signal) }) }. Returns { pid, stdout, stderr, truncated,
 -- ended (the end event), err (the kit's error when the stream failed) }.
 function Backend:_process(process, o)
   local cap = o.max_output_bytes or 1048576
@@ -292,6 +294,17 @@ function Backend:_process(process, o)
       if not check.is_int(pid) or pid < 0 then error(bad('a start event without a pid'), 0) end
       st.pid = int(pid)
       if o.background then return false end
+      if o.on_start then
+        o.on_start({ pid = st.pid, kill = function(sig)
+          if st.ended or self._released then return end
+          -- envd's signals: SIGTERM, or SIGKILL for every other
+          task.spawn(function()
+            pcall(self._rpc, self, 'process.Process/SendSignal', { process = { pid = st.pid },
+              signal = sig == 15 and 'SIGNAL_SIGTERM' or 'SIGNAL_SIGKILL' },
+              { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
+          end)
+        end })
+      end
       if o.stdin ~= nil and not stdin_task then
         stdin_token = task.cancel_token()
         -- a command that ends without reading all of it makes the rest fail: no matter
@@ -309,6 +322,7 @@ function Backend:_process(process, o)
           if #bytes > 0 then
             sizes[buf] = sizes[buf] + #bytes
             bufs[buf][#bufs[buf] + 1] = bytes
+            if o.on_output then o.on_output(buf, bytes) end   -- streamed as the events come
           end
         end
       end
@@ -402,7 +416,7 @@ function Backend:exec(argv, o)
     cmd = argv[1], args = array(args), envs = object(env), cwd = o.cwd,
   }, {
     timeout_ms = timeout, stream_timeout_ms = timeout + grace, max_output_bytes = o.max_output_bytes,
-    stdin = o.stdin, signal = o.signal,
+    stdin = o.stdin, signal = o.signal, on_output = o.on_output, on_start = o.on_start,
   })
   local elapsed = core.hrtime_ms() - started
   if res.err then

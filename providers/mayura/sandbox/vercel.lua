@@ -38,7 +38,9 @@
 --     the service's own `timeout` is set a little later, as a backstop should
 --     this process be gone. A stream cut while the command runs (the
 --     service's edge cuts long streams) is taken up again: the command's
---     logs from the start, then its exit;
+--     logs from the start, then its exit. Output lines go to `o.on_output`
+--     as they come (after a cut, only what the logs add); `o.on_start` gets
+--     a `kill(signal)` that is the service's kill of the command (no pid);
 --   * files: `fs/read` (the bytes; 404 is no file), `fs/write` (a gzip'd tar
 --     of the one file, extracted at `/`, which makes the directories);
 --     listing and removing run `sandbox_scripts` as commands (the service
@@ -102,6 +104,7 @@ end
 
 local Backend = {}
 Backend.__index = Backend
+Backend.streaming = true   -- exec passes output lines on as they come, and tells on_start (a kill, no pid)
 
 function Backend:_path(tail)
   return '/v2/sandboxes/sessions/' .. hosted.escape(self.session_id) .. (tail or '')
@@ -165,6 +168,12 @@ local function command_reader(c, st, cap)
         st.sizes[name] = st.sizes[name] + #data
         local buf = st.out[name]
         buf[#buf + 1] = data
+        -- streamed as the lines come; the logs read again after a cut pass on only what is new
+        local streamed = st.streamed and st.streamed[name]
+        if streamed and st.sizes[name] > streamed then
+          st.streamed[name] = st.sizes[name]
+          st.on_output(name, data:sub(#data - (st.sizes[name] - streamed) + 1))
+        end
       end
     elseif name == 'error' then
       error(stream_error(c, msg.data), 0)
@@ -271,9 +280,21 @@ function Backend:exec(argv, o)
       end
     end)
   end
+  if o.on_output then st.on_output, st.streamed = o.on_output, { stdout = 0, stderr = 0 } end
   -- an id that comes after the command was stopped: that command is killed too
   st.on_id = function()
     if st.stopping and not st.killed then task.spawn(function() self:_kill(st, tag) end) end
+    if o.on_start then
+      -- a started process's kill(signal): the service's kill of the command (no pid is told)
+      o.on_start({ kill = function(sig)
+        if st.final or st.killed then return end
+        task.spawn(function()
+          pcall(c.json, c, 'POST', self:_path('/cmd/' .. hosted.escape(st.cmd_id) .. '/kill'), { signal = sig }, {
+            query = self:_query(), timeout_ms = KILL_TIMEOUT_MS, retries = 1, allow = { 404, 410 },
+          })
+        end)
+      end })
+    end
   end
   local timer = task.after(o.timeout_ms, function() stop('timeout') end, true)
   local remove

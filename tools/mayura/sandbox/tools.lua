@@ -34,6 +34,12 @@
 -- missing grant, the run's own limits and budget, or a cancel end the run.
 -- Text given to the model is valid UTF-8: a command's output has invalid
 -- bytes replaced by U+FFFD.
+--
+-- Progress: when the tool context has `progress(update)` (a run's does: each
+-- update becomes a `tool_output` event, mayura.runtime), exec passes the
+-- command's output on as it comes, `{ stream = 'stdout' | 'stderr', text }`,
+-- the first max_output_bytes of each stream (each chunk made valid UTF-8 on its
+-- own, so a character cut between two chunks shows as U+FFFD).
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
@@ -322,11 +328,23 @@ function M.sandbox_tools(source, options)
         local timeout = input.timeout_ms or exec_timeout_ms
         local max = max_exec_timeout_of(sb)
         if max and timeout > max then timeout = max end
-        local r = sb:exec({ 'sh', '-c', input.command }, {
-          cwd = input.cwd,
-          timeout_ms = timeout,
-          signal = context and context.signal or nil,
-        })
+        local opts = { cwd = input.cwd, timeout_ms = timeout, signal = context and context.signal or nil }
+        local progress = context and context.progress
+        if type(progress) == 'function' then
+          -- the output as it comes, to the run's listeners: the first max_output bytes of each stream
+          local sent = { stdout = 0, stderr = 0 }
+          local function pass(which)
+            return function(chunk)
+              local room = max_output - sent[which]
+              if room <= 0 then return end
+              if #chunk > room then chunk = chunk:sub(1, room) end
+              sent[which] = sent[which] + #chunk
+              progress({ stream = which, text = M.to_text(chunk) })
+            end
+          end
+          opts.on_stdout, opts.on_stderr = pass('stdout'), pass('stderr')
+        end
+        local r = sb:exec({ 'sh', '-c', input.command }, opts)
         local stdout, cut_out = M.cut_middle(r.stdout, max_output)
         local stderr, cut_err = M.cut_middle(r.stderr, max_output)
         return {
