@@ -48,11 +48,29 @@ local function running(sandbox, marker)
   return r.stdout:find(marker, 1, true) ~= nil
 end
 
--- A small pool of its own over the same provider, for cases that end sandboxes.
+-- A small pool of its own over the same provider, for cases that end sandboxes. A provider that
+-- cannot keep a sandbox offline (network { 'all' } only) gets a pool of its first kind, whose
+-- creates ask for that kind (asking for nothing means 'none', which such a pool refuses).
 local function own_pool(ctx, max)
   local sandbox = require('mayura.sandbox')
   local provider = ctx.provider or ctx.sandbox._pool.provider
-  return sandbox.create_sandboxes(provider, { max_sandboxes = max or 1, max_lifetime_ms = 600000 })
+  local kinds = provider.features and provider.features.network or {}
+  local offline = false
+  for _, k in ipairs(kinds) do offline = offline or k == 'none' end
+  if offline or not kinds[1] then
+    return sandbox.create_sandboxes(provider, { max_sandboxes = max or 1, max_lifetime_ms = 600000 })
+  end
+  local kind = kinds[1]
+  local pool = sandbox.create_sandboxes(provider, { max_sandboxes = max or 1, max_lifetime_ms = 600000,
+    network = { kind } })
+  local create = pool.create
+  pool.create = function(self, o)
+    local c = {}
+    for k, v in pairs(o) do c[k] = v end
+    if c.network == nil then c.network = kind end
+    return create(self, c)
+  end
+  return pool
 end
 
 local cases = {}
