@@ -36,6 +36,7 @@ local json = core.json
 
 local M = {}
 
+M.NULL = json.null
 M.PATH = '/graphql/v2'
 local CAP = 4 * 1048576   -- the service's own cap on sandboxExec's output is not documented
 local ENDED = { DESTROYING = true, DESTROYED = true, FAILED = true }
@@ -103,7 +104,7 @@ function M.install(svc, backing, opts)
 
   local ops = {}
 
-  function ops.sandboxCreate(v)
+  function ops.sandboxCreate(v, _, record)
     local input = v.input
     if type(input) ~= 'table' or input.environmentId ~= opts.environment_id then
       return gql_error('Environment not found', 'NOT_FOUND')
@@ -129,6 +130,7 @@ function M.install(svc, backing, opts)
       environmentId = input.environmentId, region = input.region or 'us-west2', idleTimeoutMinutes = idle,
       createdAt = '2026-11-30T12:00:00.000Z', input = input }
     state.sandboxes[id] = rec
+    record.id = id
     touch(rec)
     return { json = { data = { sandboxCreate = view(rec) } } }
   end
@@ -199,7 +201,8 @@ function M.install(svc, backing, opts)
     local got = auth and auth:match('^Bearer (.*)$') or project
     local b = req.json
     local op = type(b) == 'table' and root_field(b.query) or nil
-    state.ops[#state.ops + 1] = { op = op, variables = type(b) == 'table' and b.variables or nil, req = req }
+    local record = { op = op, variables = type(b) == 'table' and b.variables or nil, req = req }
+    state.ops[#state.ops + 1] = record
     if got ~= opts.token then
       return gql_error('Not Authorized: ' .. tostring(got), 'UNAUTHENTICATED')
     end
@@ -211,7 +214,7 @@ function M.install(svc, backing, opts)
       return f.answer
     end
     local v = type(b.variables) == 'table' and b.variables or {}
-    return ops[op](v, req)
+    return ops[op](v, req, record)
   end)
 
   --- The operations of one name the stand-in got, in order (each { op, variables, req }).
