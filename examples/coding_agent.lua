@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona|railway] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -31,6 +31,11 @@
 -- `--provider daytona` uses Daytona's default snapshot, with the key from
 -- DAYTONA_API_KEY (read here: the library never reads the environment) and
 -- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
+-- `--provider railway` uses Railway sandboxes in the environment
+-- RAILWAY_ENVIRONMENT_ID with the token in RAILWAY_API_TOKEN (read here);
+-- RAILWAY_GRAPHQL_ENDPOINT and RAILWAY_WORKDIR for a service speaking the same
+-- API elsewhere. Railway sandboxes are always online (the service has no
+-- egress policy), so that pool lists network 'all' and asks for it.
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -52,7 +57,7 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona|railway] [TASK...]\n')
   os.exit(2)
 end
 
@@ -82,8 +87,8 @@ do
     if a == '--provider' then
       provider_name = arg[i + 1]
       if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b'
-        and provider_name ~= 'vercel' and provider_name ~= 'daytona' then
-        usage_error('--provider takes local, docker, e2b, vercel or daytona')
+        and provider_name ~= 'vercel' and provider_name ~= 'daytona' and provider_name ~= 'railway' then
+        usage_error('--provider takes local, docker, e2b, vercel, daytona or railway')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -148,6 +153,7 @@ local function setting(name)
 end
 
 local provider
+local online = false   -- true for a provider that cannot keep a sandbox offline
 if provider_name == 'docker' then
   provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
 elseif provider_name == 'e2b' then
@@ -179,6 +185,17 @@ elseif provider_name == 'daytona' then
     api_key = key,
     base_url = url ~= '' and url or nil,   -- nil: Daytona's own API
   })
+elseif provider_name == 'railway' then
+  local function env(name, required)
+    local v = setting(name)
+    if required and not v then usage_error('--provider railway needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.railway').railway_sandboxes({
+    token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
+    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), workdir = env('RAILWAY_WORKDIR'),
+  })
+  online = true
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
@@ -187,6 +204,7 @@ local sandboxes = sandbox.create_sandboxes(provider, {
   max_sandboxes = 4,                -- at most four alive at once; a fifth fails with LIMIT_EXCEEDED
   max_lifetime_ms = 30 * 60000,     -- no sandbox lives longer than 30 minutes
   max_exec_timeout_ms = 5 * 60000,
+  network = online and { 'all' } or nil,
 })                                  -- network left out: { 'none' }, no sandbox of this pool reaches it
 
 -- {======================================================
@@ -194,7 +212,7 @@ local sandboxes = sandbox.create_sandboxes(provider, {
 -- =======================================================
 
 local per_run = sandbox.sandbox_per_run(sandboxes, function(ctx)
-  return { lifetime_ms = 15 * 60000, labels = { run = ctx.run_id } }
+  return { lifetime_ms = 15 * 60000, labels = { run = ctx.run_id }, network = online and 'all' or nil }
 end)
 
 local tools = sandbox.sandbox_tools(per_run.source, {
@@ -230,7 +248,8 @@ local coder = mayura.define_agent({
       .. ' node:assert.',
     'Run the tests with workspace.exec and the command "node --test". Read the output, fix the code, and run'
       .. ' them again until they pass.',
-    'The sandbox has no network: do not try to install packages; use only the Node.js standard library.',
+    (online and 'Do not try to install packages' or 'The sandbox has no network: do not try to install packages')
+      .. '; use only the Node.js standard library.',
     'Answer with a short summary and the final content of every file you wrote.',
   },
 })
@@ -314,7 +333,7 @@ end
 --- Runs the tests on `files` in a fresh sandbox, with no model involved.
 -- Returns whether they pass, and the command's result.
 local function tests_pass(pool, files)
-  local sb = pool:create({ lifetime_ms = 5 * 60000 })
+  local sb = pool:create({ lifetime_ms = 5 * 60000, network = online and 'all' or nil })
   local ok, res = pcall(function()
     for _, file in ipairs(files) do sb:write_file(file.path, file.content) end
     return sb:exec({ 'node', '--test' }, { timeout_ms = 60000 })
@@ -325,7 +344,8 @@ local function tests_pass(pool, files)
 end
 
 print('Task: ' .. task_text)
-print('Sandboxes: ' .. provider_name .. ', no network; one per run, released when the run ends.')
+print('Sandboxes: ' .. provider_name .. (online and ', online (the service has no egress policy)' or ', no network')
+  .. '; one per run, released when the run ends.')
 
 local run = runtime:submit(coder, { input = { task = task_text }, on_event = on_event })
 local outcome = run:result()
