@@ -138,6 +138,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/e2b.lua
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua
+	$(HOST) bench/railway.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
