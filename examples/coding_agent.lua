@@ -1,6 +1,6 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
---   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona|railway] [TASK...]
+--   build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona|railway|northflank] [TASK...]
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -36,6 +36,10 @@
 -- RAILWAY_GRAPHQL_ENDPOINT and RAILWAY_WORKDIR for a service speaking the same
 -- API elsewhere. Railway sandboxes are always online (the service has no
 -- egress policy), so that pool lists network 'all' and asks for it.
+-- `--provider northflank` uses Northflank services in the project
+-- NORTHFLANK_PROJECT_ID with the token in NORTHFLANK_API_TOKEN (read here);
+-- NORTHFLANK_API_URL and NORTHFLANK_EXEC_URL for a service speaking the same
+-- API elsewhere. Online as well (Northflank has no egress policy either).
 --
 -- Exits 0 only when the re-check passes; 1 when the run or the re-check
 -- fails; 2 for a wrong command line or a missing OPENAI_MODEL.
@@ -57,7 +61,8 @@ end
 
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
-    'usage: build/mayura examples/coding_agent.lua [--provider local|docker|e2b|vercel|daytona|railway] [TASK...]\n')
+    'usage: build/mayura examples/coding_agent.lua'
+      .. ' [--provider local|docker|e2b|vercel|daytona|railway|northflank] [TASK...]\n')
   os.exit(2)
 end
 
@@ -87,8 +92,9 @@ do
     if a == '--provider' then
       provider_name = arg[i + 1]
       if provider_name ~= 'local' and provider_name ~= 'docker' and provider_name ~= 'e2b'
-        and provider_name ~= 'vercel' and provider_name ~= 'daytona' and provider_name ~= 'railway' then
-        usage_error('--provider takes local, docker, e2b, vercel, daytona or railway')
+        and provider_name ~= 'vercel' and provider_name ~= 'daytona' and provider_name ~= 'railway'
+        and provider_name ~= 'northflank' then
+        usage_error('--provider takes local, docker, e2b, vercel, daytona, railway or northflank')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -194,6 +200,17 @@ elseif provider_name == 'railway' then
   provider = require('mayura.sandbox.railway').railway_sandboxes({
     token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
     endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), workdir = env('RAILWAY_WORKDIR'),
+  })
+  online = true
+elseif provider_name == 'northflank' then
+  local function env(name, required)
+    local v = setting(name)
+    if required and not v then usage_error('--provider northflank needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.northflank').northflank_sandboxes({
+    token = env('NORTHFLANK_API_TOKEN', true), project_id = env('NORTHFLANK_PROJECT_ID', true),
+    api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
   })
   online = true
 else
