@@ -139,6 +139,7 @@ bench: all $(AGENT_NOFILTER)
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua
 	$(HOST) bench/railway.lua
+	$(HOST) bench/northflank.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
