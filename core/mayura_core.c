@@ -23,6 +23,7 @@
 #include "chan.c"
 #include "stream.c"
 #include "crc.c"
+#include "ws.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -223,5 +224,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_chan(L);
     mc_open_stream(L);
     mc_open_crc(L);
+    mc_open_ws(L);
     return 1;
 }
