@@ -20,10 +20,11 @@
 **                              LIMIT_EXCEEDED, a message above max_message_bytes; NETWORK_ERROR)
 ** An error raised by on_event is reported (core.report) and closes the connection.
 **
-** One lws context per Lua state, made on first use and destroyed once no
-** connection is left (from a loop callback of ours, never inside one of
-** libwebsockets'), so nothing of libwebsockets keeps the loop alive or is
-** left when the state closes. A connection's C side is heap memory owned by
+** One lws context per Lua state, made on first use and kept until the state
+** closes (destroying and remaking contexts on one loop while the old one's
+** handles close aborts libuv). The handles the context makes for itself are
+** unreferenced, so an idle context does not keep the loop running; a live
+** connection does, through its socket's handle. A connection's C side is heap memory owned by
 ** libwebsockets' connection; the Lua handle only points at it and is anchored
 ** in the registry until 'close' is delivered.
 */
@@ -50,7 +51,6 @@ struct mc_ws_state {
     struct lws_context *ctx;
     uv_loop_t *loop;
     lua_State *L;
-    uv_idle_t *reaper; /* destroys the context once no connection is left */
     mc_ws_conn *connecting; /* inside lws_client_connect_via_info for it */
     int conns;
     int closed;
@@ -80,12 +80,6 @@ static void mc_ws_unref(lua_State *L, int *ref) {
     *ref = LUA_NOREF;
 }
 
-static void mc_ws_on_reap(uv_idle_t *h);
-
-static void mc_ws_reap(mc_ws_state *st) {
-    if (st->reaper != NULL && !st->closed && st->conns == 0 && st->ctx != NULL)
-        uv_idle_start(st->reaper, mc_ws_on_reap);
-}
 
 /* Calls on_event(kind, ...) with nargs arguments above the kind already pushed; 0, or -1 on error. */
 static int mc_ws_emit(mc_ws_conn *c, const char *kind, int nargs) {
@@ -272,7 +266,6 @@ static int mc_ws_on_event(struct lws *wsi, enum lws_callback_reasons reason, voi
         lws_set_opaque_user_data(wsi, NULL);
         c->wsi = NULL;
         c->st->conns--;
-        mc_ws_reap(c->st);
         if (c->st->connecting == c) c->destroyed = 1; /* l_ws_connect frees it */
         else free(c);
         break;
@@ -287,18 +280,34 @@ static const struct lws_protocols mc_ws_protocols[] = {
     {NULL, NULL, 0, 0, 0, NULL, 0}
 };
 
-static void mc_ws_on_reap(uv_idle_t *h) {
-    mc_ws_state *st = (mc_ws_state *)h->data;
-    uv_idle_stop(h);
-    if (st->conns == 0 && st->ctx != NULL && !st->closed) {
-        struct lws_context *ctx = st->ctx;
-        st->ctx = NULL;
-        lws_context_destroy(ctx);
+/* The handles on the loop, to tell the ones a new context makes from the others. */
+typedef struct mc_ws_walk {
+    uv_handle_t **seen;
+    size_t n, cap;
+    int failed;
+} mc_ws_walk;
+
+static void mc_ws_collect(uv_handle_t *h, void *arg) {
+    mc_ws_walk *w = (mc_ws_walk *)arg;
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 64;
+        uv_handle_t **p = (uv_handle_t **)realloc(w->seen, cap * sizeof *p);
+        if (p == NULL) {
+            w->failed = 1;
+            return;
+        }
+        w->seen = p;
+        w->cap = cap;
     }
+    w->seen[w->n++] = h;
 }
 
-static void mc_ws_handle_free(uv_handle_t *h) {
-    free(h);
+static void mc_ws_unref_new(uv_handle_t *h, void *arg) {
+    mc_ws_walk *w = (mc_ws_walk *)arg;
+    size_t i;
+    for (i = 0; i < w->n; i++)
+        if (w->seen[i] == h) return;
+    uv_unref(h);
 }
 
 static int l_ws_state_gc(lua_State *L) {
@@ -309,11 +318,6 @@ static int l_ws_state_gc(lua_State *L) {
         struct lws_context *ctx = st->ctx;
         st->ctx = NULL;
         lws_context_destroy(ctx);
-    }
-    if (st->reaper != NULL) {
-        if (uv_is_closing((uv_handle_t *)st->reaper)) free(st->reaper);
-        else uv_close((uv_handle_t *)st->reaper, mc_ws_handle_free);
-        st->reaper = NULL;
     }
     return 0;
 }
@@ -331,14 +335,6 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
         lua_setmetatable(L, -2);
         st->loop = mc_loop(L);
         st->L = mc_main(L);
-        st->reaper = (uv_idle_t *)malloc(sizeof *st->reaper);
-        if (st->reaper == NULL) mc_raise_oom(L);
-        if (uv_idle_init(st->loop, st->reaper) != 0) {
-            free(st->reaper);
-            st->reaper = NULL;
-            mc_raise(L, "NETWORK_ERROR", "cannot make the WebSocket reaper");
-        }
-        st->reaper->data = st;
         lua_setfield(L, LUA_REGISTRYINDEX, MC_WS_STATE_KEY);
     }
     if (st->closed) mc_raise(L, "INVALID_INPUT", "WebSockets are shut down");
@@ -353,8 +349,17 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
         info.foreign_loops = foreign;
         info.gid = -1;
         info.uid = -1;
+        mc_ws_walk w;
+        memset(&w, 0, sizeof w);
+        uv_walk(st->loop, mc_ws_collect, &w);
+        if (w.failed) {
+            free(w.seen);
+            mc_raise_oom(L);
+        }
         lws_set_log_level(0, NULL);
         st->ctx = lws_create_context(&info);
+        if (st->ctx != NULL) uv_walk(st->loop, mc_ws_unref_new, &w);
+        free(w.seen);
         if (st->ctx == NULL) mc_raise(L, "NETWORK_ERROR", "libwebsockets cannot make a context");
     }
     return st;
@@ -485,7 +490,6 @@ static int l_ws_connect(lua_State *L) {
         c->fail = "CONNECT_FAILED";
         mc_ws_finish(c);
         st->conns--;
-        mc_ws_reap(st);
         c->destroyed = 1;
     }
     st->connecting = NULL;

@@ -2,8 +2,11 @@
 -- (support/railway_service.lua) over real local sandboxes: a refused token (as a GraphQL error
 -- at HTTP 200, and as HTTP 401), a sandbox destroyed behind the pool's back, 429 with
 -- Retry-After and a GraphQL rate-limit error, a command whose answer stalls, a create that never
--- answers or never leaves CREATING. Each ends as a SandboxError with the right reason and none of
--- the service's text or the token; and a command past its timeout is killed by its tag.
+-- answers or never leaves CREATING (these through the GraphQL sandboxExec, exec = 'graphql');
+-- then over the WebSocket exec bridge: a shell token the bridge refuses, a sandbox gone under a
+-- command's connection, a command whose answer stalls. Each ends as a SandboxError with the
+-- right reason and none of the service's text or the token; and a command past its timeout is
+-- killed by its tag.
 local sandbox = require('mayura.sandbox')
 local railway = require('mayura.sandbox.railway')
 local stand_in = require('support.stand_in')
@@ -49,10 +52,11 @@ describe('the Railway provider when the service misbehaves', function()
     pending('needs local sandboxes (bubblewrap and the agent): not available here')
     return
   end
-  local svc, backing, state
+  local svc, backing, state, dir, ws_url
 
   local function make_pool(extra, pool_options)
-    local o = { token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), retry_base_ms = 20 }
+    local o = { token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), retry_base_ms = 20,
+      exec = 'graphql' }
     for k, v in pairs(extra or {}) do o[k] = v end
     local po = { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } }
     for k, v in pairs(pool_options or {}) do po[k] = v end
@@ -63,6 +67,8 @@ describe('the Railway provider when the service misbehaves', function()
     svc = stand_in.new()
     backing = stand_in.local_backing({ max_sandboxes = 6 })
     state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
+    dir = util.tmpdir()
+    ws_url = state:start_front(dir)
   end)
 
   teardown(function()
@@ -70,6 +76,7 @@ describe('the Railway provider when the service misbehaves', function()
     backing:close()
     assert.are.same({}, svc.failures)
     svc:close()
+    util.rmdir(dir)
   end)
 
   after_each(function()
@@ -181,5 +188,46 @@ describe('the Railway provider when the service misbehaves', function()
     assert.is_falsy(ps.stdout:find('sleep 6[67]'), ps.stdout)
     sb:release()
     pool:close()
+  end)
+
+  describe('over the WebSocket exec bridge', function()
+    local function ws_pool(pool_options)
+      return make_pool({ exec = 'websocket', ws_url = ws_url }, pool_options)
+    end
+
+    it('a shell token the bridge refuses is authentication; a new one is asked for next time', function()
+      local pool = ws_pool()
+      local sb = pool:create({ lifetime_ms = 60000, network = 'all' })
+      local tokens = #state:calls('generateShellToken')
+      svc:fault('GET', '/_bridge/check', { status = 401, json = { error = 'Not Authorized ' .. TOKEN } }, 1)
+      sandbox_error('authentication', sb.exec, sb, { 'true' })
+      assert.are.equal('back\n', sb:exec({ 'echo', 'back' }).stdout)
+      assert.are.equal(tokens + 1, #state:calls('generateShellToken'))
+      sb:release()
+      pool:close()
+    end)
+
+    it('a sandbox gone under a command\'s connection is gone, also at the handshake', function()
+      local pool = ws_pool()
+      local sb = pool:create({ lifetime_ms = 60000, network = 'all' })
+      sb:write_file('x.txt', 'x')
+      -- the bridge closes without an exit: the provider asks the API, which says it is gone
+      svc:fault('POST', '/_bridge/exec', { status = 404, json = {} }, 1)
+      state:vanish(sb._backend.id)
+      sandbox_error('gone', sb.exec, sb, { 'true' })
+      sandbox_error('gone', sb.read_file, sb, 'x.txt')
+      sb:release()
+      pool:close()
+    end)
+
+    it('a command whose answer stalls ends at the call timeout, and the next one runs', function()
+      local pool = ws_pool({ call_timeout_ms = 1000 })
+      local sb = pool:create({ lifetime_ms = 60000, network = 'all' })
+      svc:fault('POST', '/_bridge/exec', stand_in.stall(), 1)
+      sandbox_error('timeout', sb.list_files, sb, '.')
+      assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+      sb:release()
+      pool:close()
+    end)
   end)
 end)

@@ -1,13 +1,15 @@
 -- mayura.sandbox.railway against the Railway stand-in (support/railway_service.lua) over real
 -- local sandboxes: first the official `railway` SDK, unchanged, against the stand-in's GraphQL
--- API (so the stand-in speaks the API the service speaks), then the conformance suite through
--- the mayura provider against the same stand-in, then what the provider sends for each option.
+-- API and its WebSocket exec bridge (so the stand-in speaks the API the service speaks), then
+-- the conformance suite through the mayura provider against the same stand-in (commands over
+-- the bridge), then what the provider sends for each option, and its GraphQL sandboxExec path.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
 local testing = require('mayura.sandbox.testing')
 local process = require('mayura.process')
 local railway = require('mayura.sandbox.railway')
 local stand_in = require('support.stand_in')
+local util = require('support.util')
 local railway_service = require('support.railway_service')
 
 local TOKEN = 'rw_0123456789abcdefTOKEN'
@@ -27,6 +29,10 @@ describe('railway_sandboxes options', function()
       network_isolation = 'NONE' })
     assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = TOKEN, environment_id = ENV,
       workdir = 'rel' })
+    assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = TOKEN, environment_id = ENV,
+      exec = 'ssh' })
+    assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = TOKEN, environment_id = ENV,
+      ws_url = 'http://h/ws/exec' })
     local err = assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes,
       { token = TOKEN .. ' x', environment_id = ENV })
     assert.is_falsy(tostring(err):find(TOKEN, 1, true))
@@ -46,14 +52,17 @@ describe('the Railway stand-in, over real local sandboxes', function()
     pending('needs local sandboxes (bubblewrap and the agent): not available here')
     return
   end
-  local svc, backing, state, provider, pool, sb
+  local svc, backing, state, provider, pool, sb, dir, ws_url
 
   setup(function()
     svc = stand_in.new()
     backing = stand_in.local_backing({ max_sandboxes = 6 })
     state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
+    dir = util.tmpdir()
+    ws_url = state:start_front(dir)
     provider = railway.railway_sandboxes({
-      token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), retry_base_ms = 20,
+      token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), ws_url = ws_url,
+      retry_base_ms = 20,
     })
     pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 6 * 3600000, network = { 'all' } })
     sb = pool:create({ lifetime_ms = 600000, network = 'all' })
@@ -65,6 +74,7 @@ describe('the Railway stand-in, over real local sandboxes', function()
     backing:close()
     assert.are.same({}, svc.failures)
     svc:close()
+    util.rmdir(dir)
   end)
 
   it('is what the official SDK (railway) takes for the service\'s GraphQL API', function()
@@ -80,12 +90,15 @@ describe('the Railway stand-in, over real local sandboxes', function()
     local r = process.run({ 'node', SDK_SCRIPT }, {
       timeout_ms = 60000,
       env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(railway_service.PATH),
-        STAND_IN_TOKEN = TOKEN, STAND_IN_ENV = ENV },
+        STAND_IN_WS = ws_url, STAND_IN_TOKEN = TOKEN, STAND_IN_ENV = ENV },
     })
     state.creating_polls = 0
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.equal('RUNNING', result.status)
+    assert.are.equal(3, result.exit_code)
+    assert.are.equal('out hi\n', result.stdout)
+    assert.are.equal('err\n', result.stderr)
     assert.is_true(result.connected)
     assert.is_true(result.listed)
     assert.are.equal('DESTROYED', result.after_destroy)
@@ -121,6 +134,23 @@ describe('the Railway stand-in, over real local sandboxes', function()
     creates = state:calls('sandboxCreate')
     assert.are.equal(120, creates[#creates].variables.input.idleTimeoutMinutes)
     long:release()
+  end)
+
+  it('runs commands through the GraphQL sandboxExec with exec = \'graphql\'', function()
+    local gp = sandbox.create_sandboxes(railway.railway_sandboxes({ token = TOKEN, environment_id = ENV,
+      endpoint = svc:url(railway_service.PATH), exec = 'graphql' }),
+      { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'all' } })
+    local g = gp:create({ lifetime_ms = 60000, network = 'all' })
+    local before = #state:calls('sandboxExec')
+    local r = g:exec({ 'sh', '-c', 'cat; echo err >&2; exit 4' }, { stdin = 'in\0put' })
+    assert.are.equal(4, r.exit_code)
+    assert.is_true(r.stdout == 'in\0put')
+    assert.are.equal('err\n', r.stderr)
+    g:write_file('f.bin', '\1\2\255')
+    assert.is_true(g:read_file('f.bin') == '\1\2\255')
+    assert.is_true(#state:calls('sandboxExec') > before)
+    g:release()
+    gp:close()
   end)
 
   it('refuses network none and ports before any call', function()

@@ -18,6 +18,15 @@
 --                                   runs `sh -c command` -> { exitCode, stdout, stderr, timedOut,
 --                                   truncated } (stdout and stderr cut at 4 MiB)
 --   sandboxHeartbeat(id, environmentId), sandboxDestroy(id, environmentId)
+--   generateShellToken(input = { environmentId, instanceId, kind = 'sandbox', scope })
+--                                   a token for the exec bridge, for that sandbox
+--
+-- The exec bridge (`/ws/exec`, a WebSocket) is spec/npm/railway_front.mjs, a Node process on the
+-- `ws` package (start it with `state:start_front()`, which gives its ws:// URL); it checks a
+-- connection's token with `GET /_bridge/check` (X-Shell-Token) and runs a command, once its
+-- standard input is closed, with `POST /_bridge/exec` ({ token, command, cwd, env, stdin (base64) }
+-- -> { exit_code, stdout, stderr } (base64), 404 for a sandbox that is gone, 401 for a token that
+-- is not one); the command runs as `sh -c command`. Faults there: svc:fault on those routes.
 --
 -- Auth: `Authorization: Bearer <token>` or `Project-Access-Token: <token>`;
 -- another token is a `Not Authorized` error that names the token it got (a
@@ -57,7 +66,7 @@ end
 --- Installs the API on `svc` over `backing`; `opts` = { token, environment_id }. Returns its state:
 -- `sandboxes` (id -> record), `creating_polls`, `fault`, `vanish`, `ops` (the operations, in order).
 function M.install(svc, backing, opts)
-  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0 }
+  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0, tokens = {} }
 
   function state.fault(_, op, answer, times)
     state.faults[op] = { answer = answer, left = times or math.huge }
@@ -195,6 +204,45 @@ function M.install(svc, backing, opts)
     return { json = { data = { sandboxDestroy = view(rec) } } }
   end
 
+  function ops.generateShellToken(v)
+    local input = v.input
+    if type(input) ~= 'table' or input.kind ~= 'sandbox' then return gql_error('Invalid input', 'BAD_USER_INPUT') end
+    local rec = find({ environmentId = input.environmentId, id = input.instanceId })
+    if not rec or ENDED[rec.status] then return gql_error('Sandbox not found', 'NOT_FOUND') end
+    state.seq = state.seq + 1
+    local token = string.format('eyJ.stand-in-%d-%08x', state.seq, math.random(0, 0x7fffffff))
+    state.tokens[token] = rec.id
+    return { json = { data = { generateShellToken = token } } }
+  end
+
+  svc:route('GET', '/_bridge/check', function(req)
+    local id = state.tokens[req.headers['x-shell-token'] or '']
+    if not id then return { status = 401, json = { error = 'bad token' } } end
+    local rec = state.sandboxes[id]
+    if not rec or ENDED[rec.status] or not backing:get(rec.backing_id) then return { status = 404, json = {} } end
+    return { json = { ok = true } }
+  end)
+
+  svc:route('POST', '/_bridge/exec', function(req)
+    local b = req.json
+    local id = type(b) == 'table' and state.tokens[b.token or ''] or nil
+    if not id then return { status = 401, json = { error = 'bad token' } } end
+    local rec = state.sandboxes[id]
+    local sb = rec and not ENDED[rec.status] and backing:get(rec.backing_id)
+    if not sb then return { status = 404, json = {} } end
+    if type(b.command) ~= 'string' then return { status = 400, json = {} } end
+    touch(rec)
+    local ok, r = pcall(sb.exec, sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
+      stdin = b.stdin and core.base64.decode(b.stdin) or nil, timeout_ms = 600000, signal = req.signal })
+    if not ok then
+      if not backing:get(rec.backing_id) then return { status = 404, json = {} } end
+      return { status = 500, json = {} }
+    end
+    touch(rec)
+    return { json = { exit_code = r.exit_code or -1, stdout = core.base64.encode(r.stdout),
+      stderr = core.base64.encode(r.stderr) } }
+  end)
+
   svc:route('POST', M.PATH, function(req)
     local auth = req.headers['authorization']
     local project = req.headers['project-access-token']
@@ -226,7 +274,33 @@ function M.install(svc, backing, opts)
     return out
   end
 
+  --- Starts the exec bridge (spec/npm/railway_front.mjs) for this stand-in; returns its ws:// URL.
+  function state.start_front(_, dir)
+    local process = require('mayura.process')
+    local portfile = dir .. '/railway-front.port'
+    state.front = task.spawn(function()
+      return process.run({ 'node', 'spec/npm/railway_front.mjs', svc:url(''), portfile }, { timeout_ms = 3600000 })
+    end)
+    local deadline = core.hrtime_ms() + 15000
+    while core.hrtime_ms() < deadline do
+      local f = io.open(portfile)
+      local port = f and f:read('a')
+      if f then f:close() end
+      if port and port:match('^%d+$') then
+        state.front_url = 'http://127.0.0.1:' .. port
+        return 'ws://127.0.0.1:' .. port .. '/ws/exec'
+      end
+      task.sleep(20)
+    end
+    error('the exec bridge did not start')
+  end
+
   function state.close()
+    if state.front then
+      pcall(require('mayura.http').request, { url = state.front_url .. '/quit', timeout_ms = 5000 })
+      state.front:wait()
+      state.front = nil
+    end
     for _, rec in pairs(state.sandboxes) do
       if rec.timer then rec.timer.cancel() end
       rec.timer = nil

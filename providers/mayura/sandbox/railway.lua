@@ -49,6 +49,7 @@ local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local scripts = require('mayura.sandbox.scripts')
 local command = require('mayura.sandbox.command')
+local ws = require('mayura.ws')
 
 local json = core.json
 
@@ -70,6 +71,9 @@ local Q_GET = 'query RailwaySandbox($environmentId: String!, $id: String!) '
 local Q_EXEC = 'mutation RailwaySandboxExec($command: String!, $environmentId: String!, $id: String!, '
   .. '$timeoutSec: Int) { sandboxExec(command: $command, environmentId: $environmentId, id: $id, '
   .. 'timeoutSec: $timeoutSec) { exitCode stdout stderr timedOut truncated } }'
+local Q_TOKEN = 'mutation RailwayGenerateShellToken($input: ShellTokenInput!) { generateShellToken(input: $input) }'
+local TOKEN_REUSE_MS = 4 * 60000     -- the service's shell tokens last 5 minutes
+local STDIN_FRAME = 65536
 local Q_DESTROY = 'mutation RailwaySandboxDestroy($id: String!, $environmentId: String!) '
   .. '{ sandboxDestroy(id: $id, environmentId: $environmentId) ' .. SANDBOX_FIELDS .. ' }'
 
@@ -158,11 +162,106 @@ end
 -- }======================================================
 
 -- {======================================================
+-- The transport: the WebSocket exec bridge
+-- =======================================================
+
+local WsTransport = {}
+WsTransport.__index = WsTransport
+
+-- A shell token for this sandbox (one is used for every connection for a few minutes).
+function WsTransport:_jwt(signal)
+  local now = core.hrtime_ms()
+  if self._token and now < self._token_until then return self._token end
+  local data = graphql(self.client, 'generateShellToken', Q_TOKEN, { input = { environmentId = self.environment_id,
+    instanceId = self.sandbox_id, kind = 'sandbox', scope = 'shell' } }, { gone = true, signal = signal })
+  local t = data.generateShellToken
+  if type(t) ~= 'string' or t == '' or #t > 8192 or t:find('[%s%c,]') then
+    error(self.client:bad_answer('a shell token that is not one'), 0)
+  end
+  self._token, self._token_until = t, now + TOKEN_REUSE_MS
+  return t
+end
+
+-- After a connection that ended without an exit: gone when the sandbox is, else unavailable.
+function WsTransport:_why()
+  local data = graphql(self.client, 'sandbox', Q_GET, { environmentId = self.environment_id, id = self.sandbox_id },
+    { gone = true, idempotent = true })
+  local sb = data.sandbox
+  if sb == nil or sb == json.null or (type(sb) == 'table' and sb.status ~= 'RUNNING' and sb.status ~= 'CREATING') then
+    error(errors.sandbox('gone', 'railway: the sandbox is gone (its command\'s connection ended)'), 0)
+  end
+  error(errors.sandbox('unavailable', 'railway: a command\'s connection ended before its exit'), 0)
+end
+
+function WsTransport:_connect(signal)
+  local c = self.client
+  local ok, conn = pcall(ws.connect, { url = self.ws_url, protocols = 'railway-shell, ' .. self:_jwt(signal),
+    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes })
+  if ok then return conn end
+  local code = errors.is(conn) and conn.code
+  if code == 'CANCELLED' then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
+  if code == 'TIMEOUT' then
+    error(errors.sandbox('timeout', 'railway: no WebSocket handshake within ' .. c.call_timeout_ms .. ' ms'), 0)
+  end
+  if code == 'CONNECT_FAILED' and (conn.status == 401 or conn.status == 403) then
+    self._token = nil
+    error(errors.sandbox('authentication', 'railway: the exec bridge refused the shell token (HTTP '
+      .. conn.status .. ')'), 0)
+  end
+  if code == 'CONNECT_FAILED' and conn.status == 429 then
+    error(errors.sandbox('rate_limited', 'railway: the exec bridge\'s rate limit (HTTP 429)'), 0)
+  end
+  if code == 'CONNECT_FAILED' and conn.status == 404 then return self:_why() end
+  error(errors.sandbox('unavailable', 'railway: the exec bridge could not be reached'), 0)
+end
+
+function WsTransport:run(script, o)
+  local c = self.client
+  local conn = self:_connect(o.signal)
+  local out, exit_code = {}, nil
+  local ok, err = pcall(function()
+    conn:send(json.encode({ type = 'init_exec', data = { command = 'sh -c ' .. scripts.quote(script) } }))
+    local stdin = o.stdin or ''
+    for i = 1, #stdin, STDIN_FRAME do conn:send('\2' .. stdin:sub(i, i + STDIN_FRAME - 1), true) end
+    conn:send('{"type":"stdin_close"}')
+    local deadline = core.hrtime_ms() + c.call_timeout_ms
+    while true do
+      local remaining = math.ceil(deadline - core.hrtime_ms())
+      if remaining <= 0 then
+        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+      end
+      local rok, msg, binary = pcall(conn.receive, conn, { timeout_ms = remaining, signal = o.signal })
+      if not rok then
+        if errors.is(msg, 'CANCELLED') then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
+        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+      end
+      if msg == nil then break end
+      if binary then
+        if msg:byte(1) == 1 and #msg > 1 then out[#out + 1] = msg:sub(2) end
+      else
+        local v = hosted.decode(msg)
+        if type(v) == 'table' and v.type == 'exit' then
+          local d = type(v.data) == 'table' and v.data or {}
+          exit_code = d.exit_code == nil and 0 or d.exit_code
+          if not check.is_int(exit_code) then error(c:bad_answer('an exit without a code'), 0) end
+          break
+        end
+      end
+    end
+  end)
+  conn:close()
+  if not ok then error(err, 0) end
+  if exit_code == nil then return self:_why() end
+  return { exit_code = exit_code, stdout = table.concat(out) }
+end
+
+-- {======================================================
 -- The provider
 -- =======================================================
 
 local option_keys = {
   token = true, token_kind = true, environment_id = true, endpoint = true, region = true, network_isolation = true,
+  exec = true, ws_url = true,
   workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
 }
 
@@ -232,6 +331,18 @@ function M.railway_sandboxes(options)
     errors.raise(C, 'railway: network_isolation must be \'ISOLATED\' or \'PRIVATE\'', nil, 2)
   end
   local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
+  local exec = options.exec or 'websocket'
+  if exec ~= 'websocket' and exec ~= 'graphql' then
+    errors.raise(C, 'railway: exec must be \'websocket\' or \'graphql\'', nil, 2)
+  end
+  local ws_url = options.ws_url
+  if ws_url == nil then
+    -- the service's bridge: the API's host with backboard. made ssh., port 2226
+    local host = origin:match('^https?://([^/:]+)')
+    ws_url = 'wss://ssh.' .. (host:gsub('^backboard%.', '')) .. ':2226/ws/exec'
+  elseif type(ws_url) ~= 'string' or not ws_url:match('^wss?://[^/%s@]+/[^%s%c]*$') then
+    errors.raise(C, 'railway: ws_url must be a ws:// or wss:// URL with a path', nil, 2)
+  end
   -- the token is checked by the kit (no spaces or control characters) and kept out of every message
   local client = hosted.client({
     label = 'railway', base_url = origin, api_key = token,
@@ -271,9 +382,9 @@ function M.railway_sandboxes(options)
     local ok, err = pcall(function()
       s = wait_running(c, env_id, s)
       local transport = setmetatable({
-        client = c, environment_id = env_id, sandbox_id = s.id, stdin = false,
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir,
-      }, Transport)
+        client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url,
+      }, exec == 'websocket' and WsTransport or Transport)
       -- the working directory first: the backend's commands start there
       local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
       if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
