@@ -33,9 +33,10 @@
 -- DAYTONA_API_URL for another API than Daytona's own (the specs' stand-in).
 -- `--provider railway` uses Railway sandboxes in the environment
 -- RAILWAY_ENVIRONMENT_ID with the token in RAILWAY_API_TOKEN (read here);
--- RAILWAY_GRAPHQL_ENDPOINT and RAILWAY_WORKDIR for a service speaking the same
--- API elsewhere. Railway sandboxes are always online (the service has no
--- egress policy), so that pool lists network 'all' and asks for it.
+-- RAILWAY_GRAPHQL_ENDPOINT, RAILWAY_TCP_PROXY_WS_ENDPOINT (its command bridge)
+-- and RAILWAY_WORKDIR for a service speaking the same API elsewhere. Railway
+-- sandboxes are always online (the service has no egress policy), so that
+-- pool lists network 'all' and asks for it.
 -- `--provider northflank` uses Northflank services in the project
 -- NORTHFLANK_PROJECT_ID with the token in NORTHFLANK_API_TOKEN (read here);
 -- NORTHFLANK_API_URL and NORTHFLANK_EXEC_URL for a service speaking the same
@@ -199,7 +200,8 @@ elseif provider_name == 'railway' then
   end
   provider = require('mayura.sandbox.railway').railway_sandboxes({
     token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
-    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), workdir = env('RAILWAY_WORKDIR'),
+    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), ws_url = env('RAILWAY_TCP_PROXY_WS_ENDPOINT'),
+    workdir = env('RAILWAY_WORKDIR'),
   })
   online = true
 elseif provider_name == 'northflank' then

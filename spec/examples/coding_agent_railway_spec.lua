@@ -1,10 +1,12 @@
 -- examples/coding_agent.lua --provider railway: the coding-agent guide's recorded session on
 -- Railway sandboxes, here the Railway stand-in (support/railway_service.lua over real local
--- sandboxes) run by this spec, with the example pointed at it by RAILWAY_GRAPHQL_ENDPOINT. The
--- run's tests fail, then pass, and the example's own re-check in a fresh sandbox passes.
+-- sandboxes, its command bridge a Node process) run by this spec, with the example pointed at it
+-- by RAILWAY_GRAPHQL_ENDPOINT and RAILWAY_TCP_PROXY_WS_ENDPOINT. The run's tests fail, then pass,
+-- and the example's own re-check in a fresh sandbox passes.
 local process = require('mayura.process')
 local stand_in = require('support.stand_in')
 local railway_service = require('support.railway_service')
+local util = require('support.util')
 
 local HOST = 'build/mayura'
 local EXAMPLE = 'examples/coding_agent.lua'
@@ -28,12 +30,14 @@ describe('examples/coding_agent.lua --provider railway', function()
     pending('needs local sandboxes (bubblewrap and the agent) for the stand-in: not available here')
     return
   end
-  local svc, backing, state
+  local svc, backing, state, dir, ws_url
 
   setup(function()
     svc = stand_in.new()
     backing = stand_in.local_backing({ max_sandboxes = 4 })
     state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
+    dir = util.tmpdir()
+    ws_url = state:start_front(dir)
   end)
 
   teardown(function()
@@ -41,6 +45,7 @@ describe('examples/coding_agent.lua --provider railway', function()
     backing:close()
     assert.are.same({}, svc.failures)
     svc:close()
+    util.rmdir(dir)
   end)
 
   it('needs RAILWAY_API_TOKEN and RAILWAY_ENVIRONMENT_ID (exit code 2)', function()
@@ -55,7 +60,7 @@ describe('examples/coding_agent.lua --provider railway', function()
     local r = process.run({ HOST, EXAMPLE, '--provider', 'railway' }, {
       env = env({
         RAILWAY_API_TOKEN = TOKEN, RAILWAY_ENVIRONMENT_ID = ENV,
-        RAILWAY_GRAPHQL_ENDPOINT = svc:url(railway_service.PATH),
+        RAILWAY_GRAPHQL_ENDPOINT = svc:url(railway_service.PATH), RAILWAY_TCP_PROXY_WS_ENDPOINT = ws_url,
       }),
       timeout_ms = 180000,
     })
@@ -76,5 +81,6 @@ describe('examples/coding_agent.lua --provider railway', function()
       assert.are.equal('DESTROYED', state.sandboxes[c.id].status)
     end
     assert.are.equal(0, backing.pool:count())
+    assert.are.equal(0, #state:calls('sandboxExec'))   -- every command went over the bridge
   end)
 end)
