@@ -25,6 +25,7 @@
 #include "stream.c"
 #include "sha.c"
 #include "net.c"
+#include "ws.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -354,5 +355,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_crc(L);
     mc_open_sha(L);
     mc_open_net(L);
+    mc_open_ws(L);
     return 1;
 }

@@ -1,7 +1,8 @@
 --- A coding agent that writes and runs code in a sandbox: the coding-agent guide end to end.
 --
 --   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
---   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or apple-container
+--   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore,
+--         apple-container, railway or northflank
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -43,6 +44,16 @@
 -- their pools hand out network 'all'. `--provider apple-container` uses Apple
 -- `container` VMs (CONTAINER_IMAGE, with Node.js; CONTAINER_CLI for another
 -- executable than `container`).
+-- `--provider railway` uses Railway sandboxes in the environment
+-- RAILWAY_ENVIRONMENT_ID with the token in RAILWAY_API_TOKEN (read here);
+-- RAILWAY_GRAPHQL_ENDPOINT, RAILWAY_TCP_PROXY_WS_ENDPOINT (its command bridge)
+-- and RAILWAY_WORKDIR for a service speaking the same API elsewhere. Railway
+-- sandboxes are always online (the service has no egress policy), so that
+-- pool lists network 'all' and asks for it.
+-- `--provider northflank` uses Northflank services in the project
+-- NORTHFLANK_PROJECT_ID with the token in NORTHFLANK_API_TOKEN (read here);
+-- NORTHFLANK_API_URL and NORTHFLANK_EXEC_URL for a service speaking the same
+-- API elsewhere. Online as well (Northflank has no egress policy either).
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -71,7 +82,8 @@ end
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
     'usage: build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]\n',
-    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or apple-container\n')
+    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, apple-container, railway'
+      .. ' or northflank\n')
   os.exit(2)
 end
 
@@ -101,10 +113,10 @@ do
     if a == '--provider' then
       provider_name = arg[i + 1]
       local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
-        cloudflare = true, agentcore = true, ['apple-container'] = true }
+        cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true }
       if not known[provider_name] then
-        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore or '
-          .. 'apple-container')
+        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, '
+          .. 'apple-container, railway or northflank')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -235,6 +247,27 @@ elseif provider_name == 'apple-container' then
   provider = require('mayura.sandbox.apple_container').apple_container_sandboxes({
     image = setting('CONTAINER_IMAGE'), executable = setting('CONTAINER_CLI'),
   })
+elseif provider_name == 'railway' then
+  local function env(name, required)
+    local v = setting(name)
+    if required and not v then usage_error('--provider railway needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.railway').railway_sandboxes({
+    token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
+    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), ws_url = env('RAILWAY_TCP_PROXY_WS_ENDPOINT'),
+    workdir = env('RAILWAY_WORKDIR'),
+  })
+elseif provider_name == 'northflank' then
+  local function env(name, required)
+    local v = setting(name)
+    if required and not v then usage_error('--provider northflank needs ' .. name) end
+    return v
+  end
+  provider = require('mayura.sandbox.northflank').northflank_sandboxes({
+    token = env('NORTHFLANK_API_TOKEN', true), project_id = env('NORTHFLANK_PROJECT_ID', true),
+    api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
+  })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
@@ -293,7 +326,8 @@ coder = mayura.define_agent({
       .. ' node:assert.',
     'Run the tests with workspace.exec and the command "node --test". Read the output, fix the code, and run'
       .. ' them again until they pass.',
-    'The sandbox has no network: do not try to install packages; use only the Node.js standard library.',
+    (network ~= 'none' and 'Do not try to install packages' or 'The sandbox has no network: do not try to install packages')
+      .. '; use only the Node.js standard library.',
     'Answer with a short summary and the final content of every file you wrote.',
   },
 })

@@ -607,8 +607,9 @@ end
 -- `opts.on_event(value)`, with the options of `call` but `body`, `allow` and
 -- `content_type`, and `idle_timeout_ms` (no byte for that long ends the
 -- stream with SANDBOX_ERROR `timeout`). `body` is a table sent as JSON (for
--- 'connect', as one envelope). Returns the end-of-stream trailer for
--- 'connect' (decoded), nothing otherwise.
+-- 'connect', as one envelope), or a string sent as it is (a request of
+-- several NDJSON lines; its type in `headers['Content-Type']`). Returns the
+-- end-of-stream trailer for 'connect' (decoded), nothing otherwise.
 function Client:stream(method, path, body, opts)
   opts = check_call(self, method, path, opts, stream_keys)
   local format = opts.format
@@ -619,7 +620,9 @@ function Client:stream(method, path, body, opts)
   local idle = opts.idle_timeout_ms
   if idle ~= nil then check.int(idle, 'idle_timeout_ms', 1, nil, 'INVALID_INPUT', 3) end
   local payload
-  if body ~= nil then
+  if type(body) == 'string' and format ~= 'connect' then
+    payload = body
+  elseif body ~= nil then
     local ok, text = pcall(json.encode, body)
     if not ok then errors.raise('INVALID_INPUT', self.label .. ': the request cannot be sent as JSON', nil, 2) end
     payload = text
@@ -630,7 +633,9 @@ function Client:stream(method, path, body, opts)
     headers['Content-Type'] = 'application/connect+json'
     headers['Connect-Protocol-Version'] = headers['Connect-Protocol-Version'] or '1'
   else
-    if payload then headers['Content-Type'] = 'application/json' end
+    if payload and not (type(body) == 'string' and headers['Content-Type']) then
+      headers['Content-Type'] = 'application/json'
+    end
     headers.Accept = headers.Accept or (format == 'sse' and 'text/event-stream')
       or (format == 'eventstream' and 'application/vnd.amazon.eventstream') or 'application/x-ndjson'
   end

@@ -1,0 +1,80 @@
+--- Benchmark of the Northflank provider, not a test: medians and ratios measured in one run.
+--
+--   build/mayura bench/northflank.lua [N_EXEC] [N_FIRST]
+--
+-- Against the Northflank stand-in (spec/support/northflank_service.lua, over real local
+-- sandboxes) served from this process, the same stand-in for both clients:
+--   * time to a first command: create a sandbox (a service, read until its deployment is
+--     COMPLETED), then exec `true` (the release after it is not timed), over N_FIRST runs;
+--   * exec round trip: `true` in one sandbox, over N_EXEC runs;
+-- through mayura.sandbox.northflank, and through the official @northflank/js-client (a Node
+-- process, bench/northflank_sdk.mjs, timing itself, so its start is not counted). The ratio is
+-- mayura's time over the client's. Not like for like: mayura's exec is the command backend (the
+-- command started in the background, then polled, each step an NDJSON exec call straight to
+-- the stand-in), the client's one WebSocket exec through the stand-in's front (a hop in Node).
+-- The exec calls per mayura exec are counted too. The stand-in answers every request on its own
+-- connection and shares this process's loop with mayura's client.
+local sandbox = require('mayura.sandbox')
+local process = require('mayura.process')
+local core = require('mayura.core')
+local uv = require('luv')
+package.path = 'bench/?.lua;spec/?.lua;' .. package.path
+local bench = require('_util')
+local stand_in = require('support.stand_in')
+local northflank_service = require('support.northflank_service')
+local northflank = require('mayura.sandbox.northflank')
+
+local N_EXEC = tonumber(arg and arg[1]) or 50
+local N_FIRST = tonumber(arg and arg[2]) or 10
+local TOKEN, PROJECT = 'nf_bench0123456789', 'bench'
+
+local sdk_package = io.open('spec/npm/node_modules/@northflank/js-client/package.json')
+if not sdk_package then error('the client is not installed: run sh scripts/setup.sh', 0) end
+sdk_package:close()
+
+local svc = stand_in.new()
+local backing = stand_in.local_backing({ max_sandboxes = 4 })
+northflank_service.install(svc, backing, { token = TOKEN, project_id = PROJECT })
+
+local pool = sandbox.create_sandboxes(northflank.northflank_sandboxes({
+  token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = svc:url(''),
+}), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
+
+local function first_command()
+  local t0 = uv.hrtime()
+  local sb = pool:create({ lifetime_ms = 600000, network = 'all' })
+  assert(sb:exec({ 'true' }).exit_code == 0)
+  local ms = (uv.hrtime() - t0) / 1e6
+  sb:release()
+  return ms
+end
+for _ = 1, 2 do first_command() end
+local xs = {}
+for i = 1, N_FIRST do xs[i] = first_command() end
+local m_first = bench.median(xs)
+
+local sb = pool:create({ lifetime_ms = 600000, network = 'all' })
+local before = #svc:calls('POST', '/exec')
+local m_exec = bench.measure(N_EXEC, function() assert(sb:exec({ 'true' }).exit_code == 0) end)
+local exec_calls = (#svc:calls('POST', '/exec') - before) / (N_EXEC + 2)   -- the 2 warm-up runs count
+sb:release()
+pool:close()
+
+local r = process.run({ 'node', 'bench/northflank_sdk.mjs' }, {
+  timeout_ms = 600000,
+  env = {
+    PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''), STAND_IN_TOKEN = TOKEN,
+    STAND_IN_PROJECT = PROJECT, N_FIRST = tostring(N_FIRST), N_EXEC = tostring(N_EXEC),
+  },
+})
+if r.exit_code ~= 0 then error('the client run failed: ' .. r.stderr, 0) end
+local sdk = core.json.decode(r.stdout:match('RESULT (%b{})'))
+
+backing:close()
+svc:close()
+
+print(('%-40s %12s %12s %8s'):format('operation (median)', 'mayura ms', 'client ms', 'ratio'))
+print(('%-40s %12.3f %12.3f %7.2fx'):format('first command (create + exec true)', m_first, sdk.first_ms,
+  m_first / sdk.first_ms))
+print(('%-40s %12.3f %12.3f %7.2fx'):format('exec true (round trip)', m_exec, sdk.exec_ms, m_exec / sdk.exec_ms))
+print(('exec calls per mayura exec: %.1f'):format(exec_calls))

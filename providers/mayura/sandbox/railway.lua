@@ -1,0 +1,409 @@
+--- mayura.sandbox.railway: sandboxes on Railway (Linux VMs from Railway's
+-- default image), through its public GraphQL API
+-- (`https://backboard.railway.com/graphql/v2`).
+--
+--   local railway = require('mayura.sandbox.railway')
+--   local provider = railway.railway_sandboxes({ token = token, environment_id = env_id })
+--   local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 3600000 })
+--
+-- Options: `token` (an account or workspace token, sent as `Authorization:
+-- Bearer`; with `token_kind = 'project'` a project token, sent as
+-- `Project-Access-Token`; required, never read from the environment by this
+-- module), `environment_id` (required: every sandbox lives in one
+-- environment), `endpoint` (the GraphQL URL; for a service that speaks the
+-- same API elsewhere), `region`, `network_isolation` ('ISOLATED', the
+-- default, or 'PRIVATE', which joins the environment's private network),
+-- `workdir` (where relative paths and commands start; `/workspace` by
+-- default, made at create), `max_lifetime_ms` (24 hours by default), and the
+-- kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+--
+-- How the contract maps onto the service:
+--   * create: `sandboxCreate` with the environment, the create spec's `env`
+--     as `variables`, and `idleTimeoutMinutes` = the lifetime in minutes (the
+--     service allows 1 to 120); a sandbox still `CREATING` is polled
+--     (`sandbox(environmentId, id)`) until it is `RUNNING`. The service ends a
+--     sandbox only when it is idle that long, so the pool's timer ends it at
+--     its lifetime (a release is `sandboxDestroy`);
+--   * commands and files: the whole contract runs on
+--     `command_sandbox_backend` over `sandboxExec(command, environmentId, id,
+--     timeoutSec)`, which runs one short command and answers with its exit
+--     code and output: commands start in the background and are polled, files
+--     move as base64 inside the command line, standard input goes through a
+--     file, and a timeout or a cancel kills every process of a command by its
+--     tag. (The service also streams commands over a WebSocket bridge; this
+--     module does not use it, since the HTTP client here has no WebSocket.)
+--     Each backend command is sent as `sh -c '<script>'`;
+--   * network: 'all' only (the service has no egress policy); no ports (the
+--     request field for a sandbox's public domain is not documented yet);
+--     labels stay with the pool (the service keeps none).
+-- Failures are SandboxErrors without the service's text. GraphQL errors come
+-- with HTTP 200: one saying the caller is not authorized is `authentication`,
+-- one saying the sandbox was not found `gone` (as is a `null` sandbox or one
+-- `DESTROYING`, `DESTROYED` or `FAILED`), a rate limit `rate_limited`, any
+-- other `failed`; HTTP statuses map as the kit maps them (401/403
+-- `authentication`, 429 retried after its `Retry-After`).
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local check = require('mayura._check')
+local task = require('mayura._task')
+local hosted = require('mayura.sandbox._hosted')
+local scripts = require('mayura.sandbox.scripts')
+local command = require('mayura.sandbox.command')
+local ws = require('mayura.ws')
+
+local json = core.json
+
+local M = {}
+
+M.DEFAULT_ENDPOINT = 'https://backboard.railway.com/graphql/v2'
+M.DEFAULT_WORKDIR = '/workspace'
+M.MAX_LIFETIME_MS = 24 * 3600000
+M.MAX_IDLE_MINUTES = 120
+M.MAX_COMMAND_BYTES = 32768
+local EXEC_TIMEOUT_S = 60           -- the service's limit on one backend command (they are short)
+local POLL_FIRST_MS, POLL_MAX_MS = 100, 2000
+
+local SANDBOX_FIELDS = '{ id status }'
+local Q_CREATE = 'mutation RailwaySandboxCreate($input: SandboxCreateInput!) { sandboxCreate(input: $input) '
+  .. SANDBOX_FIELDS .. ' }'
+local Q_GET = 'query RailwaySandbox($environmentId: String!, $id: String!) '
+  .. '{ sandbox(environmentId: $environmentId, id: $id) ' .. SANDBOX_FIELDS .. ' }'
+local Q_EXEC = 'mutation RailwaySandboxExec($command: String!, $environmentId: String!, $id: String!, '
+  .. '$timeoutSec: Int) { sandboxExec(command: $command, environmentId: $environmentId, id: $id, '
+  .. 'timeoutSec: $timeoutSec) { exitCode stdout stderr timedOut truncated } }'
+local Q_TOKEN = 'mutation RailwayGenerateShellToken($input: ShellTokenInput!) { generateShellToken(input: $input) }'
+local TOKEN_REUSE_MS = 4 * 60000     -- the service's shell tokens last 5 minutes
+local STDIN_FRAME = 65536
+local Q_DESTROY = 'mutation RailwaySandboxDestroy($id: String!, $environmentId: String!) '
+  .. '{ sandboxDestroy(id: $id, environmentId: $environmentId) ' .. SANDBOX_FIELDS .. ' }'
+
+-- {======================================================
+-- GraphQL
+-- =======================================================
+
+-- What a GraphQL error says, in our words: its extensions' code or message is only matched,
+-- never passed on.
+local function classify(e)
+  if type(e) ~= 'table' then return 'failed' end
+  local words = {}
+  if type(e.message) == 'string' then words[#words + 1] = e.message:sub(1, 512):lower() end
+  if type(e.extensions) == 'table' and type(e.extensions.code) == 'string' then
+    words[#words + 1] = e.extensions.code:sub(1, 128):lower()
+  end
+  local text = table.concat(words, ' ')
+  if text:find('not authori[sz]ed') or text:find('unauthori[sz]ed') or text:find('unauthenticated')
+    or text:find('forbidden') or text:find('invalid token') then
+    return 'authentication'
+  end
+  if text:find('rate limit') or text:find('too many requests') or text:find('ratelimit') then return 'rate_limited' end
+  if text:find('not found') or text:find('not_found') or text:find('does not exist') then return 'gone' end
+  return 'failed'
+end
+
+-- One GraphQL operation: returns its `data`. `opts.gone`: the operation is about a sandbox that
+-- existed (a not-found error is `gone`; else `failed`).
+local function graphql(c, what, query, variables, opts)
+  opts = opts or {}
+  local body = c:json('POST', c.railway_path, { query = query, variables = variables }, {
+    signal = opts.signal, timeout_ms = opts.timeout_ms, idempotent = opts.idempotent,
+  })
+  if type(body) ~= 'table' then error(c:bad_answer('an answer to ' .. what .. ' that is not an object'), 0) end
+  if body.errors ~= nil and body.errors ~= json.null then
+    if type(body.errors) ~= 'table' then error(c:bad_answer('errors that are not a list'), 0) end
+    local reason = classify(body.errors[1])
+    if reason == 'gone' and not opts.gone then reason = 'failed' end
+    local msg = {
+      authentication = 'railway: the service refused the token for ' .. what,
+      rate_limited = 'railway: the service\'s rate limit stopped ' .. what,
+      gone = 'railway: the sandbox is gone (' .. what .. ')',
+      failed = 'railway: the service refused ' .. what,
+    }
+    error(errors.sandbox(reason, msg[reason]), 0)
+  end
+  if type(body.data) ~= 'table' then error(c:bad_answer('an answer to ' .. what .. ' without data'), 0) end
+  return body.data
+end
+
+local function check_sandbox(c, s, what)
+  if type(s) ~= 'table' or type(s.id) ~= 'string' or s.id == '' or #s.id > 128 or s.id:find('[%c%s]')
+    or type(s.status) ~= 'string' then
+    error(c:bad_answer('a sandbox that is not one (' .. what .. ')'), 0)
+  end
+  return s
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The transport: sandboxExec
+-- =======================================================
+
+local Transport = {}
+Transport.__index = Transport
+
+function Transport:run(script, o)
+  local c = self.client
+  local data = graphql(c, 'sandboxExec', Q_EXEC, {
+    command = 'sh -c ' .. scripts.quote(script), environmentId = self.environment_id, id = self.sandbox_id,
+    timeoutSec = EXEC_TIMEOUT_S,
+  }, { gone = true, signal = o.signal })
+  local r = data.sandboxExec
+  if r == nil or r == json.null then
+    error(errors.sandbox('gone', 'railway: the sandbox is gone (sandboxExec)'), 0)
+  end
+  if type(r) ~= 'table' or not check.is_int(r.exitCode) or type(r.stdout) ~= 'string' then
+    error(c:bad_answer('a command result that is not one'), 0)
+  end
+  if r.timedOut == true then error(errors.sandbox('timeout', 'railway: a backend command timed out'), 0) end
+  if r.truncated == true then error(c:bad_answer('a backend command\'s output cut short'), 0) end
+  return { exit_code = r.exitCode, stdout = r.stdout }
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The transport: the WebSocket exec bridge
+-- =======================================================
+
+local WsTransport = {}
+WsTransport.__index = WsTransport
+
+-- A shell token for this sandbox (one is used for every connection for a few minutes).
+function WsTransport:_jwt(signal)
+  local now = core.hrtime_ms()
+  if self._token and now < self._token_until then return self._token end
+  local data = graphql(self.client, 'generateShellToken', Q_TOKEN, { input = { environmentId = self.environment_id,
+    instanceId = self.sandbox_id, kind = 'sandbox', scope = 'shell' } }, { gone = true, signal = signal })
+  local t = data.generateShellToken
+  if type(t) ~= 'string' or t == '' or #t > 8192 or t:find('[%s%c,]') then
+    error(self.client:bad_answer('a shell token that is not one'), 0)
+  end
+  self._token, self._token_until = t, now + TOKEN_REUSE_MS
+  return t
+end
+
+-- After a connection that ended without an exit: gone when the sandbox is, else unavailable.
+function WsTransport:_why()
+  local data = graphql(self.client, 'sandbox', Q_GET, { environmentId = self.environment_id, id = self.sandbox_id },
+    { gone = true, idempotent = true })
+  local sb = data.sandbox
+  if sb == nil or sb == json.null or (type(sb) == 'table' and sb.status ~= 'RUNNING' and sb.status ~= 'CREATING') then
+    error(errors.sandbox('gone', 'railway: the sandbox is gone (its command\'s connection ended)'), 0)
+  end
+  error(errors.sandbox('unavailable', 'railway: a command\'s connection ended before its exit'), 0)
+end
+
+function WsTransport:_connect(signal)
+  local c = self.client
+  local ok, conn = pcall(ws.connect, { url = self.ws_url, protocols = 'railway-shell, ' .. self:_jwt(signal),
+    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes })
+  if ok then return conn end
+  local code = errors.is(conn) and conn.code
+  if code == 'CANCELLED' then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
+  if code == 'TIMEOUT' then
+    error(errors.sandbox('timeout', 'railway: no WebSocket handshake within ' .. c.call_timeout_ms .. ' ms'), 0)
+  end
+  if code == 'CONNECT_FAILED' and (conn.status == 401 or conn.status == 403) then
+    self._token = nil
+    error(errors.sandbox('authentication', 'railway: the exec bridge refused the shell token (HTTP '
+      .. conn.status .. ')'), 0)
+  end
+  if code == 'CONNECT_FAILED' and conn.status == 429 then
+    error(errors.sandbox('rate_limited', 'railway: the exec bridge\'s rate limit (HTTP 429)'), 0)
+  end
+  if code == 'CONNECT_FAILED' and conn.status == 404 then return self:_why() end
+  error(errors.sandbox('unavailable', 'railway: the exec bridge could not be reached'), 0)
+end
+
+function WsTransport:run(script, o)
+  local c = self.client
+  local conn = self:_connect(o.signal)
+  local out, exit_code = {}, nil
+  local ok, err = pcall(function()
+    conn:send(json.encode({ type = 'init_exec', data = { command = 'sh -c ' .. scripts.quote(script) } }))
+    local stdin = o.stdin or ''
+    for i = 1, #stdin, STDIN_FRAME do conn:send('\2' .. stdin:sub(i, i + STDIN_FRAME - 1), true) end
+    conn:send('{"type":"stdin_close"}')
+    local deadline = core.hrtime_ms() + c.call_timeout_ms
+    while true do
+      local remaining = math.ceil(deadline - core.hrtime_ms())
+      if remaining <= 0 then
+        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+      end
+      local rok, msg, binary = pcall(conn.receive, conn, { timeout_ms = remaining, signal = o.signal })
+      if not rok then
+        if errors.is(msg, 'CANCELLED') then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
+        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+      end
+      if msg == nil then break end
+      if binary then
+        if msg:byte(1) == 1 and #msg > 1 then out[#out + 1] = msg:sub(2) end
+      else
+        local v = hosted.decode(msg)
+        if type(v) == 'table' and v.type == 'exit' then
+          local d = type(v.data) == 'table' and v.data or {}
+          exit_code = d.exit_code == nil and 0 or d.exit_code
+          if not check.is_int(exit_code) then error(c:bad_answer('an exit without a code'), 0) end
+          break
+        end
+      end
+    end
+  end)
+  conn:close()
+  if not ok then error(err, 0) end
+  if exit_code == nil then return self:_why() end
+  return { exit_code = exit_code, stdout = table.concat(out) }
+end
+
+-- {======================================================
+-- The provider
+-- =======================================================
+
+local option_keys = {
+  token = true, token_kind = true, environment_id = true, endpoint = true, region = true, network_isolation = true,
+  exec = true, ws_url = true,
+  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
+}
+
+local function destroy(c, environment_id, id)
+  local ok, err = pcall(graphql, c, 'sandboxDestroy', Q_DESTROY, { id = id, environmentId = environment_id },
+    { gone = true, idempotent = true })
+  if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone') then error(err, 0) end
+end
+
+-- Polls a sandbox still CREATING until it runs (within the call's timeout).
+local function wait_running(c, environment_id, s)
+  local deadline = core.hrtime_ms() + c.call_timeout_ms
+  local wait = POLL_FIRST_MS
+  while s.status == 'CREATING' do
+    if core.hrtime_ms() >= deadline then
+      error(errors.sandbox('timeout', 'railway: the sandbox did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
+    end
+    task.sleep(wait)
+    wait = math.min(wait * 2, POLL_MAX_MS)
+    local data = graphql(c, 'sandbox', Q_GET, { environmentId = environment_id, id = s.id },
+      { gone = true, idempotent = true })
+    if data.sandbox == nil or data.sandbox == json.null then
+      error(errors.sandbox('gone', 'railway: the sandbox vanished while it started'), 0)
+    end
+    s = check_sandbox(c, data.sandbox, 'sandbox')
+  end
+  if s.status ~= 'RUNNING' then
+    error(errors.sandbox('failed', 'railway: the sandbox did not start (it is '
+      .. (c:_safe_code(s.status) or 'in an unknown state') .. ')'), 0)
+  end
+  return s
+end
+
+--- The provider (see the module's comment for `options`).
+function M.railway_sandboxes(options)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then
+    errors.raise(C, 'railway: options with token and environment_id are required', nil, 2)
+  end
+  check.keys(options, option_keys, 'railway options', C, 3)
+  local token = options.token
+  if type(token) ~= 'string' or token == '' then errors.raise(C, 'railway: token is required', nil, 2) end
+  local kind = options.token_kind or 'account'
+  if kind ~= 'account' and kind ~= 'project' then
+    errors.raise(C, 'railway: token_kind must be \'account\' or \'project\'', nil, 2)
+  end
+  local env_id = options.environment_id
+  if type(env_id) ~= 'string' or not env_id:match('^[%w_%-]+$') or #env_id > 128 then
+    errors.raise(C, 'railway: environment_id must be an id (letters, digits, - and _)', nil, 2)
+  end
+  local endpoint = options.endpoint or M.DEFAULT_ENDPOINT
+  local origin, path = nil, nil
+  if type(endpoint) == 'string' then origin, path = endpoint:match('^(https?://[^/%s]+)(/[^%s%c?#]*)$') end
+  if not origin then errors.raise(C, 'railway: endpoint must be an http:// or https:// URL with a path', nil, 2) end
+  local workdir = options.workdir or M.DEFAULT_WORKDIR
+  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
+    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
+    errors.raise(C, 'railway: workdir must be an absolute path', nil, 2)
+  end
+  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  local region = options.region
+  if region ~= nil and (type(region) ~= 'string' or not region:match('^[%w_%-]+$') or #region > 64) then
+    errors.raise(C, 'railway: region must be a region name', nil, 2)
+  end
+  local isolation = options.network_isolation or 'ISOLATED'
+  if isolation ~= 'ISOLATED' and isolation ~= 'PRIVATE' then
+    errors.raise(C, 'railway: network_isolation must be \'ISOLATED\' or \'PRIVATE\'', nil, 2)
+  end
+  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
+  local exec = options.exec or 'websocket'
+  if exec ~= 'websocket' and exec ~= 'graphql' then
+    errors.raise(C, 'railway: exec must be \'websocket\' or \'graphql\'', nil, 2)
+  end
+  local ws_url = options.ws_url
+  if ws_url == nil then
+    -- the service's bridge: the API's host with backboard. made ssh., port 2226
+    local host = origin:match('^https?://([^/:]+)')
+    ws_url = 'wss://ssh.' .. (host:gsub('^backboard%.', '')) .. ':2226/ws/exec'
+  elseif type(ws_url) ~= 'string' or not ws_url:match('^wss?://[^/%s@]+/[^%s%c]*$') then
+    errors.raise(C, 'railway: ws_url must be a ws:// or wss:// URL with a path', nil, 2)
+  end
+  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local client = hosted.client({
+    label = 'railway', base_url = origin, api_key = token,
+    auth_header = kind == 'project' and 'Project-Access-Token' or 'Authorization',
+    retries = options.retries, retry_base_ms = options.retry_base_ms,
+    max_retry_after_ms = options.max_retry_after_ms or 20000,
+  })
+  client.railway_path = path
+
+  local provider = {
+    id = 'railway',
+    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+    workdir = workdir,
+    max_lifetime_ms = max_lifetime,
+  }
+
+  function provider.create(_, spec)
+    local c = client
+    if spec.call_timeout_ms then
+      c = client:with({ call_timeout_ms = spec.call_timeout_ms })
+      c.railway_path = path
+    end
+    local variables
+    if spec.env and next(spec.env) then
+      variables = {}
+      for k, v in pairs(spec.env) do variables[k] = v end
+      variables = setmetatable(variables, json.object_mt)
+    end
+    local input = {
+      environmentId = env_id,
+      idleTimeoutMinutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min', max = M.MAX_IDLE_MINUTES }),
+      networkIsolation = isolation, region = region, variables = variables,
+    }
+    local data = graphql(c, 'sandboxCreate', Q_CREATE, { input = input })
+    local s = check_sandbox(c, data.sandboxCreate, 'sandboxCreate')
+    local backend
+    local ok, err = pcall(function()
+      s = wait_running(c, env_id, s)
+      local transport = setmetatable({
+        client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url,
+      }, exec == 'websocket' and WsTransport or Transport)
+      -- the working directory first: the backend's commands start there
+      local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
+      if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
+        error(errors.sandbox('failed', 'railway: cannot make the working directory'), 0)
+      end
+      backend = command.command_sandbox_backend(s.id, transport, function()
+        destroy(c, env_id, s.id)
+      end)
+    end)
+    if not ok then
+      pcall(destroy, c, env_id, s.id)
+      error(err, 0)
+    end
+    return backend
+  end
+
+  return provider
+end
+
+-- }======================================================
+
+return M

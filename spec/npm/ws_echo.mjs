@@ -1,0 +1,31 @@
+// A WebSocket server for spec/core/ws_spec.lua, on the `ws` package: it writes its port to the
+// file named by its first argument, then on each connection first sends (text) the JSON
+// { auth, protocol, path } of the handshake, then echoes every message (text as text, binary
+// as binary). Messages that do more: 'big' gets 2 MiB of binary back, 'close-4001' closes with
+// code 4001, 'drop' ends the TCP connection without a close, 'quit' ends the server. A
+// handshake for the path /refuse is answered 401, and one for /hang never.
+import { writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { WebSocketServer } from 'ws';
+
+const server = http.createServer((req, res) => { res.writeHead(404); res.end(); });
+const wss = new WebSocketServer({ noServer: true, handleProtocols: (protocols) => [...protocols][0] ?? false });
+server.on('upgrade', (req, socket, head) => {
+  if (req.url === '/refuse') {
+    socket.end('HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+    return;
+  }
+  if (req.url === '/hang') return;
+  wss.handleUpgrade(req, socket, head, (ws) => {
+    ws.send(JSON.stringify({ auth: req.headers.authorization ?? null, protocol: ws.protocol, path: req.url }));
+    ws.on('message', (data, binary) => {
+      const text = binary ? null : data.toString();
+      if (text === 'big') ws.send(Buffer.alloc(2 * 1024 * 1024, 7), { binary: true });
+      else if (text === 'close-4001') ws.close(4001, 'asked');
+      else if (text === 'drop') ws.terminate();
+      else if (text === 'quit') { ws.close(1000); wss.close(); server.close(); server.closeAllConnections(); }
+      else ws.send(data, { binary });
+    });
+  });
+});
+server.listen(0, '127.0.0.1', () => writeFileSync(process.argv[2], String(server.address().port)));

@@ -1,0 +1,139 @@
+-- mayura.sandbox.northflank against the Northflank stand-in (support/northflank_service.lua) over
+-- real local sandboxes: first the official @northflank/js-client, unchanged, against the stand-in
+-- (its REST calls, and its WebSocket exec through the stand-in's front,
+-- spec/npm/northflank_front.mjs), then the conformance suite through the mayura provider against
+-- the same stand-in, then what the provider sends for each option.
+local core = require('mayura.core')
+local sandbox = require('mayura.sandbox')
+local testing = require('mayura.sandbox.testing')
+local process = require('mayura.process')
+local northflank = require('mayura.sandbox.northflank')
+local stand_in = require('support.stand_in')
+local northflank_service = require('support.northflank_service')
+
+local TOKEN = 'nf_0123456789abcdefTOKEN'
+local PROJECT = 'sandboxes'
+local SDK_SCRIPT = 'spec/npm/northflank_sdk.mjs'
+
+describe('northflank_sandboxes options', function()
+  it('needs a token and a project, and never shows the token', function()
+    local f = northflank.northflank_sandboxes
+    assert.raises_code('INVALID_CONFIG', f, { project_id = PROJECT })
+    assert.raises_code('INVALID_CONFIG', f, { token = TOKEN })
+    assert.raises_code('INVALID_CONFIG', f, { token = TOKEN, project_id = 'a/b' })
+    assert.raises_code('INVALID_CONFIG', f, { token = TOKEN, project_id = PROJECT, api_url = 'https://h/v1' })
+    assert.raises_code('INVALID_CONFIG', f, { token = TOKEN, project_id = PROJECT, exec_region = 'mars' })
+    assert.raises_code('INVALID_CONFIG', f, { token = TOKEN, project_id = PROJECT, workdir = 'rel' })
+    local err = assert.raises_code('INVALID_CONFIG', f, { token = TOKEN .. ' x', project_id = PROJECT })
+    assert.is_falsy(tostring(err):find(TOKEN, 1, true))
+    local p = f({ token = TOKEN, project_id = PROJECT })
+    assert.are.same({ stdin = true, ports = false, desktop = false, network = { 'all' } }, p.features)
+    assert.are.equal('/workspace', p.workdir)
+    assert.are.equal(24 * 3600000, p.max_lifetime_ms)
+    assert.is_falsy(tostring(p):find(TOKEN, 1, true))
+  end)
+end)
+
+local can_run_local = pcall(function()
+  require('mayura.sandbox.local').local_sandboxes({})
+end)
+
+describe('the Northflank stand-in, over real local sandboxes', function()
+  if not can_run_local then
+    pending('needs local sandboxes (bubblewrap and the agent): not available here')
+    return
+  end
+  local svc, backing, state, provider, pool, sb
+
+  setup(function()
+    svc = stand_in.new()
+    backing = stand_in.local_backing({ max_sandboxes = 6 })
+    state = northflank_service.install(svc, backing, { token = TOKEN, project_id = PROJECT, team_id = 'team-a' })
+    provider = northflank.northflank_sandboxes({
+      token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = svc:url(''), retry_base_ms = 20,
+    })
+    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } })
+    sb = pool:create({ lifetime_ms = 600000, network = 'all' })
+  end)
+
+  teardown(function()
+    pool:close()
+    backing:close()
+    assert.are.same({}, svc.failures)
+    svc:close()
+  end)
+
+  it('is what the official client (@northflank/js-client) takes for the service', function()
+    local found = io.open('spec/npm/node_modules/@northflank/js-client/package.json')
+    if not found then
+      pending('the client is not installed (sh scripts/setup.sh installs spec/npm)')
+      return
+    end
+    found:close()
+    local before = backing.pool:count()
+    state.pending_polls = 1
+    local r = process.run({ 'node', SDK_SCRIPT }, {
+      timeout_ms = 60000,
+      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''),
+        STAND_IN_TOKEN = TOKEN, STAND_IN_PROJECT = PROJECT },
+    })
+    state.pending_polls = 0
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+    assert.are.equal('IN_PROGRESS', result.first_status)
+    assert.are.equal('COMPLETED', result.status)
+    assert.are.equal(3, result.exit_code)
+    assert.are.equal('Failure', result.completion_status)
+    assert.are.equal('out hi\n', result.stdout)
+    assert.are.equal('err\n', result.stderr)
+    assert.are.equal('a b\n', result.argv_stdout)
+    assert.is_true(result.deleted)
+    assert.is_true(result.missing_is_404)
+    assert.is_true(result.wrong_token_refused)
+    assert.are.equal(before, backing.pool:count())
+  end)
+
+  describe('passes the conformance suite through the mayura provider', function()
+    for _, case in ipairs(testing.sandbox_conformance) do
+      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
+    end
+  end)
+
+  it('creates a service running sleep infinity with env, waits for its deployment, execs argv with the token', function()
+    state.pending_polls = 2
+    local gets = #svc:calls('GET', '/v1/projects/{p}/services/{s}')
+    local other = pool:create({ lifetime_ms = 60000, network = 'all', env = { A = 'b' } })
+    state.pending_polls = 0
+    local creates = svc:calls('POST', '/v1/projects/{p}/services/deployment')
+    local body = creates[#creates].json
+    assert.truthy(body.name:match('^mayura%-%x+$'), body.name)
+    assert.are.same({ instances = 1, external = { imagePath = 'node:22-bookworm' },
+      docker = { configType = 'customCommand', customCommand = 'sleep infinity' } }, body.deployment)
+    assert.are.same({ deploymentPlan = 'nf-compute-20' }, body.billing)
+    assert.are.same({ A = 'b' }, body.runtimeEnvironment)
+    assert.are.equal(gets + 3, #svc:calls('GET', '/v1/projects/{p}/services/{s}'))   -- twice IN_PROGRESS, then COMPLETED
+    assert.are.equal('b\n', other:exec({ 'sh', '-c', 'echo $A' }).stdout)
+    local last = state.execs[#state.execs]
+    assert.are.equal('none', last.init.data.context.shell)
+    assert.are.equal('base64', last.init.data.context.encoding)
+    assert.are.equal('sh', last.init.data.context.command[1])
+    assert.are.equal(TOKEN, last.init.data.auth.apiToken)
+    assert.are.equal('Bearer ' .. TOKEN, last.req.headers.authorization)
+    local id = other._backend.id
+    other:release()
+    assert.is_true(state.services[id].deleted)
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'all', cpus = 2 })
+    assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'none' })
+  end)
+
+  it('uses the team\'s paths with team_id', function()
+    local tp = sandbox.create_sandboxes(northflank.northflank_sandboxes({ token = TOKEN, project_id = PROJECT,
+      team_id = 'team-a', api_url = svc:url(''), exec_url = svc:url('') }),
+      { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'all' } })
+    local t = tp:create({ lifetime_ms = 60000, network = 'all' })
+    assert.are.equal(1, #svc:calls('POST', '/v1/teams/{t}/projects/{p}/services/deployment'))
+    assert.are.equal('ok\n', t:exec({ 'echo', 'ok' }).stdout)
+    t:release()
+    tp:close()
+  end)
+end)
