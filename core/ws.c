@@ -28,6 +28,7 @@
 ** libwebsockets' connection; the Lua handle only points at it and is anchored
 ** in the registry until 'close' is delivered.
 */
+#include "mc.h"
 #include <ctype.h>
 #include <libwebsockets.h>
 

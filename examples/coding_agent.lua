@@ -326,8 +326,8 @@ coder = mayura.define_agent({
       .. ' node:assert.',
     'Run the tests with workspace.exec and the command "node --test". Read the output, fix the code, and run'
       .. ' them again until they pass.',
-    (network ~= 'none' and 'Do not try to install packages' or 'The sandbox has no network: do not try to install packages')
-      .. '; use only the Node.js standard library.',
+    (network ~= 'none' and 'Do not try to install packages'
+      or 'The sandbox has no network: do not try to install packages') .. '; use only the Node.js standard library.',
     'Answer with a short summary and the final content of every file you wrote.',
   },
 })
