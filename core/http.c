@@ -873,66 +873,71 @@ static void mc_http_build_headers(lua_State *L, mc_http_req *r, int idx) {
     do { if (curl_easy_setopt((r)->easy, (opt), (val)) != CURLE_OK) \
         mc_raise(L, "INVALID_INPUT", "libcurl refused option %s", #opt); } while (0)
 
-/* core.http.request(opts, callback) -> request */
-static int l_http_request(lua_State *L) {
-    const char *url, *method = "GET", *body, *sock = NULL;
-    size_t url_len, method_len = 3, body_len = 0, sock_len = 0;
+/* What core.http.request's options say, read and checked before anything is made. */
+typedef struct mc_http_opts {
+    const char *url, *method, *body, *sock;
+    size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
-    int has_headers, has_ctype = 0, has_on_data, has_on_headers;
-    mc_http_multi *m;
-    mc_http_req *r;
+    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4;
+} mc_http_opts;
 
-    if (!lua_istable(L, 1)) mc_raise(L, "INVALID_INPUT", "request options must be a table");
-    if (lua_type(L, 2) != LUA_TFUNCTION) mc_raise(L, "INVALID_INPUT", "the callback must be a function");
-    lua_settop(L, 2);
+/*
+** Reads and checks the options table at index 1 into o; every check comes
+** before anything is allocated. Leaves the option values the request
+** keeps using on the stack at fixed places: 3 url, 4 method, 5 headers,
+** 6 body, 7 unix_socket, 8 on_data, 9 on_headers (the top is 9).
+** Raises INVALID_INPUT on a bad option.
+*/
+static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->method = "GET";
+    o->method_len = 3;
     mc_check_keys(L, 1, mc_http_keys);
 
-    /* Every check first: nothing is allocated until the options are known good. */
     lua_getfield(L, 1, "url"); /* 3 */
     if (lua_type(L, 3) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'url' must be a string");
-    url = lua_tolstring(L, 3, &url_len);
-    if (url_len == 0) mc_raise(L, "INVALID_INPUT", "option 'url' is empty");
-    if (strlen(url) != url_len) mc_raise(L, "INVALID_INPUT", "option 'url' contains a NUL byte");
+    o->url = lua_tolstring(L, 3, &o->url_len);
+    if (o->url_len == 0) mc_raise(L, "INVALID_INPUT", "option 'url' is empty");
+    if (strlen(o->url) != o->url_len) mc_raise(L, "INVALID_INPUT", "option 'url' contains a NUL byte");
 
     lua_getfield(L, 1, "method"); /* 4 */
     if (!lua_isnil(L, 4)) {
         if (lua_type(L, 4) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'method' must be a string");
-        method = lua_tolstring(L, 4, &method_len);
-        if (!mc_http_is_token(method, method_len) || method_len > 64)
+        o->method = lua_tolstring(L, 4, &o->method_len);
+        if (!mc_http_is_token(o->method, o->method_len) || o->method_len > 64)
             mc_raise(L, "INVALID_INPUT", "option 'method' is not a valid method name");
     }
 
     lua_getfield(L, 1, "headers"); /* 5 */
-    has_headers = !lua_isnil(L, 5);
-    if (has_headers) {
+    o->has_headers = !lua_isnil(L, 5);
+    if (o->has_headers) {
         if (!lua_istable(L, 5)) mc_raise(L, "INVALID_INPUT", "option 'headers' must be a table");
-        has_ctype = mc_http_check_headers(L, 5);
+        o->has_ctype = mc_http_check_headers(L, 5);
     }
 
     lua_getfield(L, 1, "body"); /* 6 */
-    body = NULL;
     if (!lua_isnil(L, 6)) {
         if (lua_type(L, 6) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'body' must be a string");
-        body = lua_tolstring(L, 6, &body_len);
+        o->body = lua_tolstring(L, 6, &o->body_len);
     }
 
     lua_getfield(L, 1, "unix_socket"); /* 7 */
     if (!lua_isnil(L, 7)) {
         if (lua_type(L, 7) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'unix_socket' must be a string");
-        sock = lua_tolstring(L, 7, &sock_len);
-        if (sock_len == 0) mc_raise(L, "INVALID_INPUT", "option 'unix_socket' is empty");
-        if (strlen(sock) != sock_len) mc_raise(L, "INVALID_INPUT", "option 'unix_socket' contains a NUL byte");
-        if (sock_len >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        o->sock = lua_tolstring(L, 7, &o->sock_len);
+        if (o->sock_len == 0) mc_raise(L, "INVALID_INPUT", "option 'unix_socket' is empty");
+        if (strlen(o->sock) != o->sock_len) mc_raise(L, "INVALID_INPUT", "option 'unix_socket' contains a NUL byte");
+        if (o->sock_len >= sizeof(((struct sockaddr_un *)0)->sun_path))
             mc_raise(L, "INVALID_INPUT", "option 'unix_socket' is too long for a socket path");
     }
 
     lua_getfield(L, 1, "on_data"); /* 8 */
-    has_on_data = !lua_isnil(L, 8);
-    if (has_on_data && lua_type(L, 8) != LUA_TFUNCTION)
+    o->has_on_data = !lua_isnil(L, 8);
+    if (o->has_on_data && lua_type(L, 8) != LUA_TFUNCTION)
         mc_raise(L, "INVALID_INPUT", "option 'on_data' must be a function");
     lua_getfield(L, 1, "on_headers"); /* 9 */
-    has_on_headers = !lua_isnil(L, 9);
-    if (has_on_headers && lua_type(L, 9) != LUA_TFUNCTION)
+    o->has_on_headers = !lua_isnil(L, 9);
+    if (o->has_on_headers && lua_type(L, 9) != LUA_TFUNCTION)
         mc_raise(L, "INVALID_INPUT", "option 'on_headers' must be a function");
 
     /* AWS Signature V4 by libcurl itself: the provider string and the key pair, which go
@@ -954,37 +959,23 @@ static int l_http_request(lua_State *L) {
         v = lua_tolstring(L, 10, &n);
         if (strncmp(v, "aws:amz:", 8) != 0)
             mc_raise(L, "INVALID_INPUT", "option 'aws_sigv4' must start with aws:amz:");
+        o->has_sigv4 = 1;
     }
     lua_settop(L, 9);
 
-    timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
-    ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
-    max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
+    o->timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
+    o->ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
+    o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
+}
 
-    m = mc_http_get_multi(L);
-
-    /* The request object owns everything from here: an error below is cleaned up by __gc. */
-    r = (mc_http_req *)lua_newuserdatauv(L, sizeof *r, 0); /* 10 */
-    memset(r, 0, sizeof *r);
-    r->self_ref = r->cb_ref = r->data_ref = r->head_ref = r->body_ref = LUA_NOREF;
-    r->curl_code = -1;
-    luaL_getmetatable(L, MC_HTTP_MT);
-    lua_setmetatable(L, -2);
-    r->streaming = has_on_data;
-    r->max_body = (uint64_t)max_body > (uint64_t)SIZE_MAX ? SIZE_MAX : (size_t)max_body;
-
-    lua_pushvalue(L, 2);
-    r->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    if (has_on_data) { lua_pushvalue(L, 8); r->data_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
-    if (has_on_headers) { lua_pushvalue(L, 9); r->head_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
-    /* curl sends the body from the Lua string itself, kept alive by this ref */
-    if (body != NULL) { lua_pushvalue(L, 6); r->body_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
-
+/* Makes r's easy handle and sets every option of the transfer o describes. Raises on failure
+** (r, owned by its userdata, is then cleaned up by __gc). */
+static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts *o) {
     if ((r->easy = curl_easy_init()) == NULL) mc_raise_oom(L);
     MC_HTTP_SETOPT(r, CURLOPT_PRIVATE, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_NOSIGNAL, 1L);
     MC_HTTP_SETOPT(r, CURLOPT_ERRORBUFFER, r->errbuf);
-    MC_HTTP_SETOPT(r, CURLOPT_URL, url);
+    MC_HTTP_SETOPT(r, CURLOPT_URL, o->url);
 #if LIBCURL_VERSION_NUM >= 0x075500
     MC_HTTP_SETOPT(r, CURLOPT_PROTOCOLS_STR, "http,https");
     MC_HTTP_SETOPT(r, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -996,38 +987,74 @@ static int l_http_request(lua_State *L) {
     MC_HTTP_SETOPT(r, CURLOPT_WRITEDATA, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERFUNCTION, mc_http_on_header);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERDATA, (void *)r);
-    if (timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)timeout);
-    if (ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)ctimeout);
-    if (sock != NULL) {
-        MC_HTTP_SETOPT(r, CURLOPT_UNIX_SOCKET_PATH, sock);
+    if (o->timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)o->timeout);
+    if (o->ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)o->ctimeout);
+    if (o->sock != NULL) {
+        MC_HTTP_SETOPT(r, CURLOPT_UNIX_SOCKET_PATH, o->sock);
         /* a local socket is never reached through a proxy from the environment */
         MC_HTTP_SETOPT(r, CURLOPT_NOPROXY, "*");
     }
 
-    if (body != NULL || mc_http_ieq(method, method_len, "post")) {
-        MC_HTTP_SETOPT(r, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-        MC_HTTP_SETOPT(r, CURLOPT_POSTFIELDS, body != NULL ? body : "");
-        if (strcmp(method, "POST") != 0) MC_HTTP_SETOPT(r, CURLOPT_CUSTOMREQUEST, method);
+    if (o->body != NULL || mc_http_ieq(o->method, o->method_len, "post")) {
+        MC_HTTP_SETOPT(r, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)o->body_len);
+        MC_HTTP_SETOPT(r, CURLOPT_POSTFIELDS, o->body != NULL ? o->body : "");
+        if (strcmp(o->method, "POST") != 0) MC_HTTP_SETOPT(r, CURLOPT_CUSTOMREQUEST, o->method);
         /* curl would label the body as a form; the caller says what it is */
-        if (!has_ctype) mc_http_add_header(L, r, "Content-Type:");
-    } else if (strcmp(method, "HEAD") == 0) {
+        if (!o->has_ctype) mc_http_add_header(L, r, "Content-Type:");
+    } else if (strcmp(o->method, "HEAD") == 0) {
         MC_HTTP_SETOPT(r, CURLOPT_NOBODY, 1L);
-    } else if (strcmp(method, "GET") != 0) {
-        MC_HTTP_SETOPT(r, CURLOPT_CUSTOMREQUEST, method);
+    } else if (strcmp(o->method, "GET") != 0) {
+        MC_HTTP_SETOPT(r, CURLOPT_CUSTOMREQUEST, o->method);
     }
-    if (has_headers) mc_http_build_headers(L, r, 5);
+    if (o->has_headers) mc_http_build_headers(L, r, 5);
     if (r->hlist != NULL) MC_HTTP_SETOPT(r, CURLOPT_HTTPHEADER, r->hlist);
-    lua_getfield(L, 1, "aws_sigv4");
-    if (!lua_isnil(L, -1)) {
+    if (o->has_sigv4) {
         /* libcurl copies these strings: nothing of them stays here */
+        lua_getfield(L, 1, "aws_sigv4");
         MC_HTTP_SETOPT(r, CURLOPT_AWS_SIGV4, lua_tostring(L, -1));
         lua_getfield(L, 1, "aws_key_id");
         MC_HTTP_SETOPT(r, CURLOPT_USERNAME, lua_tostring(L, -1));
         lua_getfield(L, 1, "aws_secret");
         MC_HTTP_SETOPT(r, CURLOPT_PASSWORD, lua_tostring(L, -1));
-        lua_pop(L, 2);
+        lua_pop(L, 3);
     }
-    lua_pop(L, 1);
+}
+
+/*
+** core.http.request(opts, cb) -> request. The options are read first
+** (mc_http_read_opts), then the request object is made, empty, and owns
+** everything after (an error below is cleaned up by __gc), then the easy
+** handle is set up (mc_http_setup_easy) and handed to the shared multi.
+*/
+static int l_http_request(lua_State *L) {
+    mc_http_opts o;
+    mc_http_multi *m;
+    mc_http_req *r;
+
+    if (!lua_istable(L, 1)) mc_raise(L, "INVALID_INPUT", "request options must be a table");
+    if (lua_type(L, 2) != LUA_TFUNCTION) mc_raise(L, "INVALID_INPUT", "the callback must be a function");
+    lua_settop(L, 2);
+    mc_http_read_opts(L, &o);   /* 3..9 */
+
+    m = mc_http_get_multi(L);
+
+    r = (mc_http_req *)lua_newuserdatauv(L, sizeof *r, 0); /* 10 */
+    memset(r, 0, sizeof *r);
+    r->self_ref = r->cb_ref = r->data_ref = r->head_ref = r->body_ref = LUA_NOREF;
+    r->curl_code = -1;
+    luaL_getmetatable(L, MC_HTTP_MT);
+    lua_setmetatable(L, -2);
+    r->streaming = o.has_on_data;
+    r->max_body = (uint64_t)o.max_body > (uint64_t)SIZE_MAX ? SIZE_MAX : (size_t)o.max_body;
+
+    lua_pushvalue(L, 2);
+    r->cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (o.has_on_data) { lua_pushvalue(L, 8); r->data_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
+    if (o.has_on_headers) { lua_pushvalue(L, 9); r->head_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
+    /* curl sends the body from the Lua string itself, kept alive by this ref */
+    if (o.body != NULL) { lua_pushvalue(L, 6); r->body_ref = luaL_ref(L, LUA_REGISTRYINDEX); }
+
+    mc_http_setup_easy(L, r, &o);
 
     /* Anchored while in flight: the object cannot be collected mid-transfer. */
     lua_pushvalue(L, 10);
