@@ -37,10 +37,7 @@ typedef struct mc_http_multi mc_http_multi;
 typedef struct mc_http_req mc_http_req;
 typedef struct mc_http_sock mc_http_sock;
 
-typedef struct mc_http_buf {
-    char *p;
-    size_t len, cap;
-} mc_http_buf;
+typedef mc_buf mc_http_buf;
 
 /* One watched socket. Heap memory: it must outlive uv_close's callback. */
 struct mc_http_sock {
@@ -106,30 +103,9 @@ static void mc_http_schedule(mc_http_multi *m);
 
 /* Appends n bytes; the buffer never grows beyond limit. Returns -1 on failure. */
 static int mc_http_buf_add(mc_http_buf *b, const char *p, size_t n, size_t limit) {
-    if (n == 0) return 0;
-    if (n > limit || b->len > limit - n) return -1;
-    if (b->len + n > b->cap) {
-        size_t need = b->len + n;
-        size_t cap = b->cap ? b->cap : 4096;
-        char *np;
-        while (cap < need && cap <= SIZE_MAX / 2) cap *= 2;
-        if (cap < need) cap = need;
-        if (cap > limit) cap = limit;
-        np = (char *)realloc(b->p, cap);
-        if (np == NULL) return -1;
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-    return 0;
+    return mc_buf_add(b, p, n, limit, 4096);
 }
 
-static void mc_http_buf_free(mc_http_buf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
 
 /* Puts r on the news queue (once). Pure C: safe inside curl callbacks. */
 static void mc_http_queue(mc_http_req *r) {
@@ -370,9 +346,9 @@ static void mc_http_unref(lua_State *L, int *ref) {
 
 /* Drops what a delivered request still holds, including its anchor. */
 static void mc_http_release(lua_State *L, mc_http_req *r) {
-    mc_http_buf_free(&r->head);
-    mc_http_buf_free(&r->body);
-    mc_http_buf_free(&r->pend);
+    mc_buf_free(&r->head);
+    mc_buf_free(&r->body);
+    mc_buf_free(&r->pend);
     mc_http_unref(L, &r->cb_ref);
     mc_http_unref(L, &r->data_ref);
     mc_http_unref(L, &r->head_ref);
@@ -425,7 +401,7 @@ static void mc_http_deliver(lua_State *L, mc_http_req *r) {
         lua_rawgeti(L, LUA_REGISTRYINDEX, r->data_ref);
         lua_pushlstring(L, r->pend.p, r->pend.len);
         r->pend.len = 0;
-        if (r->pend.cap > MC_HTTP_KEEP_PEND) mc_http_buf_free(&r->pend);
+        if (r->pend.cap > MC_HTTP_KEEP_PEND) mc_buf_free(&r->pend);
         rc = mc_http_call_check(L, 1);
         if (rc == 1) mc_http_finish(r, MC_HTTP_CANCELLED, "on_data returned false", -1);
         else if (rc < 0) mc_http_finish(r, MC_HTTP_CANCELLED, "on_data raised an error", -1);

@@ -18,7 +18,9 @@
 #ifndef MAYURA_MC_H
 #define MAYURA_MC_H
 
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -44,6 +46,43 @@
 /* {======================================================
 ** Errors
 ** =======================================================*/
+
+/* A growable byte buffer, for the core's pieces that gather bytes (HTTP bodies, stream parsers). */
+typedef struct mc_buf {
+    char *p;
+    size_t len, cap;
+} mc_buf;
+
+/*
+** Appends n bytes, growing by doubling from first_cap; the buffer never
+** grows beyond limit (SIZE_MAX: no limit but memory). Returns -1 when the
+** bytes would pass limit or memory runs out; the buffer is then unchanged.
+*/
+MC_FN int mc_buf_add(mc_buf *b, const char *p, size_t n, size_t limit, size_t first_cap) {
+    if (n == 0) return 0;
+    if (n > limit || b->len > limit - n) return -1;
+    if (b->len + n > b->cap) {
+        size_t need = b->len + n;
+        size_t cap = b->cap ? b->cap : first_cap;
+        char *np;
+        while (cap < need && cap <= SIZE_MAX / 2) cap *= 2;
+        if (cap < need) cap = need;
+        if (cap > limit) cap = limit;
+        np = (char *)realloc(b->p, cap);
+        if (np == NULL) return -1;
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+MC_FN void mc_buf_free(mc_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
 
 /* Pushes a new error table { code = code, message = msg } with the shared metatable. */
 MC_FN void mc_push_error(lua_State *L, const char *code, const char *fmt, ...) {

@@ -70,10 +70,7 @@ enum { MC_SP_CONNECT, MC_SP_NDJSON, MC_SP_SSE, MC_SP_EVENTSTREAM };
 /* AWS caps an event-stream message's headers at 128 KiB. */
 #define MC_SP_ES_MAX_HEADERS ((size_t)128 * 1024)
 
-typedef struct mc_sp_buf {
-    char *p;
-    size_t len, cap;
-} mc_sp_buf;
+typedef mc_buf mc_sp_buf;
 
 typedef struct mc_sp {
     int kind;
@@ -99,21 +96,7 @@ typedef struct mc_sp {
 
 /* Appends n bytes; returns -1 when memory runs out. */
 static int mc_sp_add(mc_sp_buf *b, const char *p, size_t n) {
-    if (n == 0) return 0;
-    if (n > SIZE_MAX - b->len) return -1;
-    if (b->len + n > b->cap) {
-        size_t need = b->len + n, cap = b->cap ? b->cap : 256;
-        char *np;
-        while (cap < need && cap <= SIZE_MAX / 2) cap *= 2;
-        if (cap < need) cap = need;
-        np = (char *)realloc(b->p, cap);
-        if (np == NULL) return -1;
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-    return 0;
+    return mc_buf_add(b, p, n, SIZE_MAX, 256);
 }
 
 static int mc_sp_set(mc_sp_buf *b, const char *p, size_t n) {
@@ -121,11 +104,6 @@ static int mc_sp_set(mc_sp_buf *b, const char *p, size_t n) {
     return mc_sp_add(b, p, n);
 }
 
-static void mc_sp_free(mc_sp_buf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
 
 /* Gives memory back from a buffer that grew large and is nearly empty now. */
 static void mc_sp_trim(mc_sp_buf *b) {
@@ -499,10 +477,10 @@ static int mc_sp_results(lua_State *L, mc_sp *s, int t) {
     if (s->err_code == NULL) return 1;
     mc_push_error(L, s->err_code, "%s", s->err_msg);
     /* once failed, the parser holds nothing more */
-    mc_sp_free(&s->in);
-    mc_sp_free(&s->data);
-    mc_sp_free(&s->event);
-    mc_sp_free(&s->id);
+    mc_buf_free(&s->in);
+    mc_buf_free(&s->data);
+    mc_buf_free(&s->event);
+    mc_buf_free(&s->id);
     s->pos = s->scan = 0;
     return 2;
 }
@@ -585,10 +563,10 @@ static int l_sp_pending(lua_State *L) {
 static int l_sp_gc(lua_State *L) {
     mc_sp *s = (mc_sp *)lua_touserdata(L, 1);
     if (s == NULL) return 0;
-    mc_sp_free(&s->in);
-    mc_sp_free(&s->data);
-    mc_sp_free(&s->event);
-    mc_sp_free(&s->id);
+    mc_buf_free(&s->in);
+    mc_buf_free(&s->data);
+    mc_buf_free(&s->event);
+    mc_buf_free(&s->id);
     return 0;
 }
 

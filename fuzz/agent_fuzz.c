@@ -29,7 +29,9 @@
 ** and 'message' as bytes. The syscall filter is left out of the build
 ** (MAYURA_AGENT_NO_FILTER): no command ever runs here.
 */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -78,7 +78,7 @@ static void mode_response(lua_State *L, int flags, const uint8_t *data, size_t s
         check_table(L, lua_gettop(L));
         free(exact.p);
     }
-    mc_http_buf_free(&r->head);
+    mc_buf_free(&r->head);
     free(r);
 }
 

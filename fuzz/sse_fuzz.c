@@ -76,8 +76,8 @@ static int fz_reference(const uint8_t *p, size_t n, fz_out *o) {
         fz_sse_line(&s, p + at, end - at, o);
         at = end + ((p[end] == '\r' && end + 1 < n && p[end + 1] == '\n') ? 2 : 1);
     }
-    mc_sp_free(&s.data);
-    mc_sp_free(&s.type);
-    mc_sp_free(&s.id);
+    mc_buf_free(&s.data);
+    mc_buf_free(&s.type);
+    mc_buf_free(&s.id);
     return 1;
 }

@@ -207,8 +207,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (valid == failed) fz_fail(valid ? "a valid stream failed" : "a malformed stream was taken");
         if (valid && !fz_same(&ref, &out[0])) fz_fail("the events differ from the reference reading");
     }
-    for (i = 0; i < 3; i++) mc_sp_free(&out[i]);
-    mc_sp_free(&ref);
+    for (i = 0; i < 3; i++) mc_buf_free(&out[i]);
+    mc_buf_free(&ref);
     return 0;
 }
 

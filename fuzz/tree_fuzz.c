@@ -22,7 +22,9 @@
 **    value up to 999999999 that ends the text or a space, and then gives
 **    that state and value.
 */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
