@@ -15,17 +15,29 @@
 ** WIRE_MAP (pairs: u32 length + key bytes, u32 length + value bytes),
 ** WIRE_INTS (a list of i64 LE, 8 bytes each).
 **
-** Requests carry `op`; each gets one reply with its id (agent/agent.c):
+** Requests carry `op`; each gets one reply with its id (agent/agent.c).
+** This is the one table of the protocol (ARCHITECTURE.md shows it too):
 **     op        request fields                     reply
 **     hello     -                                  version, pid, uid
-**     setup     env (map), workdir                 ok
+**     setup     env (map), workdir, lifetime_ms    ok
+**               (lifetime_ms may only shorten the agent's lifetime)
 **     exec      argv, cwd, env, stdin, timeout_ms, exit_code | signal, stdout, stderr,
 **               max_output_bytes, kill_grace_ms,   stdout_truncated, stderr_truncated,
 **               drain_ms, stream (bool)            timed_out, cancelled, duration_ms
 **     cancel    target (an exec's id)              ok
 **     signal    target, signal (1..64)             ok
-**     read, write, list, remove, ping, shutdown    (see agent.c)
-** An error reply carries `error` (a code) and `message` instead.
+**     read      path, max_bytes                    data | missing
+**     write     path, data, mode                   ok
+**     list      path                               names, types, sizes, modified | missing
+**     remove    path, recursive                    removed
+**     ping      -                                  ok
+**     shutdown  -                                  ok, then every process ends
+** An error reply carries `error` (a token) and `message` (the agent's words,
+** never shown to users) instead. Tokens: `invalid` (a malformed request),
+** `too_large`, `too_many_entries`, `is_directory`, `not_directory`,
+** `not_regular`, and errno names (`ENOENT`, `EACCES`, `EPERM`, `EROFS`,
+** `ENOSPC`, `EDQUOT`, `EFBIG`, `ENOTEMPTY`, `ENAMETOOLONG`, `ELOOP`, ...);
+** the host maps each to its own error (_agent_backend.reply_error).
 **
 ** Streaming: an exec with `stream = true` gets, before its reply, frames
 ** with its id and `more = true` (the only frames that are not a reply):
