@@ -109,6 +109,8 @@ for _, kind in ipairs({ 'stdio', 'http' }) do
       assert.is_true(s.started)
       assert.is_true(s.progress >= 2)
       assert.are.equal(1, s.first_progress)
+      assert.is_true(s.output_seen)   -- the command's output came as a progress message while it ran
+      assert.is_true(s.rising)
       assert.are.equal('rejected: McpError', s.outcome)
       assert.is_true(s.stopped)
       assert.are.equal('still here\n', s.session_still_works)

@@ -154,17 +154,19 @@ async function main() {
     const ac = new AbortController();
     const progress = [];
     let started = false;
-    const p = exec(a, `${marker} & sleep 43; wait`, {}, {
+    const p = exec(a, `echo ready-$((40 + 2)); ${marker} & sleep 43; wait`, {}, {
       signal: ac.signal,
       onprogress: (pr) => { progress.push(pr); },
     }).then(() => 'answered', (e) => 'rejected: ' + e.name);
-    started = await poll(() => progress.length >= 2 && hostProcesses(marker) > 0);
+    const sawOutput = () => progress.some((pr) => typeof pr.message === 'string' && pr.message.includes('ready-42'));
+    started = await poll(() => progress.length >= 2 && sawOutput() && hostProcesses(marker) > 0);
     ac.abort('stop');
     const outcome = await p;
     const stopped = await poll(() => hostProcesses(marker) === 0);
     const after = await exec(a, 'echo still here');
+    const rising = progress.every((pr, i) => i === 0 || pr.progress > progress[i - 1].progress);
     return { started, progress: progress.length, first_progress: progress[0] && progress[0].progress, outcome,
-      stopped, session_still_works: after.structuredContent.stdout };
+      stopped, session_still_works: after.structuredContent.stdout, output_seen: sawOutput(), rising };
   });
 
   await scenario('isolation', async () => {

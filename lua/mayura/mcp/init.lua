@@ -298,15 +298,15 @@ local function call_result(ok, res)
     structuredContent = { error = { code = err.code, message = tostring(err.message) } }, isError = true }
 end
 
--- Sends progress for `token` at the start and then every interval until `stop` is cancelled.
-local function progress_loop(self, progress_token, stop, send, started)
-  local n = 0
+-- Sends progress for `token` at the start and then every interval until `stop` is cancelled;
+-- `count` (shared with the call's own progress, a command's output) keeps `progress` rising.
+local function progress_loop(self, progress_token, stop, send, started, count)
   local interval = self.server.progress_interval_ms
   while not stop.cancelled do
-    n = n + 1
+    count.n = count.n + 1
     send({ jsonrpc = '2.0', method = 'notifications/progress', params = {
-      progressToken = progress_token, progress = n,
-      message = n == 1 and 'started' or ('running for ' .. math.floor(now_ms() - started) .. ' ms') } })
+      progressToken = progress_token, progress = count.n,
+      message = count.n == 1 and 'started' or ('running for ' .. math.floor(now_ms() - started) .. ' ms') } })
     local ok = pcall(task.sleep, interval, stop)
     if not ok then break end
   end
@@ -338,13 +338,17 @@ function Session:call_tool(id, params, out)
   self.inflight[id_key(id)] = entry
   local started = now_ms()
   local stop_progress = task.cancel_token()
+  local count = { n = 0 }
   if progress_token ~= nil then
-    task.spawn(progress_loop, self, progress_token, stop_progress, out.send, started)
+    task.spawn(progress_loop, self, progress_token, stop_progress, out.send, started, count)
   end
-  local function progress(p, total, message)
+  -- the call's own progress (a command's output as it comes): `message` is the text; `progress`
+  -- goes on rising from where the interval's notifications are
+  local function progress(_, total, message)
     if progress_token == nil or stop_progress.cancelled then return end
+    count.n = count.n + 1
     out.send({ jsonrpc = '2.0', method = 'notifications/progress', params = {
-      progressToken = progress_token, progress = p, total = total, message = message } })
+      progressToken = progress_token, progress = count.n, total = total, message = message } })
   end
   local ok, res = pcall(self.tools_session.call, params.name, args,
     { signal = token, call_id = 'mcp_' .. tostring(id), progress = progress })

@@ -8,7 +8,8 @@
 -- agent whose tools, grants, limits and budget every MCP session gets (a
 -- policy without `serve` and with one agent serves that agent). Each session
 -- is `env:session(id)` of the policy: a sandbox of its own on first use,
--- released by `close`.
+-- released by `close`. A command's output as it comes (the run's `tool_output`
+-- events) reaches its call's progress notifications as their `message`.
 local errors = require('mayura.errors')
 local policy_mod = require('mayura.policy')
 
@@ -26,11 +27,21 @@ function M.open(paths)
   return {
     max_sessions = max,
     session = function(_, id)
-      local s = env:session(id)
+      -- a command's output as it comes (the run's tool_output events) goes to its call's progress
+      local progress_of = {}
+      local s = env:session(id, { on_event = function(event)
+        local progress = event.type == 'tool_output' and progress_of[event.call_id]
+        if progress then progress(nil, nil, event.text) end
+      end })
       return {
         tools = s.tools, usage = s.usage,
         call = function(tool_id, input, opts)
-          return s.call(tool_id, input, { signal = opts and opts.signal, call_id = opts and opts.call_id })
+          local call_id = opts and opts.call_id
+          if call_id and opts.progress then progress_of[call_id] = opts.progress end
+          local ok, res = pcall(s.call, tool_id, input, { signal = opts and opts.signal, call_id = call_id })
+          if call_id then progress_of[call_id] = nil end
+          if not ok then error(res, 0) end
+          return res
         end,
         close = function() return s.close() end,
       }
