@@ -62,7 +62,7 @@ describe('examples/coding_agent.lua --provider northflank', function()
     local all = r.stdout .. r.stderr
     assert.are.equal(0, r.exit_code, all)
     assert.truthy(r.stdout:find('plays a recorded session', 1, true), all)
-    assert.truthy(r.stdout:find('Sandboxes: northflank, online', 1, true), all)
+    assert.truthy(r.stdout:find('Sandboxes: northflank, network all', 1, true), all)
     local failed = r.stdout:find('%$ node %-%-test%s+%-> exit [1-9]')
     assert.truthy(failed, 'a failing run of node --test in the progress:\n' .. all)
     assert.truthy(r.stdout:find('%$ node %-%-test%s+%-> exit 0', failed), all)
