@@ -50,6 +50,8 @@ typedef struct mc_ws_msg {
 
 struct mc_ws_state {
     struct lws_context *ctx;
+    uv_handle_t **own;      /* the handles the context made on the loop (its idle and timer) */
+    size_t nown;
     uv_loop_t *loop;
     lua_State *L;
     mc_ws_conn *connecting; /* inside lws_client_connect_via_info for it */
@@ -286,6 +288,8 @@ typedef struct mc_ws_walk {
     uv_handle_t **seen;
     size_t n, cap;
     int failed;
+    mc_ws_state *st;
+    size_t room;
 } mc_ws_walk;
 
 static void mc_ws_collect(uv_handle_t *h, void *arg) {
@@ -303,23 +307,58 @@ static void mc_ws_collect(uv_handle_t *h, void *arg) {
     w->seen[w->n++] = h;
 }
 
+/* A handle the new context made: unreferenced (an idle context keeps nothing alive) and kept in
+** the state's list (st->own, room made beforehand for every handle the loop may then hold). */
 static void mc_ws_unref_new(uv_handle_t *h, void *arg) {
     mc_ws_walk *w = (mc_ws_walk *)arg;
     size_t i;
     for (i = 0; i < w->n; i++)
         if (w->seen[i] == h) return;
     uv_unref(h);
+    if (w->st != NULL && w->st->nown < w->room) w->st->own[w->st->nown++] = h;
+}
+
+/* Counts the context's own handles still on the loop (a walk callback). */
+typedef struct mc_ws_left {
+    mc_ws_state *st;
+    size_t n;
+} mc_ws_left;
+
+static void mc_ws_count_own(uv_handle_t *h, void *arg) {
+    mc_ws_left *l = (mc_ws_left *)arg;
+    size_t i;
+    for (i = 0; i < l->st->nown; i++)
+        if (l->st->own[i] == h) l->n++;
 }
 
 static int l_ws_state_gc(lua_State *L) {
     mc_ws_state *st = (mc_ws_state *)lua_touserdata(L, 1);
+    int i;
     if (st == NULL || st->closed) return 0;
     st->closed = 1;
     if (st->ctx != NULL) {
         struct lws_context *ctx = st->ctx;
         st->ctx = NULL;
         lws_context_destroy(ctx);
+        /*
+        ** On a loop it did not make, libwebsockets 4.1 ends a context in steps: its sockets'
+        ** handles close first, and only their close callbacks close its idle and timer
+        ** handles. Left for later, luv's loop finalizer (when the state closes) would close
+        ** those as if they were luv's and crash: the loop runs here, without waiting, until
+        ** none of the context's handles is left (a few turns; bounded all the same).
+        */
+        for (i = 0; i < 64; i++) {
+            mc_ws_left left;
+            left.st = st;
+            left.n = 0;
+            uv_walk(st->loop, mc_ws_count_own, &left);
+            if (left.n == 0) break;
+            uv_run(st->loop, UV_RUN_NOWAIT);
+        }
     }
+    free(st->own);
+    st->own = NULL;
+    st->nown = 0;
     return 0;
 }
 
@@ -357,6 +396,15 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
             free(w.seen);
             mc_raise_oom(L);
         }
+        free(st->own);
+        st->nown = 0;
+        st->own = (uv_handle_t **)calloc(64, sizeof *st->own);
+        if (st->own == NULL) {
+            free(w.seen);
+            mc_raise_oom(L);
+        }
+        w.st = st;
+        w.room = 64;
         lws_set_log_level(0, NULL);
         st->ctx = lws_create_context(&info);
         if (st->ctx != NULL) uv_walk(st->loop, mc_ws_unref_new, &w);

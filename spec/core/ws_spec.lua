@@ -116,4 +116,21 @@ describe('mayura.ws', function()
     assert.raises_code('INVALID_INPUT', ws.connect, { url = url .. '/', protocols = 'a\nb' })
     assert.raises_code('INVALID_INPUT', ws.connect, { url = url .. '/', nope = true })
   end)
+
+  it('lets a plain interpreter that used a WebSocket end normally (the context handles leave the loop first)',
+    function()
+      local compat = require('support.compat')
+      local code = "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path\n"
+        .. "package.cpath = '" .. compat.cpath .. ";' .. package.cpath\n"
+        .. "local core = require('mayura.core')\n"
+        .. "local c, done\n"
+        .. "c = core.ws_connect({ url = '" .. url .. "/' }, function(kind)\n"
+        .. "  if kind == 'open' then c:close() elseif kind == 'close' then done = true end\n"
+        .. "end)\n"
+        .. "while not done do core.run_once() end\n"
+        .. "print('ended')\n"
+      local r = process.run({ compat.lua, '-e', code }, { timeout_ms = 30000 })
+      assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+      assert.are.equal('ended\n', r.stdout)
+    end)
 end)
