@@ -172,6 +172,10 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/mcp.lua
 	$(HOST) bench/railway.lua
 	$(HOST) bench/northflank.lua
+	$(HOST) bench/fly.lua
+	$(HOST) bench/cloudflare.lua
+	$(HOST) bench/agentcore.lua
+	$(HOST) bench/apple_container.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
