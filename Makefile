@@ -34,8 +34,8 @@ TEST_LUAS  ?= lua5.4 luajit
 
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
-DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets 2>/dev/null) $(LUV_CFLAGS)
-DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets 2>/dev/null) -l$(LUV_LIB)
+DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) $(LUV_CFLAGS)
+DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) -l$(LUV_LIB)
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden $(DEPS_CFLAGS) \
              -DMAYURA_LUADIR='"$(LUADIR)"' -DMAYURA_LIBDIR='"$(LIBDIR)"'
 
