@@ -28,7 +28,8 @@
 -- params }. Methods: client/join, setup/get (one finished step), system/update, port/list (none),
 -- shell/create
 -- (the command runs by `sh -c` in `cwd`; its output comes as one `shell/out` notification, stdout
--- then stderr, as a terminal merges them, then `shell/exit`), shell/terminate, shell/rename,
+-- then stderr, as a terminal merges them, then `shell/exit`; for the SDK's connections, appId
+-- `sdk`, only once the SDK renamed the shell, which it does as it starts listening), shell/terminate, shell/rename,
 -- fs/writeFile, fs/readFile, fs/readdir, fs/mkdir, fs/remove, fs/stat (file errors are code 102
 -- with data.errno). Faults: `state.stall_shells` (the next that many commands never end),
 -- `state:vanish(id)` (deleted behind the client's back: its connections close).
@@ -178,10 +179,6 @@ function M.install(svc, backing, opts)
     if c.wake then c.wake() end
   end
 
-  local function fs_error(c, id, method, message, errno)
-    push(c, { id = id, method = method, status = 1, error = { code = 102, message = message,
-      data = { errno = errno } } })
-  end
 
   local function run_shell(c, sb, shell, p)
     local stall = state.stall_shells > 0
@@ -194,6 +191,11 @@ function M.install(svc, backing, opts)
       timeout_ms = 600000, signal = shell.signal })
     if shell.signal.cancelled or c.closed then return end
     if not ok then r = { exit_code = 127, stdout = '', stderr = 'the stand-in could not run the command\n' } end
+    -- The SDK listens to a shell only once its answer came back, right after it asks to rename the
+    -- shell: its notifications wait for that rename (a second at most), else they could arrive
+    -- in the same read as the answer and go unheard.
+    local deadline = core.hrtime_ms() + 1000
+    while c.sdk and not shell.renamed and not c.closed and core.hrtime_ms() < deadline do task.sleep(2) end
     local out = r.stdout .. r.stderr
     if out ~= '' then push(c, { method = 'shell/out', params = { shellId = shell.id, out = out } }) end
     push(c, { method = 'shell/exit', params = { shellId = shell.id, shellType = 'TERMINAL',
@@ -202,7 +204,8 @@ function M.install(svc, backing, opts)
 
   local handlers = {}
 
-  handlers['client/join'] = function()
+  handlers['client/join'] = function(c, _, p)
+    c.sdk = type(p.clientInfo) == 'table' and p.clientInfo.appId == 'sdk'
     return { client = { clientId = new_id(), username = 'stand-in' }, reconnectToken = 'rt_' .. new_id() }
   end
   handlers['setup/get'] = function()
@@ -210,7 +213,11 @@ function M.install(svc, backing, opts)
       finishStatus = 'SUCCEEDED', shellId = json.null } } }
   end
   handlers['system/update'] = function() return {} end
-  handlers['shell/rename'] = function() return {} end
+  handlers['shell/rename'] = function(_, _, p)
+    local shell = state.shells[p.shellId or '']
+    if shell then shell.renamed = true end
+    return {}
+  end
   handlers['port/list'] = function() return { list = setmetatable({}, json.array_mt) } end
 
   handlers['shell/create'] = function(c, sb, p)
