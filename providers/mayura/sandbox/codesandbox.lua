@@ -82,7 +82,8 @@ local function connect(c, vm, signal)
       error(errors.sandbox('timeout', 'codesandbox: no pitcher handshake within ' .. c.call_timeout_ms .. ' ms'), 0)
     end
     if code == 'CONNECT_FAILED' and (conn.status == 401 or conn.status == 403) then
-      error(errors.sandbox('authentication', 'codesandbox: the pitcher refused its token (HTTP ' .. conn.status .. ')'), 0)
+      error(errors.sandbox('authentication', 'codesandbox: the pitcher refused its token (HTTP '
+        .. conn.status .. ')'), 0)
     end
     if code == 'CONNECT_FAILED' and conn.status == 404 then
       error(errors.sandbox('gone', 'codesandbox: the pitcher does not know the sandbox'), 0)
