@@ -176,6 +176,7 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/cloudflare.lua
 	$(HOST) bench/agentcore.lua
 	$(HOST) bench/apple_container.lua
+	$(HOST) bench/codesandbox.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
