@@ -34,8 +34,8 @@ TEST_LUAS  ?= lua5.4 luajit
 
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
-DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets 2>/dev/null) $(LUV_CFLAGS)
-DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets 2>/dev/null) -l$(LUV_LIB)
+DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) $(LUV_CFLAGS)
+DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) -l$(LUV_LIB)
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden $(DEPS_CFLAGS) \
              -DMAYURA_LUADIR='"$(LUADIR)"' -DMAYURA_LIBDIR='"$(LIBDIR)"'
 
@@ -177,6 +177,11 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/mcp.lua
 	$(HOST) bench/railway.lua
 	$(HOST) bench/northflank.lua
+	$(HOST) bench/fly.lua
+	$(HOST) bench/cloudflare.lua
+	$(HOST) bench/agentcore.lua
+	$(HOST) bench/apple_container.lua
+	$(HOST) bench/codesandbox.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

@@ -15,6 +15,7 @@ external_dependencies = {
   CURL = { header = 'curl/curl.h' },
   UV = { header = 'uv.h' },
   CJSON = { header = 'cjson/cJSON.h' },
+  MSGPACK = { header = 'msgpack.h' },
 }
 build = {
   type = 'make',

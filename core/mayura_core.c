@@ -2,7 +2,8 @@
 ** mayura_core.c: the mayura.core Lua module.
 **
 ** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
-** processes, files, HTTP through libcurl, JSON through cJSON, base64, CRC-32 and
+** processes, files, HTTP through libcurl, JSON through cJSON, MessagePack through
+** msgpack-c, base64, CRC-32 and
 ** incremental parsers for streamed HTTP answers (Connect, NDJSON, SSE).
 ** It has no opinion about limits, permissions or providers: it checks its
 ** arguments and returns results. Every piece is included here so that the
@@ -26,6 +27,7 @@
 #include "sha.c"
 #include "net.c"
 #include "ws.c"
+#include "msgpack.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -356,5 +358,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_sha(L);
     mc_open_net(L);
     mc_open_ws(L);
+    mc_open_msgpack(L);
     return 1;
 }

@@ -2,7 +2,7 @@
 --
 --   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
 --   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore,
---         apple-container, railway or northflank
+--         apple-container, railway, northflank or codesandbox
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -54,6 +54,10 @@
 -- NORTHFLANK_PROJECT_ID with the token in NORTHFLANK_API_TOKEN (read here);
 -- NORTHFLANK_API_URL and NORTHFLANK_EXEC_URL for a service speaking the same
 -- API elsewhere. Online as well (Northflank has no egress policy either).
+-- `--provider codesandbox` uses CodeSandbox VMs forked from its universal
+-- template with the token in CSB_API_KEY (read here); CSB_BASE_URL and
+-- CSB_WORKDIR for a service speaking the same API elsewhere. Online as well
+-- (CodeSandbox has no egress policy).
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -82,8 +86,8 @@ end
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
     'usage: build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]\n',
-    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, apple-container, railway'
-      .. ' or northflank\n')
+    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, apple-container, railway,'
+      .. ' northflank or codesandbox\n')
   os.exit(2)
 end
 
@@ -113,10 +117,11 @@ do
     if a == '--provider' then
       provider_name = arg[i + 1]
       local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
-        cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true }
+        cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true,
+        codesandbox = true }
       if not known[provider_name] then
         usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, '
-          .. 'apple-container, railway or northflank')
+          .. 'apple-container, railway, northflank or codesandbox')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -267,6 +272,12 @@ elseif provider_name == 'northflank' then
   provider = require('mayura.sandbox.northflank').northflank_sandboxes({
     token = env('NORTHFLANK_API_TOKEN', true), project_id = env('NORTHFLANK_PROJECT_ID', true),
     api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
+  })
+elseif provider_name == 'codesandbox' then
+  local token = setting('CSB_API_KEY')
+  if not token then usage_error('--provider codesandbox needs CSB_API_KEY') end
+  provider = require('mayura.sandbox.codesandbox').codesandbox_sandboxes({
+    token = token, base_url = setting('CSB_BASE_URL'), workdir = setting('CSB_WORKDIR'),
   })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()

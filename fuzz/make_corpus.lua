@@ -198,3 +198,14 @@ write('listing', 'raw_bad_name', '\1' .. 'L\n81a4 5 1 2e2e\n81a4 1 2 612f62\nend
 write('listing', 'raw_cut', '\1' .. 'L\n81a4 5 17000')
 write('listing', 'built', '\0' .. '\0\5\6\3abc' .. '\129\1\2\3\2\10\255' .. '\2\0\0\1z')
 write('listing', 'built_bad', '\0' .. '\0\1\1\1/' .. '\3\1\1\2..' .. '\4\0\0\0')
+
+-- {------------------------------------------------------ msgpack
+-- msgpack: the bytes themselves: pitcher frames (a request, an answer with bin, a notification),
+-- every scalar kind, and a count past the input.
+write('msgpack', 'request', '\131\162id\1\166method\172shell/create\166params\130\167command\164true\163cwd\161/')
+write('msgpack', 'answer_bin', '\132\162id\2\166method\171fs/readFile\166status\0\166result\129\167content\196\3a\0b')
+write('msgpack', 'notification', '\130\166method\169shell/out\166params\130\167shellId\161s\163out\163hi\n')
+write('msgpack', 'scalars', '\157\192\194\195\127\224\204\255\205\1\0\206\0\1\0\0\207\0\0\0\1\0\0\0\0'
+  .. '\208\128\209\128\0\202\63\192\0\0\203\63\248\0\0\0\0\0\0\217\1x')
+write('msgpack', 'ext', '\212\1\0')
+write('msgpack', 'huge_count', '\221\221\221\221\221\221\221\194')

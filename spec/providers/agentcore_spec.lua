@@ -4,8 +4,9 @@
 -- published get-vanilla example, and requests signed by AWS's own signer, @smithy/signature-v4,
 -- accepted), core.stream_parser('eventstream') (CRCs, headers, cuts), then libcurl's signatures
 -- (CURLOPT_AWS_SIGV4) on every request the provider makes, and the conformance suite through it.
--- The official @aws-sdk/client-bedrock-agentcore is not installed here (no npm registry can be
--- reached), so the SDK's own signer stands for it.
+-- The official @aws-sdk/client-bedrock-agentcore (spec/npm/agentcore_check.mjs) drives the
+-- stand-in unpatched: its own SigV4 signer, its event-stream decoder, executeCommand and the
+-- file tools.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
 local testing = require('mayura.sandbox.testing')
@@ -158,6 +159,39 @@ describe('the AgentCore stand-in, over real local sandboxes', function()
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.same({ start = 200, get = 200, status = 'READY', wrong = 403, stop = 200, id = v.id }, v)
+  end)
+
+  it('is accepted by the official @aws-sdk/client-bedrock-agentcore: signatures, event streams, files', function()
+    local found = io.open('spec/npm/node_modules/@aws-sdk/client-bedrock-agentcore/package.json')
+    if not found then
+      pending('@aws-sdk/client-bedrock-agentcore is not installed (sh scripts/setup.sh installs spec/npm)')
+      return
+    end
+    found:close()
+    local before = state.verified
+    local r = process.run({ 'node', 'spec/npm/agentcore_check.mjs' }, {
+      timeout_ms = 30000,
+      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
+        AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' },
+    })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
+    local id = v.start.id
+    assert.are.same({ id = id, interpreter = agentcore_service.INTERPRETER, created = true }, v.start)
+    assert.are.same({ session = id, events = 1, kind = 'result', stdout = 'out\n', stderr = 'err\n', exit = 3,
+      is_error = true, text = 'out\n' }, v.run)
+    assert.are.same({ kind = 'result', is_error = false }, v.write)
+    assert.are.same({
+      { type = 'resource', uri = 'file:///workspace/sdk/note.txt', text = 'hello from the sdk\n' },
+      { type = 'resource', uri = 'file:///workspace/sdk/raw.bin', blob = '000102ff0a' },
+    }, v.read)
+    assert.are.equal('hello from the sdk\n', v.cat)
+    assert.are.same({ status = 'READY', timeout = 300 }, v.get)
+    assert.are.same({ name = 'InvalidSignatureException', status = 403 }, v.wrong)
+    assert.are.same({ id = id, updated = true }, v.stop)
+    assert.are.same({ name = 'ResourceNotFoundException', status = 404 }, v.after)
+    assert.are.equal('TERMINATED', state.sessions[id].status)
+    assert.is_true(state.verified - before >= 7)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()

@@ -19,16 +19,20 @@
 --   PUT  /code-interpreters/{ci}/sessions/stop?sessionId= { codeInterpreterIdentifier, sessionId }
 --   POST /code-interpreters/{ci}/tools/invoke            x-amzn-code-interpreter-session-id;
 --                                                        { name, arguments } -> an event stream:
---                                                        one `result` event (CodeInterpreterResult)
+--                                                        one `result` event (CodeInterpreterResult),
+--                                                        the session id in the same header
 --
 -- Tools: executeCommand { command } (run by sh -c) -> structuredContent { stdout, stderr,
--- exitCode, executionTime } and a text content block. Errors before the stream are AWS's JSON
+-- exitCode, executionTime } and a text content block; writeFiles { content = { { path, text | blob
+-- (base64) } } } -> a text block; readFiles { paths } -> one `resource` block per file ({ type text
+-- | blob, uri file://<absolute path>, mimeType, text | blob }), relative paths from /workspace. Errors before the stream are AWS's JSON
 -- errors (x-amzn-ErrorType, { message }): 400 ValidationException, 403, 404
 -- ResourceNotFoundException for an unknown or terminated session. `state.exception_next` makes
 -- the next invoke answer 200 with that exception event instead of a result; `state.stall_streams`
 -- stalls the next that many invoke streams before their event. Where it differs: only
--- executeCommand is there (the provider needs no other tool); sessions have no network (the
--- local sandbox's 'none'); only the built-in interpreter `aws.codeinterpreter.v1` exists.
+-- these three tools are there (the provider needs executeCommand, the official SDK's check the
+-- file tools); sessions have no network (the local sandbox's 'none'); only the built-in
+-- interpreter `aws.codeinterpreter.v1` exists.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local sigv4 = require('support.sigv4')
@@ -39,6 +43,7 @@ local M = {}
 
 M.INTERPRETER = 'aws.codeinterpreter.v1'
 M.STALLED = 'the stand-in stalled this stream'
+M.WORKDIR = '/workspace'
 
 local function aws_error(status, kind, message)
   return { status = status, headers = { ['x-amzn-ErrorType'] = kind }, json = { message = message } }
@@ -48,6 +53,41 @@ local seq = 0
 local function new_id()
   seq = seq + 1
   return string.format('%08x%04x%08x', core.now_ms() % 0xffffffff, seq, math.random(0, 0x7fffffff))
+end
+
+-- Paths of the file tools are relative to the session's working directory.
+local function absolute(path)
+  if path:sub(1, 1) == '/' then return path end
+  return M.WORKDIR .. '/' .. path
+end
+
+-- writeFiles and readFiles on the session's sandbox: a CodeInterpreterResult.
+local function file_tool(sb, name, args)
+  if name == 'writeFiles' then
+    for _, f in ipairs(args.content) do
+      local data = f.text or (type(f.blob) == 'string' and core.base64.decode(f.blob))
+      local ok = type(f.path) == 'string' and type(data) == 'string' and pcall(sb.write_file, sb, absolute(f.path), data)
+      if not ok then
+        return { content = { { type = 'text', text = 'could not write ' .. tostring(f.path) } }, isError = true }
+      end
+    end
+    return { content = { { type = 'text', text = 'wrote ' .. #args.content .. ' files' } }, isError = false }
+  end
+  local blocks = {}
+  for _, path in ipairs(args.paths) do
+    local ok, data = pcall(sb.read_file, sb, absolute(tostring(path)))
+    if not ok or not data then
+      return { content = { { type = 'text', text = 'no such file ' .. tostring(path) } }, isError = true }
+    end
+    local resource = { uri = 'file://' .. absolute(path) }
+    if data:find('[%z\1-\8\11\12\14-\31\127-\255]') then
+      resource.type, resource.mimeType, resource.blob = 'blob', 'application/octet-stream', core.base64.encode(data)
+    else
+      resource.type, resource.mimeType, resource.text = 'text', 'text/plain', data
+    end
+    blocks[#blocks + 1] = { type = 'resource', resource = resource }
+  end
+  return { content = blocks, isError = false }
 end
 
 --- Installs the API on `svc` over `backing` (see the module's comment). Returns the state:
@@ -129,11 +169,15 @@ function M.install(svc, backing, opts)
     local s = live(req.headers['x-amzn-code-interpreter-session-id'] or '')
     if not s or s.status ~= 'READY' then return aws_error(404, 'ResourceNotFoundException', 'session not found') end
     local body = req.json
-    if type(body) ~= 'table' or body.name ~= 'executeCommand' or type(body.arguments) ~= 'table'
-        or type(body.arguments.command) ~= 'string' then
-      return aws_error(400, 'ValidationException', 'only executeCommand { command } is here')
+    local args = type(body) == 'table' and body.arguments
+    local valid = type(args) == 'table' and ((body.name == 'executeCommand' and type(args.command) == 'string')
+      or (body.name == 'writeFiles' and type(args.content) == 'table')
+      or (body.name == 'readFiles' and type(args.paths) == 'table'))
+    if not valid then
+      return aws_error(400, 'ValidationException', 'only executeCommand, writeFiles and readFiles are here')
     end
-    local headers = { ['Content-Type'] = 'application/vnd.amazon.eventstream' }
+    local headers = { ['Content-Type'] = 'application/vnd.amazon.eventstream',
+      ['x-amzn-code-interpreter-session-id'] = s.id }
     if state.exception_next then
       local kind = state.exception_next
       state.exception_next = nil
@@ -150,8 +194,12 @@ function M.install(svc, backing, opts)
           while not req.signal.cancelled do task.sleep(50) end
           return
         end
+        if body.name ~= 'executeCommand' then
+          send(eventstream.event('result', file_tool(sb, body.name, args)))
+          return
+        end
         local t0 = core.now_ms()
-        local ok, r = pcall(sb.exec, sb, { 'sh', '-c', body.arguments.command }, { timeout_ms = 600000 })
+        local ok, r = pcall(sb.exec, sb, { 'sh', '-c', args.command }, { timeout_ms = 600000 })
         if not ok then
           send(eventstream.exception('internalServerException', 'exec failed in the stand-in'))
           return

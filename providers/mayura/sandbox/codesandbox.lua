@@ -1,0 +1,389 @@
+--- mayura.sandbox.codesandbox: sandboxes on CodeSandbox (Firecracker VMs forked from a
+-- template), through the API of its SDK (`https://api.codesandbox.io`) and the pitcher, the
+-- agent in each VM, which speaks MessagePack over a WebSocket.
+--
+--   local codesandbox = require('mayura.sandbox.codesandbox')
+--   local provider = codesandbox.codesandbox_sandboxes({ token = token })
+--   local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 3600000 })
+--
+-- Options: `token` (an API token, sent as `Authorization: Bearer`; required, never read from the
+-- environment by this module), `base_url` (the API; for a service that speaks the same API
+-- elsewhere), `template` (the sandbox forked for each new one; `pcz35m`, the service's universal
+-- template, by default), `tier` (the VM size: 'Pico', 'Nano', 'Micro', 'Small', 'Medium',
+-- 'Large', 'XLarge'; the service's default when not given), `workdir` (where relative paths and
+-- commands start; `/project/workspace`, the service's workspace, by default), `max_lifetime_ms`
+-- (24 hours by default), and the kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+--
+-- How the contract maps onto the service:
+--   * create: `POST /sandbox/{template}/fork` (private, tagged `sdk` and `mayura`), then
+--     `POST /vm/{id}/start` with `hibernation_timeout_seconds` = the lifetime in seconds (the
+--     service allows 60 to 86400 here); the answer names the pitcher's URL and a token for it.
+--     The service only hibernates an idle VM, so the pool's timer ends a sandbox at its lifetime;
+--     a release is `DELETE /vm/{id}` (the sandbox is gone for good);
+--   * commands and files: the whole contract runs on `command_sandbox_backend` over the
+--     pitcher: one WebSocket per sandbox (`<pitcher_url>/?token=<pitcher_token>`), binary frames
+--     of MessagePack (core.msgpack) — `client/join` once, then for each backend command
+--     `shell/create` with the command, whose output comes as `shell/out` notifications and its end
+--     as `shell/exit`. The pitcher runs commands in a terminal, which merges stdout and stderr
+--     and may rewrite line ends, so each command's stdout goes to a file and comes back as base64
+--     between markers; its standard error is dropped, and its standard input is /dev/null (the
+--     backend passes input through files). A timeout or a cancel sends `shell/terminate` and
+--     the backend kills the command's processes by their tag;
+--   * network: 'all' only (the service has no egress policy); no ports (preview URLs need the
+--     service's own host tokens); labels stay with the pool.
+-- Failures are SandboxErrors without the service's text: HTTP statuses map as the kit maps them
+-- (401/403 `authentication`, 429 retried after its `Retry-After`, then `rate_limited`); a 404 on
+-- a sandbox, or a pitcher connection that ends while `GET /sandbox/{id}` says 404, is `gone`; a
+-- connection that ends otherwise is `unavailable` (the next command starts the VM again and
+-- reconnects). A pitcher error answer is `failed`.
+local core = require('mayura.core')
+local errors = require('mayura.errors')
+local check = require('mayura._check')
+local task = require('mayura._task')
+local hosted = require('mayura.sandbox._hosted')
+local scripts = require('mayura.sandbox.scripts')
+local command = require('mayura.sandbox.command')
+local ws = require('mayura.ws')
+
+local json, mp, b64 = core.json, core.msgpack, core.base64
+
+local M = {}
+
+M.DEFAULT_BASE_URL = 'https://api.codesandbox.io'
+M.DEFAULT_TEMPLATE = 'pcz35m'
+M.DEFAULT_WORKDIR = '/project/workspace'
+M.MAX_LIFETIME_MS = 24 * 3600000
+M.MAX_COMMAND_BYTES = 32768
+M.PROTOCOL_VERSION = '0.367.10'
+M.TIERS = { Pico = true, Nano = true, Micro = true, Small = true, Medium = true, Large = true, XLarge = true }
+local MAX_MESSAGE_BYTES = 64 * 1048576
+local BEGIN, END = '@@MAYURA-OUT:', ':MAYURA-OUT@@'
+
+-- {======================================================
+-- The pitcher connection
+-- =======================================================
+
+local Pitcher = {}
+Pitcher.__index = Pitcher
+
+local function pitcher_error(what)
+  return errors.sandbox('unavailable', 'codesandbox: the pitcher connection ended (' .. what .. ')')
+end
+
+-- Connects and joins; raises SandboxErrors in our words.
+local function connect(c, vm, signal)
+  local url = vm.pitcher_url .. '/?token=' .. vm.pitcher_token
+  local ok, conn = pcall(ws.connect, { url = url, timeout_ms = c.call_timeout_ms, signal = signal,
+    max_message_bytes = MAX_MESSAGE_BYTES })
+  if not ok then
+    local code = errors.is(conn) and conn.code
+    if code == 'CANCELLED' then error(errors.new('CANCELLED', 'codesandbox: the command was cancelled'), 0) end
+    if code == 'TIMEOUT' then
+      error(errors.sandbox('timeout', 'codesandbox: no pitcher handshake within ' .. c.call_timeout_ms .. ' ms'), 0)
+    end
+    if code == 'CONNECT_FAILED' and (conn.status == 401 or conn.status == 403) then
+      error(errors.sandbox('authentication', 'codesandbox: the pitcher refused its token (HTTP '
+        .. conn.status .. ')'), 0)
+    end
+    if code == 'CONNECT_FAILED' and conn.status == 404 then
+      error(errors.sandbox('gone', 'codesandbox: the pitcher does not know the sandbox'), 0)
+    end
+    error(errors.sandbox('unavailable', 'codesandbox: the pitcher could not be reached'), 0)
+  end
+  local p = setmetatable({ conn = conn, next_id = 0, pending = {}, shells = {}, dead = false }, Pitcher)
+  p.reader = task.spawn(function() p:_read() end)
+  return p
+end
+
+function Pitcher:_shell(id)
+  local s = self.shells[id]
+  if not s then
+    s = { out = {} }
+    self.shells[id] = s
+  end
+  return s
+end
+
+local function wake(s)
+  local w = s.wake
+  if w then
+    s.wake = nil
+    w()
+  end
+end
+
+function Pitcher:_end()
+  self.dead = true
+  local pending = self.pending
+  self.pending = {}
+  for _, done in pairs(pending) do done(nil) end
+  for _, s in pairs(self.shells) do wake(s) end
+end
+
+-- The reader: answers go to their requests, shell notifications to their shells.
+function Pitcher:_read()
+  while true do
+    local ok, msg, binary = pcall(self.conn.receive, self.conn)
+    if not ok or msg == nil then break end
+    local v = binary and mp.decode(msg, { max_bytes = MAX_MESSAGE_BYTES })
+    if type(v) == 'table' then
+      if v.id ~= nil and v.id ~= json.null then
+        local done = self.pending[v.id]
+        self.pending[v.id] = nil
+        if done then done(v) end
+      elseif v.method == 'system/hibernate' then
+        break
+      elseif type(v.params) == 'table' and type(v.params.shellId) == 'string' then
+        local s = self:_shell(v.params.shellId)
+        if v.method == 'shell/out' and type(v.params.out) == 'string' then
+          s.out[#s.out + 1] = v.params.out
+        elseif v.method == 'shell/exit' then
+          s.exit = check.is_int(v.params.exitCode) and v.params.exitCode or -1
+          wake(s)
+        elseif v.method == 'shell/terminate' then
+          s.terminated = true
+          wake(s)
+        end
+      end
+    end
+  end
+  pcall(self.conn.close, self.conn)
+  self:_end()
+end
+
+-- One request: its result, or raises (a pitcher error is `failed`, a dead connection nil).
+function Pitcher:request(method, params, timeout_ms)
+  if self.dead then error(pitcher_error(method), 0) end
+  self.next_id = self.next_id + 1
+  local id = self.next_id
+  local ok = pcall(self.conn.send, self.conn, mp.encode({ id = id, method = method, params = params }), true)
+  if not ok then
+    self:_end()
+    error(pitcher_error(method), 0)
+  end
+  local timer
+  local v = task.await(function(done)
+    self.pending[id] = done
+    timer = task.after(timeout_ms, function()
+      self.pending[id] = nil
+      done(false)
+    end, true)
+  end)
+  timer.cancel()
+  if v == false then error(errors.sandbox('timeout', 'codesandbox: no answer to ' .. method .. ' within '
+    .. timeout_ms .. ' ms'), 0) end
+  if v == nil then error(pitcher_error(method), 0) end
+  if v.status ~= 0 or type(v.result) ~= 'table' then
+    error(errors.sandbox('failed', 'codesandbox: the pitcher refused ' .. method), 0)
+  end
+  return v.result
+end
+
+function Pitcher:close()
+  if not self.dead then pcall(self.conn.close, self.conn) end
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The transport
+-- =======================================================
+
+local Transport = {}
+Transport.__index = Transport
+
+-- After a connection that ended: gone when the service says the sandbox is, else unavailable.
+function Transport:_why(err)
+  if errors.is(err, 'SANDBOX_ERROR') and err.reason == 'unavailable' then
+    self.client:json('GET', '/sandbox/' .. hosted.escape(self.sandbox_id), nil, { gone = true, idempotent = true })
+  end
+  error(err, 0)
+end
+
+-- The live pitcher connection; a dead one is replaced (the VM started again if it stopped).
+function Transport:_pitcher(signal)
+  if self.pitcher and not self.pitcher.dead then return self.pitcher end
+  local vm = self.vm
+  if self.pitcher then
+    vm = self.start_vm()
+    self.vm = vm
+  end
+  local p = connect(self.client, vm, signal)
+  local ok, err = pcall(p.request, p, 'client/join', {
+    clientInfo = { protocolVersion = M.PROTOCOL_VERSION, appId = 'mayura' }, asyncProgress = false,
+    subscriptions = { shell = { status = true }, client = { status = true } },
+  }, self.client.call_timeout_ms)
+  if not ok then
+    p:close()
+    error(err, 0)
+  end
+  self.pitcher = p
+  return p
+end
+
+function Transport:run(script, o)
+  local c = self.client
+  local wrapped = 'f=$(mktemp) || exit 125; sh -c ' .. scripts.quote(script) .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
+    .. 'printf \'\\n' .. BEGIN .. '\'; base64 <"$f" | tr -d \'\\n\\r\'; printf \'' .. END .. '\\n\'; '
+    .. 'rm -f "$f"; exit $c'
+  local ok, p = pcall(self._pitcher, self, o.signal)
+  if not ok then return self:_why(p) end
+  local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
+    size = { cols = 128, rows = 24 }, type = 'TERMINAL', isSystemShell = true }, c.call_timeout_ms)
+  if not rok then return self:_why(r) end
+  if type(r.shellId) ~= 'string' or r.shellId == '' or #r.shellId > 128 then
+    error(c:bad_answer('a shell without an id'), 0)
+  end
+  local s = p:_shell(r.shellId)
+  local deadline = core.hrtime_ms() + c.call_timeout_ms
+  while s.exit == nil and not s.terminated and not p.dead do
+    local remaining = math.ceil(deadline - core.hrtime_ms())
+    local timed_out, cancelled = remaining <= 0, o.signal and o.signal.cancelled
+    if timed_out or cancelled then
+      p.shells[r.shellId] = nil
+      pcall(p.request, p, 'shell/terminate', { shellId = r.shellId }, 5000)
+      if cancelled then error(errors.new('CANCELLED', 'codesandbox: the command was cancelled'), 0) end
+      error(errors.sandbox('timeout', 'codesandbox: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+    end
+    local timer, remove
+    task.await(function(done)
+      s.wake = done
+      timer = task.after(remaining, done, true)
+      if o.signal then remove = o.signal:on_cancel(done) end
+    end)
+    s.wake = nil
+    timer.cancel()
+    if remove then remove() end
+  end
+  p.shells[r.shellId] = nil
+  if s.exit == nil then
+    if s.terminated then error(errors.sandbox('failed', 'codesandbox: the pitcher ended a command'), 0) end
+    return self:_why(pitcher_error('shell/create'))
+  end
+  local text = table.concat(s.out)
+  local body = text:match(BEGIN:gsub('%p', '%%%0') .. '([%w+/=%s]*)' .. END:gsub('%p', '%%%0'))
+  local out = body and b64.decode((body:gsub('%s', '')))
+  if not out then error(c:bad_answer('a command\'s output without its markers'), 0) end
+  return { exit_code = s.exit, stdout = out }
+end
+
+-- }======================================================
+
+-- {======================================================
+-- The provider
+-- =======================================================
+
+local option_keys = {
+  token = true, base_url = true, template = true, tier = true, workdir = true, max_lifetime_ms = true,
+  retries = true, retry_base_ms = true, max_retry_after_ms = true,
+}
+
+local function check_vm(c, d)
+  if type(d) ~= 'table' or type(d.pitcher_url) ~= 'string' or not d.pitcher_url:match('^wss?://[^%s%c?#]+$')
+    or type(d.pitcher_token) ~= 'string' or d.pitcher_token == '' or #d.pitcher_token > 4096
+    or d.pitcher_token:find('[^%w%-_.~]') then
+    error(c:bad_answer('a started VM without its pitcher'), 0)
+  end
+  return { pitcher_url = d.pitcher_url:gsub('/+$', ''), pitcher_token = d.pitcher_token }
+end
+
+-- The `data` of the service's envelope.
+local function data_of(c, body, what)
+  if type(body) ~= 'table' or type(body.data) ~= 'table' then
+    error(c:bad_answer('an answer to ' .. what .. ' without data'), 0)
+  end
+  return body.data
+end
+
+local function destroy(c, id)
+  local ok, err = pcall(c.json, c, 'DELETE', '/vm/' .. hosted.escape(id), nil, { gone = true })
+  if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone') then error(err, 0) end
+end
+
+--- The provider (see the module's comment for `options`).
+function M.codesandbox_sandboxes(options)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then errors.raise(C, 'codesandbox: options with a token are required', nil, 2) end
+  check.keys(options, option_keys, 'codesandbox options', C, 3)
+  local token = options.token
+  if type(token) ~= 'string' or token == '' then errors.raise(C, 'codesandbox: token is required', nil, 2) end
+  local base_url = options.base_url or M.DEFAULT_BASE_URL
+  if type(base_url) ~= 'string' or not base_url:match('^https?://[^%s%c?#]+$') then
+    errors.raise(C, 'codesandbox: base_url must be an http:// or https:// URL', nil, 2)
+  end
+  base_url = base_url:gsub('/+$', '')
+  local template = options.template or M.DEFAULT_TEMPLATE
+  if type(template) ~= 'string' or not template:match('^[%w_%-]+$') or #template > 64 then
+    errors.raise(C, 'codesandbox: template must be a sandbox id', nil, 2)
+  end
+  if options.tier ~= nil and not M.TIERS[options.tier] then
+    errors.raise(C, 'codesandbox: tier must be one of Pico, Nano, Micro, Small, Medium, Large, XLarge', nil, 2)
+  end
+  local workdir = options.workdir or M.DEFAULT_WORKDIR
+  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
+    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
+    errors.raise(C, 'codesandbox: workdir must be an absolute path', nil, 2)
+  end
+  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
+  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local client = hosted.client({
+    label = 'codesandbox', base_url = base_url, api_key = token,
+    retries = options.retries, retry_base_ms = options.retry_base_ms,
+    max_retry_after_ms = options.max_retry_after_ms or 20000,
+  })
+
+  local provider = {
+    id = 'codesandbox',
+    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+    workdir = workdir,
+    max_lifetime_ms = max_lifetime,
+  }
+
+  function provider.create(_, spec)
+    local c = client
+    if spec.call_timeout_ms then c = client:with({ call_timeout_ms = spec.call_timeout_ms }) end
+    local fork = data_of(c, c:json('POST', '/sandbox/' .. hosted.escape(template) .. '/fork', {
+      privacy = 2, private_preview = true, title = 'mayura', tags = { 'sdk', 'mayura' }, path = '/SDK',
+    }), 'fork')
+    local id = fork.id
+    if type(id) ~= 'string' or not id:match('^[%w_%-]+$') or #id > 64 then
+      error(c:bad_answer('a forked sandbox without an id'), 0)
+    end
+    local start = {
+      hibernation_timeout_seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', min = 60, max = 86400 }),
+      tier = options.tier,
+    }
+    local function start_vm()
+      return check_vm(c, data_of(c, c:json('POST', '/vm/' .. hosted.escape(id) .. '/start', start,
+        { gone = true }), 'start'))
+    end
+    local backend
+    local transport
+    local ok, err = pcall(function()
+      transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env }, Transport)
+      -- the working directory first: the backend's commands start there
+      local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
+      if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
+        error(errors.sandbox('failed', 'codesandbox: cannot make the working directory'), 0)
+      end
+      backend = command.command_sandbox_backend(id, transport, function()
+        if transport.pitcher then transport.pitcher:close() end
+        destroy(c, id)
+      end)
+    end)
+    if not ok then
+      if transport and transport.pitcher then transport.pitcher:close() end
+      pcall(destroy, c, id)
+      error(err, 0)
+    end
+    return backend
+  end
+
+  return provider
+end
+
+-- }======================================================
+
+return M
