@@ -1,6 +1,6 @@
 /*
 ** files.h: the file operations the host core (core/fs.c) and the in-sandbox
-** agent (agent/agent.c) share: type names, mkdir -p, writing all of a
+** agent (agent/fileops.c) share: type names, mkdir -p, writing all of a
 ** buffer, the atomic temp-and-rename write, and the recursive remove that
 ** never follows a symlink. Header-only, every function static, each returns
 ** 0 or an errno (never sets a Lua error, never prints), so both ends give

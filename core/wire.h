@@ -1,6 +1,6 @@
 /*
 ** wire.h: the framing and field encoding spoken between the host and the
-** in-sandbox agent (agent/agent.c). Shared by both ends, header-only, every
+** in-sandbox agent (agent/). Shared by both ends, header-only, every
 ** function static.
 **
 ** A frame is
@@ -15,7 +15,7 @@
 ** WIRE_MAP (pairs: u32 length + key bytes, u32 length + value bytes),
 ** WIRE_INTS (a list of i64 LE, 8 bytes each).
 **
-** Requests carry `op`; each gets one reply with its id (agent/agent.c):
+** Requests carry `op`; each gets one reply with its id (agent/conn.c dispatches):
 **     op        request fields                     reply
 **     hello     -                                  version, pid, uid
 **     setup     env (map), workdir                 ok
@@ -24,7 +24,7 @@
 **               drain_ms, stream (bool)            timed_out, cancelled, duration_ms
 **     cancel    target (an exec's id)              ok
 **     signal    target, signal (1..64)             ok
-**     read, write, list, remove, ping, shutdown    (see agent.c)
+**     read, write, list, remove, ping, shutdown    (see agent/fileops.c, ARCHITECTURE.md)
 ** An error reply carries `error` (a code) and `message` instead.
 **
 ** Streaming: an exec with `stream = true` gets, before its reply, frames

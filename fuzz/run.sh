@@ -76,8 +76,8 @@ fi
 rm -f "$probe" "$probe.c"
 
 # The Makefile's include and link flags (pkg-config), with the fuzzing sanitizers.
-DEPS_CFLAGS=$($PKG_CONFIG --cflags "$LUA_PC" libuv libcurl libcjson) || exit 2
-DEPS_LIBS="$($PKG_CONFIG --libs "$LUA_PC") $($PKG_CONFIG --libs libuv libcurl libcjson) -l$LUA_PC-luv -lm"
+DEPS_CFLAGS=$($PKG_CONFIG --cflags "$LUA_PC" libuv libcurl libcjson libwebsockets) || exit 2
+DEPS_LIBS="$($PKG_CONFIG --libs "$LUA_PC") $($PKG_CONFIG --libs libuv libcurl libcjson libwebsockets) -l$LUA_PC-luv -lm"
 CFLAGS="-std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 -fno-sanitize-recover=all -Wall -Wextra -Wno-unused-function $DEPS_CFLAGS -DMAYURA_FUZZ_ROOT=\"$ROOT\""
 

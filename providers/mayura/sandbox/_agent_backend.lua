@@ -42,7 +42,7 @@ local MIB = 1048576
 -- largest max_file_bytes (512 MiB) and output caps, with room to spare.
 M.MAX_FRAME_BYTES = 1024 * MIB
 
---- The most a listing holds (the agent's own caps, agent/agent.c): entries, and bytes of names.
+--- The most a listing holds (the agent's own caps, agent/fileops.c): entries, and bytes of names.
 M.LIST_MAX_ENTRIES = 100000
 M.LIST_MAX_NAME_BYTES = 16 * MIB
 -- A listing's reply frame at those caps: names with their lengths, types, sizes and times.
