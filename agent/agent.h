@@ -93,6 +93,7 @@
 #define DEFAULT_MAX_OUTPUT (1u << 20)
 #define MAX_OUTPUT_LIMIT ((int64_t)WIRE_MAX_FRAME / 2 - 65536)
 #define MAX_MS ((int64_t)1 << 40)
+#define MAX_FILE_OFFSET ((int64_t)1 << 62)
 #define BASE_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 extern char **environ;
@@ -229,6 +230,9 @@ void op_read(conn *c, const wire_msg *m);
 void op_write(conn *c, const wire_msg *m);
 void op_list(conn *c, const wire_msg *m);
 void op_remove(conn *c, const wire_msg *m);
+void uploads_drop(const conn *c);          /* c's uploads (NULL: all), each with its temporary file */
+int64_t uploads_wake(int64_t wake);
+void uploads_expire(int64_t now);
 
 /* }====================================================== */
 

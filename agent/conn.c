@@ -234,6 +234,7 @@ void conn_close(conn *c) {
     }
     c->tail = NULL;
     /* c->in is freed by conn_sweep: a request being handled may still point into it */
+    uploads_drop(c);   /* its unfinished writes leave nothing */
     /* the host is gone: what it started is cancelled, with nobody to tell */
     for (x = execs; x != NULL; x = x->next) {
         if (x->c != c) continue;

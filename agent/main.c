@@ -44,6 +44,7 @@ static void listener_close(void) {
 
 void agent_exit(void) {
     kill_everything();
+    uploads_drop(NULL);
     listener_close();
     exit(0);
 }
@@ -265,7 +266,7 @@ static void loop_turn(struct pollfd **pfs, size_t *pfcap) {
         if (x->deadline != 0 && x->deadline < wake) wake = x->deadline;
     }
 #undef SLOT
-    wake = leftovers_wake(wake);
+    wake = uploads_wake(leftovers_wake(wake));
     timeout = wake <= now ? 0 : (wake - now > 1000000 ? 1000000 : (int)(wake - now));
     rc = poll(pf, (nfds_t)n, timeout);
     if (rc < 0 && errno != EINTR) agent_exit();
@@ -289,6 +290,7 @@ static void loop_turn(struct pollfd **pfs, size_t *pfcap) {
     }
     now = now_ms();
     leftovers_run(now);
+    uploads_expire(now);
     for (x = execs; x != NULL; x = x->next) exec_timer(x, now);
     exec_sweep();
     conn_sweep();

@@ -24,7 +24,17 @@
 **               drain_ms, stream (bool)            timed_out, cancelled, duration_ms
 **     cancel    target (an exec's id)              ok
 **     signal    target, signal (1..64)             ok
-**     read, write, list, remove, ping, shutdown    (see agent/fileops.c, ARCHITECTURE.md)
+**     read      path, max_bytes                    data | missing
+**               with offset, length: a range       data, size, ino, mtime_ns, eof
+**     write     path, data, mode                   ok
+**               more (bool): an upload's first     ok, upload (its id)
+**               upload, data, more: a later part   ok (the last, without more, renames)
+**               upload, abort (bool)               ok (dropped, its temporary file too)
+**     list, remove, ping, shutdown                 (see agent/fileops.c, ARCHITECTURE.md)
+** A large file moves in parts so that neither end handles it in one frame:
+** the host reads ranges until eof (each part must show the same size, ino
+** and mtime_ns), and writes an upload: a temporary file beside the path
+** that the last part renames over it, all or nothing (agent/fileops.c).
 ** An error reply carries `error` (a code) and `message` instead.
 **
 ** Streaming: an exec with `stream = true` gets, before its reply, frames
