@@ -36,6 +36,15 @@ describe('files in parts through the agent', function()
     assert.is_nil(sb:read_file('parts/none'))
   end)
 
+  it('joins more parts than one expression takes (a part of one byte, 300 of them)', function()
+    local bytes = {}
+    for i = 1, 300 do bytes[i] = string.char(i % 256) end
+    local data = table.concat(bytes)
+    sb:write_file('parts/many', data)
+    agent_backend.FILE_PART_BYTES = 1
+    assert.are.equal(data, sb:read_file('parts/many'))
+  end)
+
   it('reads again from the start when the file is replaced between parts', function()
     agent_backend.FILE_PART_BYTES = 4
     sb:write_file('parts/g', 'old content here')
