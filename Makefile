@@ -58,15 +58,18 @@ embed: $(EMBED_LIB) $(GAME)
 
 # The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
 # linked in (Debian's libseccomp-dev: scripts/setup.sh).
-$(AGENT): agent/agent.c core/wire.h core/tree.h core/files.h
+# Its pieces (agent/*.c, agent/agent.h) are compiled and linked in one command.
+AGENT_SRC = $(wildcard agent/*.c)
+AGENT_DEP = $(AGENT_SRC) agent/agent.h core/wire.h core/tree.h core/files.h
+$(AGENT): $(AGENT_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ agent/agent.c -lseccomp
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ $(AGENT_SRC) -lseccomp
 
 # For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
 AGENT_NOFILTER = build/bench/mayura-agent-nofilter
-$(AGENT_NOFILTER): agent/agent.c core/wire.h core/tree.h core/files.h
+$(AGENT_NOFILTER): $(AGENT_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ agent/agent.c
+	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -DMAYURA_AGENT_NO_FILTER -static -o $@ $(AGENT_SRC)
 
 # For bench/sandbox.lua and bench/stream.lua only: the baseline, a C fork+exec of /bin/true, and a
 # clock stamp to run in a sandbox (static, so it runs in any image).

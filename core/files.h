@@ -1,10 +1,12 @@
 /*
 ** files.h: the file operations the host core (core/fs.c) and the in-sandbox
-** agent (agent/agent.c) share: type names, mkdir -p, writing all of a
-** buffer, the atomic temp-and-rename write, and the recursive remove that
-** never follows a symlink. Header-only, every function static, each returns
-** 0 or an errno (never sets a Lua error, never prints), so both ends give
-** the same answers for the same tree.
+** agent (agent/fileops.c) share: type names, mkdir -p, writing all of a
+** buffer, the atomic temp-and-rename write (whole, or begun with
+** files_temp_beside and ended with files_temp_commit when the bytes come in
+** parts), and the recursive remove that never follows a symlink.
+** Header-only, every function static, each returns 0 or an errno (never
+** sets a Lua error, never prints), so both ends give the same answers for
+** the same tree.
 */
 #ifndef MAYURA_FILES_H
 #define MAYURA_FILES_H
@@ -110,28 +112,26 @@ static FILES_UNUSED int files_temp_open(char *tmp, const char *path, size_t dirl
 }
 
 /*
-** Replaces the file at path with data, all or nothing: the bytes go to a
-** temporary file beside it, which is then renamed over it, so a reader
-** never sees half a file and a failure leaves the old one. Missing parents
-** are made (0755) when make_parents, and only once the first try says they
-** are missing, so the common case costs nothing. A path ending in '/' is
-** EISDIR.
+** Opens a new temporary file beside path, for a write that replaces path
+** all or nothing (files_temp_commit finishes it): its descriptor in *fd and
+** its name in *tmp (malloc'd: the caller frees it). Missing parents are
+** made (0755) when make_parents, and only once the first try says they are
+** missing, so the common case costs nothing. A path ending in '/' is EISDIR.
 */
-static FILES_UNUSED int files_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
-                                           int make_parents) {
+static FILES_UNUSED int files_temp_beside(const char *path, int make_parents, int *fd, char **tmp) {
     const char *slash = strrchr(path, '/');
     const char *base = slash != NULL ? slash + 1 : path;
     size_t dirlen = slash != NULL ? (size_t)(slash - path) + 1 : 0;
     size_t baselen = strlen(base);
-    char *tmp;
-    int fd, e;
+    char *t;
+    int e;
     if (baselen == 0) return EISDIR;   /* "dir/": a file name cannot end with a slash */
     if (baselen > FILES_TMP_BASE_MAX) baselen = FILES_TMP_BASE_MAX;
-    tmp = (char *)malloc(dirlen + 1 + baselen + sizeof ".mayura-XXXXXX");
-    if (tmp == NULL) return ENOMEM;
-    fd = files_temp_open(tmp, path, dirlen, base, baselen);
-    e = fd < 0 ? errno : 0;
-    if (fd < 0 && e == ENOENT && make_parents && dirlen > 1) {
+    t = (char *)malloc(dirlen + 1 + baselen + sizeof ".mayura-XXXXXX");
+    if (t == NULL) return ENOMEM;
+    *fd = files_temp_open(t, path, dirlen, base, baselen);
+    e = *fd < 0 ? errno : 0;
+    if (*fd < 0 && e == ENOENT && make_parents && dirlen > 1) {
         char *dir = (char *)malloc(dirlen + 1);
         if (dir == NULL) {
             e = ENOMEM;
@@ -142,20 +142,52 @@ static FILES_UNUSED int files_write_atomic(const char *path, const void *data, s
             free(dir);
         }
         if (e == 0) {
-            fd = files_temp_open(tmp, path, dirlen, base, baselen);
-            e = fd < 0 ? errno : 0;
+            *fd = files_temp_open(t, path, dirlen, base, baselen);
+            e = *fd < 0 ? errno : 0;
         }
     }
-    if (fd < 0) {
-        free(tmp);
+    if (*fd < 0) {
+        free(t);
         return e;
     }
-    e = files_write_all(fd, data, len);
-    if (e == 0 && fchmod(fd, mode) != 0) e = errno;
+    *tmp = t;
+    return 0;
+}
+
+/*
+** Ends a write begun by files_temp_beside whose bytes all went to fd: gives
+** it mode, closes fd, and renames tmp over path. On failure the temporary
+** file is removed and the old file stays. fd is closed either way; tmp is
+** left to the caller to free.
+*/
+static FILES_UNUSED int files_temp_commit(int fd, const char *tmp, const char *path, mode_t mode) {
+    int e = 0;
+    if (fchmod(fd, mode) != 0) e = errno;
     /* close can report a delayed write error (NFS); EINTR still closed the descriptor. */
     if (close(fd) != 0 && e == 0 && errno != EINTR) e = errno;
     if (e == 0 && rename(tmp, path) != 0) e = errno;
     if (e != 0) unlink(tmp);
+    return e;
+}
+
+/*
+** Replaces the file at path with data, all or nothing: the bytes go to a
+** temporary file beside it, which is then renamed over it, so a reader
+** never sees half a file and a failure leaves the old one (see
+** files_temp_beside for make_parents and a path ending in '/').
+*/
+static FILES_UNUSED int files_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
+                                           int make_parents) {
+    char *tmp = NULL;
+    int fd, e = files_temp_beside(path, make_parents, &fd, &tmp);
+    if (e != 0) return e;
+    e = files_write_all(fd, data, len);
+    if (e == 0) {
+        e = files_temp_commit(fd, tmp, path, mode);
+    } else {
+        close(fd);
+        unlink(tmp);
+    }
     free(tmp);
     return e;
 }

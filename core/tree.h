@@ -1,7 +1,7 @@
 /*
 ** tree.h: finding and signalling every process of a command by the tag in
 ** its environment, for the host core (core/proc.c) and the in-sandbox agent
-** (agent/agent.c). Header-only, every function static.
+** (agent/exec.c). Header-only, every function static.
 **
 ** A command is started with a variable NAME=tag in its environment; its
 ** children inherit it, also those that move to a session of their own, so a

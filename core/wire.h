@@ -1,6 +1,6 @@
 /*
 ** wire.h: the framing and field encoding spoken between the host and the
-** in-sandbox agent (agent/agent.c). Shared by both ends, header-only, every
+** in-sandbox agent (agent/). Shared by both ends, header-only, every
 ** function static.
 **
 ** A frame is
@@ -15,7 +15,7 @@
 ** WIRE_MAP (pairs: u32 length + key bytes, u32 length + value bytes),
 ** WIRE_INTS (a list of i64 LE, 8 bytes each).
 **
-** Requests carry `op`; each gets one reply with its id (agent/agent.c).
+** Requests carry `op`; each gets one reply with its id (agent/conn.c dispatches).
 ** This is the one table of the protocol (ARCHITECTURE.md shows it too):
 **     op        request fields                     reply
 **     hello     -                                  version, pid, uid
@@ -27,11 +27,19 @@
 **     cancel    target (an exec's id)              ok
 **     signal    target, signal (1..64)             ok
 **     read      path, max_bytes                    data | missing
+**               with offset, length: a range       data, size, ino, mtime_ns, eof
 **     write     path, data, mode                   ok
+**               more (bool): an upload's first     ok, upload (its id)
+**               upload, data, more: a later part   ok (the last, without more, renames)
+**               upload, abort (bool)               ok (dropped, its temporary file too)
 **     list      path                               names, types, sizes, modified | missing
 **     remove    path, recursive                    removed
 **     ping      -                                  ok
 **     shutdown  -                                  ok, then every process ends
+** A large file moves in parts so that neither end handles it in one frame:
+** the host reads ranges until eof (each part must show the same size, ino
+** and mtime_ns), and writes an upload: a temporary file beside the path
+** that the last part renames over it, all or nothing (agent/fileops.c).
 ** An error reply carries `error` (a token) and `message` (the agent's words,
 ** never shown to users) instead. Tokens: `invalid` (a malformed request),
 ** `too_large`, `too_many_entries`, `is_directory`, `not_directory`,

@@ -1,9 +1,9 @@
 /*
-** agent_fuzz: the in-sandbox agent's request handling (agent/agent.c),
+** agent_fuzz: the in-sandbox agent's request handling (the pieces of agent/),
 ** driven as the host drives it but without running anything.
 **
-** The agent is included whole (its main renamed). Before that, the calls
-** through which a request could change anything outside the process are
+** The agent is included whole, piece by piece (its main renamed). Before
+** that, the calls through which a request could change anything outside the process are
 ** replaced by stand-ins whose outcome the input chooses (an "oracle"
 ** string of bytes): fork always fails (no command ever runs); mkdir,
 ** rmdir, unlink, unlinkat, rename, chdir and kill do nothing and succeed or
@@ -190,7 +190,14 @@ static pid_t fz_fork(void) {
 
 /* }------------------------------------------------------ */
 
-#include "../agent/agent.c"
+/* every piece of the agent, as one translation unit (the Makefile links the same files) */
+#include "../agent/main.c"
+#include "../agent/conn.c"
+#include "../agent/exec.c"
+#include "../agent/spawn.c"
+#include "../agent/filter.c"
+#include "../agent/request.c"
+#include "../agent/fileops.c"
 
 #undef open
 #undef openat

@@ -122,6 +122,13 @@ write('agent', 'read', agent('\25', frame(3, bytes('op', 'read'), bytes('path', 
 write('agent', 'read_devnull', agent('\9', frame(3, bytes('op', 'read'), bytes('path', 'x'))))
 write('agent', 'read_big', agent('\4\3', frame(3, bytes('op', 'read'), bytes('path', '/abs/file'))))
 write('agent', 'write', agent('\1\0', frame(4, bytes('op', 'write'), bytes('path', 'd/f.txt'), bytes('data', 'hello'), int('mode', 384))))
+write('agent', 'read_range', agent('\25', frame(3, bytes('op', 'read'), bytes('path', 'a.txt'), int('max_bytes', 6),
+  int('offset', 2), int('length', 3)), frame(4, bytes('op', 'read'), bytes('path', 'a.txt'), int('offset', 9), int('length', 1))))
+write('agent', 'write_parts', agent('\1\0\1', frame(4, bytes('op', 'write'), bytes('path', 'd/f'), bytes('data', 'ab'),
+  bool('more', true)), frame(5, bytes('op', 'write'), int('upload', 1), bytes('data', 'cd'), bool('more', true)),
+  frame(6, bytes('op', 'write'), int('upload', 1), bytes('data', 'e')), frame(7, bytes('op', 'write'), int('upload', 1),
+  bytes('data', 'x')), frame(8, bytes('op', 'write'), bytes('path', 'g'), bytes('data', ''), bool('more', true)),
+  frame(9, bytes('op', 'write'), int('upload', 2), bool('abort', true))))
 write('agent', 'write_mkdir', agent('\0\0\1\0', frame(4, bytes('op', 'write'), bytes('path', '/x/y/z'), bytes('data', ''))))
 write('agent', 'list', agent('\1', frame(8, bytes('op', 'list'), bytes('path', '.'))))
 write('agent', 'remove', agent('\1\1\0\0', frame(9, bytes('op', 'remove'), bytes('path', 'sub'), bool('recursive', true))))

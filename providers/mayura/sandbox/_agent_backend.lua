@@ -19,6 +19,12 @@
 -- stderr are the chunks joined. `o.on_start(ctl)` is told `{ pid, kill(signal) }`
 -- once the command runs: kill sends a signal number to its tree (op `signal`).
 --
+-- Files move in parts of FILE_PART_BYTES (1 MiB), each its own request, so
+-- the host's loop handles at most one part in a callback and runs other work
+-- between parts (an embedding host's frame stays short): read_file asks for
+-- ranges until `eof`, write_file uploads to a temporary file that the last
+-- part renames over the path, all or nothing (core/wire.h, agent/fileops.c).
+--
 -- A backend object needs `ch` (the channel) and `closed` (true once the
 -- channel is closed: every call then fails with SANDBOX_ERROR `gone`). It
 -- may have `oom_kills()`, a method giving the sandbox's count of processes
@@ -42,7 +48,7 @@ local MIB = 1048576
 -- largest max_file_bytes (512 MiB) and output caps, with room to spare.
 M.MAX_FRAME_BYTES = 1024 * MIB
 
---- The most a listing holds (the agent's own caps, agent/agent.c): entries, and bytes of names.
+--- The most a listing holds (the agent's own caps, agent/fileops.c): entries, and bytes of names.
 M.LIST_MAX_ENTRIES = 100000
 M.LIST_MAX_NAME_BYTES = 16 * MIB
 -- A listing's reply frame at those caps: names with their lengths, types, sizes and times.
@@ -169,19 +175,111 @@ function Methods:exec(argv, o)
   return res
 end
 
-function Methods:read_file(path, o)
-  local reply = self:call({ op = 'read', path = path, max_bytes = o.max_bytes })
-  if reply.missing then return nil end
-  if reply.error then error(M.reply_error(reply, 'the file'), 0) end
-  -- no file is said with `missing`: a reply with neither is nonsense, not "no file"
-  if type(reply.data) ~= 'string' then error(nonsense(), 0) end
-  return reply.data
+-- A part of a file read or written in parts: each is its own request and reply, so the host's
+-- loop handles at most this much of a file in one callback and runs other work between parts.
+M.FILE_PART_BYTES = MIB
+
+-- Joins the parts of a file read in parts into one string. table.concat grows its buffer by
+-- doubling, copying the bytes several times over (about 18 ms for 16 MiB here, in one callback);
+-- one `..` expression over all the parts makes the string in one allocation and one copy. A
+-- function per count of parts is made once (an expression takes at most JOIN_MAX operands: more
+-- parts are joined JOIN_MAX at a time first).
+local JOIN_MAX = 128
+local joiners = {}
+local function join(parts)
+  local n = #parts
+  if n == 1 then return parts[1] end
+  if n > JOIN_MAX then
+    local groups = {}
+    for i = 1, n, JOIN_MAX do
+      groups[#groups + 1] = join({ (table.unpack or unpack)(parts, i, math.min(i + JOIN_MAX - 1, n)) })
+    end
+    return join(groups)
+  end
+  local f = joiners[n]
+  if not f then
+    local terms = {}
+    for i = 1, n do terms[i] = 'p[' .. i .. ']' end
+    f = assert(load('local p = ... return ' .. table.concat(terms, '..'), '=join', 't', {}))
+    joiners[n] = f
+  end
+  return f(parts)
 end
 
+local function file_changed()
+  return errors.sandbox('failed', 'the file kept changing while it was read')
+end
+
+-- One pass of read_parts: the file's bytes, nil when missing, or false when it changed in between.
+local function read_pass(self, path, max)
+  local parts, got, first = {}, 0, nil
+  while true do
+    local reply = self:call({ op = 'read', path = path, max_bytes = max, offset = got, length = M.FILE_PART_BYTES })
+    if reply.missing then return got > 0 and false or nil end
+    if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+    -- no file is said with `missing`: a reply with neither is nonsense, not "no file"
+    if type(reply.data) ~= 'string' or type(reply.size) ~= 'number' or type(reply.eof) ~= 'boolean' then
+      error(nonsense(), 0)
+    end
+    if first == nil then
+      first = reply
+    elseif reply.size ~= first.size or reply.ino ~= first.ino or reply.mtime_ns ~= first.mtime_ns then
+      return false
+    end
+    got = got + #reply.data
+    if max and got > max then error(M.reply_error({ error = 'too_large' }, 'the file'), 0) end
+    parts[#parts + 1] = reply.data
+    if reply.eof then return join(parts) end
+    if #reply.data == 0 then error(nonsense(), 0) end
+  end
+end
+
+-- Reads the whole file in parts (`offset`, `length`); nil when missing. Every part must come from
+-- the same file (inode, size, mtime): when it changed in between, the read starts again, three
+-- times at most.
+local function read_parts(self, path, max)
+  for _ = 1, 3 do
+    local data = read_pass(self, path, max)
+    if data ~= false then return data end
+  end
+  error(file_changed(), 0)
+end
+
+function Methods:read_file(path, o)
+  return read_parts(self, path, o.max_bytes)
+end
+
+-- Writes data in parts of FILE_PART_BYTES: the first begins an upload (a temporary file beside the
+-- path), each next one appends, the last renames it over the path: all or nothing. A write that
+-- fails part way drops the upload (the agent removes its temporary file).
 function Methods:write_file(path, data)
-  local reply = self:call({ op = 'write', path = path, data = data })
+  local part = M.FILE_PART_BYTES
+  if #data <= part then
+    local reply = self:call({ op = 'write', path = path, data = data })
+    if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+    if reply.ok ~= true then error(nonsense(), 0) end
+    return
+  end
+  local reply = self:call({ op = 'write', path = path, data = data:sub(1, part), more = true })
   if reply.error then error(M.reply_error(reply, 'the file'), 0) end
-  if reply.ok ~= true then error(nonsense(), 0) end
+  local upload = reply.upload
+  if reply.ok ~= true or type(upload) ~= 'number' then error(nonsense(), 0) end
+  local ok, err = pcall(function()
+    for at = part + 1, #data, part do
+      local last = at + part > #data
+      local chunk = data:sub(at, at + part - 1)
+      local r = self:call({ op = 'write', upload = upload, data = chunk, more = not last or nil })
+      if r.error then error(M.reply_error(r, 'the file'), 0) end
+      if r.ok ~= true then error(nonsense(), 0) end
+    end
+  end)
+  if not ok then
+    -- an agent that failed a part dropped the upload already; one we stopped is dropped now
+    if not self.closed then
+      pcall(self.ch.call, self.ch, { op = 'write', upload = upload, abort = true }, function() end)
+    end
+    error(err, 0)
+  end
 end
 
 function Methods:list_files(path)
