@@ -66,16 +66,10 @@ faults.hosted_suite({
     end)
 
     it('429: waits the Retry-After it was given, then goes on; throttling inside the stream is rate_limited', function()
-      local pool, sb = env.open()
-      env.retry_after(sb, {
-        calls = function() return env.svc:calls('POST', INVOKE) end,
-        fault = function(answer) env.svc:fault('POST', INVOKE, answer, 1) end,
-      })
-      env.svc:clear()
-      env.state.exception_next = 'throttlingException'
-      check('rate_limited', sb.exec, sb, { 'true' })
-      sb:release()
-      pool:close()
+      env.retry_after_on('POST', INVOKE, function(sb)
+        env.state.exception_next = 'throttlingException'
+        check('rate_limited', sb.exec, sb, { 'true' })
+      end)
     end)
 
     it('an invoke stream that stalls is timeout after idle_timeout_ms, and the session goes on', function()

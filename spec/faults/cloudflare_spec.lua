@@ -26,12 +26,8 @@ faults.hosted_suite({
     local check, CREATE = env.check, env.CREATE
 
     it('401: a wrong key is authentication, and neither key shows', function()
-      local pool = env.make_pool({ api_key = 'cfsb_WRONG_key_0123456789' })
-      check('authentication', pool.create, pool, CREATE)
-      assert.are.equal(0, pool:count())
-      pool:close()
-      local sb
-      pool, sb = env.open()
+      env.refused({ api_key = 'cfsb_WRONG_key_0123456789' })
+      local pool, sb = env.open()
       env.svc:fault('POST', EXEC, { status = 401, json = { error = 'key ' .. KEY .. ' is not valid',
         code = 'unauthorized' } })
       check('authentication', sb.exec, sb, { 'true' })
@@ -58,14 +54,7 @@ faults.hosted_suite({
     end)
 
     it('429: waits the Retry-After it was given, then goes on; a wait too long is rate_limited at once', function()
-      local pool, sb = env.open()
-      env.retry_after(sb, {
-        calls = function() return env.svc:calls('POST', EXEC) end,
-        fault = function(answer) env.svc:fault('POST', EXEC, answer, 1) end,
-      })
-      env.svc:clear()
-      sb:release()
-      pool:close()
+      env.retry_after_on('POST', EXEC)
     end)
 
     it('an exec stream that stalls is timeout after idle_timeout_ms, and the sandbox goes on', function()
@@ -84,10 +73,7 @@ faults.hosted_suite({
       local creates = env.svc:calls('POST', '/v1/sandbox')
       assert.is_truthy(util.eventually(function() return creates[#creates].signal.cancelled end, 5000))
       assert.are.equal(0, pool:count())
-      local sb = pool:create(CREATE)
-      assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
-      sb:release()
-      pool:close()
+      env.goes_on(pool)
     end)
   end,
 })

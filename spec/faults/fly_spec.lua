@@ -25,12 +25,8 @@ faults.hosted_suite({
     local CREATE = env.CREATE
 
     it('401: a wrong token is authentication, and neither token shows', function()
-      local pool = env.make_pool({ token = 'fm2_WRONG_token_0123456789' })
-      check('authentication', pool.create, pool, CREATE)
-      assert.are.equal(0, pool:count())
-      pool:close()
-      local sb
-      pool, sb = env.open()
+      env.refused({ token = 'fm2_WRONG_token_0123456789' })
+      local pool, sb = env.open()
       env.svc:fault('POST', EXEC, { status = 401, json = {
         error = 'token ' .. TOKEN .. ' is not valid', status = 'unauthenticated' } })
       check('authentication', sb.exec, sb, { 'true' })
@@ -61,14 +57,7 @@ faults.hosted_suite({
     end)
 
     it('429: waits the Retry-After it was given, then goes on; a wait too long is rate_limited at once', function()
-      local pool, sb = env.open()
-      env.retry_after(sb, {
-        calls = function() return env.svc:calls('POST', EXEC) end,
-        fault = function(answer) env.svc:fault('POST', EXEC, answer, 1) end,
-      })
-      env.svc:clear()
-      sb:release()
-      pool:close()
+      env.retry_after_on('POST', EXEC)
     end)
 
     it('an exec that never answers is timeout within the call timeout, and the sandbox goes on', function()
@@ -92,10 +81,7 @@ faults.hosted_suite({
       -- it looked for the machine by its name, to destroy it
       assert.is_truthy(util.eventually(function() return #env.svc:calls('GET', '/v1/apps/{app}/machines') > 0 end,
         5000))
-      local sb = pool:create(CREATE)
-      assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
-      sb:release()
-      pool:close()
+      env.goes_on(pool)
     end)
   end,
 })

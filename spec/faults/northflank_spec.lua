@@ -32,12 +32,8 @@ faults.hosted_suite({
     local check, CREATE = env.check, env.CREATE
 
     it('401: a wrong token is authentication, also when it is revoked while a sandbox lives', function()
-      local pool = env.make_pool({ token = 'nf_WRONG_token_0123456789' })
-      check('authentication', pool.create, pool, CREATE)
-      assert.are.equal(0, pool:count())
-      pool:close()
-      local sb
-      pool, sb = env.open()
+      env.refused({ token = 'nf_WRONG_token_0123456789' })
+      local pool, sb = env.open()
       service_opts.token = 'nf_other_token'   -- the stand-in now refuses ours: exec init and REST alike
       check('authentication', sb.exec, sb, { 'true' })
       check('authentication', sb.list_files, sb, '.')
@@ -96,10 +92,7 @@ faults.hosted_suite({
       env.state.pending_polls = 0
       local name = env.svc:calls('POST', CREATE_PATH)[n + 1].json.name
       assert.is_truthy(util.eventually(function() return env.state.services[name].deleted end, 5000))
-      local sb = pool:create(CREATE)
-      assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
-      sb:release()
-      pool:close()
+      env.goes_on(pool)
     end)
   end,
 })

@@ -44,12 +44,9 @@ faults.hosted_suite({
     local make_pool = env.make_pool
 
     it('401: a wrong token is authentication (a GraphQL error or HTTP 401), and neither token shows', function()
-      local pool = make_pool({ token = 'rw_WRONG_token_0123456789' })
-      check('authentication', pool.create, pool, CREATE)
-      assert.are.equal(0, pool:count())
-      pool:close()
+      env.refused({ token = 'rw_WRONG_token_0123456789' })
       -- a project token goes in its own header
-      pool = make_pool({ token_kind = 'project' })
+      local pool = make_pool({ token_kind = 'project' })
       local sb = pool:create(CREATE)
       local last = env.state.ops[#env.state.ops].req
       assert.are.equal(TOKEN, last.headers['project-access-token'])
@@ -116,10 +113,7 @@ faults.hosted_suite({
           return rec and rec.status == 'DESTROYED'
         end, 5000))
         -- and the pool goes on
-        local sb = pool:create(CREATE)
-        assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
-        sb:release()
-        pool:close()
+        env.goes_on(pool)
       end)
 
     it('kills a command past its timeout by its tag', function()

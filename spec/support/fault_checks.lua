@@ -70,7 +70,10 @@ end
 --                                     s.pool (default two sandboxes, all network) + pool_opts
 --   env.open(extra, pool_opts)        such a pool and one sandbox of it
 --   env.all_fail(reason, sb)          every call of M.file_calls(sb) is env.check'ed `reason`
---   env.retry_after(sb, o)            the common 429 case (see below)
+--   env.retry_after(sb, o)            the common 429 case (see below); env.retry_after_on(method, path)
+--                                     the whole case on one route of the stand-in
+--   env.refused(extra)                a pool with a wrong credential cannot create
+--   env.goes_on(pool)                 a new sandbox of pool runs a command, and the pool closes
 -- After each case the stand-in's faults are cleared and s.reset(env) runs; at the end s.teardown(env)
 -- runs, the backing closes and the stand-in must have recorded no failure but those in s.expected_failures.
 function M.hosted_suite(s)
@@ -116,6 +119,37 @@ function M.hosted_suite(s)
       local err = env.check('rate_limited', sb.read_file, sb, 'x')
       assert.are.equal(60000, err.retry_after_ms)
       return err
+    end
+
+    --- The common 429 case on the stand-in's route `method` `path` (the exec): env.retry_after on
+    -- a new sandbox, then the faults are cleared and after(sb) (optional) runs before the end.
+    function env.retry_after_on(method, path, after)
+      local pool, sb = env.open()
+      env.retry_after(sb, {
+        calls = function() return env.svc:calls(method, path) end,
+        fault = function(answer) env.svc:fault(method, path, answer, 1) end,
+      })
+      env.svc:clear()
+      if after then after(sb) end
+      sb:release()
+      pool:close()
+    end
+
+    --- A pool with the options `extra` (a wrong credential) cannot create: `reason` (default
+    -- authentication), and it holds no sandbox.
+    function env.refused(extra, reason)
+      local pool = env.make_pool(extra)
+      env.check(reason or 'authentication', pool.create, pool, env.CREATE)
+      assert.are.equal(0, pool:count())
+      pool:close()
+    end
+
+    --- After a fault, `pool` goes on: a new sandbox of it runs a command; then the pool closes.
+    function env.goes_on(pool)
+      local sb = pool:create(env.CREATE)
+      assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+      sb:release()
+      pool:close()
     end
 
     setup(function()
