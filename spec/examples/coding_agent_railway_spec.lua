@@ -4,7 +4,6 @@
 -- by RAILWAY_GRAPHQL_ENDPOINT and RAILWAY_TCP_PROXY_WS_ENDPOINT. The run's tests fail, then pass,
 -- and the example's own re-check in a fresh sandbox passes.
 local railway_service = require('support.railway_service')
-local util = require('support.util')
 local example = require('support.coding_agent_example')
 
 local TOKEN = 'rw_example0123456789abcdefTOKEN'
@@ -12,16 +11,10 @@ local ENV = 'env-example'
 
 example.hosted_suite({
   title = 'examples/coding_agent.lua --provider railway',
-  install = function(svc, backing, env)
-    local state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
-    env.dir = util.tmpdir()
-    env.ws_url = state:start_front(env.dir)
-    return state
+  install = function(svc, backing)
+    return railway_service.install_with_front(svc, backing, { token = TOKEN, environment_id = ENV })
   end,
-  teardown = function(env)
-    env.state.close()
-    util.rmdir(env.dir)
-  end,
+  teardown = function(env) env.state.close_all() end,
   cases = function(env)
     it('needs RAILWAY_API_TOKEN and RAILWAY_ENVIRONMENT_ID (exit code 2)', function()
       example.needs('railway', { RAILWAY_ENVIRONMENT_ID = ENV }, 'RAILWAY_API_TOKEN', env.svc)
@@ -30,7 +23,7 @@ example.hosted_suite({
     it('plays the recorded session on the stand-in, and the re-check passes', function()
       example.plays('railway', {
         RAILWAY_API_TOKEN = TOKEN, RAILWAY_ENVIRONMENT_ID = ENV,
-        RAILWAY_GRAPHQL_ENDPOINT = env.svc:url(railway_service.PATH), RAILWAY_TCP_PROXY_WS_ENDPOINT = env.ws_url,
+        RAILWAY_GRAPHQL_ENDPOINT = env.svc:url(railway_service.PATH), RAILWAY_TCP_PROXY_WS_ENDPOINT = env.state.ws_url,
       }, TOKEN, 'network all')
       -- the run's sandbox and the re-check's, both destroyed at the end
       local state = env.state

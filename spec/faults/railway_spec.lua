@@ -23,16 +23,10 @@ faults.hosted_suite({
     return { token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), retry_base_ms = 20,
       exec = 'graphql' }
   end,
-  install = function(svc, backing, env)
-    local state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
-    env.dir = util.tmpdir()
-    env.ws_url = state:start_front(env.dir)
-    return state
+  install = function(svc, backing)
+    return railway_service.install_with_front(svc, backing, { token = TOKEN, environment_id = ENV })
   end,
-  teardown = function(env)
-    env.state.close()
-    util.rmdir(env.dir)
-  end,
+  teardown = function(env) env.state.close_all() end,
   reset = function(env)
     env.state.faults = {}
     env.state.creating_polls = 0
@@ -128,7 +122,7 @@ faults.hosted_suite({
 
     describe('over the WebSocket exec bridge', function()
       local function ws_pool(pool_options)
-        return make_pool({ exec = 'websocket', ws_url = env.ws_url }, pool_options)
+        return make_pool({ exec = 'websocket', ws_url = env.state.ws_url }, pool_options)
       end
 
       it('a shell token the bridge refuses is authentication; a new one is asked for next time', function()

@@ -7,7 +7,6 @@ local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
 local railway = require('mayura.sandbox.railway')
 local suite = require('support.stand_in_suite')
-local util = require('support.util')
 local railway_service = require('support.railway_service')
 
 local TOKEN = 'rw_0123456789abcdefTOKEN'
@@ -44,25 +43,19 @@ end)
 suite.describe('the Railway stand-in, over real local sandboxes', function()
   local svc, backing, state, pool, sb, ws_url
   suite.stand_in_pool({
-    install = function(s, b, e)
-      local st = railway_service.install(s, b, { token = TOKEN, environment_id = ENV })
-      e.dir = util.tmpdir()
-      e.ws_url = st:start_front(e.dir)
-      return st
+    install = function(s, b)
+      return railway_service.install_with_front(s, b, { token = TOKEN, environment_id = ENV })
     end,
     provider = function(s, e)
       return railway.railway_sandboxes({
-        token = TOKEN, environment_id = ENV, endpoint = s:url(railway_service.PATH), ws_url = e.ws_url,
+        token = TOKEN, environment_id = ENV, endpoint = s:url(railway_service.PATH), ws_url = e.state.ws_url,
         retry_base_ms = 20,
       })
     end,
     pool = { max_sandboxes = 3, max_lifetime_ms = 6 * 3600000, network = { 'all' } },
     create = { lifetime_ms = 600000, network = 'all' },
-    teardown = function(e)
-      e.state.close()
-      util.rmdir(e.dir)
-    end,
-    ready = function(e) svc, backing, state, pool, sb, ws_url = e.svc, e.backing, e.state, e.pool, e.sb, e.ws_url end,
+    teardown = function(e) e.state.close_all() end,
+    ready = function(e) svc, backing, state, pool, sb, ws_url = e.svc, e.backing, e.state, e.pool, e.sb, e.state.ws_url end,
   })
 
   it('is what the official SDK (railway) takes for the service\'s GraphQL API', function()
