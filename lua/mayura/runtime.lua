@@ -745,6 +745,31 @@ local function drive(run)
   return outcome
 end
 
+-- A new run of `agent` on `runtime`, running, its usage at zero: the one of a submit and the one
+-- behind a session. Its id is `id`, or `prefix`_<count>_<clock> (the count goes up either way);
+-- its events go to `on_event`.
+local function new_run(runtime, agent, prefix, id, on_event)
+  run_counter = run_counter + 1
+  return setmetatable({
+    id = id or string.format('%s_%d_%x', prefix, run_counter, math.floor(core.now_ms()) % 0x1000000),
+    agent_id = agent.id,
+    status = 'running',
+    usage = { steps = 0, model_calls = 0, tool_calls = 0, cost_micros = 0 },
+    _runtime = runtime,
+    _agent = agent,
+    _on_event = on_event,
+    _limits = runtime.limits,
+    _allow = runtime._allow,
+    _events = {},
+    _waiters = {},
+    _hook_errors = {},
+    _token = task.cancel_token(),
+    _reserved = 0,
+    _call_counter = 0,
+    _started_at = core.hrtime_ms(),
+  }, Run)
+end
+
 local submit_keys = { input = true, on_event = true, signal = true }
 
 --- Starts a run of `agent`: `{ input = ..., on_event = function(event) end, signal = token }`.
@@ -763,26 +788,8 @@ function Runtime:submit(agent, options)
   if options.signal ~= nil and not task.is_token(options.signal) then
     errors.raise('INVALID_INPUT', 'signal must be a cancel token (mayura.cancel_token())')
   end
-  run_counter = run_counter + 1
-  local run = setmetatable({
-    id = string.format('run_%d_%x', run_counter, math.floor(core.now_ms()) % 0x1000000),
-    agent_id = agent.id,
-    status = 'running',
-    usage = { steps = 0, model_calls = 0, tool_calls = 0, cost_micros = 0 },
-    _runtime = self,
-    _agent = agent,
-    _input = options.input,
-    _on_event = options.on_event,
-    _limits = self.limits,
-    _allow = self._allow,
-    _events = {},
-    _waiters = {},
-    _hook_errors = {},
-    _token = task.cancel_token(),
-    _reserved = 0,
-    _call_counter = 0,
-    _started_at = core.hrtime_ms(),
-  }, Run)
+  local run = new_run(self, agent, 'run', nil, options.on_event)
+  run._input = options.input
   self._runs[run] = true
   if options.signal then run._unlink_signal = options.signal:on_cancel(function() run:cancel() end) end
   run._task = task.spawn(drive, run)
@@ -838,26 +845,8 @@ function Runtime:session(agent, options)
   if options.on_event ~= nil and type(options.on_event) ~= 'function' then
     errors.raise('INVALID_INPUT', 'on_event must be a function')
   end
-  run_counter = run_counter + 1
-  local run = setmetatable({
-    id = options.id or string.format('session_%d_%x', run_counter, math.floor(core.now_ms()) % 0x1000000),
-    agent_id = agent.id,
-    status = 'running',
-    usage = { steps = 0, model_calls = 0, tool_calls = 0, cost_micros = 0 },
-    _runtime = self,
-    _agent = agent,
-    _on_event = options.on_event,
-    _limits = self.limits,
-    _allow = self._allow,
-    _events = {},
-    _waiters = {},
-    _hook_errors = {},
-    _messages = {},
-    _token = task.cancel_token(),
-    _reserved = 0,
-    _call_counter = 0,
-    _started_at = core.hrtime_ms(),
-  }, Run)
+  local run = new_run(self, agent, 'session', options.id, options.on_event)
+  run._messages = {}
   local session = setmetatable({ id = run.id, agent_id = agent.id, usage = run.usage, _run = run, _active = 0,
     _idle = {} }, Session)
   emit(run, { type = 'run_started', agent_id = run.agent_id, agent_version = agent.version })

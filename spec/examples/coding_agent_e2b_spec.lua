@@ -3,13 +3,12 @@
 -- while the example runs as a subprocess of build/mayura. It plays the recorded session, and its
 -- independent re-check (node --test in a fresh sandbox) must pass; the key comes from
 -- E2B_API_KEY, read by the example, never by the library.
-local process = require('mayura.process')
 local sandbox = require('mayura.sandbox')
 local stand_in = require('support.stand_in')
 local e2b_service = require('support.e2b_service')
 
-local HOST = 'build/mayura'
-local EXAMPLE = 'examples/coding_agent.lua'
+local example = require('support.coding_agent_example')
+
 local KEY = 'e2b_example_0123456789abcdef012345'
 
 local can_run_local = pcall(function()
@@ -20,15 +19,8 @@ local can_run_local = pcall(function()
   pool:close()
 end)
 
-local function env(extra)
-  local out = {}
-  for _, name in ipairs({ 'PATH', 'HOME', 'LANG', 'TMPDIR' }) do out[name] = os.getenv(name) end
-  for k, v in pairs(extra or {}) do out[k] = v end
-  return out
-end
-
 local function demo(extra_env)
-  return process.run({ HOST, EXAMPLE, '--provider', 'e2b' }, { env = env(extra_env), timeout_ms = 120000 })
+  return example.run('e2b', extra_env, 120000)
 end
 
 describe('examples/coding_agent.lua --provider e2b', function()

@@ -10,29 +10,8 @@ local cloudflare_service = require('support.cloudflare_service')
 local agentcore_service = require('support.agentcore_service')
 local util = require('support.util')
 
-local HOST = 'build/mayura'
-local EXAMPLE = 'examples/coding_agent.lua'
-
-local function env(extra)
-  local out = {}
-  for _, name in ipairs({ 'PATH', 'HOME', 'LANG', 'TMPDIR' }) do out[name] = os.getenv(name) end
-  for k, v in pairs(extra or {}) do out[k] = v end
-  return out
-end
-
--- Runs the example with `vars`; checks the session's course and that `secret` never shows.
-local function plays(name, vars, secret, network)
-  local r = process.run({ HOST, EXAMPLE, '--provider', name }, { env = env(vars), timeout_ms = 180000 })
-  local all = r.stdout .. r.stderr
-  assert.are.equal(0, r.exit_code, all)
-  assert.truthy(r.stdout:find('plays a recorded session', 1, true), all)
-  assert.truthy(r.stdout:find('Sandboxes: ' .. name .. ', ' .. network, 1, true), all)
-  local failed = r.stdout:find('%$ node %-%-test%s+%-> exit [1-9]')
-  assert.truthy(failed, 'a failing run of node --test in the progress:\n' .. all)
-  assert.truthy(r.stdout:find('%$ node %-%-test%s+%-> exit 0', failed), all)
-  assert.truthy(r.stdout:find('\nVerdict: the re-check passed', 1, true), all)
-  if secret then assert.is_falsy(all:find(secret, 1, true)) end
-end
+local example = require('support.coding_agent_example')
+local plays = example.plays
 
 local can_run_local = pcall(function()
   require('mayura.sandbox.local').local_sandboxes({})
@@ -59,8 +38,7 @@ describe('examples/coding_agent.lua on the hosted providers of part 2', function
   end)
 
   it('--provider fly needs FLY_API_TOKEN and FLY_APP (exit code 2), then plays the session', function()
-    local r = process.run({ HOST, EXAMPLE, '--provider', 'fly' }, { env = env({ FLY_APP = 'a' }), timeout_ms = 60000 })
-    assert.are.equal(2, r.exit_code, r.stdout .. r.stderr)
+    example.needs('fly', { FLY_APP = 'a' })
     local token = 'fm2_example0123456789TOKEN'
     local state = fly_service.install(svc, backing, { token = token, app = 'coding' })
     plays('fly', { FLY_API_TOKEN = token, FLY_APP = 'coding', FLY_API_URL = svc:url('') }, token, 'network all')

@@ -10,6 +10,7 @@ local stand_in = require('support.stand_in')
 local daytona_service = require('support.daytona_service')
 local util = require('support.util')
 local hosted = require('mayura.sandbox._hosted')
+local faults = require('support.fault_checks')
 
 local KEY = 'dtn_fault_8d2e6a4f0b1c3e5a7d9f'
 local WRONG = 'dtn_wrong_1a2b3c4d5e6f7a8b9c0d'
@@ -18,27 +19,8 @@ local WRONG = 'dtn_wrong_1a2b3c4d5e6f7a8b9c0d'
 local SERVICE_TEXT = { 'Invalid credentials', 'not found', 'not accessible', 'try later', 'no capacity',
   'organization' }
 
--- Whether `needle` appears anywhere in `v`: its tostring, its fields and their fields.
-local function shows(v, needle, seen)
-  seen = seen or {}
-  if type(v) == 'string' then return v:find(needle, 1, true) ~= nil end
-  if type(v) ~= 'table' or seen[v] then return false end
-  seen[v] = true
-  if tostring(v):find(needle, 1, true) then return true end
-  for k, x in pairs(v) do
-    if shows(k, needle, seen) or shows(x, needle, seen) then return true end
-  end
-  return false
-end
-
 -- A SANDBOX_ERROR of `reason` from fn(...), clean of keys and of the service's text.
-local function sandbox_error(reason, fn, ...)
-  local err = assert.raises_code('SANDBOX_ERROR', fn, ...)
-  assert.are.equal(reason, err.reason, tostring(err))
-  for _, secret in ipairs({ KEY, WRONG }) do assert.is_false(shows(err, secret), 'the key shows') end
-  for _, words in ipairs(SERVICE_TEXT) do assert.is_false(shows(err, words), 'the service\'s "' .. words .. '" shows') end
-  return err
-end
+local sandbox_error = faults.checker({ KEY, WRONG }, SERVICE_TEXT)
 
 describe('mayura.sandbox.daytona when the service fails', function()
   local svc, provider, pool

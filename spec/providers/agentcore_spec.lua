@@ -8,11 +8,8 @@
 -- stand-in unpatched: its own SigV4 signer, its event-stream decoder, executeCommand and the
 -- file tools.
 local core = require('mayura.core')
-local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
-local process = require('mayura.process')
 local agentcore = require('mayura.sandbox.agentcore')
-local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local agentcore_service = require('support.agentcore_service')
 local sigv4 = require('support.sigv4')
 local eventstream = require('support.eventstream')
@@ -115,47 +112,26 @@ describe('agentcore_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
-
-describe('the AgentCore stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, pool, sb
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 6 })
-    state = agentcore_service.install(svc, backing, { access_key_id = KEY_ID, secret_access_key = SECRET,
-      session_token = TOKEN, region = 'us-east-1' })
-    local provider = agentcore.agentcore_sandboxes({ region = 'us-east-1', credentials = CREDS, endpoint = svc:url(''),
-      retry_base_ms = 20 })
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } })
-    sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
+suite.describe('the AgentCore stand-in, over real local sandboxes', function()
+  local svc, state, pool, sb
+  suite.stand_in_pool({
+    install = function(s, b)
+      return agentcore_service.install(s, b, { access_key_id = KEY_ID, secret_access_key = SECRET,
+        session_token = TOKEN, region = 'us-east-1' })
+    end,
+    provider = function(s)
+      return agentcore.agentcore_sandboxes({ region = 'us-east-1', credentials = CREDS, endpoint = s:url(''),
+        retry_base_ms = 20 })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } },
+    create = { lifetime_ms = 600000, network = 'all' },
+    ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
+  })
 
   it('accepts requests signed by AWS\'s own signer (@smithy/signature-v4), and refuses a wrong secret', function()
-    local found = io.open('spec/npm/node_modules/@smithy/signature-v4/package.json')
-    if not found then
-      pending('@smithy/signature-v4 is not installed (sh scripts/setup.sh installs spec/npm)')
-      return
-    end
-    found:close()
-    local r = process.run({ 'node', 'spec/npm/sigv4_check.mjs' }, {
-      timeout_ms = 30000,
-      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
-        AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' },
-    })
+    if not suite.npm_installed('@smithy/signature-v4', '@smithy/signature-v4') then return end
+    local r = suite.node('spec/npm/sigv4_check.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
+      AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' }, 30000)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.same({ start = 200, get = 200, status = 'READY', wrong = 403, stop = 200, id = v.id }, v)
@@ -194,11 +170,7 @@ describe('the AgentCore stand-in, over real local sandboxes', function()
     assert.is_true(state.verified - before >= 7)
   end)
 
-  describe('passes the conformance suite through the mayura provider', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end)
 
   it('signs every request with libcurl\'s SigV4, and no credential travels in a body or URL', function()
     local before = state.verified

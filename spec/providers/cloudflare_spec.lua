@@ -3,10 +3,8 @@
 -- as the bridge's API documents them, then the conformance suite through the provider. The
 -- official @cloudflare/sandbox package is the Worker side (a library for Durable Objects), with
 -- no HTTP client to point at a stand-in, so no SDK check runs here.
-local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
 local cloudflare = require('mayura.sandbox.cloudflare')
-local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local cloudflare_service = require('support.cloudflare_service')
 
 local KEY = 'cfsb_0123456789abcdefKEY'
@@ -26,38 +24,19 @@ describe('cloudflare_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
+suite.describe('the Cloudflare bridge stand-in, over real local sandboxes', function()
+  local svc, state, pool, sb
+  suite.stand_in_pool({
+    install = function(s, b) return cloudflare_service.install(s, b, { api_key = KEY }) end,
+    provider = function(s)
+      return cloudflare.cloudflare_sandboxes({ worker_url = s:url(''), api_key = KEY, retry_base_ms = 20 })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } },
+    create = { lifetime_ms = 600000, network = 'all' },
+    ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
+  })
 
-describe('the Cloudflare bridge stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, pool, sb
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 6 })
-    state = cloudflare_service.install(svc, backing, { api_key = KEY })
-    local provider = cloudflare.cloudflare_sandboxes({ worker_url = svc:url(''), api_key = KEY, retry_base_ms = 20 })
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } })
-    sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
-
-  describe('passes the conformance suite through the mayura provider', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end)
 
   it('mints an id, runs sh -c through the exec stream, and deletes at release', function()
     local other = pool:create({ lifetime_ms = 60000, network = 'all', env = { A = 'b' } })

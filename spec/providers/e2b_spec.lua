@@ -4,12 +4,12 @@
 -- takes for E2B), then the conformance suite and the provider's own promises through mayura.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
 local process = require('mayura.process')
 local e2b = require('mayura.sandbox.e2b')
 local e2b_desktop = require('mayura.sandbox.e2b_desktop')
 local stand_in = require('support.stand_in')
 local e2b_service = require('support.e2b_service')
+local suite = require('support.stand_in_suite')
 
 local json = core.json
 
@@ -133,7 +133,7 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     pending('needs local sandboxes (bubblewrap and the agent): not available here')
     return
   end
-  local svc, backing, service, provider, pool, sb
+  local svc, backing, service, pool, sb
 
   local function make_provider(extra)
     local o = { api_key = KEY, api_url = svc:url(''), sandbox_url = svc:url(''), workdir = '/workspace',
@@ -142,28 +142,20 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     return e2b.e2b_sandboxes(o)
   end
 
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 8 })
-    service = e2b_service.install(svc, backing, { api_key = KEY })
-    provider = make_provider()
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' },
-      network = { 'none', 'all', 'allowlist' } })
-    sb = pool:create({ lifetime_ms = 600000, labels = { case = 'conformance' } })
-  end)
+  suite.stand_in_pool({
+    backing = 8,
+    install = function(s, b) return e2b_service.install(s, b, { api_key = KEY }) end,
+    provider = function(s)
+      svc = s   -- make_provider's
+      return make_provider()
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' },
+      network = { 'none', 'all', 'allowlist' } },
+    create = { lifetime_ms = 600000, labels = { case = 'conformance' } },
+    ready = function(e) backing, service, pool, sb = e.backing, e.state, e.pool, e.sb end,
+  })
 
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
-
-  describe('passes the conformance suite', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end, 'passes the conformance suite')
 
   local function last(method, pattern)
     local calls = svc:calls(method, pattern)

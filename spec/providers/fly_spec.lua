@@ -3,10 +3,8 @@
 -- stand-in follows the Machines API as Fly documents it (its OpenAPI spec, operation
 -- Machines_exec); this spec checks the requests the provider makes against that document, then
 -- runs the conformance suite through the provider.
-local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
 local fly = require('mayura.sandbox.fly')
-local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local fly_service = require('support.fly_service')
 
 local TOKEN_WORD = 'fm2_0123456789abcdefTOKEN'
@@ -27,40 +25,19 @@ describe('fly_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
+suite.describe('the Fly stand-in, over real local sandboxes', function()
+  local svc, state, pool, sb
+  suite.stand_in_pool({
+    install = function(s, b) return fly_service.install(s, b, { token = TOKEN_WORD, app = APP }) end,
+    provider = function(s)
+      return fly.fly_sandboxes({ token = TOKEN_WORD, app = APP, base_url = s:url(''), retry_base_ms = 20 })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'all' } },
+    create = { lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } },
+    ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
+  })
 
-describe('the Fly stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, pool, sb
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 6 })
-    state = fly_service.install(svc, backing, { token = TOKEN_WORD, app = APP })
-    local provider = fly.fly_sandboxes({ token = TOKEN_WORD, app = APP, base_url = svc:url(''), retry_base_ms = 20 })
-    pool = sandbox.create_sandboxes(provider, {
-      max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'all' },
-    })
-    sb = pool:create({ lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
-
-  describe('passes the conformance suite through the mayura provider', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end)
 
   it('makes machines as the Machines API documents: a sleeping main process, metadata, guest', function()
     local other = pool:create({ lifetime_ms = 90500, network = 'all', labels = { owner = 'spec' }, env = { A = 'b' },

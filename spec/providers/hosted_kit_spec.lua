@@ -6,13 +6,13 @@ local core = require('mayura.core')
 local compat = require('support.compat')
 local errors = require('mayura.errors')
 local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local stand_in = require('support.stand_in')
 local toy_service = require('support.toy_service')
 local toy = require('support.toy_provider')
 local util = require('support.util')
+local suite = require('support.stand_in_suite')
 
 local json = core.json
 
@@ -495,39 +495,19 @@ describe('the hosted kit', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
-
-describe('a sample provider on the kit, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
+suite.describe('a sample provider on the kit, over real local sandboxes', function()
   local svc, backing, provider, pool, sb
   local toy_key = 'toy_' .. KEY
+  suite.stand_in_pool({
+    backing = 8,
+    install = function(s, b) return toy_service.install(s, b, { api_key = toy_key }) end,
+    provider = function(s) return toy.toy_sandboxes({ base_url = s:url('/v1'), api_key = toy_key, format = 'connect' }) end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' } },
+    create = { lifetime_ms = 600000, labels = { case = 'conformance' } },
+    ready = function(e) svc, backing, provider, pool, sb = e.svc, e.backing, e.provider, e.pool, e.sb end,
+  })
 
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 8 })
-    toy_service.install(svc, backing, { api_key = toy_key })
-    provider = toy.toy_sandboxes({ base_url = svc:url('/v1'), api_key = toy_key, format = 'connect' })
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' } })
-    sb = pool:create({ lifetime_ms = 600000, labels = { case = 'conformance' } })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
-
-  describe('passes the conformance suite', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end, 'passes the conformance suite')
 
   it('sends the lifetime in seconds, rounded up, and the labels as metadata', function()
     local other = pool:create({ lifetime_ms = 90500, labels = { owner = 'spec' } })

@@ -5,10 +5,8 @@
 -- the same stand-in, then what the provider sends for each option.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
-local process = require('mayura.process')
 local northflank = require('mayura.sandbox.northflank')
-local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local northflank_service = require('support.northflank_service')
 
 local TOKEN = 'nf_0123456789abcdefTOKEN'
@@ -34,49 +32,27 @@ describe('northflank_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
-
-describe('the Northflank stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, provider, pool, sb
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 6 })
-    state = northflank_service.install(svc, backing, { token = TOKEN, project_id = PROJECT, team_id = 'team-a' })
-    provider = northflank.northflank_sandboxes({
-      token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = svc:url(''), retry_base_ms = 20,
-    })
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } })
-    sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
+suite.describe('the Northflank stand-in, over real local sandboxes', function()
+  local svc, backing, state, pool, sb
+  suite.stand_in_pool({
+    install = function(s, b)
+      return northflank_service.install(s, b, { token = TOKEN, project_id = PROJECT, team_id = 'team-a' })
+    end,
+    provider = function(s)
+      return northflank.northflank_sandboxes({
+        token = TOKEN, project_id = PROJECT, api_url = s:url(''), exec_url = s:url(''), retry_base_ms = 20,
+      })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'all' } },
+    create = { lifetime_ms = 600000, network = 'all' },
+    ready = function(e) svc, backing, state, pool, sb = e.svc, e.backing, e.state, e.pool, e.sb end,
+  })
 
   it('is what the official client (@northflank/js-client) takes for the service', function()
-    local found = io.open('spec/npm/node_modules/@northflank/js-client/package.json')
-    if not found then
-      pending('the client is not installed (sh scripts/setup.sh installs spec/npm)')
-      return
-    end
-    found:close()
+    if not suite.npm_installed('@northflank/js-client', 'the client') then return end
     local before = backing.pool:count()
     state.pending_polls = 1
-    local r = process.run({ 'node', SDK_SCRIPT }, {
-      timeout_ms = 60000,
-      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''),
-        STAND_IN_TOKEN = TOKEN, STAND_IN_PROJECT = PROJECT },
-    })
+    local r = suite.node(SDK_SCRIPT, { STAND_IN_URL = svc:url(''), STAND_IN_TOKEN = TOKEN, STAND_IN_PROJECT = PROJECT })
     state.pending_polls = 0
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
@@ -93,11 +69,7 @@ describe('the Northflank stand-in, over real local sandboxes', function()
     assert.are.equal(before, backing.pool:count())
   end)
 
-  describe('passes the conformance suite through the mayura provider', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end)
 
   it('creates a service running sleep infinity with env, waits for its deployment, execs argv with the token', function()
     state.pending_polls = 2

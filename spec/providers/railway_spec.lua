@@ -5,11 +5,8 @@
 -- the bridge), then what the provider sends for each option, and its GraphQL sandboxExec path.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
-local testing = require('mayura.sandbox.testing')
-local process = require('mayura.process')
 local railway = require('mayura.sandbox.railway')
-local stand_in = require('support.stand_in')
-local util = require('support.util')
+local suite = require('support.stand_in_suite')
 local railway_service = require('support.railway_service')
 
 local TOKEN = 'rw_0123456789abcdefTOKEN'
@@ -43,55 +40,31 @@ describe('railway_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
-
-describe('the Railway stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, provider, pool, sb, dir, ws_url
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 6 })
-    state = railway_service.install(svc, backing, { token = TOKEN, environment_id = ENV })
-    dir = util.tmpdir()
-    ws_url = state:start_front(dir)
-    provider = railway.railway_sandboxes({
-      token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), ws_url = ws_url,
-      retry_base_ms = 20,
-    })
-    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 6 * 3600000, network = { 'all' } })
-    sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-  end)
-
-  teardown(function()
-    pool:close()
-    state.close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-    util.rmdir(dir)
-  end)
+suite.describe('the Railway stand-in, over real local sandboxes', function()
+  local svc, backing, state, pool, sb, ws_url
+  suite.stand_in_pool({
+    install = function(s, b)
+      return railway_service.install_with_front(s, b, { token = TOKEN, environment_id = ENV })
+    end,
+    provider = function(s, e)
+      return railway.railway_sandboxes({
+        token = TOKEN, environment_id = ENV, endpoint = s:url(railway_service.PATH), ws_url = e.state.ws_url,
+        retry_base_ms = 20,
+      })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 6 * 3600000, network = { 'all' } },
+    create = { lifetime_ms = 600000, network = 'all' },
+    teardown = function(e) e.state.close_all() end,
+    ready = function(e) svc, backing, state, pool, sb, ws_url = e.svc, e.backing, e.state, e.pool, e.sb, e.state.ws_url end,
+  })
 
   it('is what the official SDK (railway) takes for the service\'s GraphQL API', function()
-    local found = io.open('spec/npm/node_modules/railway/package.json')
-    if not found then
-      pending('the SDK is not installed (sh scripts/setup.sh installs spec/npm)')
-      return
-    end
-    found:close()
+    if not suite.npm_installed('railway', 'the SDK') then return end
     local before = backing.pool:count()
     local creates = #state:calls('sandboxCreate')
     state.creating_polls = 1
-    local r = process.run({ 'node', SDK_SCRIPT }, {
-      timeout_ms = 60000,
-      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(railway_service.PATH),
-        STAND_IN_WS = ws_url, STAND_IN_TOKEN = TOKEN, STAND_IN_ENV = ENV },
-    })
+    local r = suite.node(SDK_SCRIPT, { STAND_IN_URL = svc:url(railway_service.PATH), STAND_IN_WS = ws_url,
+      STAND_IN_TOKEN = TOKEN, STAND_IN_ENV = ENV })
     state.creating_polls = 0
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
@@ -109,11 +82,7 @@ describe('the Railway stand-in, over real local sandboxes', function()
     assert.are.equal(before, backing.pool:count())
   end)
 
-  describe('passes the conformance suite through the mayura provider', function()
-    for _, case in ipairs(testing.sandbox_conformance) do
-      it(case.name, function() assert.are.equal('passed', case.run({ sandbox = sb })) end)
-    end
-  end)
+  suite.conformance(function() return sb end)
 
   it('sends the lifetime as the idle timeout, env as variables, and polls a sandbox that is still creating', function()
     state.creating_polls = 2

@@ -4,13 +4,12 @@
 -- provider against the same stand-in, then what the provider sends for each option. The helpers
 -- it stands on: core.crc32 and the gzip'd tar of mayura.sandbox._tar, checked with the host's tar.
 local core = require('mayura.core')
-local sandbox = require('mayura.sandbox')
 local testing = require('mayura.sandbox.testing')
 local process = require('mayura.process')
 local http = require('mayura.http')
 local tar = require('mayura.sandbox._tar')
 local vercel = require('mayura.sandbox.vercel')
-local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local vercel_service = require('support.vercel_service')
 local util = require('support.util')
 
@@ -81,53 +80,30 @@ describe('vercel_sandboxes options', function()
   end)
 end)
 
-local can_run_local = pcall(function()
-  require('mayura.sandbox.local').local_sandboxes({})
-end)
-
-describe('the Vercel stand-in, over real local sandboxes', function()
-  if not can_run_local then
-    pending('needs local sandboxes (bubblewrap and the agent): not available here')
-    return
-  end
-  local svc, backing, state, provider, pool, sb
-
-  setup(function()
-    svc = stand_in.new()
-    backing = stand_in.local_backing({ max_sandboxes = 8 })
-    state = vercel_service.install(svc, backing, { token = TOKEN, team_id = TEAM, project_id = PROJECT })
-    provider = vercel.vercel_sandboxes({
-      token = TOKEN, team_id = TEAM, project_id = PROJECT, base_url = svc:url('/api'), workdir = '/workspace',
-      retry_base_ms = 20,
-    })
-    pool = sandbox.create_sandboxes(provider, {
-      max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'none', 'all', 'allowlist' },
-    })
-    sb = pool:create({ lifetime_ms = 600000, labels = { case = 'conformance' } })
-  end)
-
-  teardown(function()
-    pool:close()
-    backing:close()
-    assert.are.same({}, svc.failures)
-    svc:close()
-  end)
+suite.describe('the Vercel stand-in, over real local sandboxes', function()
+  local svc, backing, state, pool, sb
+  suite.stand_in_pool({
+    backing = 8,
+    install = function(s, b)
+      return vercel_service.install(s, b, { token = TOKEN, team_id = TEAM, project_id = PROJECT })
+    end,
+    provider = function(s)
+      return vercel.vercel_sandboxes({
+        token = TOKEN, team_id = TEAM, project_id = PROJECT, base_url = s:url('/api'), workdir = '/workspace',
+        retry_base_ms = 20,
+      })
+    end,
+    pool = { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' },
+      network = { 'none', 'all', 'allowlist' } },
+    create = { lifetime_ms = 600000, labels = { case = 'conformance' } },
+    ready = function(e) svc, backing, state, pool, sb = e.svc, e.backing, e.state, e.pool, e.sb end,
+  })
 
   it('is what the official SDK (@vercel/sandbox) takes for the service', function()
-    local found = io.open('spec/npm/node_modules/@vercel/sandbox/package.json')
-    if not found then
-      pending('the SDK is not installed (sh scripts/setup.sh installs spec/npm)')
-      return
-    end
-    found:close()
+    if not suite.npm_installed('@vercel/sandbox', 'the SDK') then return end
     local before = backing.pool:count()
-    local r = process.run({ 'node', SDK_SCRIPT }, {
-      timeout_ms = 60000,
-      env = {
-        PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), VERCEL_SANDBOX_TELEMETRY_DISABLED = '1',
-        STAND_IN_URL = svc:url('/api'), STAND_IN_TOKEN = TOKEN, STAND_IN_TEAM = TEAM, STAND_IN_PROJECT = PROJECT,
-      },
-    })
+    local r = suite.node(SDK_SCRIPT, { VERCEL_SANDBOX_TELEMETRY_DISABLED = '1', STAND_IN_URL = svc:url('/api'),
+      STAND_IN_TOKEN = TOKEN, STAND_IN_TEAM = TEAM, STAND_IN_PROJECT = PROJECT })
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.equal(3, result.exit_code)

@@ -310,4 +310,19 @@ function M.install(svc, backing, opts)
   return state
 end
 
+--- install(svc, backing, opts), then the exec bridge started with its port file in a new
+-- temporary directory: state.ws_url is the bridge's URL, and state.close_all() closes the state
+-- (the bridge with it) and removes that directory.
+function M.install_with_front(svc, backing, opts)
+  local util = require('support.util')
+  local state = M.install(svc, backing, opts)
+  local dir = util.tmpdir()
+  state.ws_url = state:start_front(dir)
+  function state.close_all()
+    state.close()
+    util.rmdir(dir)
+  end
+  return state
+end
+
 return M

@@ -67,6 +67,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local http = require('mayura.http')
 local sandbox = require('mayura.sandbox')
+local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
@@ -746,6 +747,54 @@ function Client:stream(method, path, body, opts)
     end
     return 'ok', trailer
   end)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Command sandboxes: what the providers on command_sandbox_backend share
+-- =======================================================
+
+--- The `workdir` option of provider `label` (give it with its default): an absolute path of at most
+-- 256 bytes, without NUL, newline, or a `.` or `..` part; returned without trailing slashes.
+-- Raises INVALID_CONFIG at the provider's caller.
+function M.workdir_option(workdir, label)
+  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
+    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
+    errors.raise('INVALID_CONFIG', label .. ': workdir must be an absolute path', nil, 3)
+  end
+  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  return workdir
+end
+
+--- A create spec's `env` as a JSON object, or nil when it has no variable.
+function M.env_object(env)
+  if not env or not next(env) then return nil end
+  local out = {}
+  for k, v in pairs(env) do out[k] = v end
+  return setmetatable(out, json.object_mt)
+end
+
+--- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
+-- (waiting until it runs, say) returns its transport, over which the working directory `workdir`
+-- is made first (the backend's commands start there); `destroy()` ends the sandbox at release.
+-- Where a step fails the sandbox is destroyed (a failure to do so is ignored) and the error goes
+-- on; a directory that cannot be made is SANDBOX_ERROR `failed`.
+function M.command_backend(label, id, workdir, destroy, setup)
+  local backend
+  local ok, err = pcall(function()
+    local transport = setup()
+    local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
+    if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
+      error(errors.sandbox('failed', label .. ': cannot make the working directory'), 0)
+    end
+    backend = sandbox.command_sandbox_backend(id, transport, function() destroy() end)
+  end)
+  if not ok then
+    pcall(destroy)
+    error(err, 0)
+  end
+  return backend
 end
 
 -- }======================================================

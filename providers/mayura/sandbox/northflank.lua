@@ -48,8 +48,6 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
-local scripts = require('mayura.sandbox.scripts')
-local command = require('mayura.sandbox.command')
 
 local json, b64 = core.json, core.base64
 
@@ -218,12 +216,7 @@ function M.northflank_sandboxes(options)
     end
     exec_url = api_url:gsub('//api%.', '//api-exec-' .. region .. '.', 1)
   end
-  local workdir = options.workdir or M.DEFAULT_WORKDIR
-  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
-    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'northflank: workdir must be an absolute path', nil, 2)
-  end
-  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  local workdir = hosted.workdir_option(options.workdir or M.DEFAULT_WORKDIR, 'northflank')
   for _, name in ipairs({ 'image', 'plan' }) do
     local v = options[name]
     if v ~= nil and (type(v) ~= 'string' or v == '' or #v > 512 or v:find('[%c%s]')) then
@@ -261,12 +254,7 @@ function M.northflank_sandboxes(options)
       c = client:with({ call_timeout_ms = spec.call_timeout_ms })
       xc = exec_client:with({ call_timeout_ms = spec.call_timeout_ms })
     end
-    local env
-    if spec.env and next(spec.env) then
-      env = {}
-      for k, v in pairs(spec.env) do env[k] = v end
-      env = setmetatable(env, json.object_mt)
-    end
+    local env = hosted.env_object(spec.env)
     local name = 'mayura-' .. random_hex(6)
     local body = c:json('POST', owner:path('/services/deployment'), {
       name = name,
@@ -291,8 +279,7 @@ function M.northflank_sandboxes(options)
       error(c:bad_answer('a service without an id'), 0)
     end
     local id = body.data.id
-    local backend
-    local ok, err = pcall(function()
+    return hosted.command_backend('northflank', id, workdir, function() owner:delete_service(c, id) end, function()
       local deadline = core.hrtime_ms() + c.call_timeout_ms
       local wait = POLL_FIRST_MS
       local status = owner:get_service(c, id)
@@ -308,23 +295,11 @@ function M.northflank_sandboxes(options)
         wait = math.min(wait * 2, POLL_MAX_MS)
         status = owner:get_service(c, id)
       end
-      local transport = setmetatable({
+      return setmetatable({
         owner = owner, client = c, exec_client = xc, service_id = id, stdin = true,
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir,
       }, Transport)
-      local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
-      if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
-        error(errors.sandbox('failed', 'northflank: cannot make the working directory'), 0)
-      end
-      backend = command.command_sandbox_backend(id, transport, function()
-        owner:delete_service(c, id)
-      end)
     end)
-    if not ok then
-      pcall(owner.delete_service, owner, c, id)
-      error(err, 0)
-    end
-    return backend
   end
 
   return provider

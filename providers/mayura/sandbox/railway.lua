@@ -48,7 +48,6 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local scripts = require('mayura.sandbox.scripts')
-local command = require('mayura.sandbox.command')
 local ws = require('mayura.ws')
 
 local json = core.json
@@ -316,12 +315,7 @@ function M.railway_sandboxes(options)
   local origin, path = nil, nil
   if type(endpoint) == 'string' then origin, path = endpoint:match('^(https?://[^/%s]+)(/[^%s%c?#]*)$') end
   if not origin then errors.raise(C, 'railway: endpoint must be an http:// or https:// URL with a path', nil, 2) end
-  local workdir = options.workdir or M.DEFAULT_WORKDIR
-  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
-    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'railway: workdir must be an absolute path', nil, 2)
-  end
-  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  local workdir = hosted.workdir_option(options.workdir or M.DEFAULT_WORKDIR, 'railway')
   local region = options.region
   if region ~= nil and (type(region) ~= 'string' or not region:match('^[%w_%-]+$') or #region > 64) then
     errors.raise(C, 'railway: region must be a region name', nil, 2)
@@ -365,12 +359,7 @@ function M.railway_sandboxes(options)
       c = client:with({ call_timeout_ms = spec.call_timeout_ms })
       c.railway_path = path
     end
-    local variables
-    if spec.env and next(spec.env) then
-      variables = {}
-      for k, v in pairs(spec.env) do variables[k] = v end
-      variables = setmetatable(variables, json.object_mt)
-    end
+    local variables = hosted.env_object(spec.env)
     local input = {
       environmentId = env_id,
       idleTimeoutMinutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min', max = M.MAX_IDLE_MINUTES }),
@@ -378,27 +367,13 @@ function M.railway_sandboxes(options)
     }
     local data = graphql(c, 'sandboxCreate', Q_CREATE, { input = input })
     local s = check_sandbox(c, data.sandboxCreate, 'sandboxCreate')
-    local backend
-    local ok, err = pcall(function()
+    return hosted.command_backend('railway', s.id, workdir, function() destroy(c, env_id, s.id) end, function()
       s = wait_running(c, env_id, s)
-      local transport = setmetatable({
+      return setmetatable({
         client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url,
       }, exec == 'websocket' and WsTransport or Transport)
-      -- the working directory first: the backend's commands start there
-      local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
-      if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
-        error(errors.sandbox('failed', 'railway: cannot make the working directory'), 0)
-      end
-      backend = command.command_sandbox_backend(s.id, transport, function()
-        destroy(c, env_id, s.id)
-      end)
     end)
-    if not ok then
-      pcall(destroy, c, env_id, s.id)
-      error(err, 0)
-    end
-    return backend
   end
 
   return provider
