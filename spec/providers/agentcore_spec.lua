@@ -138,18 +138,10 @@ suite.describe('the AgentCore stand-in, over real local sandboxes', function()
   end)
 
   it('is accepted by the official @aws-sdk/client-bedrock-agentcore: signatures, event streams, files', function()
-    local found = io.open('spec/npm/node_modules/@aws-sdk/client-bedrock-agentcore/package.json')
-    if not found then
-      pending('@aws-sdk/client-bedrock-agentcore is not installed (sh scripts/setup.sh installs spec/npm)')
-      return
-    end
-    found:close()
+    if not suite.npm_installed('@aws-sdk/client-bedrock-agentcore', '@aws-sdk/client-bedrock-agentcore') then return end
     local before = state.verified
-    local r = process.run({ 'node', 'spec/npm/agentcore_check.mjs' }, {
-      timeout_ms = 30000,
-      env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
-        AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' },
-    })
+    local r = suite.node('spec/npm/agentcore_check.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
+      AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' }, 30000)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
     local id = v.start.id
