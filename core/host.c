@@ -95,6 +95,11 @@ static int l_preload_luv(lua_State *L) {
     return luaopen_luv(L);
 }
 
+/*
+** Long because it is the program's whole life in order: its arguments (`serve`, `--policy`,
+** `-e`), the loop and the Lua state with luv and the core on it, the policies checked before
+** anything runs, the script as a task, the loop run to its end, and the exit status.
+*/
 int main(int argc, char **argv) {
     uv_loop_t loop;
     lua_State *L;

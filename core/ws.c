@@ -136,6 +136,12 @@ static void mc_ws_finish(mc_ws_conn *c) {
     mc_ws_unref(L, &c->self_ref);
 }
 
+/*
+** The one callback libwebsockets calls for everything on a connection. Long because it is one
+** switch over the library's reasons, each case a few lines that belong to that reason (headers
+** to add, a message part, a write turn, the three ways a connection ends); split apart they
+** would only be read side by side again.
+*/
 static int mc_ws_on_event(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
     mc_ws_conn *c = wsi != NULL ? (mc_ws_conn *)lws_get_opaque_user_data(wsi) : NULL;
     if (c == NULL) return lws_callback_http_dummy(wsi, reason, user, in, len);
@@ -428,6 +434,12 @@ static int mc_ws_header_ok(const char *s, size_t n, int name) {
     return 1;
 }
 
+/*
+** core.ws_connect(opts, on_event) -> handle. Long because every option is checked before
+** anything is made (the URL, the headers, the protocols, the size cap), then the connection's
+** record and its handle are made and anchored before libwebsockets may call back, which it can
+** do before lws_client_connect_via_info returns.
+*/
 static int l_ws_connect(lua_State *L) {
     struct lws_client_connect_info ci;
     mc_ws_state *st;
