@@ -382,7 +382,7 @@ static int l_msgpack_decode(lua_State *L) {
     if (lua_type(L, 1) != LUA_TSTRING)
         return mc_raise(L, "INVALID_INPUT", "msgpack.decode: expected a string, got %s", luaL_typename(L, 1));
     if (!lua_isnoneornil(L, 2)) {
-        luaL_checktype(L, 2, LUA_TTABLE);
+        if (!lua_istable(L, 2)) return mc_raise(L, "INVALID_INPUT", "msgpack options must be a table");
         lua_getfield(L, 2, "max_bytes");
         if (!lua_isnil(L, -1)) {
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)

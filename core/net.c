@@ -39,7 +39,9 @@
 ** =======================================================*/
 
 static int l_netns_socket(lua_State *L) {
-    lua_Integer ns = luaL_checkinteger(L, 1);
+    lua_Integer ns;
+    if (!lua_isinteger(L, 1)) return mc_raise(L, "INVALID_INPUT", "netns_socket expects a namespace descriptor");
+    ns = lua_tointeger(L, 1);
     const char *kind = luaL_checkstring(L, 2);
     lua_Integer port = luaL_checkinteger(L, 3);
     int listen_kind = strcmp(kind, "listen") == 0;

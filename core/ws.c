@@ -450,8 +450,8 @@ static int l_ws_connect(lua_State *L) {
     char *ubuf, *pathbuf;
     int port, tls;
     lua_Integer max;
-    luaL_checktype(L, 1, LUA_TTABLE);
-    luaL_checktype(L, 2, LUA_TFUNCTION);
+    if (!lua_istable(L, 1)) return mc_raise(L, "INVALID_INPUT", "ws_connect expects an options table");
+    if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "ws_connect expects a callback");
     mc_check_keys(L, 1, mc_ws_keys);
     url = mc_opt_lstr(L, 1, "url", &ulen);
     if (url == NULL || ulen > 4096 || strlen(url) != ulen) return mc_raise(L, "INVALID_INPUT", "url must be a ws:// or wss:// URL");
@@ -462,7 +462,7 @@ static int l_ws_connect(lua_State *L) {
     /* headers, checked before anything is made */
     lua_getfield(L, 1, "headers");
     if (!lua_isnil(L, -1)) {
-        luaL_checktype(L, -1, LUA_TTABLE);
+        if (!lua_istable(L, -1)) return mc_raise(L, "INVALID_INPUT", "headers must be a table");
         lua_pushnil(L);
         while (lua_next(L, -2) != 0) {
             size_t kn, vn;
@@ -565,7 +565,9 @@ static mc_ws_handle *mc_ws_check(lua_State *L) {
 static int l_ws_send(lua_State *L) {
     mc_ws_handle *h = mc_ws_check(L);
     size_t n;
-    const char *data = luaL_checklstring(L, 2, &n);
+    const char *data;
+    if (lua_type(L, 2) != LUA_TSTRING) return mc_raise(L, "INVALID_INPUT", "send expects a string");
+    data = lua_tolstring(L, 2, &n);
     int binary = lua_toboolean(L, 3);
     mc_ws_conn *c = h->c;
     mc_ws_msg *m;
