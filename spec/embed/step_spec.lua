@@ -26,10 +26,11 @@ describe('a loop driven by the host', function()
       seen[#seen + 1] = 'run returned'
       assert.is_false(t.done)
       local frames = 0
+      -- nothing runs the loop but these steps: the command cannot end before the first one
       while not t.done do
-        mayura.step(1)
         frames = frames + 1
         if frames == 1 then seen[#seen + 1] = 'first frame' end
+        mayura.step(1)
       end
       assert.are.same({ 'task started', 'run returned', 'first frame', 'command ended' }, seen)
       assert.are.equal('out\n', t:wait())
