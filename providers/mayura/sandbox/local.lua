@@ -1093,9 +1093,17 @@ function M.local_sandboxes(options)
   -- could be replaced by another user)
   p.agent_bytes = read_plain(p.agent)
   if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  -- without an image the sandbox's /usr is the host's: the agent built against the host's libraries
+  -- (found next to the static one, unless `agent` names one) is all a sandbox copies, and the
+  -- library pages it maps are shared by every sandbox
+  if not options.agent then
+    local dyn = p.agent:gsub('mayura%-agent$', 'mayura-agent-host')
+    local bytes = dyn ~= p.agent and exists(dyn) and read_plain(dyn)
+    if bytes and #bytes > 0 then p.agent_host_bytes = bytes end
+  end
   -- prepared once: the launchers' mount table
   if p.staged then
-    p.fstab = make_fstab(#p.agent_bytes, p.workspace_mib, p.tmp_mib)
+    p.fstab = make_fstab(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib)
     p.staged = p.fstab ~= nil
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
@@ -1131,9 +1139,10 @@ function M.local_sandboxes(options)
     local cg_dirs, cg_kill = {}, {}
     if self.cg_mode then cg_dirs, cg_kill = make_cgroups(self.cg_mode, id, limits) end
     local host_uid = self.root and (HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter)) or nil
-    -- out of the host's process tree (a session of its own, without the tree's tag), so that
-    -- the host ending, even its state closing, never kills the launcher before it cleans up
-    local argv = { 'setsid', '-w', 'env', '-u', 'MAYURA_TREE', '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
+    -- out of the host's process tree (a session of its own, without the tree's tag: core.spawn's
+    -- `outlive`), so that the host ending, even its state closing, never kills the launcher
+    -- before it cleans up
+    local argv = { '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
     for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
@@ -1158,8 +1167,9 @@ function M.local_sandboxes(options)
       error(net_fds, 0)
     end
     local proc, err = core.spawn({
-      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil }, stdin = self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid),
+      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
+      stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
+      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid), outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)
