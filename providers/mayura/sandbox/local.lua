@@ -77,12 +77,20 @@
 -- another user could reach or replace (there is no runtime directory): the
 -- agent's bytes are read once by the provider and handed to each launcher on
 -- a pipe, the /etc files travel in the launcher's environment, and bubblewrap
--- copies both in (--file, --ro-bind-data), never binding a host path. As root
+-- copies both in (--file, --ro-bind-data), never binding a host path. Without
+-- an image the agent is build/mayura-agent-host, linked against the host's
+-- libraries (the sandbox's /usr is the host's, read-only): a few dozen KiB per
+-- sandbox instead of the static agent's copy, whose text each sandbox mapped
+-- privately from its own tmpfs; with an image (any root) it is the static one. As root
 -- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
--- sandbox; one mount(8) from a table the provider writes once, root's alone,
--- in /run/mayura): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- sandbox; from a table the provider writes once, root's alone, in
+-- /run/mayura, by the launcher's first step, mayura-stage: launcher/stage.c,
+-- one static program that joins the cgroups, mounts, gives the roots to the
+-- sandbox's uid, takes that uid and becomes bubblewrap, where a shell,
+-- unshare(1), mount(8), chown(1) and setpriv(1) did it before, and still do
+-- when it is not built): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
 -- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
 -- and links can run out of inodes before bytes do) and `mode=`, owned by host
 -- root (so their options name no host uid; the roots of the root and of
@@ -437,7 +445,10 @@ sleep "$MAYURA_LIFE" &
 tm=$!
 (
   # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
-  ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  # (mayura-stage, launcher/stage.c, takes START's steps in one program when it is built)
+  if [ -n "$MAYURA_STAGE_BIN" ]; then "$MAYURA_STAGE_BIN" "$@" &
+  else ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
+  fi
   exec 3<&- 5<&- 7<&-
   wait $!
   kill -USR2 $$
@@ -479,6 +490,7 @@ done
 exit 0
 ]=]
 
+-- START is what mayura-stage (launcher/stage.c) does, step by step, for a checkout without it.
 -- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
 -- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
 -- commands may go down to at 0), as root mounts the sandbox's file systems (the launcher has
@@ -604,8 +616,9 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
     MAYURA_CG = table.concat(cg_dirs, ' '),
     MAYURA_FREEZER = cg_kill.freezer or '',
     MAYURA_CGKILL = cg_kill.v2 or '',
-    MAYURA_START = START,
   }
+  -- START's steps: one program (launcher/stage.c) when it is there, else this shell
+  if p.stage_bin then env.MAYURA_STAGE_BIN = p.stage_bin else env.MAYURA_START = START end
   if not (spec.image or p.image) then
     env.MAYURA_ETC_FDS = '1'
     -- a here-document ends its text with a newline of its own
@@ -1091,6 +1104,10 @@ function M.local_sandboxes(options)
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
+  -- the launcher's first step (launcher/stage.c), found where the agent is built or installed
+  local built = find_agent()
+  local stage_bin = built and built:gsub('mayura%-agent$', 'mayura-stage')
+  if stage_bin and stage_bin ~= built and exists(stage_bin) then p.stage_bin = stage_bin end
   p.agent_bytes = read_plain(p.agent)
   if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
   -- without an image the sandbox's /usr is the host's: the agent built against the host's libraries
