@@ -45,7 +45,7 @@ CORE_DEP = $(wildcard core/*.c core/*.h)
 SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
 AGENT_HOST = build/mayura-agent-host
-STAGE   = build/mayura-stage
+LAUNCH  = build/mayura-launch
 HOST    = $(BUILD)/mayura
 ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
 EMBED_LIB = $(BUILD)/lib/libmayura.a
@@ -54,7 +54,7 @@ SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-point
 
 .PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps embed
 
-all: $(SO) $(HOST) $(AGENT) $(AGENT_HOST) $(STAGE) embed
+all: $(SO) $(HOST) $(AGENT) $(AGENT_HOST) $(LAUNCH) embed
 
 embed: $(EMBED_LIB) $(GAME)
 
@@ -73,11 +73,11 @@ $(AGENT_HOST): agent/agent.c core/wire.h core/tree.h core/files.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -o $@ agent/agent.c -lseccomp
 
-# The first step of a local sandbox's launcher (launcher/stage.c): cgroups, mounts, uid, then
-# bubblewrap, in one static program instead of a shell and four commands.
-$(STAGE): launcher/stage.c
+# The keeper of a local sandbox (launcher/launch.c): cgroups, mounts, uid, bubblewrap, the
+# lifetime and the clean-up, in one static program instead of a shell and a dozen commands.
+$(LAUNCH): launcher/launch.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ launcher/stage.c
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ launcher/launch.c
 
 # For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
 AGENT_NOFILTER = build/bench/mayura-agent-nofilter
@@ -200,7 +200,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/mayura
 	install -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent
 	install -m 755 $(AGENT_HOST) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent-host
-	install -m 755 $(STAGE) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-stage
+	install -m 755 $(LAUNCH) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-launch
 
 clean:
 	rm -rf build

@@ -61,7 +61,9 @@
 --
 -- The host holds each sandbox's lifetime and its release, not the agent: code
 -- in the sandbox runs as the agent's own user and can lower its priority or
--- starve it. A launcher process (a shell, outside the sandbox's cgroups and
+-- starve it. A launcher process (build/mayura-launch, launcher/launch.c: one
+-- static program; where it is not built, the shell LAUNCHER below; outside
+-- the sandbox's cgroups and
 -- out of the host process's own process tree) starts bubblewrap and keeps the
 -- sandbox: at the end of the lifetime (plus a second of grace), when the host
 -- releases the sandbox, or when the host process is gone (the end of a
@@ -86,11 +88,10 @@
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
 -- sandbox; from a table the provider writes once, root's alone, in
--- /run/mayura, by the launcher's first step, mayura-stage: launcher/stage.c,
--- one static program that joins the cgroups, mounts, gives the roots to the
--- sandbox's uid, takes that uid and becomes bubblewrap, where a shell,
--- unshare(1), mount(8), chown(1) and setpriv(1) did it before, and still do
--- when it is not built): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- /run/mayura, by the launcher's first process, which joins the cgroups,
+-- mounts, gives the roots to the sandbox's uid, takes that uid and becomes
+-- bubblewrap; the shell launcher does it with unshare(1), mount(8), chown(1)
+-- and setpriv(1)): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
 -- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
 -- and links can run out of inodes before bytes do) and `mode=`, owned by host
 -- root (so their options name no host uid; the roots of the root and of
@@ -445,10 +446,7 @@ sleep "$MAYURA_LIFE" &
 tm=$!
 (
   # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
-  # (mayura-stage, launcher/stage.c, takes START's steps in one program when it is built)
-  if [ -n "$MAYURA_STAGE_BIN" ]; then "$MAYURA_STAGE_BIN" "$@" &
-  else ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
-  fi
+  ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
   exec 3<&- 5<&- 7<&-
   wait $!
   kill -USR2 $$
@@ -490,7 +488,7 @@ done
 exit 0
 ]=]
 
--- START is what mayura-stage (launcher/stage.c) does, step by step, for a checkout without it.
+-- LAUNCHER and START are what mayura-launch (launcher/launch.c) does, for a checkout without it.
 -- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
 -- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
 -- commands may go down to at 0), as root mounts the sandbox's file systems (the launcher has
@@ -617,8 +615,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
     MAYURA_FREEZER = cg_kill.freezer or '',
     MAYURA_CGKILL = cg_kill.v2 or '',
   }
-  -- START's steps: one program (launcher/stage.c) when it is there, else this shell
-  if p.stage_bin then env.MAYURA_STAGE_BIN = p.stage_bin else env.MAYURA_START = START end
+  -- the shell launcher's steps (mayura-launch, launcher/launch.c, takes them in one program)
+  if not p.launch_bin then env.MAYURA_START = START end
   if not (spec.image or p.image) then
     env.MAYURA_ETC_FDS = '1'
     -- a here-document ends its text with a newline of its own
@@ -1104,10 +1102,11 @@ function M.local_sandboxes(options)
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
-  -- the launcher's first step (launcher/stage.c), found where the agent is built or installed
+  -- the launcher as one program (launcher/launch.c), found where the agent is built or installed;
+  -- without it, the shell LAUNCHER and START here
   local built = find_agent()
-  local stage_bin = built and built:gsub('mayura%-agent$', 'mayura-stage')
-  if stage_bin and stage_bin ~= built and exists(stage_bin) then p.stage_bin = stage_bin end
+  local launch_bin = built and built:gsub('mayura%-agent$', 'mayura-launch')
+  if launch_bin and launch_bin ~= built and exists(launch_bin) then p.launch_bin = launch_bin end
   p.agent_bytes = read_plain(p.agent)
   if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
   -- without an image the sandbox's /usr is the host's: the agent built against the host's libraries
@@ -1159,7 +1158,7 @@ function M.local_sandboxes(options)
     -- out of the host's process tree (a session of its own, without the tree's tag: core.spawn's
     -- `outlive`), so that the host ending, even its state closing, never kills the launcher
     -- before it cleans up
-    local argv = { '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
+    local argv = self.launch_bin and { self.launch_bin } or { '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
     for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
