@@ -12,7 +12,8 @@
 ** its own (the host spawns it so), and:
 **
 **   1. forks the sandbox's first process, which
-**      a. joins each cgroup of MAYURA_CG (space-separated directories; any failure: exit 125);
+**      a. joins each cgroup of MAYURA_CG (space-separated directories; any failure: exit 125;
+**         v1: `tasks`, see join_cgroups);
 **      b. shields itself from the OOM killer through the legacy knob (oom_adj -17; refused: ignored);
 **      c. with MAYURA_MOUNT (the provider's mount table, root's alone): a mount namespace of its
 **         own, everything private, each line mounted (`source target type options 0 0`;
@@ -84,6 +85,10 @@ static const char *env(const char *name) {
     return v != NULL && *v != '\0' ? v : NULL;
 }
 
+/* Joins each cgroup of `dirs`. On cgroup v1 by writing 0 (this thread) to `tasks`: this process
+** has one thread, so that moves all of it, and a single thread's move skips the kernel's global
+** lock of thread groups, whose taking waits for an RCU grace period (milliseconds, more on a
+** loaded machine) when no other move is under way; on v2 (no `tasks`), the pid to cgroup.procs. */
 static void join_cgroups(const char *dirs) {
     char pid[32], path[4096];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
@@ -92,8 +97,13 @@ static void join_cgroups(const char *dirs) {
         if (n > 0) {
             if (n + sizeof "/cgroup.procs" > sizeof path) { errno = ENAMETOOLONG; die("cgroup"); }
             memcpy(path, dirs, n);
-            memcpy(path + n, "/cgroup.procs", sizeof "/cgroup.procs");
-            if (write_file(path, pid) != 0) die("cgroup");
+            memcpy(path + n, "/tasks", sizeof "/tasks");
+            if (access(path, F_OK) == 0) {
+                if (write_file(path, "0") != 0) die("cgroup");
+            } else {
+                memcpy(path + n, "/cgroup.procs", sizeof "/cgroup.procs");
+                if (write_file(path, pid) != 0) die("cgroup");
+            }
         }
         dirs += n;
         while (*dirs == ' ') dirs++;
