@@ -84,3 +84,28 @@ describe('a local sandbox without an image', function()
     pool:close()
   end)
 end)
+
+describe('core.spawn with outlive', function()
+  -- a host that starts a process and closes its state at once: the process goes with it, unless
+  -- it was started with `outlive` (as a local sandbox's launcher is)
+  local function survivor(outlive)
+    local code = ("local core = require('mayura.core'); local p = core.spawn({ argv = { 'sleep', '30' }, " ..
+      "outlive = %s }, function() end); io.write(p:pid()); io.stdout:flush(); os.exit(0, true)"):format(outlive)
+    local host = os.getenv('MAYURA_BUILD') or 'build'
+    local res = require('mayura.process').run({ host .. '/mayura', '-e', code }, { timeout_ms = 20000 })
+    local pid = tonumber(res.stdout)
+    assert.is_number(pid)
+    -- running, not a zombie left to whoever adopted it
+    local f = io.open('/proc/' .. pid .. '/stat', 'r')
+    local stat = f and f:read('a') or ''
+    if f then f:close() end
+    local alive = stat:match('^%d+ %(.-%) (%a)') ~= nil and stat:match('^%d+ %(.-%) (%a)') ~= 'Z'
+    if alive then uv.kill(pid, 'sigkill') end
+    return alive
+  end
+
+  it('leaves the process running when the state closes, and only then', function()
+    assert.is_true(survivor(true))
+    assert.is_false(survivor(false))
+  end)
+end)
