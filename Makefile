@@ -44,6 +44,8 @@ CORE_DEP = $(wildcard core/*.c core/*.h)
 
 SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
+AGENT_HOST = build/mayura-agent-host
+LAUNCH  = build/mayura-launch
 HOST    = $(BUILD)/mayura
 ASAN_SO = $(BUILD)/asan/lib/mayura/core.so
 EMBED_LIB = $(BUILD)/lib/libmayura.a
@@ -52,18 +54,33 @@ SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-point
 
 .PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps embed
 
-all: $(SO) $(HOST) $(AGENT) embed
+all: $(SO) $(HOST) $(AGENT) $(AGENT_HOST) $(LAUNCH) embed
 
 embed: $(EMBED_LIB) $(GAME)
 
 # The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
-# linked in (Debian's libseccomp-dev: scripts/setup.sh).
-# Its pieces (agent/*.c, agent/agent.h) are compiled and linked in one command.
+# linked in (Debian's libseccomp-dev: scripts/setup.sh). Its pieces (agent/*.c, agent/agent.h) are
+# compiled and linked in one command. Each sandbox holds a copy of it, so it is built for size:
+# -Os, unused sections dropped, no symbols.
 AGENT_SRC = $(wildcard agent/*.c)
 AGENT_DEP = $(AGENT_SRC) agent/agent.h core/wire.h core/tree.h core/files.h
+AGENT_CFLAGS ?= -Os -ffunction-sections -fdata-sections -Wl,--gc-sections -s
 $(AGENT): $(AGENT_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ $(AGENT_SRC) -lseccomp
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ $(AGENT_SRC) -lseccomp
+
+# The same agent linked against the host's own libraries, for local sandboxes without an image
+# (their /usr is the host's, read-only): a few dozen KiB to copy per sandbox, and the library
+# pages are shared by every sandbox instead of a private copy in each one's memory.
+$(AGENT_HOST): $(AGENT_DEP)
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -o $@ $(AGENT_SRC) -lseccomp
+
+# The keeper of a local sandbox (launcher/launch.c): cgroups, mounts, uid, bubblewrap, the
+# lifetime and the clean-up, in one static program instead of a shell and a dozen commands.
+$(LAUNCH): launcher/launch.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ launcher/launch.c
 
 # For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
 AGENT_NOFILTER = build/bench/mayura-agent-nofilter
@@ -195,6 +212,8 @@ install: all
 	install -m 755 $(HOST) $(DESTDIR)$(PREFIX)/bin/mayura
 	install -d $(DESTDIR)$(PREFIX)/lib/mayura
 	install -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent
+	install -m 755 $(AGENT_HOST) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent-host
+	install -m 755 $(LAUNCH) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-launch
 
 clean:
 	rm -rf build

@@ -13,6 +13,10 @@
 ** pipes. At a timeout or a cancel, every process of its group and every
 ** process carrying its tag is killed, in passes until none is left, so a
 ** double fork or a setsid does not escape.
+**
+** With `outlive = true` the command carries no tag and is not stopped when
+** the state closes (a keeper that must clean up after the host, such as a
+** local sandbox's launcher); a timeout or a cancel still kills its group.
 */
 #include "mc.h"
 #include "tree.h"
@@ -48,6 +52,7 @@ typedef struct mc_proc {
     int handles;         /* uv handles not yet closed */
     int exited, finished, timed_out, cancelled;
     int killing;              /* K_NONE, K_GRACE, K_KILLED or K_DRAIN (core/tree.h) */
+    int outlive;              /* untagged, and left running when the state closes */
     int64_t exit_status;
     int term_signal;
     pid_t pid;
@@ -296,7 +301,7 @@ static void proc_finish(mc_proc *p) {
 
 static const char *const proc_keys[] = {
     "argv", "cwd", "env", "stdin", "timeout_ms", "max_output_bytes",
-    "kill_grace_ms", "drain_ms", "fds", NULL
+    "kill_grace_ms", "drain_ms", "fds", "outlive", NULL
 };
 
 #define PROC_MAX_FDS 8
@@ -345,7 +350,7 @@ static char **proc_build_env(lua_State *L, int opts, const char *tagvar) {
             lua_pop(L, 1);
         }
     }
-    envp[i++] = (char *)tagvar;
+    if (tagvar != NULL) envp[i++] = (char *)tagvar;
     envp[i] = NULL;
     return envp;
 }
@@ -357,6 +362,7 @@ typedef struct proc_spawn_opts {
     size_t stdin_len;
     lua_Integer timeout_ms, max_out, grace, drain;
     int nfds, fdv[PROC_MAX_FDS];
+    int outlive;
     char tagvar[128];
 } proc_spawn_opts;
 
@@ -376,6 +382,9 @@ static void proc_read_opts(lua_State *L, proc_spawn_opts *so) {
     so->grace = mc_opt_int(L, 1, "kill_grace_ms", 0, 0, 3600000);
     so->drain = mc_opt_int(L, 1, "drain_ms", 100, 0, 3600000);
     so->stdin_data = mc_opt_lstr(L, 1, "stdin", &so->stdin_len);
+    lua_getfield(L, 1, "outlive");
+    so->outlive = lua_toboolean(L, -1);
+    lua_pop(L, 1);
 
     lua_getfield(L, 1, "cwd");
     if (!lua_isnil(L, -1)) so->cwd = mc_check_path(L, -1, "cwd");
@@ -420,7 +429,7 @@ static void proc_read_opts(lua_State *L, proc_spawn_opts *so) {
         }
     }
     lua_pop(L, 1);
-    so->envp = proc_build_env(L, 1, so->tagvar);
+    so->envp = proc_build_env(L, 1, so->outlive ? NULL : so->tagvar);
 }
 
 /* Pushes nil and a SPAWN_FAILED error after uv_spawn refused; every handle is closed. */
@@ -491,6 +500,7 @@ static int l_spawn(lua_State *L) {
     p->out.cap = p->err.cap = (size_t)so.max_out;
     p->kill_grace_ms = (uint64_t)so.grace;
     p->drain_ms = (uint64_t)so.drain;
+    p->outlive = so.outlive;
 
     uv_pipe_init(loop, &p->out.pipe, 0);
     uv_pipe_init(loop, &p->err.pipe, 0);
@@ -601,7 +611,7 @@ static int l_proc_gc(lua_State *L) {
     if (p == NULL) return 0;
     box->p = NULL;
     p->L = NULL;
-    if (!p->exited) proc_kill_tree(p);
+    if (!p->exited && !p->outlive) proc_kill_tree(p);
     p->finished = 1;
     proc_close(p, (uv_handle_t *)&p->timer);
     proc_close(p, (uv_handle_t *)&p->process);

@@ -61,7 +61,9 @@
 --
 -- The host holds each sandbox's lifetime and its release, not the agent: code
 -- in the sandbox runs as the agent's own user and can lower its priority or
--- starve it. A launcher process (a shell, outside the sandbox's cgroups and
+-- starve it. A launcher process (build/mayura-launch, launcher/launch.c: one
+-- static program; where it is not built, the shell LAUNCHER below; outside
+-- the sandbox's cgroups and
 -- out of the host process's own process tree) starts bubblewrap and keeps the
 -- sandbox: at the end of the lifetime (plus a second of grace), when the host
 -- releases the sandbox, or when the host process is gone (the end of a
@@ -77,12 +79,19 @@
 -- another user could reach or replace (there is no runtime directory): the
 -- agent's bytes are read once by the provider and handed to each launcher on
 -- a pipe, the /etc files travel in the launcher's environment, and bubblewrap
--- copies both in (--file, --ro-bind-data), never binding a host path. As root
+-- copies both in (--file, --ro-bind-data), never binding a host path. Without
+-- an image the agent is build/mayura-agent-host, linked against the host's
+-- libraries (the sandbox's /usr is the host's, read-only): a few dozen KiB per
+-- sandbox instead of the static agent's copy, whose text each sandbox mapped
+-- privately from its own tmpfs; with an image (any root) it is the static one. As root
 -- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
--- sandbox; one mount(8) from a table the provider writes once, root's alone,
--- in /run/mayura): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
+-- sandbox; from a table the provider writes once, root's alone, in
+-- /run/mayura, by the launcher's first process, which joins the cgroups,
+-- mounts, gives the roots to the sandbox's uid, takes that uid and becomes
+-- bubblewrap; the shell launcher does it with unshare(1), mount(8), chown(1)
+-- and setpriv(1)): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
 -- `nr_inodes=` (one inode per 4 KiB page, so only empty files, directories
 -- and links can run out of inodes before bytes do) and `mode=`, owned by host
 -- root (so their options name no host uid; the roots of the root and of
@@ -479,6 +488,7 @@ done
 exit 0
 ]=]
 
+-- LAUNCHER and START are what mayura-launch (launcher/launch.c) does, for a checkout without it.
 -- In the sandbox's cgroups: joins them, shields itself (and so the agent it becomes) from the OOM
 -- killer through the legacy knob (which, unlike oom_score_adj, leaves the floor the agent's
 -- commands may go down to at 0), as root mounts the sandbox's file systems (the launcher has
@@ -604,8 +614,9 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
     MAYURA_CG = table.concat(cg_dirs, ' '),
     MAYURA_FREEZER = cg_kill.freezer or '',
     MAYURA_CGKILL = cg_kill.v2 or '',
-    MAYURA_START = START,
   }
+  -- the shell launcher's steps (mayura-launch, launcher/launch.c, takes them in one program)
+  if not p.launch_bin then env.MAYURA_START = START end
   if not (spec.image or p.image) then
     env.MAYURA_ETC_FDS = '1'
     -- a here-document ends its text with a newline of its own
@@ -1091,11 +1102,24 @@ function M.local_sandboxes(options)
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
+  -- the launcher as one program (launcher/launch.c), found where the agent is built or installed;
+  -- without it, the shell LAUNCHER and START here
+  local built = find_agent()
+  local launch_bin = built and built:gsub('mayura%-agent$', 'mayura-launch')
+  if launch_bin and launch_bin ~= built and exists(launch_bin) then p.launch_bin = launch_bin end
   p.agent_bytes = read_plain(p.agent)
   if not p.agent_bytes or #p.agent_bytes == 0 then errors.raise(C, 'the sandbox agent cannot be read', nil, 2) end
+  -- without an image the sandbox's /usr is the host's: the agent built against the host's libraries
+  -- (found next to the static one, unless `agent` names one) is all a sandbox copies, and the
+  -- library pages it maps are shared by every sandbox
+  if not options.agent then
+    local dyn = p.agent:gsub('mayura%-agent$', 'mayura-agent-host')
+    local bytes = dyn ~= p.agent and exists(dyn) and read_plain(dyn)
+    if bytes and #bytes > 0 then p.agent_host_bytes = bytes end
+  end
   -- prepared once: the launchers' mount table
   if p.staged then
-    p.fstab = make_fstab(#p.agent_bytes, p.workspace_mib, p.tmp_mib)
+    p.fstab = make_fstab(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib)
     p.staged = p.fstab ~= nil
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
@@ -1131,9 +1155,10 @@ function M.local_sandboxes(options)
     local cg_dirs, cg_kill = {}, {}
     if self.cg_mode then cg_dirs, cg_kill = make_cgroups(self.cg_mode, id, limits) end
     local host_uid = self.root and (HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter)) or nil
-    -- out of the host's process tree (a session of its own, without the tree's tag), so that
-    -- the host ending, even its state closing, never kills the launcher before it cleans up
-    local argv = { 'setsid', '-w', 'env', '-u', 'MAYURA_TREE', '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
+    -- out of the host's process tree (a session of its own, without the tree's tag: core.spawn's
+    -- `outlive`), so that the host ending, even its state closing, never kills the launcher
+    -- before it cleans up
+    local argv = self.launch_bin and { self.launch_bin } or { '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
     for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
@@ -1158,8 +1183,9 @@ function M.local_sandboxes(options)
       error(net_fds, 0)
     end
     local proc, err = core.spawn({
-      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil }, stdin = self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid),
+      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
+      stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
+      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid), outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)

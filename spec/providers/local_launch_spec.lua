@@ -1,0 +1,111 @@
+-- The local provider's cold-create pieces: mayura-launch (launcher/launch.c, the keeper of one
+-- sandbox), the host-linked agent of sandboxes without an image, and core.spawn's `outlive`.
+local sandbox = require('mayura.sandbox')
+local local_provider = require('mayura.sandbox.local')
+local core = require('mayura.core')
+local task = require('mayura._task')
+local uv = require('luv')
+
+local LAUNCH = 'build/mayura-launch'
+local AGENT_HOST = 'build/mayura-agent-host'
+local root = require('mayura.sandbox._host').uid() == 0
+
+-- Runs mayura-launch over `argv` (in place of bubblewrap's) with `env`, the agent's bytes `bytes`
+-- on its standard input; `hold(control)` may keep the host's end of the control socket (closed
+-- once the launcher has ended otherwise). Returns the result and how long it took.
+local function launch(env, argv, bytes, hold)
+  local a, b = core.socketpair()
+  local c, d = core.socketpair()
+  local full = { LAUNCH }
+  for _, x in ipairs(argv) do full[#full + 1] = x end
+  env.MAYURA_LIFE = env.MAYURA_LIFE or '60.000'
+  local t0 = core.hrtime_ms()
+  local res = task.await(function(done)
+    assert(core.spawn({ argv = full, env = env, fds = { b, d }, stdin = bytes, outlive = true }, done))
+    core.close_fd(b)
+    core.close_fd(d)
+    if hold then hold(c) end
+  end)
+  core.close_fd(a)
+  pcall(core.close_fd, c)
+  return res, core.hrtime_ms() - t0
+end
+
+describe('mayura-launch', function()
+  it('hands bubblewrap the agent on 0 and the /etc texts on 5..9, each with its newline', function()
+    local res = launch({ PATH = '/usr/bin:/bin', MAYURA_ETC_FDS = '1', MAYURA_ETC_1 = 'one',
+      MAYURA_ETC_2 = 'two\nlines', MAYURA_ETC_3 = '', MAYURA_ETC_4 = '$HOME \\n', MAYURA_ETC_5 = 'five' },
+      { '/bin/sh', '-c', 'cat; echo "|"; for f in 5 6 7 8 9; do cat <&$f; done; ' ..
+        'for f in 0 3 4 5 9 10 11 12 20 251; do [ -e /proc/$$/fd/$f ] && printf "$f "; done; true' },
+      'AGENT')
+    assert.are.equal(0, res.exit_code)
+    -- and nothing else: the control socket (4) stays the keeper's
+    assert.are.equal('AGENT|\none\ntwo\nlines\n\n$HOME \\n\nfive\n0 3 5 9 ', res.stdout)
+  end)
+
+  it('does not run the sandbox when it cannot join a cgroup', function()
+    local res = launch({ MAYURA_CG = '/nonexistent/cgroup' }, { '/bin/sh', '-c', 'echo ran' }, '')
+    assert.are.equal(125, res.exit_code)
+    assert.are.equal('', res.stdout)
+  end)
+
+  it('takes the sandbox uid without groups or capabilities before it becomes bubblewrap', function()
+    if not root then return pending('needs root: the provider takes a host uid only as root') end
+    local res = launch({ MAYURA_UID = '1299999' },
+      { '/bin/sh', '-c', 'id -u; id -g; id -G; grep -E "^(CapPrm|CapEff):" /proc/self/status' }, '')
+    assert.are.equal(0, res.exit_code)
+    assert.are.equal('1299999\n1299999\n1299999\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n', res.stdout)
+  end)
+
+  it('ends the sandbox at its lifetime and when the host closes its control socket', function()
+    -- the shell stands for bubblewrap (the first process): killed, it never says "late"
+    local res = launch({ MAYURA_LIFE = '0.300' }, { '/bin/sh', '-c', 'sleep 30; echo late' }, '', function() end)
+    assert.are.same({ 137, '' }, { res.exit_code, res.stdout })
+    res = launch({}, { '/bin/sh', '-c', 'sleep 30; echo late' }, '', function(c)
+      task.spawn(function() task.sleep(100); core.close_fd(c) end)
+    end)
+    assert.are.same({ 137, '' }, { res.exit_code, res.stdout })
+  end)
+end)
+
+describe('a local sandbox without an image', function()
+  it('runs the agent linked against the host\'s libraries, and its launcher outlives nothing of the host', function()
+    local want = uv.fs_stat(AGENT_HOST)
+    if not want then return pending(AGENT_HOST .. ' is not built') end
+    local pool = sandbox.create_sandboxes(local_provider.local_sandboxes(), { max_sandboxes = 1, max_lifetime_ms = 60000 })
+    local sb = pool:create({ lifetime_ms = 60000 })
+    assert.are.equal(tostring(want.size) .. '\n', sb:exec({ 'sh', '-c', 'wc -c < /.mayura/agent' }).stdout)
+    -- the launcher carries no tag of the host's process tree (core.spawn's outlive)
+    local env = io.open('/proc/' .. sb._backend.proc:pid() .. '/environ', 'rb')
+    local text = env and env:read('a') or ''
+    if env then env:close() end
+    assert.is_nil(text:find('MAYURA_TREE=', 1, true))
+    assert.is_truthy(text:find('MAYURA_LIFE=', 1, true))
+    pool:close()
+  end)
+end)
+
+describe('core.spawn with outlive', function()
+  -- a host that starts a process and closes its state at once: the process goes with it, unless
+  -- it was started with `outlive` (as a local sandbox's launcher is)
+  local function survivor(outlive)
+    local code = ("local core = require('mayura.core'); local p = core.spawn({ argv = { 'sleep', '30' }, " ..
+      "outlive = %s }, function() end); io.write(p:pid()); io.stdout:flush(); os.exit(0, true)"):format(outlive)
+    local host = os.getenv('MAYURA_BUILD') or 'build'
+    local res = require('mayura.process').run({ host .. '/mayura', '-e', code }, { timeout_ms = 20000 })
+    local pid = tonumber(res.stdout)
+    assert.is_number(pid)
+    -- running, not a zombie left to whoever adopted it
+    local f = io.open('/proc/' .. pid .. '/stat', 'r')
+    local stat = f and f:read('a') or ''
+    if f then f:close() end
+    local alive = stat:match('^%d+ %(.-%) (%a)') ~= nil and stat:match('^%d+ %(.-%) (%a)') ~= 'Z'
+    if alive then uv.kill(pid, 'sigkill') end
+    return alive
+  end
+
+  it('leaves the process running when the state closes, and only then', function()
+    assert.is_true(survivor(true))
+    assert.is_false(survivor(false))
+  end)
+end)
