@@ -105,6 +105,8 @@ local egress = require('mayura.sandbox._egress')
 local M = {}
 
 local MIB = 1048576
+local MODE_0700 = tonumber('700', 8)
+local MODE_0703 = tonumber('703', 8)
 local AGENT_IN = '/.mayura/agent'          -- where the agent is mounted in the container
 local RUN_IN = '/.mayura/run'              -- where the socket directory is mounted
 local SOCKET = 'agent.sock'
@@ -146,7 +148,7 @@ end
 
 -- Removes a per-sandbox directory and what is in it (never following links).
 local function remove_dir(dir)
-  uv_fs('fs_chmod', dir, 448)   -- 0700: a closed (0555) directory must be opened to empty it
+  uv_fs('fs_chmod', dir, MODE_0700)   -- a closed (0555) directory must be opened to empty it
   await(function(cb) core.fs.remove(dir, { recursive = true }, cb) end)
 end
 
@@ -552,13 +554,13 @@ end
 -- Makes the base directory (0700, ours, not a link, in directories no other user controls); raises
 -- INVALID_CONFIG when it cannot be trusted.
 local function prepare_base(base, uid)
-  local ok = await(function(cb) core.fs.mkdir(base, { mode = 448 }, cb) end)
+  local ok = await(function(cb) core.fs.mkdir(base, { mode = MODE_0700 }, cb) end)
   local st = uv_fs('fs_lstat', base)
   if not ok or type(st) ~= 'table' or st.type ~= 'directory' or st.uid ~= uid
     or others_control(base:match('^(.*)/[^/]*$'), uid) then
     errors.raise('INVALID_CONFIG', 'the sandbox socket directory ' .. base .. ' cannot be made or is not ours', nil, 0)
   end
-  if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, 448) end
+  if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, MODE_0700) end
 end
 
 -- Removes the directories of sandboxes whose lifetime is over (left by a host killed before release).
@@ -1056,14 +1058,14 @@ function M.docker_sandboxes(options)
     local expires_ms = math.floor(core.now_ms()) + spec.lifetime_ms
     local expires_s = math.floor(expires_ms / 1000) + 1
     local dir = self.run_base .. '/' .. expires_s .. '-' .. id
-    local made, merr = uv_fs('fs_mkdir', dir, 448)
+    local made, merr = uv_fs('fs_mkdir', dir, MODE_0700)
     if not made then
       if own_uid then uids_in_use[sb_uid] = nil end
       error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory', merr), 0)
     end
     -- the agent (the sandbox's user, "other" here) makes its socket in it, but cannot list it; closed
     -- to everyone but its owner once the host is connected
-    uv_fs('fs_chmod', dir, 451)
+    uv_fs('fs_chmod', dir, MODE_0703)
 
     local labels = {}
     for k, v in pairs(spec.labels or {}) do labels[k] = v end
@@ -1150,7 +1152,7 @@ function M.docker_sandboxes(options)
       agent_backend.hello(backend)
       -- no more files from the sandbox's side in this host directory (the agent, answering, has
       -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
-      uv_fs('fs_chmod', dir, 448)
+      uv_fs('fs_chmod', dir, MODE_0700)
     end)
     if not sok then agent_backend.start_failed(backend, serr) end
     backend.image_name = image_name

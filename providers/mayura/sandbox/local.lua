@@ -134,6 +134,7 @@ local egress = require('mayura.sandbox._egress')
 local M = {}
 
 local MIB = 1048576
+local MODE_0700 = tonumber('700', 8)
 local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
 local WORKDIR = '/workspace'
@@ -225,10 +226,10 @@ local function bit(n, b) return math.floor(n / b) % 2 == 1 end
 -- Makes NET_DIR, root's alone (0700, not a link, owned by root), or says it cannot.
 local function make_net_dir()
   local uv = require('luv')
-  uv.fs_mkdir(NET_DIR, 448)
+  uv.fs_mkdir(NET_DIR, MODE_0700)
   local st = uv.fs_lstat(NET_DIR)
   if not st or st.type ~= 'directory' or st.uid ~= 0 then return false end
-  if st.mode % 512 ~= 448 and not uv.fs_chmod(NET_DIR, 448) then return false end
+  if st.mode % 512 ~= MODE_0700 and not uv.fs_chmod(NET_DIR, MODE_0700) then return false end
   return true
 end
 
@@ -236,7 +237,7 @@ end
 -- that nobody else may write.
 local function make_stage()
   local uv = require('luv')
-  await_cb(function(cb) uv.fs_mkdir(STAGE, 448, cb) end)   -- 0700; already there is fine
+  await_cb(function(cb) uv.fs_mkdir(STAGE, MODE_0700, cb) end)   -- already there is fine
   local st = lstat(STAGE)
   if not st or st.type ~= 'directory' or st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
     errors.raise('INVALID_CONFIG', STAGE .. ' must be a directory owned by root that only root may write', nil, 3)
