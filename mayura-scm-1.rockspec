@@ -16,6 +16,8 @@ external_dependencies = {
   UV = { header = 'uv.h' },
   CJSON = { header = 'cjson/cJSON.h' },
   MSGPACK = { header = 'msgpack.h' },
+  WEBSOCKETS = { header = 'libwebsockets.h' },
+  SECCOMP = { header = 'seccomp.h' },
 }
 build = {
   type = 'make',
