@@ -22,7 +22,9 @@
 **    wire_parse takes, with the call's id and one field per key encoded as
 **    documented (string, integer, boolean, list of strings or integers,
 **    map of strings); that frame sent back as the reply reaches the
-**    callback through libuv and decodes to the same fields.
+**    callback through libuv and decodes to the same fields (but for a
+**    request with `more = true`, whose echo is a streaming frame for a call
+**    that did not ask to stream: the channel fails the call with that).
 */
 #include "fuzz_lua.h"
 
@@ -421,10 +423,18 @@ static void check_sent(lua_State *L, int v, const wire_field *f) {
 static int replied;
 static unsigned char *sent_frame;
 static size_t sent_len;
+/* The request had `more = true`: its echo is a streaming frame for a call that did not ask to
+** stream, which the channel must take as a protocol error (core/wire.h, "Streaming"). */
+static int echo_is_more;
 
 static int on_reply(lua_State *L) {
     wire_msg m;
     replied++;
+    if (echo_is_more) {
+        if (!lua_isnil(L, 1) || strstr(fz_describe(L, 2), "not streaming") == NULL)
+            fz_fail("a streaming frame for a plain call was not refused: %s", fz_describe(L, 2));
+        return 0;
+    }
     if (lua_isnil(L, 1)) fz_fail("the echoed reply did not arrive: %s", fz_describe(L, 2));
     if (wire_parse(sent_frame + 4, sent_len - 4, &m) != 0) fz_fail("the echo does not parse");
     check_reply(L, 1, &m);
@@ -483,6 +493,10 @@ static void mode_request(lua_State *L, const uint8_t *data, size_t size) {
     }
 
     /* the same frame back, as the reply */
+    {
+        const wire_field *more = wire_find(&m, "more");
+        echo_is_more = more != NULL && more->type == WIRE_BOOL && more->len == 1 && more->val[0] == 1;
+    }
     replied = 0;
     if (send(sv[1], sent_frame, got, MSG_DONTWAIT) != (ssize_t)got) fz_fail("cannot echo the frame");
     for (i = 0; i < 100 && !replied; i++) run_loop(1);
