@@ -195,6 +195,13 @@ local function setting(name)
   return v
 end
 
+-- A setting the chosen provider cannot do without (`required`), or one it may go without.
+local function env(name, required)
+  local v = setting(name)
+  if required and not v then usage_error('--provider ' .. provider_name .. ' needs ' .. name) end
+  return v
+end
+
 local provider
 if provider_name == 'docker' then
   provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
@@ -210,11 +217,6 @@ elseif provider_name == 'e2b' then
     workdir = setting('E2B_WORKDIR'),
   })
 elseif provider_name == 'vercel' then
-  local function env(name, required)
-    local v = setting(name)
-    if required and not v then usage_error('--provider vercel needs ' .. name) end
-    return v
-  end
   provider = require('mayura.sandbox.vercel').vercel_sandboxes({
     token = env('VERCEL_TOKEN', true), team_id = env('VERCEL_TEAM_ID', true),
     project_id = env('VERCEL_PROJECT_ID', true),
@@ -253,22 +255,12 @@ elseif provider_name == 'apple-container' then
     image = setting('CONTAINER_IMAGE'), executable = setting('CONTAINER_CLI'),
   })
 elseif provider_name == 'railway' then
-  local function env(name, required)
-    local v = setting(name)
-    if required and not v then usage_error('--provider railway needs ' .. name) end
-    return v
-  end
   provider = require('mayura.sandbox.railway').railway_sandboxes({
     token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
     endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), ws_url = env('RAILWAY_TCP_PROXY_WS_ENDPOINT'),
     workdir = env('RAILWAY_WORKDIR'),
   })
 elseif provider_name == 'northflank' then
-  local function env(name, required)
-    local v = setting(name)
-    if required and not v then usage_error('--provider northflank needs ' .. name) end
-    return v
-  end
   provider = require('mayura.sandbox.northflank').northflank_sandboxes({
     token = env('NORTHFLANK_API_TOKEN', true), project_id = env('NORTHFLANK_PROJECT_ID', true),
     api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
