@@ -39,4 +39,14 @@ function M.int(v, name, lo, hi, code, level, default)
   return math.tointeger and math.tointeger(v) or v
 end
 
+--- Checks an optional word option: nil, or a string of 1 to 256 bytes matching `pattern` (returned);
+-- anything else raises `message`.
+function M.word(v, pattern, message, code, level)
+  if v == nil then return nil end
+  if type(v) ~= 'string' or v == '' or #v > 256 or not v:match(pattern) then
+    errors.raise(code or 'INVALID_INPUT', message, nil, (level or 2) + 1)
+  end
+  return v
+end
+
 return M

@@ -101,11 +101,7 @@ local option_keys = {
 }
 
 local function word(v, what, pattern)
-  if v == nil then return nil end
-  if type(v) ~= 'string' or v == '' or #v > 256 or not v:match(pattern) then
-    errors.raise('INVALID_CONFIG', 'apple_container: ' .. what .. ' is not valid', nil, 4)
-  end
-  return v
+  return check.word(v, pattern, 'apple_container: ' .. what .. ' is not valid', 'INVALID_CONFIG', 4)
 end
 
 --- The provider: see the module's comment for the options.

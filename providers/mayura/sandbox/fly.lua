@@ -137,11 +137,7 @@ local option_keys = {
 }
 
 local function name_option(v, what, pattern)
-  if v == nil then return nil end
-  if type(v) ~= 'string' or v == '' or #v > 256 or not v:match(pattern) then
-    errors.raise('INVALID_CONFIG', 'fly: ' .. what .. ' is not a valid name', nil, 4)
-  end
-  return v
+  return check.word(v, pattern, 'fly: ' .. what .. ' is not a valid name', 'INVALID_CONFIG', 4)
 end
 
 --- The provider: see the module's comment for the options.
