@@ -34,6 +34,9 @@ local function after(ms, fn, unref)
   local timer = uv.new_timer()
   local handle = { fired = false }
   local over = false
+  -- libuv counts a timer from the loop's cached time, which lags while callbacks run: taken
+  -- afresh, the timer never fires before `ms` have passed from now
+  uv.update_time()
   timer:start(ms, 0, function()
     if over then return end
     over = true
