@@ -33,6 +33,10 @@
 
 /* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
 static int mc_run_depth = 0;
+/* The end of the running step's budget (uv_hrtime), 0 when no step with a budget runs. */
+static uint64_t mc_step_deadline = 0;
+/* How many steps have begun, which tells one step from the next. */
+static lua_Integer mc_step_count = 0;
 
 /* {======================================================
 ** The shared loop
@@ -152,12 +156,27 @@ static int mc_step(lua_State *L, long budget_us) {
     if (mc_loop_busy(L)) return -1;
     start = uv_hrtime();
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
+    mc_step_deadline = limit > 0 ? start + limit : 0;
+    mc_step_count++;
     mc_run_depth++;
     do {
         alive = uv_run(loop, UV_RUN_NOWAIT);
     } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() - start < limit);
     mc_run_depth--;
+    mc_step_deadline = 0;
     return alive != 0;
+}
+
+/*
+** core.over_budget(): whether a step with a budget (core.step, mayura_step) is running and its
+** time is spent, and the number of that step (one step from the next). Work that can wait for
+** the next step (a task's resumption, mayura._task) asks this before running, so completions
+** that arrive together are spread over frames.
+*/
+static int l_over_budget(lua_State *L) {
+    lua_pushboolean(L, mc_step_deadline != 0 && uv_hrtime() >= mc_step_deadline);
+    lua_pushinteger(L, mc_step_count);
+    return 2;
 }
 
 /*
@@ -314,6 +333,7 @@ static const luaL_Reg core_funcs[] = {
     {"run", l_run},
     {"loop_running", l_loop_running},
     {"step", l_step},
+    {"over_budget", l_over_budget},
     {"backend_fd", l_backend_fd},
     {"backend_timeout", l_backend_timeout},
     {"set_driver", l_set_driver},

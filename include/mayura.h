@@ -39,8 +39,10 @@ int mayura_open(lua_State *L, const char *root);
 
 /*
 ** Runs the loop's due work without waiting: one pass, then more while work is due at once
-** and `budget_us` microseconds are not spent (0: one pass). A single callback is not cut, so
-** a step can pass its budget by what one callback takes. Returns 1 when anything is still
+** and `budget_us` microseconds are not spent (0: one pass). Once the budget is spent, tasks
+** whose waits end are resumed at the next steps (at least one a step), so completions that
+** arrive together are spread over frames. A single callback or task's run is not cut, so a step
+** can pass its budget by what one of them takes. Returns 1 when anything is still
 ** pending, 0 when nothing is, -1 when called from inside the loop (from a callback).
 */
 int mayura_step(lua_State *L, long budget_us);

@@ -11,11 +11,12 @@
 ** frame's deadline. The global GAME_FRAME holds the number of the frame being drawn. It stops when the script's task has ended (or after --frames frames) and
 ** prints one line of frame statistics:
 **
-**   frames N  step_us mean M p99 P max X  step_cpu_us p99 C max Y  frame_ms max F  late L
+**   frames N  step_us mean M p99 P max X  step_cpu_us p99 C max Y  frame_ms max F  late L  over_4ms O
 **
 ** (step_us: the wall time mayura_step took in each frame; step_cpu_us: the CPU time this thread
 ** spent in it, which leaves out the time other programs had the CPU on a busy machine; frame_ms: from one frame's start to the
-** next; late: frames that started more than a frame period after the one before). The exit
+** next; late: frames that started more than a frame period after the one before; over_4ms: frames
+** whose step took more than 4 ms of this thread's CPU). The exit
 ** status is 0 when the task succeeded and returned something other than false.
 */
 #define _GNU_SOURCE
@@ -177,7 +178,9 @@ int main(int argc, char **argv) {
         status = 0;
     }
     if (frames > 0) {
-        long long p99, max, cpu_p99, cpu_max;
+        long long p99, max, cpu_p99, cpu_max, over = 0;
+        long k;
+        for (k = 0; k < frames; k++) over += cpu_step_ns[k] > 4000000LL;
         qsort(step_ns, (size_t)frames, sizeof *step_ns, cmp_ll);
         qsort(cpu_step_ns, (size_t)frames, sizeof *cpu_step_ns, cmp_ll);
         p99 = step_ns[(frames * 99) / 100];
@@ -185,8 +188,8 @@ int main(int argc, char **argv) {
         cpu_p99 = cpu_step_ns[(frames * 99) / 100];
         cpu_max = cpu_step_ns[frames - 1];
         printf("frames %ld  step_us mean %.1f p99 %.1f max %.1f  step_cpu_us p99 %.1f max %.1f  frame_ms max %.2f"
-               "  late %lld\n", frames, (double)sum / frames / 1e3, p99 / 1e3, max / 1e3, cpu_p99 / 1e3,
-               cpu_max / 1e3, max_frame / 1e6, late);
+               "  late %lld  over_4ms %lld\n", frames, (double)sum / frames / 1e3, p99 / 1e3, max / 1e3, cpu_p99 / 1e3,
+               cpu_max / 1e3, max_frame / 1e6, late, over);
     }
     fflush(stdout);
     free(step_ns);

@@ -96,6 +96,46 @@ local function step(task, ...)
   end
 end
 
+-- Resumptions put off to the next step: when a host steps the loop with a budget (core.step,
+-- mayura_step) and the budget is spent, a task whose wait ended is resumed at a later step instead
+-- of now, so completions that arrive together (four sandboxes' files, say) are spread over frames
+-- rather than all run in one. An idle handle runs the queue, in order; each step resumes at least
+-- one task, so every step makes progress. The handle is closed as soon as the queue is empty (a
+-- luv handle still open when the Lua state closes crashes luv 1.44; a close finishes within the
+-- loop's pass that began it).
+local later, later_head, later_tail, idler, ran_in = {}, 1, 0, nil, nil
+
+local function run_later()
+  while later[later_head] ~= nil do
+    local over, this_step = core.over_budget()
+    if over and ran_in == this_step then return end
+    ran_in = this_step
+    local item = later[later_head]
+    later[later_head] = nil
+    later_head = later_head + 1
+    step(item.task, unpack(item.args, 1, item.args.n))
+  end
+  later, later_head, later_tail = {}, 1, 0
+  if idler then
+    idler:close()
+    idler = nil
+  end
+end
+
+local function resume(task, ...)
+  local over, this_step = core.over_budget()
+  if later[later_head] == nil and not (over and ran_in == this_step) then
+    ran_in = this_step
+    return step(task, ...)
+  end
+  later_tail = later_tail + 1
+  later[later_tail] = { task = task, args = pack(...) }
+  if not idler then
+    idler = require('luv').new_idle()
+    idler:start(run_later)
+  end
+end
+
 --- Whether the running coroutine is a task.
 function M.in_task()
   local co = coroutine.running()
@@ -112,7 +152,7 @@ function M.await(start)
     start(function(...)
       if fired then return end
       fired = true
-      if waiting then step(task, ...) else early = pack(...) end
+      if waiting then resume(task, ...) else early = pack(...) end
     end)
     if fired then return unpack(early, 1, early.n) end
     waiting = true

@@ -51,6 +51,54 @@ describe('a loop driven by the host', function()
     end)
   end)
 
+  it('spreads tasks whose waits end together over steps once the budget is spent', function()
+    local task = require('mayura._task')
+    local function busy(ms)
+      local t0 = core.hrtime_ms()
+      while core.hrtime_ms() - t0 < ms do end
+    end
+    driven_by('step', function()
+      local order, wake = {}, {}
+      local tasks = {}
+      for i = 1, 3 do
+        tasks[i] = mayura.run(function()
+          task.await(function(done) wake[i] = done end)
+          order[#order + 1] = i
+          busy(5)
+        end)
+      end
+      -- one callback ends all three waits
+      task.after(0, function() for i = 1, 3 do wake[i]() end end)
+      local steps, seen = 0, {}
+      while not tasks[3].done do
+        assert.is_false(core.over_budget())
+        mayura.step(2)
+        steps = steps + 1
+        seen[steps] = #order
+        assert.is_true(steps < 100, 'the tasks never ran')
+      end
+      -- each step's budget (2 ms) is spent by the first task it resumes (5 ms): one task a step,
+      -- in the order their waits ended
+      assert.are.same({ 1, 2, 3 }, order)
+      assert.are.equal(1, seen[steps - 2] - (seen[steps - 3] or 0))
+      assert.are.equal(2, seen[steps - 1])
+      assert.are.equal(3, seen[steps])
+      -- a step without a budget resumes them all at once
+      order = {}
+      for i = 1, 3 do
+        tasks[i] = mayura.run(function()
+          task.await(function(done) wake[i] = done end)
+          order[#order + 1] = i
+          busy(2)
+        end)
+      end
+      task.after(0, function() for i = 1, 3 do wake[i]() end end)
+      while not tasks[3].done do mayura.step() end
+      assert.are.same({ 1, 2, 3 }, order)
+      for i = 1, 3 do tasks[i]:wait() end
+    end)
+  end)
+
   it('refuses step from a loop callback, and a budget out of range', function()
     driven_by('step', function()
       local err
