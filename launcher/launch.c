@@ -11,6 +11,8 @@
 ** MAYURA_INFO bubblewrap's info descriptor. It runs outside the sandbox's cgroups, a session of
 ** its own (the host spawns it so), and:
 **
+**   0. with MAYURA_CG_SET, makes the cgroups of MAYURA_CG and writes their settings (make_cgroups;
+**      any failure: exit 125, nothing left);
 **   1. forks the sandbox's first process, which
 **      a. joins each cgroup of MAYURA_CG (space-separated directories; any failure: exit 125;
 **         v1: `tasks`, see join_cgroups);
@@ -353,6 +355,64 @@ static int reap(pid_t pid, int *status) {
     return r == pid || (r < 0 && errno == ECHILD);
 }
 
+/* Removes the first `made` cgroups of `cgs`, the last made first. */
+static void unmake_cgroups(const char *cgs, int made) {
+    char dirs[64][4001];
+    int n = 0;
+    EACH_CG(d, cgs, { if (n < made && n < 64) { memcpy(dirs[n], d, sizeof d); n++; } });
+    while (n > 0) (void)rmdir(dirs[--n]);
+}
+
+/* Whether `path` is a file right inside one of the cgroups of `cgs` (DIR/NAME, NAME without a
+** slash or a leading dot). */
+static int in_cgroup(const char *cgs, const char *path) {
+    int ok = 0;
+    EACH_CG(d, cgs, {
+        size_t k = strlen(d);
+        if (strncmp(path, d, k) == 0 && path[k] == '/' && path[k + 1] != '\0' && path[k + 1] != '.'
+            && strchr(path + k + 1, '/') == NULL) ok = 1;
+    });
+    return ok;
+}
+
+/*
+** Step 0, with MAYURA_CG_SET: makes each cgroup of MAYURA_CG (its parent too; the cgroup itself
+** must be new) and writes its settings, one a line: `PATH VALUE`, with a leading `?` for a
+** setting the kernel may lack, PATH a file right inside one of them. Any failure removes what was
+** made and exits 125. (Without it the host made them, the launcher shell's way.)
+*/
+static void make_cgroups(const char *cgs, const char *set) {
+    char line[4300], parent[4001];
+    int made = 0;
+    EACH_CG(d, cgs, {
+        char *slash;
+        memcpy(parent, d, sizeof d);
+        slash = strrchr(parent, '/');
+        if (slash != NULL && slash != parent) {
+            *slash = '\0';
+            if (mkdir(parent, 0755) != 0 && errno != EEXIST) { unmake_cgroups(cgs, made); die("cgroup"); }
+        }
+        if (mkdir(d, 0755) != 0) { unmake_cgroups(cgs, made); die("cgroup"); }
+        made++;
+    });
+    while (*set != '\0') {
+        size_t n = strcspn(set, "\n");
+        int optional = *set == '?';
+        char *value;
+        if (n >= sizeof line) { errno = ENAMETOOLONG; unmake_cgroups(cgs, made); die("cgroup setting"); }
+        memcpy(line, set + optional, n - (size_t)optional);
+        line[n - (size_t)optional] = '\0';
+        set += n;
+        if (*set == '\n') set++;
+        if (line[0] == '\0') continue;
+        value = strchr(line, ' ');
+        if (value == NULL) { errno = EINVAL; unmake_cgroups(cgs, made); die("cgroup setting"); }
+        *value++ = '\0';
+        if (!in_cgroup(cgs, line)) { errno = EINVAL; unmake_cgroups(cgs, made); die("cgroup setting"); }
+        if (write_file(line, value) != 0 && !optional) { unmake_cgroups(cgs, made); die("cgroup setting"); }
+    }
+}
+
 int main(int argc, char **argv) {
     const char *cgs = env("MAYURA_CG"), *life_s = env("MAYURA_LIFE");
     int64_t deadline;
@@ -366,6 +426,7 @@ int main(int argc, char **argv) {
     if (*end != '\0' || !(life > 0) || life > 1e9) { errno = EINVAL; die("MAYURA_LIFE"); }
     signal(SIGPIPE, SIG_IGN);
     deadline = now_ms() + (int64_t)(life * 1000.0);
+    if (cgs != NULL && env("MAYURA_CG_SET") != NULL) make_cgroups(cgs, env("MAYURA_CG_SET"));
 
     first = fork();
     if (first < 0) die("fork");

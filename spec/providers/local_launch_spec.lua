@@ -49,6 +49,47 @@ describe('mayura-launch', function()
     assert.are.equal('', res.stdout)
   end)
 
+  -- cgroup v1 as on this kind of machine, or v2: one directory each way, with a setting of each kind
+  local function cgroup_case()
+    local id = 'mayura-spec-' .. require('mayura.sandbox._host').random_hex(4)
+    if uv.fs_stat('/sys/fs/cgroup/cgroup.controllers') then
+      local d = '/sys/fs/cgroup/mayura/' .. id
+      return { d }, d .. '/pids.max 37\n?' .. d .. '/no.such.knob 1', d .. '/pids.max'
+    end
+    local d = '/sys/fs/cgroup/pids/mayura/' .. id
+    return { d }, d .. '/pids.max 37\n?' .. d .. '/no.such.knob 1', d .. '/pids.max'
+  end
+
+  it('makes its cgroups, sets them before the sandbox joins, and removes them at the end', function()
+    if not root then return pending('needs root: cgroups are made only as root') end
+    local dirs, set, knob = cgroup_case()
+    local res = launch({ MAYURA_CG = dirs[1], MAYURA_CG_SET = set },
+      { '/bin/sh', '-c', 'cat ' .. knob .. '; grep -c "' .. dirs[1]:match('[^/]+$') .. '" /proc/self/cgroup' }, '')
+    assert.are.equal(0, res.exit_code, res.stderr)
+    assert.are.equal('37\n1\n', res.stdout)
+    assert.is_nil(uv.fs_stat(dirs[1]))
+  end)
+
+  it('refuses a setting outside its cgroups, or a cgroup that is already there, and leaves nothing', function()
+    if not root then return pending('needs root: cgroups are made only as root') end
+    local dirs = cgroup_case()
+    for _, set in ipairs({ '/tmp/mayura-not-a-cgroup 1', dirs[1] .. '/../pids.max 1', dirs[1] .. '/.x 1',
+        dirs[1] .. '/pids.max', dirs[1] .. '/pids.max not-a-number' }) do
+      local res = launch({ MAYURA_CG = dirs[1], MAYURA_CG_SET = set }, { '/bin/sh', '-c', 'echo ran' }, '')
+      assert.are.equal(125, res.exit_code, set)
+      assert.are.equal('', res.stdout)
+      assert.is_nil(uv.fs_stat(dirs[1]), set)
+    end
+    assert.is_nil(uv.fs_stat('/tmp/mayura-not-a-cgroup'))
+    -- one that someone else made is not ours: refused, and left as it was
+    assert(uv.fs_mkdir(dirs[1], tonumber('755', 8)))
+    local res = launch({ MAYURA_CG = dirs[1], MAYURA_CG_SET = dirs[1] .. '/pids.max 5' },
+      { '/bin/sh', '-c', 'echo ran' }, '')
+    assert.are.equal(125, res.exit_code)
+    assert.truthy(uv.fs_stat(dirs[1]))
+    assert(uv.fs_rmdir(dirs[1]))
+  end)
+
   it('takes the sandbox uid without groups or capabilities before it becomes bubblewrap', function()
     if not root then return pending('needs root: the provider takes a host uid only as root') end
     local res = launch({ MAYURA_UID = '1299999' },

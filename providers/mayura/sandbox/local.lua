@@ -309,58 +309,85 @@ local function remove_cgroups(dirs)
   for i = #dirs, 1, -1 do os.remove(dirs[i]) end
 end
 
--- Makes the sandbox's cgroups; returns the directories (whose cgroup.procs the launcher joins, the
--- memory one first) and how the launcher kills what is in them: `{ freezer = dir }` (v1) or
--- `{ v2 = dir }`. Nothing is left behind when one cannot be made.
-local function make_cgroups(mode, id, limits)
-  local dirs, kill = {}, {}
-  local function mk(path)
-    local ok = await_cb(function(cb) core.fs.mkdir(path, nil, cb) end)
-    if not ok then error(errors.sandbox('unavailable', 'cannot make a cgroup'), 0) end
-    dirs[#dirs + 1] = path
-    return path
-  end
-  local function set(path, value, optional)
-    if not write_plain(path, value) and not optional then
-      error(errors.sandbox('unavailable', 'cannot set a cgroup limit'), 0)
-    end
-  end
+-- The sandbox's cgroups, planned: the directories (whose cgroup.procs the launcher joins, the memory
+-- one first), how the launcher kills what is in them (`{ freezer = dir }` on v1, `{ v2 = dir }`),
+-- and their settings, each `{ path, value, optional }`. Which controllers there are is the
+-- provider's, looked at once (cgroup_parts).
+local function plan_cgroups(parts, id, limits)
+  local dirs, kill, set = {}, {}, {}
+  local function dir(path) dirs[#dirs + 1] = path return path end
+  local function put(path, value, optional) set[#set + 1] = { path, value, optional or false } end
   local bytes = tostring(limits.memory_mib * MIB)
   local quota = math.floor(limits.cpus * 100000 + 0.5)
+  if parts.mode == 'v1' then
+    local mem = dir('/sys/fs/cgroup/memory/mayura/' .. id)
+    put(mem .. '/memory.limit_in_bytes', bytes)
+    put(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
+    put(mem .. '/memory.swappiness', '0', true)
+    local pids = dir('/sys/fs/cgroup/pids/mayura/' .. id)
+    put(pids .. '/pids.max', tostring(limits.pids))
+    if parts.cpu then
+      local cpu = dir('/sys/fs/cgroup/cpu/mayura/' .. id)
+      put(cpu .. '/cpu.cfs_period_us', '100000')
+      put(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+    end
+    -- what the launcher freezes to kill every process in it at once (a fork bomb too)
+    if parts.freezer then kill.freezer = dir('/sys/fs/cgroup/freezer/mayura/' .. id) end
+  else
+    local cg = dir('/sys/fs/cgroup/mayura/' .. id)
+    put(cg .. '/memory.max', bytes)
+    put(cg .. '/memory.swap.max', '0', true)
+    put(cg .. '/pids.max', tostring(limits.pids))
+    put(cg .. '/cpu.max', quota .. ' 100000', true)
+    kill.v2 = cg
+  end
+  return dirs, kill, set
+end
+
+-- What the provider's cgroups are made of, looked at once: `{ mode, cpu, freezer }`, or nil
+-- without cgroups. On v2 the parent (/sys/fs/cgroup/mayura) and its controllers are set up here.
+local function cgroup_parts(mode)
+  if not mode then return nil end
+  if mode == 'v2' then
+    write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
+    await_cb(function(cb) core.fs.mkdir('/sys/fs/cgroup/mayura', nil, cb) end)
+    write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
+  end
+  return {
+    mode = mode,
+    cpu = mode == 'v1' and exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us'),
+    freezer = mode == 'v1' and exists('/sys/fs/cgroup/freezer/cgroup.procs'),
+  }
+end
+
+-- The settings as the launcher reads them (MAYURA_CG_SET): `PATH VALUE` a line, `?` before an
+-- optional one.
+local function cgroup_set_text(set)
+  local lines = {}
+  for i, s in ipairs(set) do lines[i] = (s[3] and '?' or '') .. s[1] .. ' ' .. s[2] end
+  return table.concat(lines, '\n')
+end
+
+-- Makes the planned cgroups from here (for the launcher shell; mayura-launch makes them itself).
+-- Nothing is left behind when one cannot be made.
+local function make_cgroups(dirs, set)
+  local made = {}
   local ok, err = pcall(function()
-    if mode == 'v1' then
-      local mem = mk('/sys/fs/cgroup/memory/mayura/' .. id)
-      set(mem .. '/memory.limit_in_bytes', bytes)
-      set(mem .. '/memory.memsw.limit_in_bytes', bytes, true)
-      set(mem .. '/memory.swappiness', '0', true)
-      local pids = mk('/sys/fs/cgroup/pids/mayura/' .. id)
-      set(pids .. '/pids.max', tostring(limits.pids))
-      if exists('/sys/fs/cgroup/cpu/cpu.cfs_quota_us') then
-        local cpu = mk('/sys/fs/cgroup/cpu/mayura/' .. id)
-        set(cpu .. '/cpu.cfs_period_us', '100000')
-        set(cpu .. '/cpu.cfs_quota_us', tostring(quota))
+    for _, path in ipairs(dirs) do
+      local done = await_cb(function(cb) core.fs.mkdir(path, nil, cb) end)
+      if not done then error(errors.sandbox('unavailable', 'cannot make a cgroup'), 0) end
+      made[#made + 1] = path
+    end
+    for _, s in ipairs(set) do
+      if not write_plain(s[1], s[2]) and not s[3] then
+        error(errors.sandbox('unavailable', 'cannot set a cgroup limit'), 0)
       end
-      -- what the launcher freezes to kill every process in it at once (a fork bomb too)
-      if exists('/sys/fs/cgroup/freezer/cgroup.procs') then
-        kill.freezer = mk('/sys/fs/cgroup/freezer/mayura/' .. id)
-      end
-    else
-      write_plain('/sys/fs/cgroup/cgroup.subtree_control', '+memory +pids +cpu')
-      await_cb(function(cb) core.fs.mkdir('/sys/fs/cgroup/mayura', nil, cb) end)
-      write_plain('/sys/fs/cgroup/mayura/cgroup.subtree_control', '+memory +pids +cpu')
-      local cg = mk('/sys/fs/cgroup/mayura/' .. id)
-      set(cg .. '/memory.max', bytes)
-      set(cg .. '/memory.swap.max', '0', true)
-      set(cg .. '/pids.max', tostring(limits.pids))
-      set(cg .. '/cpu.max', quota .. ' 100000', true)
-      kill.v2 = cg
     end
   end)
   if not ok then
-    remove_cgroups(dirs)
+    remove_cgroups(made)
     error(err, 0)
   end
-  return dirs, kill
 end
 
 -- How many times the sandbox's memory cgroup has killed a process for memory.
@@ -607,7 +634,7 @@ local function bwrap_argv(p, spec)
 end
 
 -- The launcher's environment for one sandbox.
-local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
+local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
   local life = spec.lifetime_ms + GRACE_MS
   local env = {
     PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
@@ -616,6 +643,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid)
     MAYURA_FREEZER = cg_kill.freezer or '',
     MAYURA_CGKILL = cg_kill.v2 or '',
   }
+  -- mayura-launch makes the cgroups itself, before the sandbox's first process joins them
+  if cg_set then env.MAYURA_CG_SET = cgroup_set_text(cg_set) end
   -- the shell launcher's steps (mayura-launch, launcher/launch.c, takes them in one program)
   if not p.launch_bin then env.MAYURA_START = START end
   if not (spec.image or p.image) then
@@ -1075,6 +1104,7 @@ function M.local_sandboxes(options)
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   p.cg_mode = cgroup_mode()
+  p.cg_parts = cgroup_parts(p.cg_mode)
   p.root = is_root()
   -- 'all' is a namespace of its own behind a user-mode stack; joining that namespace (for the stack
   -- and the firewall) needs root here, so run as another user, or without the programs, there is no 'all'
@@ -1153,8 +1183,14 @@ function M.local_sandboxes(options)
       cpus = math.min(spec.cpus or self.cpus, self.cpus),
       pids = self.pids,
     }
-    local cg_dirs, cg_kill = {}, {}
-    if self.cg_mode then cg_dirs, cg_kill = make_cgroups(self.cg_mode, id, limits) end
+    local cg_dirs, cg_kill, cg_set = {}, {}, nil
+    if self.cg_parts then
+      cg_dirs, cg_kill, cg_set = plan_cgroups(self.cg_parts, id, limits)
+      if not self.launch_bin then
+        make_cgroups(cg_dirs, cg_set)
+        cg_set = nil
+      end
+    end
     local host_uid = self.root and (HOST_UID_BASE + (tonumber(random_hex(2), 16) or counter)) or nil
     -- out of the host's process tree (a session of its own, without the tree's tag: core.spawn's
     -- `outlive`), so that the host ending, even its state closing, never kills the launcher
@@ -1186,7 +1222,7 @@ function M.local_sandboxes(options)
     local proc, err = core.spawn({
       argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
       stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid), outlive = true,
+      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set), outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)
