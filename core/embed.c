@@ -101,6 +101,7 @@ MAYURA_API int mayura_backend_timeout(lua_State *L) {
 struct embed_walk {
     lua_State *L;
     luv_ctx_t *ctx;
+    int closed;     /* how many this walk closed */
 };
 
 /*
@@ -116,6 +117,7 @@ static void embed_close_luv(uv_handle_t *h, void *arg) {
     lua_getfield(w->L, -1, "close");
     lua_insert(w->L, -2);
     if (lua_pcall(w->L, 1, 0, 0) != LUA_OK) lua_pop(w->L, 1);
+    w->closed++;
 }
 
 MAYURA_API void mayura_close(lua_State *L) {
@@ -130,11 +132,17 @@ MAYURA_API void mayura_close(lua_State *L) {
         lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
         w.ctx = (luv_ctx_t *)lua_touserdata(L, -1);
         lua_pop(L, 1);
-        if (w.ctx != NULL) {
+        /*
+        ** The pass that finishes those closes also runs what is due (a reply that resumes a task,
+        ** which may start a timer): walk again until a walk finds nothing of luv's open.
+        */
+        for (i = 0; w.ctx != NULL && i < 100; i++) {
+            w.closed = 0;
             uv_walk(loop, embed_close_luv, &w);
             mc_run_depth++;
             uv_run(loop, UV_RUN_NOWAIT);
             mc_run_depth--;
+            if (w.closed == 0) break;
         }
     }
     lua_close(L);
