@@ -710,7 +710,31 @@ static uv_idle_t *mc_http_new_idle(uv_loop_t *loop, mc_http_multi *m) {
 }
 
 /* The state's multi handle, made on first use. */
+
+/* Descriptors below this are looked at for the ones libcurl opens in curl_multi_init. */
+#define MC_HTTP_FD_SCAN 1024
+
+/*
+** Called around curl_multi_init, which opens a socket pair without close-on-exec (its wake-up
+** pair) and gives no way to reach it: before (after = 0) it notes which descriptors are open,
+** after (1) it gives close-on-exec to those that were not.
+*/
+static void mc_http_new_fds(unsigned char *open_before, int after) {
+    int fd;
+    for (fd = 3; fd < MC_HTTP_FD_SCAN; fd++) {
+        int flags = fcntl(fd, F_GETFD);
+        unsigned char bit = (unsigned char)(1u << (fd % 8));
+        if (!after) {
+            if (flags >= 0) open_before[fd / 8] |= bit;
+            else open_before[fd / 8] &= (unsigned char)~bit;
+        } else if (flags >= 0 && !(open_before[fd / 8] & bit) && !(flags & FD_CLOEXEC)) {
+            (void)fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+        }
+    }
+}
+
 static mc_http_multi *mc_http_get_multi(lua_State *L) {
+    unsigned char open_before[MC_HTTP_FD_SCAN / 8];
     mc_http_multi *m;
     uv_loop_t *loop;
     lua_getfield(L, LUA_REGISTRYINDEX, MC_HTTP_MULTI_KEY);
@@ -734,7 +758,9 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
     m->L = mc_main(L);
     if ((m->timer = mc_http_new_timer(loop, m)) == NULL || (m->kick = mc_http_new_idle(loop, m)) == NULL)
         mc_raise_oom(L);
+    mc_http_new_fds(open_before, 0);
     if ((m->multi = curl_multi_init()) == NULL) mc_raise_oom(L);
+    mc_http_new_fds(open_before, 1);   /* its wake-up socket pair: close-on-exec too */
     if (curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, mc_http_on_socket) != CURLM_OK ||
         curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, (void *)m) != CURLM_OK ||
         curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, mc_http_on_timer) != CURLM_OK ||
@@ -946,9 +972,22 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
 
 /* Makes r's easy handle and sets every option of the transfer o describes. Raises on failure
 ** (r, owned by its userdata, is then cleaned up by __gc). */
+/*
+** libcurl opens its sockets without close-on-exec: a command the host starts during a transfer
+** would hold the connection (to a hosted service, with its credentials in flight). Each socket
+** gets it as it is made.
+*/
+static int mc_http_on_sockopt(void *data, curl_socket_t fd, curlsocktype purpose) {
+    (void)data;
+    (void)purpose;
+    (void)fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+    return CURL_SOCKOPT_OK;
+}
+
 static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts *o) {
     if ((r->easy = curl_easy_init()) == NULL) mc_raise_oom(L);
     MC_HTTP_SETOPT(r, CURLOPT_PRIVATE, (void *)r);
+    MC_HTTP_SETOPT(r, CURLOPT_SOCKOPTFUNCTION, mc_http_on_sockopt);
     MC_HTTP_SETOPT(r, CURLOPT_NOSIGNAL, 1L);
     MC_HTTP_SETOPT(r, CURLOPT_ERRORBUFFER, r->errbuf);
     MC_HTTP_SETOPT(r, CURLOPT_URL, o->url);

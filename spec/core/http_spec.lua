@@ -155,6 +155,27 @@ describe('core.http', function()
             assert.equal('CANCELLED', got_err.code)
         end)
 
+        it('leaves none of its sockets to a command started during a transfer', function()
+            -- the descriptors a command gets from this process before any transfer (its own 0, 1,
+            -- 2 and whatever the test runner left open)
+            local function fds_of_a_command()
+                local res = wait(function(cb)
+                    assert(core.spawn({ argv = { 'sh', '-c', 'ls /proc/$$/fd' } }, cb))
+                end)
+                local set = {}
+                for fd in res.stdout:gmatch('%d+') do set[#set + 1] = fd end
+                table.sort(set)
+                return table.concat(set, ' ')
+            end
+            local before = fds_of_a_command()
+            local h = core.http.request({ url = srv:url('/stall') }, function() end)
+            while #srv.requests == 0 do core.run_once() end   -- the connection is open
+            -- libcurl's connection and its multi handle's wake-up pair stay the host's
+            assert.equal(before, fds_of_a_command())
+            h:cancel()
+            sleep(20)
+        end)
+
         it('drops an in-flight request through __close: no callback, and closing again does nothing', function()
             local calls = 0
             local h = core.http.request({ url = srv:url('/stall') }, function() calls = calls + 1 end)
