@@ -355,12 +355,12 @@ static int reap(pid_t pid, int *status) {
     return r == pid || (r < 0 && errno == ECHILD);
 }
 
-/* Removes the first `made` cgroups of `cgs`, the last made first. */
+/* Removes the first `made` cgroups of `cgs` (each in a hierarchy of its own: in any order),
+** keeping errno for the message that follows. */
 static void unmake_cgroups(const char *cgs, int made) {
-    char dirs[64][4001];
-    int n = 0;
-    EACH_CG(d, cgs, { if (n < made && n < 64) { memcpy(dirs[n], d, sizeof d); n++; } });
-    while (n > 0) (void)rmdir(dirs[--n]);
+    int n = 0, e = errno;
+    EACH_CG(d, cgs, { if (n++ < made) (void)rmdir(d); });
+    errno = e;
 }
 
 /* Whether `path` is a file right inside one of the cgroups of `cgs` (DIR/NAME, NAME without a
