@@ -17,13 +17,27 @@
 ** With `outlive = true` the command carries no tag and is not stopped when
 ** the state closes (a keeper that must clean up after the host, such as a
 ** local sandbox's launcher); a timeout or a cancel still kills its group.
+**
+** Commands start through posix_spawn, which the C library does with a
+** vfork-style clone: the host's memory is shared, not copied, so starting a
+** command costs the same in a host of 10 MiB and of 1 GiB (libuv's uv_spawn
+** forks, and a fork copies the page tables of the whole host while the loop
+** waits). The end is seen through a pidfd on the loop. The child keeps only
+** its three standard streams and the `fds` asked for: every other
+** descriptor of the host is closed, close-on-exec or not. Where the kernel
+** has no pidfd_open (before Linux 5.3), or with MAYURA_SPAWN=fork in the
+** host's environment, uv_spawn is used as before.
 */
 #include "mc.h"
 #include "tree.h"
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define PROC_MT "mayura.process"
@@ -42,7 +56,9 @@ typedef struct proc_stream {
 
 typedef struct mc_proc {
     lua_State *L;        /* main thread; NULL once the state is closing */
-    uv_process_t process;
+    uv_process_t process;     /* started by uv_spawn (fast == 0) */
+    uv_poll_t exitw;          /* or by posix_spawn (fast == 1): watches pidfd */
+    int fast, pidfd;
     uv_timer_t timer;    /* timeout, then grace, then drain */
     uv_pipe_t in;
     uv_write_t write_req;
@@ -108,6 +124,24 @@ static void proc_close(mc_proc *p, uv_handle_t *h) {
     if (!uv_is_closing(h)) uv_close(h, proc_on_close);
 }
 
+/* The handle that sees the command end: the exit watch or libuv's process. */
+static uv_handle_t *proc_exit_handle(mc_proc *p) {
+    return p->fast ? (uv_handle_t *)&p->exitw : (uv_handle_t *)&p->process;
+}
+
+/* The exit watch does not own its pidfd: it is closed once the watch is. */
+static void proc_on_exitw_close(uv_handle_t *h) {
+    mc_proc *p = (mc_proc *)h->data;
+    if (p->pidfd >= 0) close(p->pidfd);
+    p->pidfd = -1;
+    proc_on_close(h);
+}
+
+static void proc_close_exit(mc_proc *p) {
+    uv_handle_t *h = proc_exit_handle(p);
+    if (!uv_is_closing(h)) uv_close(h, p->fast ? proc_on_exitw_close : proc_on_close);
+}
+
 static void proc_stream_close(proc_stream *s) {
     if (s->open) {
         s->open = 0;
@@ -162,8 +196,7 @@ static void proc_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 static void proc_on_timer(uv_timer_t *t);
 
 /* The command's own process has ended. */
-static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
-    mc_proc *p = (mc_proc *)h->data;
+static void proc_exited(mc_proc *p, int64_t status, int sig) {
     p->exited = 1;
     p->ended = uv_hrtime();
     p->exit_status = status;
@@ -177,6 +210,31 @@ static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
         uv_timer_start(&p->timer, proc_on_timer, p->drain_ms, 0);
     }
     proc_check_done(p);
+}
+
+static void proc_on_exit(uv_process_t *h, int64_t status, int sig) {
+    proc_exited((mc_proc *)h->data, status, sig);
+}
+
+/* The pidfd is readable: the command has ended; reaps it. */
+static void proc_on_pidfd(uv_poll_t *h, int status, int events) {
+    mc_proc *p = (mc_proc *)h->data;
+    siginfo_t info;
+    (void)status;
+    (void)events;
+    memset(&info, 0, sizeof info);
+    if (waitid(P_PID, (id_t)p->pid, &info, WEXITED | WNOHANG) != 0) {
+        if (errno == EINTR) return;
+        /* ECHILD: reaped by someone else (a host that ignores SIGCHLD); its status is lost */
+        info.si_pid = p->pid;
+        info.si_code = CLD_EXITED;
+        info.si_status = -1;
+    } else if (info.si_pid == 0) {
+        return;   /* not yet */
+    }
+    uv_poll_stop(h);
+    if (info.si_code == CLD_EXITED) proc_exited(p, info.si_status, 0);
+    else proc_exited(p, 0, info.si_status);
 }
 
 static void proc_begin_kill(mc_proc *p) {
@@ -238,7 +296,7 @@ static void proc_finish(mc_proc *p) {
     p->finished = 1;
     uv_timer_stop(&p->timer);
     proc_close(p, (uv_handle_t *)&p->timer);
-    proc_close(p, (uv_handle_t *)&p->process);
+    proc_close_exit(p);
     proc_close(p, (uv_handle_t *)&p->out.pipe);
     proc_close(p, (uv_handle_t *)&p->err.pipe);
     proc_close(p, (uv_handle_t *)&p->in);
@@ -432,13 +490,18 @@ static void proc_read_opts(lua_State *L, proc_spawn_opts *so) {
     so->envp = proc_build_env(L, 1, so->outlive ? NULL : so->tagvar);
 }
 
-/* Pushes nil and a SPAWN_FAILED error after uv_spawn refused; every handle is closed. */
-static int proc_start_failed(lua_State *L, mc_proc *p, const char *file, int rc) {
-    /* the process handle must still be closed after a failed spawn */
+/*
+** Pushes nil and a SPAWN_FAILED error after the start was refused; every
+** handle is closed (uv_spawn's process handle too, which it opens even when
+** it fails).
+*/
+static int proc_start_failed(lua_State *L, mc_proc *p, const char *file, int rc, int uv_process_open) {
     p->finished = 1;
     p->L = NULL;
-    p->handles++;
-    proc_close(p, (uv_handle_t *)&p->process);
+    if (uv_process_open) {
+        p->handles++;
+        proc_close(p, (uv_handle_t *)&p->process);
+    }
     proc_close(p, (uv_handle_t *)&p->timer);
     proc_close(p, (uv_handle_t *)&p->out.pipe);
     proc_close(p, (uv_handle_t *)&p->err.pipe);
@@ -465,6 +528,206 @@ static void proc_start_stdin(lua_State *L, mc_proc *p, const proc_spawn_opts *so
         proc_close(p, (uv_handle_t *)&p->in);
     }
 }
+
+/* {======================================================
+** Starting without a fork
+** =======================================================*/
+
+/* The lowest descriptor the parent's spare copies use: above every descriptor the child is given. */
+#define PROC_SPARE_FD (3 + PROC_MAX_FDS)
+
+/* 1 when the kernel has pidfd_open and the host did not ask for uv_spawn; found out once. */
+static int proc_fast_ok = -1;
+
+static int proc_pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static int proc_can_start_fast(void) {
+    if (proc_fast_ok < 0) {
+        const char *how = getenv("MAYURA_SPAWN");
+        int fd = how != NULL && strcmp(how, "fork") == 0 ? -1 : proc_pidfd_open(getpid());
+        proc_fast_ok = fd >= 0;
+        if (fd >= 0) close(fd);
+    }
+    return proc_fast_ok;
+}
+
+/*
+** execvp's search, done before the start: file itself when it has a slash,
+** else the first executable regular file named file in the PATH of the
+** command's own environment (as under uv_spawn, whose child took the new
+** environment before its execvp), or of /bin:/usr/bin when it has none.
+** Returns 0 with the path in out, or an errno.
+*/
+static int proc_find(const char *file, char *const *envp, char *out, size_t size) {
+    const char *path = "/bin:/usr/bin", *dir, *end;
+    size_t flen = strlen(file);
+    int err = ENOENT;
+    if (strchr(file, '/') != NULL) {
+        if (flen >= size) return ENAMETOOLONG;
+        memcpy(out, file, flen + 1);
+        return 0;
+    }
+    for (; *envp != NULL; envp++)
+        if (strncmp(*envp, "PATH=", 5) == 0) { path = *envp + 5; break; }
+    for (dir = path;; dir = end + 1) {
+        struct stat st;
+        size_t dlen;
+        end = strchr(dir, ':');
+        if (end == NULL) end = dir + strlen(dir);
+        dlen = (size_t)(end - dir);
+        if (dlen + 1 + flen < size) {
+            if (dlen > 0) {   /* an empty entry is the current directory */
+                memcpy(out, dir, dlen);
+                out[dlen] = '/';
+                memcpy(out + dlen + 1, file, flen + 1);
+            } else {
+                memcpy(out, file, flen + 1);
+            }
+            if (stat(out, &st) == 0 && S_ISREG(st.st_mode)) {
+                if (access(out, X_OK) == 0) return 0;
+                err = EACCES;
+            }
+        }
+        if (*end == '\0') return err;
+    }
+}
+
+/* A close-on-exec copy of fd at PROC_SPARE_FD or above (the original is closed), or -1. */
+static int proc_spare(int fd) {
+    int hi;
+    if (fd < 0) return -1;
+    hi = fcntl(fd, F_DUPFD_CLOEXEC, PROC_SPARE_FD);
+    close(fd);
+    return hi;
+}
+
+/* A socket pair for one standard stream: [0] the host's end, [1] the child's (a spare); 0 or an errno. */
+static int proc_pair(int sv[2]) {
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return errno;
+    sv[1] = proc_spare(sv[1]);
+    if (sv[1] < 0) {
+        int e = errno;
+        close(sv[0]);
+        sv[0] = -1;
+        return e;
+    }
+    return 0;
+}
+
+static void proc_close_fds(int *fds, int n) {
+    int i;
+    for (i = 0; i < n; i++) {
+        if (fds[i] >= 0) close(fds[i]);
+        fds[i] = -1;
+    }
+}
+
+/*
+** Starts so's command with posix_spawn: its own session, signals at their
+** defaults and none blocked, standard streams on new socket pairs (stdin on
+** /dev/null without stdin bytes), fds as 3, 4, ..., nothing else open. The
+** child's descriptors are first copied above PROC_SPARE_FD, so no dup2 of
+** the child overwrites one that a later dup2 reads. On success the exit
+** watch and the host's ends of the streams are open on p; returns 0 or a
+** negative errno (a libuv error code), with nothing left open.
+*/
+static int proc_spawn_fast(uv_loop_t *loop, mc_proc *p, const proc_spawn_opts *so) {
+    char path[PATH_MAX];
+    int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1}, spare[PROC_MAX_FDS];
+    int i, rc = 0, pidfd;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none, all;
+    pid_t pid;
+
+    for (i = 0; i < PROC_MAX_FDS; i++) spare[i] = -1;
+    rc = proc_find(so->args[0], so->envp, path, sizeof path);
+    if (rc == 0 && so->stdin_data != NULL) rc = proc_pair(in);
+    if (rc == 0) rc = proc_pair(out);
+    if (rc == 0) rc = proc_pair(err);
+    for (i = 0; rc == 0 && i < so->nfds; i++) {
+        spare[i] = fcntl(so->fdv[i], F_DUPFD_CLOEXEC, PROC_SPARE_FD);
+        if (spare[i] < 0) rc = errno;
+    }
+    if (rc != 0) goto fail;
+
+    if ((rc = posix_spawn_file_actions_init(&fa)) != 0) goto fail;
+    if ((rc = posix_spawnattr_init(&attr)) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        goto fail;
+    }
+    if (so->stdin_data != NULL) rc = posix_spawn_file_actions_adddup2(&fa, in[1], 0);
+    else rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    if (rc == 0) rc = posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    for (i = 0; rc == 0 && i < so->nfds; i++) rc = posix_spawn_file_actions_adddup2(&fa, spare[i], 3 + i);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    if (rc == 0) rc = posix_spawn_file_actions_addclosefrom_np(&fa, 3 + so->nfds);
+#endif
+    if (rc == 0 && so->cwd != NULL) rc = posix_spawn_file_actions_addchdir_np(&fa, so->cwd);
+    sigemptyset(&none);
+    sigfillset(&all);
+    sigdelset(&all, SIGKILL);
+    sigdelset(&all, SIGSTOP);
+#ifdef __GLIBC__
+    /* glibc keeps 32 and 33 for itself: its sigfillset leaves them out, and its spawned child would
+       then ignore them, and so would every program the command starts. Named in the raw set (bit
+       n-1 of the kernel's layout), the child puts them back to their default. */
+    all.__val[0] |= (1UL << 31) | (1UL << 32);
+#endif
+    if (rc == 0) rc = posix_spawnattr_setsigmask(&attr, &none);
+    if (rc == 0) rc = posix_spawnattr_setsigdefault(&attr, &all);
+    if (rc == 0) rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK
+                                                        | POSIX_SPAWN_SETSIGDEF);
+    if (rc == 0) rc = posix_spawn(&pid, path, &fa, &attr, so->args, so->envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) goto fail;
+
+    proc_close_fds(&in[1], 1);
+    proc_close_fds(&out[1], 1);
+    proc_close_fds(&err[1], 1);
+    proc_close_fds(spare, so->nfds);
+    pidfd = proc_pidfd_open(pid);
+    if (pidfd < 0 || (rc = uv_poll_init(loop, &p->exitw, pidfd)) != 0) {
+        /* it cannot be watched: stop it before anything of it is handed out */
+        rc = pidfd < 0 ? -errno : rc;
+        if (pidfd >= 0) close(pidfd);
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        goto fail_negative;
+    }
+    p->fast = 1;
+    p->pidfd = pidfd;
+    p->pid = pid;
+    p->exitw.data = p;
+    uv_poll_start(&p->exitw, UV_READABLE, proc_on_pidfd);
+    /* the host's ends: uv_pipe_open takes each over (it is closed with its handle) */
+    if (so->stdin_data != NULL) uv_pipe_open(&p->in, in[0]);
+    uv_pipe_open(&p->out.pipe, out[0]);
+    uv_pipe_open(&p->err.pipe, err[0]);
+    return 0;
+
+fail:
+    rc = -rc;
+fail_negative:
+    proc_close_fds(in, 2);
+    proc_close_fds(out, 2);
+    proc_close_fds(err, 2);
+    proc_close_fds(spare, PROC_MAX_FDS);
+    return rc;
+}
+
+/* }====================================================== */
 
 /*
 ** core.spawn(opts, cb) -> process, or nil, err when the program cannot be
@@ -497,6 +760,7 @@ static int l_spawn(lua_State *L) {
     snprintf(p->tag, sizeof p->tag, "%s", so.tagvar + sizeof PROC_TAG_VAR);
     p->L = mc_main(L);
     p->cb_ref = p->self_ref = p->stdin_ref = LUA_NOREF;
+    p->pidfd = -1;
     p->out.cap = p->err.cap = (size_t)so.max_out;
     p->kill_grace_ms = (uint64_t)so.grace;
     p->drain_ms = (uint64_t)so.drain;
@@ -530,17 +794,25 @@ static int l_spawn(lua_State *L) {
     o.stdio = stdio;
 
     p->started = uv_hrtime();
-    rc = uv_spawn(loop, &p->process, &o);
-    if (rc != 0) {
-        lua_settop(L, top);   /* argv[1] stays alive in the options table */
-        return proc_start_failed(L, p, so.args[0], rc);
+    if (proc_can_start_fast()) {
+        rc = proc_spawn_fast(loop, p, &so);
+        if (rc != 0) {
+            lua_settop(L, top);   /* argv[1] stays alive in the options table */
+            return proc_start_failed(L, p, so.args[0], rc, 0);
+        }
+    } else {
+        rc = uv_spawn(loop, &p->process, &o);
+        if (rc != 0) {
+            lua_settop(L, top);
+            return proc_start_failed(L, p, so.args[0], rc, 1);
+        }
+        p->pid = p->process.pid;
     }
     box->p = p;
     lua_pushvalue(L, boxidx);
     lua_replace(L, top + 1);   /* the box; the option scratch above it is dropped */
     lua_settop(L, top + 1);
-    p->handles++;   /* the process handle */
-    p->pid = p->process.pid;
+    p->handles++;   /* the process handle or the exit watch */
     p->out.open = p->err.open = 1;
     uv_read_start((uv_stream_t *)&p->out.pipe, proc_alloc, proc_read);
     uv_read_start((uv_stream_t *)&p->err.pipe, proc_alloc, proc_read);
@@ -614,7 +886,7 @@ static int l_proc_gc(lua_State *L) {
     if (!p->exited && !p->outlive) proc_kill_tree(p);
     p->finished = 1;
     proc_close(p, (uv_handle_t *)&p->timer);
-    proc_close(p, (uv_handle_t *)&p->process);
+    proc_close_exit(p);
     proc_close(p, (uv_handle_t *)&p->out.pipe);
     proc_close(p, (uv_handle_t *)&p->err.pipe);
     proc_close(p, (uv_handle_t *)&p->in);

@@ -5,6 +5,10 @@ local process = require('mayura.process')
 local mayura = require('mayura')
 local util = require('support.util')
 
+-- valgrind runs a vfork-style clone as a fork, keeps descriptors and signal 32 for itself, and
+-- emulates close_range: what a command is started with is valgrind's, not the core's, there.
+local under_valgrind = (os.getenv('LD_PRELOAD') or ''):find('vgpreload', 1, true) ~= nil
+
 local function spawn(opts)
   return util.wait(function(done)
     local p, err = core.spawn(opts, done)
@@ -51,6 +55,113 @@ describe('core.spawn', function()
       assert.raises_code('CANCELLED', process.run, { 'true' }, { signal = token })
       assert.raises_code('INVALID_INPUT', process.run, { 'true' }, { signal = {} })
       assert.raises_code('INVALID_INPUT', process.run, { 'true' }, { nope = true })
+    end)
+  end)
+
+  describe('how a command starts', function()
+    it('hands the command its three streams and the fds asked for, and no other descriptor of the host', function()
+      if under_valgrind then return pending('under valgrind, the descriptors and signals a command starts with are valgrind\'s') end
+      local dir = util.tmpdir()
+      -- io.open leaves its descriptor inheritable (no close-on-exec), as many libraries do
+      local stray = assert(io.open(dir .. '/stray-host-file', 'w'))
+      local a, b = core.socketpair()
+      local ok, err = pcall(function()
+        local r = spawn({ argv = { 'sh', '-c', 'for f in /proc/$$/fd/*; do echo "${f##*/} $(readlink $f)"; done' },
+          fds = { b } })
+        assert.are.equal(0, r.exit_code)
+        assert.is_nil(r.stdout:find('stray-host-file', 1, true), 'the host file reached the command:\n' .. r.stdout)
+        local seen = {}
+        for fd in r.stdout:gmatch('(%d+) ') do seen[#seen + 1] = tonumber(fd) end
+        table.sort(seen)
+        -- 0, 1, 2, the one fd given (as 3), and the one the shell's glob of /proc/$$/fd opened
+        assert.are.same({ 0, 1, 2, 3 }, { seen[1], seen[2], seen[3], seen[4] })
+        assert.matches('\n3 socket:', '\n' .. r.stdout)
+        assert.is_true(#seen <= 5, r.stdout)
+      end)
+      stray:close()
+      core.close_fd(a)
+      core.close_fd(b)
+      util.rmdir(dir)
+      assert(ok, err)
+    end)
+
+    it('looks the program up in the PATH of the environment it is given', function()
+      local dir = util.tmpdir()
+      assert(os.execute('mkdir ' .. dir .. '/a ' .. dir .. '/b'))
+      for _, sub in ipairs({ 'a', 'b' }) do
+        local f = assert(io.open(dir .. '/' .. sub .. '/mayura-path-probe', 'w'))
+        f:write('#!/bin/sh\necho found ' .. sub .. ' "$1"\n')
+        f:close()
+      end
+      local ok, err = pcall(function()
+        assert(os.execute('chmod 755 ' .. dir .. '/b/mayura-path-probe'))
+        -- a/ holds one that is not executable: passed over, as execvp does
+        local r, e = spawn({ argv = { 'mayura-path-probe', 'x' }, env = { PATH = '/nowhere:' .. dir .. '/a:' .. dir .. '/b' } })
+        assert(r, e and tostring(e))
+        assert.are.equal('found b x\n', r.stdout)
+        r, e = spawn({ argv = { 'mayura-path-probe' }, env = { PATH = dir .. '/a' } })
+        assert.is_nil(r)
+        assert.are.equal('SPAWN_FAILED', e.code)
+        assert.are.equal('EACCES', e.errno)
+        r, e = spawn({ argv = { 'mayura-path-probe' }, env = { PATH = '/nowhere' } })
+        assert.is_nil(r)
+        assert.are.equal('ENOENT', e.errno)
+        -- no PATH at all: /bin and /usr/bin, as execvp
+        r = spawn({ argv = { 'sh', '-c', 'exit 3' }, env = {} })
+        assert.are.equal(3, r.exit_code)
+      end)
+      util.rmdir(dir)
+      assert(ok, err)
+    end)
+
+    it('starts the command with no signal blocked or ignored, though the host ignores SIGPIPE', function()
+      if under_valgrind then return pending('under valgrind, the descriptors and signals a command starts with are valgrind\'s') end
+      local r = spawn({ argv = { 'cat', '/proc/self/status' } })
+      assert.are.equal('0000000000000000', r.stdout:match('\nSigBlk:%s*(%x+)'))
+      assert.are.equal('0000000000000000', r.stdout:match('\nSigIgn:%s*(%x+)'))
+    end)
+
+    it('leads its own session, in the cwd given, with stdin on /dev/null when no bytes are given', function()
+      local r = spawn({ argv = { 'sh', '-c', 'echo "$$ $(cut -d" " -f6 /proc/$$/stat) $(pwd) $(readlink /proc/$$/fd/0)"' },
+        cwd = '/usr' })
+      local pid, sid, cwd, stdin = r.stdout:match('^(%d+) (%d+) (%S+) (%S+)\n$')
+      assert.are.equal(pid, sid)
+      assert.are.equal('/usr', cwd)
+      assert.are.equal('/dev/null', stdin)
+    end)
+
+    it('works the same through uv_spawn, the way kept for kernels without pidfd_open (MAYURA_SPAWN=fork)', function()
+      if under_valgrind then return pending('under valgrind, the descriptors and signals a command starts with are valgrind\'s') end
+      local script = table.concat({
+        "local core = require('mayura.core')",
+        "local function run(o)",
+        "  local res",
+        "  local p, err = core.spawn(o, function(r) res = r end)",
+        "  if not p then return nil, err end",
+        "  while not res do core.run_once() end",
+        "  return res",
+        "end",
+        "local r = run({ argv = { 'sh', '-c', 'cat; echo err >&2; exit 5' }, stdin = 'in' })",
+        "assert(r.exit_code == 5 and r.stdout == 'in' and r.stderr == 'err\\n', 'run')",
+        "local a, b = core.socketpair()",
+        "r = run({ argv = { 'sh', '-c', 'echo via-fd >&3' }, fds = { b } })",
+        "assert(r.exit_code == 0, 'fds')",
+        "r = run({ argv = { 'cat', '/proc/self/status' } })",
+        "assert(r.stdout:match('SigIgn:%s*(%x+)') == '0000000000000000', 'signals')",
+        "local t0 = core.hrtime_ms()",
+        "r = run({ argv = { 'sh', '-c', 'sleep 30 & sleep 30' }, timeout_ms = 200 })",
+        "assert(r.timed_out and core.hrtime_ms() - t0 < 5000, 'timeout')",
+        "local none, err = run({ argv = { '/no/such/program' } })",
+        "assert(none == nil and err.code == 'SPAWN_FAILED' and err.errno == 'ENOENT', 'missing')",
+        "core.close_fd(a)",
+        "print('fallback fine')",
+      }, '\n')
+      local r = spawn({ argv = { compat.host, '-e', script }, env = {
+        PATH = os.getenv('PATH'), MAYURA_SPAWN = 'fork',
+        LUA_PATH = 'lua/?.lua;lua/?/init.lua;providers/?.lua;tools/?.lua;;', LUA_CPATH = compat.cpath .. ';;',
+      } })
+      assert.are.equal('fallback fine\n', r.stdout, r.stderr)
+      assert.are.equal(0, r.exit_code)
     end)
   end)
 
