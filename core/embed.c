@@ -8,7 +8,247 @@
 
 #include "mayura_core.c"
 
+#include <pthread.h>
+#include <sys/mman.h>
+
 #define MAYURA_API __attribute__((visibility("default")))
+
+/* {======================================================
+** An allocator that keeps frames short (mayura_newstate)
+** =======================================================*/
+
+/*
+** Blocks of BIG_MIN bytes and more are mappings of their own, with a header of BIG_HEAD bytes in
+** front that says how large the mapping is. A freed one is kept, warm, for the next block that
+** fits it (within BIG_SLACK), instead of going back to the system: unmapping 16 MiB costs the
+** thread ~1 ms, and a new mapping costs its page faults (~8 ms for 16 MiB) in the frame that
+** first writes it. Kept blocks are capped at BIG_KEEP bytes (the oldest go first). When a large
+** string is coming (core.expect_bytes: a file read in parts), the allocator's thread maps a block
+** of that size and touches every page of it ahead, so making the string costs its copy alone.
+** Unmapping happens on that thread too. Smaller blocks are the C library's.
+*/
+#define BIG_MIN ((size_t)1 << 20)
+#define BIG_HEAD ((size_t)16)
+#define BIG_KEEP ((size_t)128 << 20)
+#define BIG_SLOTS 64
+#define BIG_PAGE ((size_t)4096)
+
+typedef struct big_block { char *base; size_t size; } big_block;
+
+typedef struct embed_alloc {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int stop;
+    big_block ready[BIG_SLOTS];     /* mapped and touched, oldest first */
+    int nready;
+    size_t ready_bytes;
+    size_t want[BIG_SLOTS];         /* sizes to map and touch ahead */
+    int nwant;
+    big_block drop[BIG_SLOTS];      /* to unmap */
+    int ndrop;
+} embed_alloc;
+
+static size_t big_map_size(size_t n) {
+    return (n + BIG_HEAD + BIG_PAGE - 1) & ~(BIG_PAGE - 1);
+}
+
+/* Whether a kept block of `size` serves a mapping of `need`: not smaller, and not much larger. */
+static int big_fits(size_t size, size_t need) {
+    return size >= need && size - need <= need / 8;
+}
+
+/* The user pointer of a mapping, whose header holds its size. */
+static void *big_user(big_block b) {
+    memcpy(b.base, &b.size, sizeof b.size);
+    return b.base + BIG_HEAD;
+}
+
+static big_block big_of(void *p) {
+    big_block b;
+    b.base = (char *)p - BIG_HEAD;
+    memcpy(&b.size, b.base, sizeof b.size);
+    return b;
+}
+
+/* Drops the oldest kept blocks over BIG_KEEP into `out`; with a->mu held. Returns how many. */
+static int big_trim(embed_alloc *a, big_block *out, int room) {
+    int n = 0, i;
+    while (a->nready > 0 && a->ready_bytes > BIG_KEEP && n < room) {
+        out[n++] = a->ready[0];
+        a->ready_bytes -= a->ready[0].size;
+        for (i = 1; i < a->nready; i++) a->ready[i - 1] = a->ready[i];
+        a->nready--;
+    }
+    return n;
+}
+
+/* Keeps a block, or drops it when there is no slot; with a->mu held. Returns 0 when it was neither. */
+static int big_keep(embed_alloc *a, big_block b) {
+    if (a->nready < BIG_SLOTS) {
+        a->ready[a->nready++] = b;
+        a->ready_bytes += b.size;
+        return 1;
+    }
+    if (a->ndrop < BIG_SLOTS) {
+        a->drop[a->ndrop++] = b;
+        return 1;
+    }
+    return 0;
+}
+
+static void *embed_alloc_thread(void *arg) {
+    embed_alloc *a = (embed_alloc *)arg;
+    big_block gone[BIG_SLOTS * 2];
+    int n, i;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && a->nwant == 0 && a->ndrop == 0 && a->ready_bytes <= BIG_KEEP)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->stop) break;
+        n = 0;
+        for (i = 0; i < a->ndrop; i++) gone[n++] = a->drop[i];
+        a->ndrop = 0;
+        n += big_trim(a, gone + n, BIG_SLOTS);
+        if (a->nwant > 0) {
+            size_t size = a->want[--a->nwant];
+            big_block b;
+            pthread_mutex_unlock(&a->mu);
+            b.size = size;
+            b.base = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (b.base != MAP_FAILED) {
+                size_t off;
+                for (off = 0; off < size; off += BIG_PAGE) ((volatile char *)b.base)[off] = 0;
+            }
+            pthread_mutex_lock(&a->mu);
+            if (b.base != MAP_FAILED && !big_keep(a, b)) gone[n++] = b;
+        }
+        pthread_mutex_unlock(&a->mu);
+        for (i = 0; i < n; i++) munmap(gone[i].base, gone[i].size);
+        pthread_mutex_lock(&a->mu);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int embed_panic(lua_State *L) {
+    const char *msg = lua_tostring(L, -1);
+    fprintf(stderr, "mayura: unprotected error in Lua: %s\n", msg != NULL ? msg : "(not a string)");
+    return 0;   /* Lua aborts */
+}
+
+/* A mapping for n bytes: a kept one that fits, else a new one. NULL when there is no memory. */
+static void *big_get(embed_alloc *a, size_t n) {
+    size_t need = big_map_size(n);
+    int i, best = -1;
+    big_block b;
+    if (need < n) return NULL;   /* n near SIZE_MAX */
+    pthread_mutex_lock(&a->mu);
+    for (i = 0; i < a->nready; i++)
+        if (big_fits(a->ready[i].size, need) && (best < 0 || a->ready[i].size < a->ready[best].size)) best = i;
+    if (best >= 0) {
+        b = a->ready[best];
+        a->ready_bytes -= b.size;
+        for (i = best + 1; i < a->nready; i++) a->ready[i - 1] = a->ready[i];
+        a->nready--;
+        pthread_mutex_unlock(&a->mu);
+        return big_user(b);
+    }
+    pthread_mutex_unlock(&a->mu);
+    b.size = need;
+    b.base = (char *)mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return b.base == MAP_FAILED ? NULL : big_user(b);
+}
+
+static void big_put(embed_alloc *a, void *p) {
+    big_block b = big_of(p);
+    int kept;
+    pthread_mutex_lock(&a->mu);
+    kept = big_keep(a, b);
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (!kept) munmap(b.base, b.size);
+}
+
+/* The lua_Alloc. Lua gives the old size of every block it frees or resizes. */
+static void *embed_alloc_fn(void *ud, void *ptr, size_t osize, size_t nsize) {
+    embed_alloc *a = (embed_alloc *)ud;
+    int old_big = ptr != NULL && osize >= BIG_MIN;
+    void *q;
+    if (nsize == 0) {
+        if (old_big) big_put(a, ptr);
+        else free(ptr);
+        return NULL;
+    }
+    if (!old_big && nsize < BIG_MIN) return realloc(ptr, nsize);
+    if (old_big && nsize >= BIG_MIN && big_map_size(nsize) <= big_of(ptr).size) return ptr;
+    q = nsize >= BIG_MIN ? big_get(a, nsize) : malloc(nsize);
+    if (q == NULL) return NULL;   /* Lua keeps the old block */
+    if (ptr != NULL) {
+        memcpy(q, ptr, osize < nsize ? osize : nsize);
+        if (old_big) big_put(a, ptr);
+        else free(ptr);
+    }
+    return q;
+}
+
+/* core.expect_bytes(n) under mayura_newstate: maps and touches a block for a string of n bytes ahead. */
+static int embed_expect(lua_State *L) {
+    embed_alloc *a = (embed_alloc *)lua_touserdata(L, lua_upvalueindex(1));
+    lua_Integer n = luaL_checkinteger(L, 1);
+    /* a string's header (24 bytes in 5.4 and LuaJIT) and its NUL: a mapping that fits it */
+    size_t size = big_map_size((size_t)n + 64);
+    if (n < (lua_Integer)BIG_MIN || n > (lua_Integer)(BIG_KEEP / 2)) return 0;
+    pthread_mutex_lock(&a->mu);
+    if (a->nwant < BIG_SLOTS) a->want[a->nwant++] = size;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+static void embed_alloc_free(embed_alloc *a) {
+    int i;
+    pthread_mutex_lock(&a->mu);
+    a->stop = 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    for (i = 0; i < a->nready; i++) munmap(a->ready[i].base, a->ready[i].size);
+    for (i = 0; i < a->ndrop; i++) munmap(a->drop[i].base, a->drop[i].size);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+MAYURA_API lua_State *mayura_newstate(void) {
+    embed_alloc *a = (embed_alloc *)calloc(1, sizeof *a);
+    lua_State *L;
+    if (a == NULL) return NULL;
+    if (pthread_mutex_init(&a->mu, NULL) != 0) { free(a); return NULL; }
+    if (pthread_cond_init(&a->cv, NULL) != 0) {
+        pthread_mutex_destroy(&a->mu);
+        free(a);
+        return NULL;
+    }
+    if (pthread_create(&a->thread, NULL, embed_alloc_thread, a) != 0) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        free(a);
+        return NULL;
+    }
+    L = lua_newstate(embed_alloc_fn, a);
+    if (L == NULL) {
+        embed_alloc_free(a);
+        return NULL;
+    }
+    lua_atpanic(L, embed_panic);
+    lua_pushlightuserdata(L, a);
+    lua_pushcclosure(L, embed_expect, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    return L;
+}
+
+/* }====================================================== */
 
 static int embed_preload_luv(lua_State *L) {
     return luaopen_luv(L);
@@ -123,6 +363,8 @@ static void embed_close_luv(uv_handle_t *h, void *arg) {
 MAYURA_API void mayura_close(lua_State *L) {
     struct embed_walk w;
     uv_loop_t *loop;
+    void *ud = NULL;
+    embed_alloc *alloc = lua_getallocf(L, &ud) == embed_alloc_fn ? (embed_alloc *)ud : NULL;
     int i;
     lua_getfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
     loop = (uv_loop_t *)lua_touserdata(L, -1);
@@ -146,6 +388,7 @@ MAYURA_API void mayura_close(lua_State *L) {
         }
     }
     lua_close(L);
+    if (alloc != NULL) embed_alloc_free(alloc);
     if (loop == NULL) return;
     /* what the state's finalizers closed finishes closing; then nothing is left */
     for (i = 0; i < 100 && uv_loop_close(loop) != 0; i++) uv_run(loop, UV_RUN_NOWAIT);

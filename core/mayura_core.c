@@ -35,6 +35,8 @@
 static int mc_run_depth = 0;
 /* The end of the running step's budget (uv_hrtime), 0 when no step with a budget runs. */
 static uint64_t mc_step_deadline = 0;
+/* When the running step with a budget began (uv_hrtime). */
+static uint64_t mc_step_start = 0;
 /* How many steps have begun, which tells one step from the next. */
 static lua_Integer mc_step_count = 0;
 
@@ -157,6 +159,7 @@ static int mc_step(lua_State *L, long budget_us) {
     start = uv_hrtime();
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
     mc_step_deadline = limit > 0 ? start + limit : 0;
+    mc_step_start = start;
     mc_step_count++;
     mc_run_depth++;
     do {
@@ -168,15 +171,37 @@ static int mc_step(lua_State *L, long budget_us) {
 }
 
 /*
-** core.over_budget(): whether a step with a budget (core.step, mayura_step) is running and its
-** time is spent, and the number of that step (one step from the next). Work that can wait for
-** the next step (a task's resumption, mayura._task) asks this before running, so completions
-** that arrive together are spread over frames.
+** core.over_budget([share]): whether a step with a budget (core.step, mayura_step) is running and
+** its time is spent (with share, a number in (0, 1]: that part of it), the number of that step
+** (one step from the next), and whether a step with a budget is running. Work that can wait for the next step (a task's resumption,
+** mayura._task) asks this before running, so completions that arrive together are spread over
+** frames.
 */
 static int l_over_budget(lua_State *L) {
-    lua_pushboolean(L, mc_step_deadline != 0 && uv_hrtime() >= mc_step_deadline);
+    lua_Number share = luaL_optnumber(L, 1, 1);
+    uint64_t at = mc_step_deadline;
+    if (!(share > 0 && share <= 1)) return mc_raise(L, "INVALID_INPUT", "over_budget's share must be in (0, 1]");
+    if (at != 0 && share < 1) at = mc_step_start + (uint64_t)((lua_Number)(mc_step_deadline - mc_step_start) * share);
+    lua_pushboolean(L, at != 0 && uv_hrtime() >= at);
     lua_pushinteger(L, mc_step_count);
-    return 2;
+    lua_pushboolean(L, at != 0);
+    return 3;
+}
+
+/*
+** core.expect_bytes(n): says that a string of about n bytes is about to be made (the parts of a
+** file being read are coming in). A state whose allocator can prepare for it (include/mayura.h,
+** mayura_newstate) maps and touches the memory ahead on a thread of its own, so the frame that
+** makes the string does not take its page faults; elsewhere this does nothing.
+*/
+static int l_expect_bytes(lua_State *L) {
+    lua_Integer n = lua_isinteger(L, 1) ? lua_tointeger(L, 1) : -1;
+    if (n < 0 || n > (lua_Integer)1 << 40) return mc_raise(L, "INVALID_INPUT", "expect_bytes expects a byte count");
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    if (lua_type(L, -1) != LUA_TFUNCTION) return 0;
+    lua_pushinteger(L, n);
+    lua_call(L, 1, 0);
+    return 0;
 }
 
 /*
@@ -334,6 +359,7 @@ static const luaL_Reg core_funcs[] = {
     {"loop_running", l_loop_running},
     {"step", l_step},
     {"over_budget", l_over_budget},
+    {"expect_bytes", l_expect_bytes},
     {"backend_fd", l_backend_fd},
     {"backend_timeout", l_backend_timeout},
     {"set_driver", l_set_driver},

@@ -37,6 +37,8 @@
 
 #define MC_ERROR_MT "mayura.error"
 #define MC_LOOP_KEY "mayura.core.loop"
+/* The registry's function that readies the allocator for a large string (core.expect_bytes). */
+#define MC_EXPECT_KEY "mayura.core.expect"
 #define MC_MAIN_KEY "mayura.core.main"
 #define MC_REPORT_KEY "mayura.core.reporter"
 

@@ -4,7 +4,7 @@
 ** Link with build/lib/libmayura.a (build/luajit/lib/libmayura.a for LuaJIT), the Lua the
 ** library was built for, luv, libuv, libcurl and cJSON (see the Makefile's embed target).
 **
-**     lua_State *L = luaL_newstate();
+**     lua_State *L = mayura_newstate();   // or the host's own state (luaL_newstate, ...)
 **     luaL_openlibs(L);
 **     if (mayura_open(L, "/path/to/mayura") != 0) { ... lua_tostring(L, -1) ... }
 **     ... luaL_dostring(L, "TASK = require('mayura').run(function() ... end)") ...
@@ -29,6 +29,17 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/*
+** A new Lua state whose allocator keeps a host's frames short when large strings come and go
+** (a 16 MiB file read back from a sandbox): blocks of 1 MiB and more are mappings of their own,
+** a freed one is kept for the next that fits (up to 128 MiB kept, the oldest let go first) and
+** unmapped off the host's thread, and when mayura knows a large string is coming it has a thread
+** map and touch the memory ahead, so the frame that makes the string pays for its copy and not
+** for its page faults. Smaller blocks are malloc's. Its standard libraries are not open yet. NULL
+** when there is no memory. Close it with mayura_close, which also ends the allocator's thread.
+*/
+lua_State *mayura_newstate(void);
 
 /*
 ** Opens mayura into L (whose standard libraries are open): a libuv loop of its own, luv and

@@ -95,7 +95,7 @@ int main(int argc, char **argv) {
     script = argv[i++];
     step_ns = malloc(sizeof *step_ns * (size_t)cap);
     cpu_step_ns = malloc(sizeof *cpu_step_ns * (size_t)cap);
-    L = luaL_newstate();
+    L = mayura_newstate();
     if (step_ns == NULL || cpu_step_ns == NULL || L == NULL) { fprintf(stderr, "game: out of memory\n"); return 1; }
     luaL_openlibs(L);
     if (mayura_open(L, root) != 0) {

@@ -107,8 +107,11 @@ local later, later_head, later_tail, idler, ran_in = {}, 1, 0, nil, nil
 
 local function run_later()
   while later[later_head] ~= nil do
-    local over, this_step = core.over_budget()
+    local over, this_step, stepping = core.over_budget()
     if over and ran_in == this_step then return end
+    -- put off to a later step (fresh_step); when the host no longer steps, whoever runs the loop runs it
+    local not_before = later[later_head].not_before
+    if not_before and stepping and this_step < not_before then return end
     ran_in = this_step
     local item = later[later_head]
     later[later_head] = nil
@@ -134,6 +137,26 @@ local function resume(task, ...)
     idler = require('luv').new_idle()
     idler:start(run_later)
   end
+end
+
+--- In a task, while a host steps the loop with a budget: when more than `share` (in (0, 1]) of
+-- this step's budget is spent, waits for the next step, where tasks put off run first, before
+-- going on. Work that cannot be cut (making a string of many MiB) calls it first, so that it
+-- begins a step instead of pushing the end of one past its budget. Anywhere else it returns at
+-- once.
+function M.fresh_step(share)
+  local co = coroutine.running()
+  local task = co and tasks[co]
+  if not task then return end
+  local over, this_step = core.over_budget(share)
+  if not over then return end
+  later_tail = later_tail + 1
+  later[later_tail] = { task = task, args = pack(), not_before = this_step + 1 }
+  if not idler then
+    idler = require('luv').new_idle()
+    idler:start(run_later)
+  end
+  coroutine.yield()
 end
 
 --- Whether the running coroutine is a task.

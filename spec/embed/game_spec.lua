@@ -79,3 +79,20 @@ describe('a game loop', function()
     assert.truthy(r.stdout:find('love frames %d+ step_us max'), r.stdout)
   end)
 end)
+
+describe('mayura_newstate', function()
+  it('gives a state whose allocator serves large blocks and readies an announced string ahead', function()
+    local r = process.run({ compat.build .. '/embed/game', 'spec/support/embed_alloc.lua' }, {
+      env = { PATH = os.getenv('PATH') }, timeout_ms = 60000,
+    })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local announced, unannounced = r.stdout:match('alloc ok announced_faults (%d+) unannounced_faults (%d+)')
+    assert.truthy(announced, r.stdout .. r.stderr)
+    announced, unannounced = tonumber(announced), tonumber(unannounced)
+    -- 27 MiB nobody announced faults on each of its pages; 24 MiB (6144 pages) made where the
+    -- allocator touched ahead faults on next to none of them (LuaJIT's `..` also grows its own
+    -- buffer by 4 MiB first: 1024 faults of its own)
+    assert.is_true(unannounced > 6000, r.stdout)
+    assert.is_true(announced < unannounced / 4, r.stdout)
+  end)
+end)

@@ -127,4 +127,38 @@ describe('a loop driven by the host', function()
     assert.are.equal('mayura', mayura.driver())
     assert.raises_code('INVALID_INPUT', core.set_driver, 'nobody')
   end)
+  it('puts work that cannot be cut off to the next step once a share of the budget is spent', function()
+    local task = require('mayura._task')
+    driven_by('step', function()
+      local t = mayura.run(function()
+        mayura.sleep(0)                               -- from here on, inside the host's steps
+        local _, first = core.over_budget()
+        local t0 = core.hrtime_ms()
+        while core.hrtime_ms() - t0 < 4 do end        -- 4 ms of a 10 ms budget: over a quarter
+        task.fresh_step(0.25)
+        local _, second = core.over_budget()
+        task.fresh_step(0.25)                         -- at the start of a step: goes on at once
+        local _, third = core.over_budget()
+        return first, second, third
+      end)
+      while not t.done do mayura.step(10) end
+      local first, second, third = t:wait()
+      assert.are.equal(first + 1, second)
+      assert.are.equal(second, third)
+    end)
+    -- with no budget (mayura runs its own loop) it never waits
+    local t = task.spawn(function() task.fresh_step(0.25) return 'went on' end)
+    assert.is_true(t.done)
+    assert.are.equal('went on', t:wait())
+    assert.raises_code('INVALID_INPUT', core.over_budget, 0)
+    assert.raises_code('INVALID_INPUT', core.over_budget, 1.5)
+  end)
+
+  it('takes core.expect_bytes as a hint that changes nothing in a state of another allocator', function()
+    core.expect_bytes(16 * 1024 * 1024)
+    core.expect_bytes(0)
+    assert.raises_code('INVALID_INPUT', core.expect_bytes, -1)
+    assert.raises_code('INVALID_INPUT', core.expect_bytes, 'many')
+    assert.raises_code('INVALID_INPUT', core.expect_bytes, 2 ^ 41)
+  end)
 end)
