@@ -10,7 +10,9 @@
 **  - a value decoded is encoded again (only an object key holding a NUL
 **    byte may be refused: cJSON keeps keys as C strings), and that text
 **    decodes to the same value (fuzz_json.h), with the same nesting;
-**  - max_depth = the value's nesting decodes it, one less refuses it.
+**  - max_depth = the text's nesting decodes it, one less refuses it (the
+**    text's, not the value's: of a key given twice the value keeps the last,
+**    which may nest less than the one before it).
 */
 #include "fuzz_lua.h"
 #include "fuzz_json.h"
@@ -27,6 +29,7 @@ typedef struct {
     const unsigned char *s;
     size_t n, i;
     int depth, unsure;
+    int deepest;   /* the text's nesting */
 } ref;
 
 static void ref_ws(ref *r) {
@@ -115,6 +118,7 @@ static int ref_value(ref *r) {
     if (c == '[' || c == '{') {
         unsigned char close = c == '[' ? ']' : '}';
         if (++r->depth > JSON_MAX_DEPTH) { r->unsure = 1; return 0; }
+        if (r->depth > r->deepest) r->deepest = r->depth;
         r->i++;
         ref_ws(r);
         if (r->i < r->n && r->s[r->i] == close) { r->i++; r->depth--; return 1; }
@@ -139,9 +143,11 @@ static int ref_value(ref *r) {
     return ref_word(r, "true") || ref_word(r, "false") || ref_word(r, "null");
 }
 
-static int ref_valid(const unsigned char *s, size_t n) {
-    ref r = { s, n, 0, 0, 0 };
+/* 1 valid (*deepest: its nesting), 0 not, -1 the decoder's own choice (*deepest: 0, not known). */
+static int ref_valid(const unsigned char *s, size_t n, int *deepest) {
+    ref r = { s, n, 0, 0, 0, 0 };
     int ok;
+    *deepest = 0;
     if (n >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0) return -1;
     ok = ref_value(&r);
     if (ok) {
@@ -149,7 +155,9 @@ static int ref_valid(const unsigned char *s, size_t n) {
         ok = r.i == n;
     }
     /* past a doubt raised before the end, cJSON may stop where the reference goes on */
-    return r.unsure ? -1 : ok;
+    if (r.unsure) return -1;
+    if (ok) *deepest = r.deepest;
+    return ok;
 }
 
 /* }------------------------------------------------------ */
@@ -184,13 +192,13 @@ static void decode(lua_State *L, const char *s, size_t len, int depth) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lua_State *L = fz_state();
-    int v, v2, depth, valid;
+    int v, v2, depth, valid, text_depth;
     size_t len;
     const char *text;
 
     scan_raw(data, size);
 
-    valid = ref_valid(data, size);
+    valid = ref_valid(data, size, &text_depth);
     decode(L, (const char *)data, size, 0);
     if (lua_isnil(L, -2)) {
         if (valid == 1) fz_fail("json.decode refused valid JSON: %s", fz_describe(L, -1));
@@ -220,14 +228,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!fzj_same(L, v, v2)) fz_fail("round trip: %s (text %.200s)", fzj_why, text);
     if (fzj_depth(L, v2) != depth) fz_fail("round trip changed the nesting");
 
-    if (depth >= 1 && depth <= JSON_MAX_DEPTH) {
-        decode(L, (const char *)data, size, depth);
-        if (lua_isnil(L, -2)) fz_fail("max_depth %d refused a value %d deep: %s", depth, depth, fz_describe(L, -1));
+    if (text_depth >= 1 && text_depth <= JSON_MAX_DEPTH) {
+        decode(L, (const char *)data, size, text_depth);
+        if (lua_isnil(L, -2))
+            fz_fail("max_depth %d refused a text %d deep: %s", text_depth, text_depth, fz_describe(L, -1));
         lua_pop(L, 2);
-        if (depth >= 2) {
-            decode(L, (const char *)data, size, depth - 1);
+        if (text_depth >= 2) {
+            decode(L, (const char *)data, size, text_depth - 1);
             if (!lua_isnil(L, -2) || strstr(fz_describe(L, -1), "nesting deeper") == NULL)
-                fz_fail("max_depth %d took a value %d deep", depth - 1, depth);
+                fz_fail("max_depth %d took a text %d deep", text_depth - 1, text_depth);
             lua_pop(L, 2);
         }
     }
