@@ -390,8 +390,16 @@ MAYURA_API void mayura_close(lua_State *L) {
     lua_close(L);
     if (alloc != NULL) embed_alloc_free(alloc);
     if (loop == NULL) return;
-    /* what the state's finalizers closed finishes closing; then nothing is left */
-    for (i = 0; i < 100 && uv_loop_close(loop) != 0; i++) uv_run(loop, UV_RUN_NOWAIT);
-    if (uv_loop_close(loop) == 0) free(loop);
-    /* else something outlives the state (a request the kernel has not answered): the loop is left, not freed under it */
+    /*
+    ** What the state's finalizers closed finishes closing; then nothing is left. A loop that
+    ** closed is done with: closing it again reads a loop libuv has already let go of.
+    */
+    for (i = 0; i < 100; i++) {
+        if (uv_loop_close(loop) == 0) {
+            free(loop);
+            return;
+        }
+        uv_run(loop, UV_RUN_NOWAIT);
+    }
+    /* something outlives the state (a request the kernel has not answered): the loop is left, not freed under it */
 }

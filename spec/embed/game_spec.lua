@@ -96,3 +96,16 @@ describe('mayura_newstate', function()
     assert.is_true(announced < unannounced / 4, r.stdout)
   end)
 end)
+
+describe('the C host under valgrind', function()
+  local it_here = compat.luajit and pending or it
+  it_here('opens, moves large strings through mayura_newstate\'s allocator and closes without a leak'
+    .. (compat.luajit and ' (the Lua 5.4 pass runs it: valgrind needs a LuaJIT built for it)' or ''), function()
+    local r = process.run({ 'valgrind', '-q', '--error-exitcode=9', '--leak-check=full',
+      '--errors-for-leak-kinds=definite', compat.build .. '/embed/game', 'spec/support/embed_alloc.lua' }, {
+      env = { PATH = os.getenv('PATH') }, timeout_ms = 300000,
+    })
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    assert.truthy(r.stdout:find('alloc ok', 1, true), r.stdout .. r.stderr)
+  end)
+end)
