@@ -148,7 +148,7 @@ static int l_loop_running(lua_State *L) {
 /*
 ** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT,
 ** then more passes while work is still due at once and the budget (µs, 0 for
-** one pass) is not spent. Returns whether anything is still pending, or -1
+** one pass) is not spent (core.end_step spends it at once). Returns whether anything is still pending, or -1
 ** when the loop is already being run (the caller says so).
 */
 static int mc_step(lua_State *L, long budget_us) {
@@ -164,7 +164,7 @@ static int mc_step(lua_State *L, long budget_us) {
     mc_run_depth++;
     do {
         alive = uv_run(loop, UV_RUN_NOWAIT);
-    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() - start < limit);
+    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() < mc_step_deadline);
     mc_run_depth--;
     mc_step_deadline = 0;
     return alive != 0;
@@ -186,6 +186,18 @@ static int l_over_budget(lua_State *L) {
     lua_pushinteger(L, mc_step_count);
     lua_pushboolean(L, at != 0);
     return 3;
+}
+
+/*
+** core.end_step(): when a step with a budget is running, counts its budget as spent: the step
+** ends after the loop's current pass, and what waits to be resumed goes to the next steps. Work
+** that took a large share of a frame at once (making a string of many MiB) calls it, so nothing
+** else piles onto that frame. Elsewhere it does nothing.
+*/
+static int l_end_step(lua_State *L) {
+    (void)L;
+    if (mc_step_deadline != 0) mc_step_deadline = uv_hrtime();
+    return 0;
 }
 
 /*
@@ -360,6 +372,7 @@ static const luaL_Reg core_funcs[] = {
     {"step", l_step},
     {"over_budget", l_over_budget},
     {"expect_bytes", l_expect_bytes},
+    {"end_step", l_end_step},
     {"backend_fd", l_backend_fd},
     {"backend_timeout", l_backend_timeout},
     {"set_driver", l_set_driver},

@@ -154,6 +154,27 @@ describe('a loop driven by the host', function()
     assert.raises_code('INVALID_INPUT', core.over_budget, 1.5)
   end)
 
+  it('ends the step at core.end_step: what else is due waits for the next step', function()
+    driven_by('step', function()
+      local steps = {}
+      local function sleeper(name, ends)
+        return mayura.run(function()
+          mayura.sleep(5)
+          local _, at = core.over_budget()
+          steps[name] = at
+          if ends then core.end_step() end
+        end)
+      end
+      local a, b = sleeper('a', true), sleeper('b', false)
+      local t0 = core.hrtime_ms()
+      while core.hrtime_ms() - t0 < 20 do end          -- both sleeps are over before the first step
+      while not (a.done and b.done) do mayura.step(50) end
+      -- without end_step both would end in the one step: its budget is far from spent
+      assert.are.equal(steps.a + 1, steps.b)
+    end)
+    core.end_step()                                   -- with no step running: nothing
+  end)
+
   it('takes core.expect_bytes as a hint that changes nothing in a state of another allocator', function()
     core.expect_bytes(16 * 1024 * 1024)
     core.expect_bytes(0)

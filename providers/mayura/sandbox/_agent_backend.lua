@@ -235,8 +235,11 @@ local function read_pass(self, path, max)
     parts[#parts + 1] = reply.data
     if reply.eof then
       -- the copy of a large file into one string cannot be cut: under a host's budget it begins a step
-      if #parts >= 4 then task.fresh_step(0.25) end
-      return join(parts)
+      if #parts < 4 then return join(parts) end
+      task.fresh_step(0.25)
+      local data = join(parts)
+      core.end_step()   -- nothing more piles onto this frame
+      return data
     end
     if #reply.data == 0 then error(nonsense(), 0) end
   end
