@@ -108,10 +108,14 @@ local later, later_head, later_tail, idler, ran_in = {}, 1, 0, nil, nil
 local function run_later()
   while later[later_head] ~= nil do
     local over, this_step, stepping = core.over_budget()
-    if over and ran_in == this_step then return end
     -- put off to a later step (fresh_step); when the host no longer steps, whoever runs the loop runs it
     local not_before = later[later_head].not_before
-    if not_before and stepping and this_step < not_before then return end
+    if (over and ran_in == this_step) or (not_before and stepping and this_step < not_before) then
+      -- this step is done: with the queue's idle handle open, it would go on passing over it until
+      -- its budget is spent, doing nothing
+      core.end_step()
+      return
+    end
     ran_in = this_step
     local item = later[later_head]
     later[later_head] = nil

@@ -154,6 +154,27 @@ describe('a loop driven by the host', function()
     assert.raises_code('INVALID_INPUT', core.over_budget, 1.5)
   end)
 
+  it('ends a step whose only work left is put off, instead of passing over it until the budget is spent', function()
+    local task = require('mayura._task')
+    driven_by('step', function()
+      local t = mayura.run(function()
+        mayura.sleep(0)
+        local t0 = core.hrtime_ms()
+        while core.hrtime_ms() - t0 < 120 do end       -- 120 ms of a 400 ms budget: over a quarter
+        task.fresh_step(0.25)
+      end)
+      local took
+      while not t.done do
+        local t0 = core.hrtime_ms()
+        mayura.step(400)
+        local spent = core.hrtime_ms() - t0
+        if spent >= 120 and not took then took = spent end
+      end
+      -- the step that ran the 120 ms returns soon after them, not at its 400 ms
+      assert.is_true(took ~= nil and took < 300, tostring(took))
+    end)
+  end)
+
   it('ends the step at core.end_step: what else is due waits for the next step', function()
     driven_by('step', function()
       local steps = {}
