@@ -600,6 +600,26 @@ static int proc_find(const char *file, char *const *envp, char *out, size_t size
     }
 }
 
+/*
+** A file that is not a program the kernel runs (a script without #!): run by /bin/sh with the
+** path as its first argument, as execvp does. 0 or an errno.
+*/
+static int proc_spawn_script(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                             const posix_spawnattr_t *attr, const struct proc_spawn_opts *so) {
+    size_t argc = 0, i;
+    char **argv;
+    int rc;
+    while (so->args[argc] != NULL) argc++;
+    argv = (char **)malloc((argc + 2) * sizeof *argv);
+    if (argv == NULL) return ENOMEM;
+    argv[0] = (char *)"/bin/sh";
+    argv[1] = (char *)path;
+    for (i = 1; i <= argc; i++) argv[i + 1] = so->args[i];   /* with the NULL at the end */
+    rc = posix_spawn(pid, "/bin/sh", fa, attr, argv, so->envp);
+    free(argv);
+    return rc;
+}
+
 /* A close-on-exec copy of fd at PROC_SPARE_FD or above (the original is closed), or -1. */
 static int proc_spare(int fd) {
     int hi;
@@ -688,6 +708,7 @@ static int proc_spawn_fast(uv_loop_t *loop, mc_proc *p, const proc_spawn_opts *s
     if (rc == 0) rc = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK
                                                         | POSIX_SPAWN_SETSIGDEF);
     if (rc == 0) rc = posix_spawn(&pid, path, &fa, &attr, so->args, so->envp);
+    if (rc == ENOEXEC) rc = proc_spawn_script(&pid, path, &fa, &attr, so);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     if (rc != 0) goto fail;
