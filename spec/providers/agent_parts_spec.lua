@@ -75,4 +75,31 @@ describe('files in parts through the agent', function()
     sb:write_file('/tmp/h', string.rep('y', 1048576 + 10))
     assert.are.equal(1048576 + 10, #sb:read_file('/tmp/h'))
   end)
+  it('takes a size the agent lies about (huge, infinite, fractional) as a size, not as a hint it chokes on', function()
+    agent_backend.FILE_PART_BYTES = 4
+    sb:write_file('parts/lie', 'twelve bytes')
+    local backend = sb._backend
+    local call = backend.call
+    local function lying(size)
+      backend.call = function(self, req, ...)
+        local reply = call(self, req, ...)
+        if req.op == 'read' then reply.size = size end
+        return reply
+      end
+    end
+    for _, size in ipairs({ 2 ^ 60, 1 / 0, 1048576 * 3.5 }) do
+      -- through the backend itself, with no max_bytes, and through the sandbox, with its max: the
+      -- size only tells one file from another, so the bytes that came are the file
+      lying(size)
+      local ok, data = pcall(backend.read_file, backend, 'parts/lie', {})
+      backend.call = nil
+      assert.is_true(ok, tostring(data))
+      assert.are.equal('twelve bytes', data)
+      lying(size)
+      ok, data = pcall(sb.read_file, sb, 'parts/lie')
+      backend.call = nil
+      assert.is_true(ok, tostring(data))
+      assert.are.equal('twelve bytes', data)
+    end
+  end)
 end)

@@ -223,8 +223,9 @@ local function read_pass(self, path, max)
     end
     if first == nil then
       first = reply
-      -- a file of several parts: the host's allocator may ready the memory of the whole string ahead
-      if not reply.eof and reply.size >= M.FILE_PART_BYTES and (not max or reply.size <= max) then
+      -- a file of several parts: the host's allocator may ready the memory of the whole string
+      -- ahead (the size is the agent's word: only one that could be read is taken as a hint)
+      if not reply.eof and reply.size >= M.FILE_PART_BYTES and reply.size <= (max or M.MAX_FRAME_BYTES) then
         core.expect_bytes(math.floor(reply.size))
       end
     elseif reply.size ~= first.size or reply.ino ~= first.ino or reply.mtime_ns ~= first.mtime_ns then
