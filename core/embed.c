@@ -20,7 +20,7 @@
 /*
 ** Blocks of BIG_MIN bytes and more are mappings of their own, with a header of BIG_HEAD bytes in
 ** front that says how large the mapping is. A freed one is kept, warm, for the next block that
-** fits it (within BIG_SLACK), instead of going back to the system: unmapping 16 MiB costs the
+** fits it (big_fits: at most an eighth larger), instead of going back to the system: unmapping 16 MiB costs the
 ** thread ~1 ms, and a new mapping costs its page faults (~8 ms for 16 MiB) in the frame that
 ** first writes it. Kept blocks are capped at BIG_KEEP bytes (the oldest go first). When a large
 ** string is coming (core.expect_bytes: a file read in parts), the allocator's thread maps a block
@@ -71,15 +71,28 @@ static big_block big_of(void *p) {
     return b;
 }
 
+/* A new mapping of `size` bytes (base NULL when there is no memory). */
+static big_block big_map(size_t size) {
+    big_block b;
+    b.size = size;
+    b.base = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b.base == MAP_FAILED) b.base = NULL;
+    return b;
+}
+
+/* Takes kept block i out of the kept ones, the order of the others unchanged; with a->mu held. */
+static big_block big_take(embed_alloc *a, int i) {
+    big_block b = a->ready[i];
+    a->ready_bytes -= b.size;
+    for (; i + 1 < a->nready; i++) a->ready[i] = a->ready[i + 1];
+    a->nready--;
+    return b;
+}
+
 /* Drops the oldest kept blocks over BIG_KEEP into `out`; with a->mu held. Returns how many. */
 static int big_trim(embed_alloc *a, big_block *out, int room) {
-    int n = 0, i;
-    while (a->nready > 0 && a->ready_bytes > BIG_KEEP && n < room) {
-        out[n++] = a->ready[0];
-        a->ready_bytes -= a->ready[0].size;
-        for (i = 1; i < a->nready; i++) a->ready[i - 1] = a->ready[i];
-        a->nready--;
-    }
+    int n = 0;
+    while (a->nready > 0 && a->ready_bytes > BIG_KEEP && n < room) out[n++] = big_take(a, 0);
     return n;
 }
 
@@ -111,17 +124,13 @@ static void *embed_alloc_thread(void *arg) {
         a->ndrop = 0;
         n += big_trim(a, gone + n, BIG_SLOTS);
         if (a->nwant > 0) {
-            size_t size = a->want[--a->nwant];
+            size_t size = a->want[--a->nwant], off;
             big_block b;
             pthread_mutex_unlock(&a->mu);
-            b.size = size;
-            b.base = (char *)mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (b.base != MAP_FAILED) {
-                size_t off;
-                for (off = 0; off < size; off += BIG_PAGE) ((volatile char *)b.base)[off] = 0;
-            }
+            b = big_map(size);
+            for (off = 0; b.base != NULL && off < size; off += BIG_PAGE) ((volatile char *)b.base)[off] = 0;
             pthread_mutex_lock(&a->mu);
-            if (b.base != MAP_FAILED && !big_keep(a, b)) gone[n++] = b;
+            if (b.base != NULL && !big_keep(a, b)) gone[n++] = b;
         }
         pthread_mutex_unlock(&a->mu);
         for (i = 0; i < n; i++) munmap(gone[i].base, gone[i].size);
@@ -147,17 +156,13 @@ static void *big_get(embed_alloc *a, size_t n) {
     for (i = 0; i < a->nready; i++)
         if (big_fits(a->ready[i].size, need) && (best < 0 || a->ready[i].size < a->ready[best].size)) best = i;
     if (best >= 0) {
-        b = a->ready[best];
-        a->ready_bytes -= b.size;
-        for (i = best + 1; i < a->nready; i++) a->ready[i - 1] = a->ready[i];
-        a->nready--;
+        b = big_take(a, best);
         pthread_mutex_unlock(&a->mu);
         return big_user(b);
     }
     pthread_mutex_unlock(&a->mu);
-    b.size = need;
-    b.base = (char *)mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return b.base == MAP_FAILED ? NULL : big_user(b);
+    b = big_map(need);
+    return b.base == NULL ? NULL : big_user(b);
 }
 
 static void big_put(embed_alloc *a, void *p) {
@@ -196,11 +201,10 @@ static void *embed_alloc_fn(void *ud, void *ptr, size_t osize, size_t nsize) {
 static int embed_expect(lua_State *L) {
     embed_alloc *a = (embed_alloc *)lua_touserdata(L, lua_upvalueindex(1));
     lua_Integer n = luaL_checkinteger(L, 1);
-    /* a string's header (24 bytes in 5.4 and LuaJIT) and its NUL: a mapping that fits it */
-    size_t size = big_map_size((size_t)n + 64);
     if (n < (lua_Integer)BIG_MIN || n > (lua_Integer)(BIG_KEEP / 2)) return 0;
     pthread_mutex_lock(&a->mu);
-    if (a->nwant < BIG_SLOTS) a->want[a->nwant++] = size;
+    /* room for a string's header (24 bytes in 5.4 and LuaJIT) and its NUL */
+    if (a->nwant < BIG_SLOTS) a->want[a->nwant++] = big_map_size((size_t)n + 64);
     pthread_cond_signal(&a->cv);
     pthread_mutex_unlock(&a->mu);
     return 0;

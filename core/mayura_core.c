@@ -148,8 +148,9 @@ static int l_loop_running(lua_State *L) {
 /*
 ** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT,
 ** then more passes while work is still due at once and the budget (µs, 0 for
-** one pass) is not spent (core.end_step spends it at once). Returns whether anything is still pending, or -1
-** when the loop is already being run (the caller says so).
+** one pass) is not spent (core.end_step spends it at once). Returns whether
+** anything is still pending, or -1 when the loop is already being run (the
+** caller says so).
 */
 static int mc_step(lua_State *L, long budget_us) {
     uv_loop_t *loop = mc_loop(L);
@@ -173,9 +174,9 @@ static int mc_step(lua_State *L, long budget_us) {
 /*
 ** core.over_budget([share]): whether a step with a budget (core.step, mayura_step) is running and
 ** its time is spent (with share, a number in (0, 1]: that part of it), the number of that step
-** (one step from the next), and whether a step with a budget is running. Work that can wait for the next step (a task's resumption,
-** mayura._task) asks this before running, so completions that arrive together are spread over
-** frames.
+** (one step from the next), and whether a step with a budget is running. Work that can wait for
+** the next step (a task's resumption, mayura._task) asks this before running, so completions
+** that arrive together are spread over frames.
 */
 static int l_over_budget(lua_State *L) {
     lua_Number share = luaL_optnumber(L, 1, 1);

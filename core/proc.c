@@ -530,7 +530,7 @@ static void proc_start_stdin(lua_State *L, mc_proc *p, const proc_spawn_opts *so
 }
 
 /* {======================================================
-** Starting without a fork
+** Starting a command: posix_spawn, or uv_spawn where the kernel has no pidfd_open
 ** =======================================================*/
 
 /* The lowest descriptor the parent's spare copies use: above every descriptor the child is given. */
@@ -748,6 +748,40 @@ fail_negative:
     return rc;
 }
 
+/*
+** Starts so's command with uv_spawn (kernels without pidfd_open, or MAYURA_SPAWN=fork): libuv
+** forks, makes the stream pipes and watches the end. Returns 0 or a libuv error code; the
+** process handle is open either way.
+*/
+static int proc_spawn_uv(uv_loop_t *loop, mc_proc *p, const proc_spawn_opts *so) {
+    uv_process_options_t o;
+    uv_stdio_container_t stdio[3 + PROC_MAX_FDS];
+    int i, rc;
+    memset(&o, 0, sizeof o);
+    stdio[0].flags = so->stdin_data != NULL ? (uv_stdio_flags)(UV_CREATE_PIPE | UV_READABLE_PIPE) : UV_IGNORE;
+    stdio[0].data.stream = (uv_stream_t *)&p->in;
+    stdio[1].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
+    stdio[1].data.stream = (uv_stream_t *)&p->out.pipe;
+    stdio[2].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
+    stdio[2].data.stream = (uv_stream_t *)&p->err.pipe;
+    o.exit_cb = proc_on_exit;
+    o.file = so->args[0];
+    o.args = so->args;
+    o.env = so->envp;
+    o.cwd = so->cwd;
+    o.flags = UV_PROCESS_DETACHED;   /* setsid: the command leads its own group */
+    for (i = 0; i < so->nfds; i++) {
+        stdio[3 + i].flags = UV_INHERIT_FD;
+        stdio[3 + i].data.fd = so->fdv[i];
+    }
+    o.stdio_count = 3 + so->nfds;
+    o.stdio = stdio;
+    p->process.data = p;
+    rc = uv_spawn(loop, &p->process, &o);
+    if (rc == 0) p->pid = p->process.pid;
+    return rc;
+}
+
 /* }====================================================== */
 
 /*
@@ -759,12 +793,10 @@ fail_negative:
 */
 static int l_spawn(lua_State *L) {
     uv_loop_t *loop = mc_loop(L);
-    uv_process_options_t o;
-    uv_stdio_container_t stdio[3 + PROC_MAX_FDS];
     proc_spawn_opts so;
     mc_proc *p;
     proc_box *box;
-    int rc, top, boxidx, i;
+    int rc, top, boxidx, fast;
 
     if (lua_type(L, 1) != LUA_TTABLE) return mc_raise(L, "INVALID_INPUT", "spawn expects an options table");
     if (lua_type(L, 2) != LUA_TFUNCTION) return mc_raise(L, "INVALID_INPUT", "spawn expects a callback");
@@ -792,42 +824,14 @@ static int l_spawn(lua_State *L) {
     uv_pipe_init(loop, &p->in, 0);
     uv_timer_init(loop, &p->timer);
     p->handles = 4;
-    p->out.pipe.data = p->err.pipe.data = p->in.data = p->timer.data = p->process.data = p;
-
-    memset(&o, 0, sizeof o);
-    stdio[0].flags = so.stdin_data != NULL ? (uv_stdio_flags)(UV_CREATE_PIPE | UV_READABLE_PIPE) : UV_IGNORE;
-    stdio[0].data.stream = (uv_stream_t *)&p->in;
-    stdio[1].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
-    stdio[1].data.stream = (uv_stream_t *)&p->out.pipe;
-    stdio[2].flags = (uv_stdio_flags)(UV_CREATE_PIPE | UV_WRITABLE_PIPE);
-    stdio[2].data.stream = (uv_stream_t *)&p->err.pipe;
-    o.exit_cb = proc_on_exit;
-    o.file = so.args[0];
-    o.args = so.args;
-    o.env = so.envp;
-    o.cwd = so.cwd;
-    o.flags = UV_PROCESS_DETACHED;   /* setsid: the command leads its own group */
-    for (i = 0; i < so.nfds; i++) {
-        stdio[3 + i].flags = UV_INHERIT_FD;
-        stdio[3 + i].data.fd = so.fdv[i];
-    }
-    o.stdio_count = 3 + so.nfds;
-    o.stdio = stdio;
+    p->out.pipe.data = p->err.pipe.data = p->in.data = p->timer.data = p;
 
     p->started = uv_hrtime();
-    if (proc_can_start_fast()) {
-        rc = proc_spawn_fast(loop, p, &so);
-        if (rc != 0) {
-            lua_settop(L, top);   /* argv[1] stays alive in the options table */
-            return proc_start_failed(L, p, so.args[0], rc, 0);
-        }
-    } else {
-        rc = uv_spawn(loop, &p->process, &o);
-        if (rc != 0) {
-            lua_settop(L, top);
-            return proc_start_failed(L, p, so.args[0], rc, 1);
-        }
-        p->pid = p->process.pid;
+    fast = proc_can_start_fast();
+    rc = fast ? proc_spawn_fast(loop, p, &so) : proc_spawn_uv(loop, p, &so);
+    if (rc != 0) {
+        lua_settop(L, top);   /* argv[1] stays alive in the options table */
+        return proc_start_failed(L, p, so.args[0], rc, !fast);
     }
     box->p = p;
     lua_pushvalue(L, boxidx);

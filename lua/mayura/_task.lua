@@ -129,18 +129,23 @@ local function run_later()
   end
 end
 
+-- Puts a resumption at the end of the queue (not before step `not_before`, when given).
+local function put_off(task, args, not_before)
+  later_tail = later_tail + 1
+  later[later_tail] = { task = task, args = args, not_before = not_before }
+  if not idler then
+    idler = require('luv').new_idle()
+    idler:start(run_later)
+  end
+end
+
 local function resume(task, ...)
   local over, this_step = core.over_budget()
   if later[later_head] == nil and not (over and ran_in == this_step) then
     ran_in = this_step
     return step(task, ...)
   end
-  later_tail = later_tail + 1
-  later[later_tail] = { task = task, args = pack(...) }
-  if not idler then
-    idler = require('luv').new_idle()
-    idler:start(run_later)
-  end
+  put_off(task, pack(...))
 end
 
 --- In a task, while a host steps the loop with a budget: when more than `share` (in (0, 1]) of
@@ -154,12 +159,7 @@ function M.fresh_step(share)
   if not task then return end
   local over, this_step = core.over_budget(share)
   if not over then return end
-  later_tail = later_tail + 1
-  later[later_tail] = { task = task, args = pack(), not_before = this_step + 1 }
-  if not idler then
-    idler = require('luv').new_idle()
-    idler:start(run_later)
-  end
+  put_off(task, pack(), this_step + 1)
   coroutine.yield()
 end
 

@@ -272,21 +272,22 @@ function Methods:write_file(path, data)
     if reply.ok ~= true then error(nonsense(), 0) end
     return
   end
-  -- each part is a copy of 1 MiB and its frame: under a host's budget one starts only with a quarter left
-  task.fresh_step(0.75)
-  local first = data:sub(1, part)
-  core.expect_bytes(part)
-  local reply = self:call({ op = 'write', path = path, data = first, more = true })
+  -- Each part is a copy of 1 MiB and its frame: under a host's budget one starts only with a quarter
+  -- of the step left, and the memory of the next one is readied while it is sent.
+  local function part_at(at, more)
+    task.fresh_step(0.75)
+    local chunk = data:sub(at, at + part - 1)
+    if more then core.expect_bytes(part) end
+    return chunk
+  end
+  local reply = self:call({ op = 'write', path = path, data = part_at(1, true), more = true })
   if reply.error then error(M.reply_error(reply, 'the file'), 0) end
   local upload = reply.upload
   if reply.ok ~= true or type(upload) ~= 'number' then error(nonsense(), 0) end
   local ok, err = pcall(function()
     for at = part + 1, #data, part do
       local last = at + part > #data
-      task.fresh_step(0.75)
-      local chunk = data:sub(at, at + part - 1)
-      if not last then core.expect_bytes(part) end   -- the next part's string, readied meanwhile
-      local r = self:call({ op = 'write', upload = upload, data = chunk, more = not last or nil })
+      local r = self:call({ op = 'write', upload = upload, data = part_at(at, not last), more = not last or nil })
       if r.error then error(M.reply_error(r, 'the file'), 0) end
       if r.ok ~= true then error(nonsense(), 0) end
     end
