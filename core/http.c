@@ -709,8 +709,6 @@ static uv_idle_t *mc_http_new_idle(uv_loop_t *loop, mc_http_multi *m) {
     return h;
 }
 
-/* The state's multi handle, made on first use. */
-
 /* Descriptors below this are looked at for the ones libcurl opens in curl_multi_init. */
 #define MC_HTTP_FD_SCAN 1024
 
@@ -733,6 +731,7 @@ static void mc_http_new_fds(unsigned char *open_before, int after) {
     }
 }
 
+/* The state's multi handle, made on first use. */
 static mc_http_multi *mc_http_get_multi(lua_State *L) {
     unsigned char open_before[MC_HTTP_FD_SCAN / 8];
     mc_http_multi *m;
@@ -970,8 +969,6 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
 }
 
-/* Makes r's easy handle and sets every option of the transfer o describes. Raises on failure
-** (r, owned by its userdata, is then cleaned up by __gc). */
 /*
 ** libcurl opens its sockets without close-on-exec: a command the host starts during a transfer
 ** would hold the connection (to a hosted service, with its credentials in flight). Each socket
@@ -984,6 +981,8 @@ static int mc_http_on_sockopt(void *data, curl_socket_t fd, curlsocktype purpose
     return CURL_SOCKOPT_OK;
 }
 
+/* Makes r's easy handle and sets every option of the transfer o describes. Raises on failure
+** (r, owned by its userdata, is then cleaned up by __gc). */
 static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts *o) {
     if ((r->easy = curl_easy_init()) == NULL) mc_raise_oom(L);
     MC_HTTP_SETOPT(r, CURLOPT_PRIVATE, (void *)r);
