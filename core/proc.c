@@ -563,11 +563,14 @@ static int proc_can_start_fast(void) {
 ** execvp's search, done before the start: file itself when it has a slash,
 ** else the first executable regular file named file in the PATH of the
 ** command's own environment (as under uv_spawn, whose child took the new
-** environment before its execvp), or of /bin:/usr/bin when it has none.
+** environment before its execvp), or of /bin:/usr/bin when it has none. A
+** relative entry (an empty one is ".") is looked at from cwd, as execvp did
+** after its chdir; out gets the path as the child, in cwd, will use it.
 ** Returns 0 with the path in out, or an errno.
 */
-static int proc_find(const char *file, char *const *envp, char *out, size_t size) {
+static int proc_find(const char *file, char *const *envp, const char *cwd, char *out, size_t size) {
     const char *path = "/bin:/usr/bin", *dir, *end;
+    char seen[PATH_MAX];   /* the candidate as the host sees it */
     size_t flen = strlen(file);
     int err = ENOENT;
     if (strchr(file, '/') != NULL) {
@@ -580,19 +583,19 @@ static int proc_find(const char *file, char *const *envp, char *out, size_t size
     for (dir = path;; dir = end + 1) {
         struct stat st;
         size_t dlen;
+        int n;
         end = strchr(dir, ':');
         if (end == NULL) end = dir + strlen(dir);
         dlen = (size_t)(end - dir);
-        if (dlen + 1 + flen < size) {
-            if (dlen > 0) {   /* an empty entry is the current directory */
-                memcpy(out, dir, dlen);
-                out[dlen] = '/';
-                memcpy(out + dlen + 1, file, flen + 1);
-            } else {
-                memcpy(out, file, flen + 1);
+        n = snprintf(out, size, "%.*s/%s", dlen > 0 ? (int)dlen : 1, dlen > 0 ? dir : ".", file);
+        if (n > 0 && (size_t)n < size) {
+            const char *at = out;
+            if (cwd != NULL && out[0] != '/') {
+                n = snprintf(seen, sizeof seen, "%s/%s", cwd, out);
+                at = n > 0 && (size_t)n < sizeof seen ? seen : NULL;
             }
-            if (stat(out, &st) == 0 && S_ISREG(st.st_mode)) {
-                if (access(out, X_OK) == 0) return 0;
+            if (at != NULL && stat(at, &st) == 0 && S_ISREG(st.st_mode)) {
+                if (access(at, X_OK) == 0) return 0;
                 err = EACCES;
             }
         }
@@ -669,7 +672,7 @@ static int proc_spawn_fast(uv_loop_t *loop, mc_proc *p, const proc_spawn_opts *s
     pid_t pid;
 
     for (i = 0; i < PROC_MAX_FDS; i++) spare[i] = -1;
-    rc = proc_find(so->args[0], so->envp, path, sizeof path);
+    rc = proc_find(so->args[0], so->envp, so->cwd, path, sizeof path);
     if (rc == 0 && so->stdin_data != NULL) rc = proc_pair(in);
     if (rc == 0) rc = proc_pair(out);
     if (rc == 0) rc = proc_pair(err);

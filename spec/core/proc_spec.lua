@@ -106,6 +106,13 @@ describe('core.spawn', function()
         r, e = spawn({ argv = { 'mayura-path-probe' }, env = { PATH = '/nowhere' } })
         assert.is_nil(r)
         assert.are.equal('ENOENT', e.errno)
+        -- a relative entry is looked up from the command's cwd, where execvp looked after its chdir
+        r, e = spawn({ argv = { 'mayura-path-probe', 'z' }, env = { PATH = '.' }, cwd = dir .. '/b' })
+        assert(r, e and tostring(e))
+        assert.are.equal('found b z\n', r.stdout)
+        r, e = spawn({ argv = { 'mayura-path-probe', 'w' }, env = { PATH = ':/nowhere' }, cwd = dir .. '/b' })
+        assert(r, e and tostring(e))
+        assert.are.equal('found b w\n', r.stdout)
         -- no PATH at all: /bin and /usr/bin, as execvp
         r = spawn({ argv = { 'sh', '-c', 'exit 3' }, env = {} })
         assert.are.equal(3, r.exit_code)
