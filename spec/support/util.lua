@@ -89,4 +89,22 @@ function M.capture_reports(fn)
   return reports
 end
 
+--- nil when another user can reach the checkout (every directory from / to it lets others pass,
+-- so they can run build/mayura and read the Lua), else the first directory that does not: a
+-- clone made in a directory of mode 700 (mktemp -d) is out of their reach.
+function M.checkout_closed_to_others()
+  local p = io.popen('pwd -P')
+  local dir = p:read('*l')
+  p:close()
+  local at = ''
+  for part in dir:gmatch('[^/]+') do
+    at = at .. '/' .. part
+    local st = io.popen("stat -c %a '" .. at:gsub("'", "'\\''") .. "'")
+    local mode = tonumber(st:read('*l') or '0', 8)
+    st:close()
+    if mode % 2 ~= 1 then return at end   -- no x for others
+  end
+  return nil
+end
+
 return M
