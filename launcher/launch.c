@@ -18,8 +18,8 @@
 **         v1: `tasks`, see join_cgroups);
 **      b. shields itself from the OOM killer through the legacy knob (oom_adj -17; refused: ignored);
 **      c. with MAYURA_MOUNT (the provider's mount table, root's alone): a mount namespace of its
-**         own, everything private, each line mounted (`source target type options 0 0`;
-**         X-mount.mkdir makes the target), then MAYURA_STAGE/root and MAYURA_STAGE/w given to
+**         own, everything private, each line's step taken (mount_table: fstab lines, and the
+**         steps that build a whole root for bubblewrap to bind as one), what it makes given to
 **         MAYURA_UID (125);
 **      d. with MAYURA_UID: no supplementary groups, then that gid and uid, real, effective, saved;
 **      e. descriptors: the control socket closed; with MAYURA_INFO, 5 becomes 4 (bubblewrap's
@@ -112,39 +112,154 @@ static void join_cgroups(const char *dirs) {
     }
 }
 
-/* Drops ",X-mount.mkdir" (and a leading one) from options, in place; says whether it was there. */
-static int take_mkdir(char *opts) {
-    static const char tok[] = "X-mount.mkdir";
-    char *p = strstr(opts, tok);
-    size_t n = sizeof tok - 1;
-    if (p == NULL || (p[n] != '\0' && p[n] != ',') || (p != opts && p[-1] != ',')) return 0;
-    if (p != opts) { p--; n++; }
-    else if (p[n] == ',') n++;
-    memmove(p, p + n, strlen(p + n) + 1);
-    return 1;
+/* Drops the option `tok` from the comma-separated `opts`, in place; says whether it was there. */
+static int take_opt(char *opts, const char *tok) {
+    size_t n = strlen(tok);
+    char *p = opts;
+    while ((p = strstr(p, tok)) != NULL) {
+        if ((p[n] == '\0' || p[n] == ',') && (p == opts || p[-1] == ',')) {
+            if (p != opts) { p--; n++; }
+            else if (p[n] == ',') n++;
+            memmove(p, p + n, strlen(p + n) + 1);
+            return 1;
+        }
+        p += n;
+    }
+    return 0;
 }
 
-static void mount_table(const char *table) {
-    char buf[8192], *line, *save = NULL;
+/* The mount flags named in `opts` (taken out of it: what is left is the file system's data). */
+static unsigned long take_flags(char *opts) {
+    static const struct { const char *name; unsigned long flag; } known[] = {
+        { "ro", MS_RDONLY }, { "nosuid", MS_NOSUID }, { "nodev", MS_NODEV }, { "noexec", MS_NOEXEC },
+    };
+    unsigned long flags = 0;
+    size_t i;
+    for (i = 0; i < sizeof known / sizeof known[0]; i++)
+        while (take_opt(opts, known[i].name)) flags |= known[i].flag;
+    return flags;
+}
+
+/* Writes all of descriptor `from` (to its end) into `to`. */
+static int copy_fd(int from, int to) {
+    char buf[65536];
+    for (;;) {
+        ssize_t r = read(from, buf, sizeof buf);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) return 0;
+        if (write_all(to, buf, (size_t)r) != 0) return -1;
+    }
+}
+
+/* A new file at `path` (never one that is there, never through a link) given to `uid`, with
+** `mode`, holding MAYURA_ETC_<n> and a newline (n >= 1) or, n == 0, all of descriptor 0. */
+static void new_file(const char *path, const char *n_s, mode_t mode, uid_t uid) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode), rc;
+    if (fd < 0) die(path);
+    if (n_s == NULL) {
+        rc = copy_fd(0, fd);
+    } else {
+        char name[32];
+        const char *v;
+        snprintf(name, sizeof name, "MAYURA_ETC_%.8s", n_s);
+        v = getenv(name);
+        rc = write_all(fd, v != NULL ? v : "", v != NULL ? strlen(v) : 0) != 0 || write_all(fd, "\n", 1) != 0 ? -1 : 0;
+    }
+    if (rc != 0 || fchown(fd, uid, uid) != 0 || fchmod(fd, mode) != 0) die(path);
+    if (close(fd) != 0) die(path);
+}
+
+/* A read-only bind of `src` (not what is mounted under it) at `path`, a new directory or an
+** empty file as `src` is one. */
+static void bind_ro(const char *src, const char *path) {
+    struct stat st;
+    if (stat(src, &st) != 0) die(src);
+    if (S_ISDIR(st.st_mode)) {
+        if (mkdir(path, 0755) != 0) die(path);
+    } else {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+        if (fd < 0 || close(fd) != 0) die(path);
+    }
+    if (mount(src, path, NULL, MS_BIND, NULL) != 0) die(path);
+    if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0) die(path);
+}
+
+/*
+** The provider's mount table (root's alone), one step a line, in a mount namespace of its own
+** (everything private). A line is an fstab line, `SOURCE TARGET TYPE OPTIONS 0 0`, whose options
+** ro, nosuid, nodev and noexec are mount flags, X-mount.mkdir makes TARGET first and
+** X-mayura.own gives the new root of the mount to MAYURA_UID; or one of the steps that build a
+** sandbox's root (what is made is `uid`'s, and nothing made may be there already):
+**   dir PATH           a directory (0755)
+**   file PATH N        a file (0644): MAYURA_ETC_<N> and a newline
+**   agent PATH         a file (0555): all of descriptor 0 (the agent's bytes)
+**   link TARGET PATH   a symbolic link
+**   node NAME PATH     a device node like /dev/NAME (a character device), 0666
+**   bind SRC PATH      SRC bound read-only, nosuid, nodev (not what is mounted under it)
+**   ro PATH [FLAGS]    the mount at PATH read-only, with FLAGS (nosuid, nodev, noexec) and no others
+** Any failure: exit 125 (the namespace, and all that is mounted in it, ends with the process).
+*/
+static void mount_table(const char *table, uid_t uid) {
+    char buf[32768], *line, *save = NULL;
     ssize_t got = 0, r;
+    mode_t mask;
     int fd = open(table, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) die("mount table");
     while ((r = read(fd, buf + got, sizeof buf - 1 - (size_t)got)) > 0) got += r;
     if (r < 0) die("mount table");
+    if ((size_t)got == sizeof buf - 1) { errno = EFBIG; die("mount table"); }
     close(fd);
     buf[got] = '\0';
     if (unshare(CLONE_NEWNS) != 0) die("unshare");
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("mount private");
+    mask = umask(0);
     for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-        char *f[4], *fs = NULL;
-        int i;
+        char *f[4] = { NULL, NULL, NULL, NULL }, *fs = NULL;
+        int i, n = 0;
         for (i = 0; i < 4; i++) {
             f[i] = strtok_r(i == 0 ? line : NULL, " \t", &fs);
-            if (f[i] == NULL) { errno = EINVAL; die("mount table"); }
+            if (f[i] == NULL) break;
+            n++;
         }
-        if (take_mkdir(f[3]) && mkdir(f[1], 0755) != 0 && errno != EEXIST) die("mkdir");
-        if (mount(f[0], f[1], f[2], 0, f[3]) != 0) die("mount");
+        if (n == 0) continue;
+        if (strcmp(f[0], "dir") == 0 && n == 2) {
+            if (mkdir(f[1], 0755) != 0 || lchown(f[1], uid, uid) != 0) die(f[1]);
+        } else if (strcmp(f[0], "file") == 0 && n == 3) {
+            new_file(f[1], f[2], 0644, uid);
+        } else if (strcmp(f[0], "agent") == 0 && n == 2) {
+            new_file(f[1], NULL, 0555, uid);
+        } else if (strcmp(f[0], "link") == 0 && n == 3) {
+            if (symlink(f[1], f[2]) != 0 || lchown(f[2], uid, uid) != 0) die(f[2]);
+        } else if (strcmp(f[0], "node") == 0 && n == 3) {
+            char dev[64];
+            struct stat st;
+            snprintf(dev, sizeof dev, "/dev/%.40s", f[1]);
+            if (strchr(f[1], '/') != NULL || stat(dev, &st) != 0 || !S_ISCHR(st.st_mode)) { errno = EINVAL; die(dev); }
+            if (mknod(f[2], S_IFCHR | 0666, st.st_rdev) != 0) die(f[2]);
+        } else if (strcmp(f[0], "bind") == 0 && n == 3) {
+            bind_ro(f[1], f[2]);
+        } else if (strcmp(f[0], "ro") == 0 && n >= 2) {
+            unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
+            if (n > 2) {
+                flags |= take_flags(f[2]);
+                if (f[2][0] != '\0') { errno = EINVAL; die("mount table"); }
+            }
+            if (mount(NULL, f[1], NULL, flags, NULL) != 0) die(f[1]);
+        } else if (n == 4) {
+            int own;
+            unsigned long flags;
+            if (take_opt(f[3], "X-mount.mkdir") && mkdir(f[1], 0755) != 0 && errno != EEXIST) die("mkdir");
+            own = take_opt(f[3], "X-mayura.own");
+            flags = take_flags(f[3]);
+            if (mount(f[0], f[1], f[2], flags, f[3]) != 0) die("mount");
+            if (own && chown(f[1], uid, uid) != 0) die("chown");
+        } else {
+            errno = EINVAL;
+            die("mount table");
+        }
     }
+    umask(mask);
 }
 
 /* Puts a pipe holding `text` and a newline on descriptor `target`. */
@@ -173,13 +288,8 @@ static void stage(char **argv) {
     if (cg != NULL) join_cgroups(cg);
     (void)write_file("/proc/self/oom_adj", "-17");
     if (table != NULL) {
-        const char *dir = env("MAYURA_STAGE");
-        char root[4096], w[4096];
-        if (dir == NULL || uid_s == NULL) { errno = EINVAL; die("MAYURA_STAGE"); }
-        mount_table(table);
-        snprintf(root, sizeof root, "%s/root", dir);
-        snprintf(w, sizeof w, "%s/w", dir);
-        if (chown(root, uid, uid) != 0 || chown(w, uid, uid) != 0) die("chown");
+        if (uid_s == NULL) { errno = EINVAL; die("MAYURA_UID"); }
+        mount_table(table, uid);
         if (chdir("/") != 0) die("chdir");
     }
     if (uid_s != NULL) {

@@ -98,6 +98,74 @@ describe('mayura-launch', function()
     assert.are.equal('1299999\n1299999\n1299999\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n', res.stdout)
   end)
 
+  -- a mount table of the steps that build a sandbox's root, in a directory of the spec's own
+  local function table_case(lines)
+    local dir = '/tmp/mayura-spec-root-' .. require('mayura.sandbox._host').random_hex(4)
+    assert(uv.fs_mkdir(dir, tonumber('700', 8)))
+    local path = dir .. '.table'
+    local f = assert(io.open(path, 'wb'))
+    f:write((table.concat(lines, '\n'):gsub('R', dir)) .. '\n')
+    f:close()
+    return dir, path
+  end
+
+  local function clean(dir, path)
+    os.remove(path)
+    assert(uv.fs_rmdir(dir))   -- empty: what was mounted and made there went with the namespace
+  end
+
+  it('builds a root from its table: files, the agent, links, device nodes, read-only binds', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local dir, path = table_case({
+      'mayura R tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,nodev,X-mayura.own 0 0',
+      'dir R/etc', 'file R/etc/passwd 1', 'file R/etc/empty 2', 'agent R/agent', 'link usr/bin R/bin',
+      'bind /usr R/usr', 'bind /etc/hostname R/hostname',
+      'mayura R/dev tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,X-mount.mkdir 0 0', 'node null R/dev/null',
+      'ro R/dev nosuid',
+      'mayura R/w tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0',
+      'ro R nosuid,nodev',
+    })
+    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path, MAYURA_ETC_1 = 'one\ntwo' },
+      { '/bin/sh', '-c', 'cd ' .. dir .. ' && cat etc/passwd etc/empty agent && echo && ' ..
+        'stat -c "%n %a %u" . etc etc/passwd agent w && readlink bin && test -c dev/null && echo > dev/null && ' ..
+        'test -x usr/bin/env && touch x w/y usr/z dev/x 2>&1 | grep -c "Read-only"; ' ..
+        'grep " ' .. dir .. '[/ ]" /proc/self/mountinfo | cut -d" " -f5,6; umask' },
+      'AGENT')
+    assert.are.equal(0, res.exit_code, res.stderr)
+    assert.are.equal(table.concat({
+      'one', 'two', '', 'AGENT',
+      '. 755 1299998', 'etc 755 1299998', 'etc/passwd 644 1299998', 'agent 555 1299998', 'w 755 1299998',
+      'usr/bin', '3',
+      dir .. ' ro,nosuid,nodev,relatime', dir .. '/usr ro,nosuid,nodev,relatime',
+      dir .. '/hostname ro,nosuid,nodev,relatime', dir .. '/dev ro,nosuid,relatime', dir .. '/w rw,nosuid,nodev,relatime',
+      '0022', '' }, '\n'),
+      res.stdout)
+    clean(dir, path)
+  end)
+
+  it('refuses a mount table with a bad step, and runs nothing', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local head = 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0'
+    -- a table past 32 KiB, each of its steps good on its own (as the shorter table shows)
+    local big = ('\nro R'):rep(1000)
+    local dir, path = table_case({ head, ('ro R'):rep(500, '\n') })
+    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+    assert.are.same({ 0, 'ran\n' }, { res.exit_code, res.stdout })
+    clean(dir, path)
+    for _, bad in ipairs({
+      'node sda R/sda', 'node ../etc/passwd R/p', 'node loop0 R/l',          -- not a character device of /dev
+      'file R/x 1\nfile R/x 1', 'link /etc/passwd R/l\nfile R/l 1',         -- never over what is there
+      'dir R/d\ndir R/d', 'ro R bogus', 'ro R nosuid,ro,exec', 'mkdir R/x', 'dir', 'file R/x',
+      'bind /no/such/path R/x', 'mayura R/t tmpfs', big,
+    }) do
+      dir, path = table_case({ head, bad })
+      res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+      assert.are.equal(125, res.exit_code, bad:sub(1, 60))
+      assert.are.equal('', res.stdout)
+      clean(dir, path)
+    end
+  end)
+
   it('ends the sandbox at its lifetime and when the host closes its control socket', function()
     -- the shell stands for bubblewrap (the first process): killed, it never says "late"
     local res = launch({ MAYURA_LIFE = '0.300' }, { '/bin/sh', '-c', 'sleep 30; echo late' }, '', function() end)

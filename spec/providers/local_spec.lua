@@ -88,6 +88,36 @@ describe('isolation of a local sandbox', function()
     assert.is_nil(io.open('/usr/mayura-escape', 'r'))
   end)
 
+  -- (as root the launcher builds the whole tree and bubblewrap binds it as one; else bubblewrap
+  -- makes it: the same tree either way)
+  it('gets a tree read-only but for its tmpfs, each without suid or devices, with working devices', function()
+    local r = sh(sb, 'cut -d" " -f5,6 /proc/self/mountinfo')
+    assert.are.equal(0, r.exit_code)
+    local opts = {}
+    for point, o in r.stdout:gmatch('(%S+) (%S+)\n') do opts[point] = ',' .. o .. ',' end
+    for _, point in ipairs({ '/', '/usr', '/etc/ld.so.cache' }) do
+      assert.is_truthy(opts[point] and opts[point]:find(',ro,', 1, true), point .. ' ' .. tostring(opts[point]))
+    end
+    -- /dev is a read-only mount of its own, or a directory of the read-only root
+    assert.is_truthy(not opts['/dev'] or opts['/dev']:find(',ro,', 1, true), tostring(opts['/dev']))
+    for _, point in ipairs({ '/workspace', '/tmp', '/dev/shm' }) do
+      assert.is_truthy(opts[point] and opts[point]:find(',rw,', 1, true), point .. ' ' .. tostring(opts[point]))
+      assert.is_truthy(opts[point]:find(',nodev,', 1, true), point .. ' ' .. opts[point])
+    end
+    for point, o in pairs(opts) do assert.is_truthy(o:find(',nosuid,', 1, true), point .. ' ' .. o) end
+    -- nothing new in /, /etc or /dev, no host file changed, no mount made writable
+    r = sh(sb, 'touch /etc/x /dev/x /x 2>/dev/null && echo made; echo x >> /etc/passwd 2>/dev/null && echo wrote; ' ..
+      'mount -o remount,rw / 2>/dev/null && echo remounted; mount -o remount,rw /dev 2>/dev/null && echo remounted; ' ..
+      'umount /etc/ld.so.cache 2>/dev/null && echo unmounted; true')
+    assert.are.equal('', r.stdout)
+    r = sh(sb, 'echo x > /dev/null && echo null; head -c 3 /dev/zero | od -An -tx1; ' ..
+      'head -c 16 /dev/urandom | wc -c; echo x > /dev/full 2>/dev/null || echo full; ' ..
+      'exec 3<>/dev/ptmx && echo ptmx; ls /dev/pts | grep -c ptmx; readlink /dev/fd /dev/stdin; ' ..
+      'stat -c "%a %U" /workspace; ls -A /.mayura; test -x /.mayura/agent && echo agent')
+    assert.are.equal('null\n 00 00 00\n16\nfull\nptmx\n1\n/proc/self/fd\n/proc/self/fd/0\n755 sandbox\nagent\nagent\n',
+      r.stdout)
+  end)
+
   it('cannot reach a TCP server listening on the host, by address or name', function()
     local server = uv.new_tcp()
     server:bind('127.0.0.1', 0)

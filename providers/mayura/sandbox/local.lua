@@ -207,8 +207,10 @@ local ETC_NAMES = { 'passwd', 'group', 'hosts', 'resolv.conf', 'nsswitch.conf' }
 -- Parts of the host's /etc that hold no secrets and that programs need.
 local ETC_HOST = { 'alternatives', 'ld.so.cache', 'localtime', 'ssl/certs', 'ca-certificates' }
 
--- The device nodes of the sandbox's /dev (binds of the host's).
+-- The device nodes of the sandbox's /dev (binds of the host's, or like them), and its links.
 local DEVICES = { 'null', 'zero', 'full', 'random', 'urandom', 'tty' }
+local DEV_LINKS = { { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, { '/proc/self/fd/1', 'stdout' },
+  { '/proc/self/fd/2', 'stderr' }, { 'pts/ptmx', 'ptmx' } }
 
 -- Run as root, the launcher mounts the sandbox's file systems here, in a mount namespace of its
 -- own: the host sees only an empty directory owned by root.
@@ -251,22 +253,78 @@ local function tmpfs_options(bytes, mode)
   return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
 end
 
--- The mount table of the provider's sandboxes (made once per provider, as root, in STAGE: root's
--- alone; named by what it holds, so providers with the same sizes share one). Its path, or nil.
--- mount(8) reads it whole before it mounts the first line (a small tmpfs over STAGE, in which the
--- others make their directories) and so hides it.
-local function make_fstab(agent_bytes, workspace_mib, tmp_mib)
-  local uv = require('luv')
-  local lines = {
+-- The mount table of the provider's sandboxes whose tree bubblewrap makes (with an image, or from
+-- the launcher shell): their file systems under STAGE. mount(8) (and mayura-launch) read it whole
+-- before the first line mounts a small tmpfs over STAGE (in which the others make their
+-- directories), and so hide it. X-mayura.own: mayura-launch gives that root to the sandbox's uid
+-- (mount(8) leaves X- options alone; the launcher shell chowns them itself).
+local function fstab_lines(agent_bytes, workspace_mib, tmp_mib)
+  return {
     ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
-    ('mayura %s/root tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(agent_bytes + MIB, '0755')),
-    ('mayura %s/w tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(workspace_mib * MIB, '0755')),
+    ('mayura %s/root tmpfs %s,X-mount.mkdir,X-mayura.own 0 0'):format(STAGE, tmpfs_options(agent_bytes + MIB, '0755')),
+    ('mayura %s/w tmpfs %s,X-mount.mkdir,X-mayura.own 0 0'):format(STAGE, tmpfs_options(workspace_mib * MIB, '0755')),
     ('mayura %s/t tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
     ('mayura %s/s tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
     ('devpts %s/pts devpts newinstance,ptmxmode=0666,mode=0620,X-mount.mkdir 0 0'):format(STAGE),
   }
+end
+
+-- The mount table with which mayura-launch builds the whole root of a sandbox without an image
+-- (launcher/launch.c's steps), for bubblewrap to bind as one: bubblewrap's own binds each read
+-- the mount table back and remount what they bound, a cost that grows with every bind. The same
+-- tree bubblewrap would make: /usr and the host's /etc files bound read-only, copies of the /etc
+-- texts and of the agent, device nodes of its own, capped tmpfs for /dev/shm, /tmp and the
+-- workspace; then the root and /dev read-only. Mounts made in the host's user namespace come into
+-- the sandbox's locked: it cannot make them writable, nor take them off.
+local function root_lines(p, agent_bytes, workspace_mib, tmp_mib)
+  local R = STAGE .. '/root'
+  local lines = {
+    ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
+    ('mayura %s tmpfs %s,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0'):format(R,
+      tmpfs_options(agent_bytes + MIB, '0755')),
+  }
+  local function add(...) lines[#lines + 1] = table.concat({ ... }, ' ') end
+  add('bind', '/usr', R .. '/usr')
+  for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
+    local t = p.root_links[d]
+    if t == 'symlink' then add('link', 'usr/' .. d, R .. '/' .. d)
+    elseif t == 'directory' then add('bind', '/' .. d, R .. '/' .. d) end
+  end
+  add('dir', R .. '/etc')
+  for i, name in ipairs(ETC_NAMES) do add('file', R .. '/etc/' .. name, tostring(i)) end
+  local made = {}
+  for _, name in ipairs(ETC_HOST) do
+    if p.etc_host[name] then
+      local parent = name:match('^(.+)/[^/]+$')
+      if parent and not made[parent] then
+        made[parent] = true
+        add('dir', R .. '/etc/' .. parent)
+      end
+      add('bind', '/etc/' .. name, R .. '/etc/' .. name)
+    end
+  end
+  add('dir', R .. '/.mayura')
+  add('agent', R .. AGENT_PATH)
+  add('dir', R .. '/proc')
+  add(('mayura %s/dev tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,X-mount.mkdir 0 0'):format(R))
+  for _, d in ipairs(DEVICES) do add('node', d, R .. '/dev/' .. d) end
+  for _, l in ipairs(DEV_LINKS) do add('link', l[1], R .. '/dev/' .. l[2]) end
+  add(('devpts %s/dev/pts devpts newinstance,ptmxmode=0666,mode=0620,nosuid,noexec,X-mount.mkdir 0 0'):format(R))
+  add(('mayura %s/dev/shm tmpfs %s,nosuid,nodev,X-mount.mkdir 0 0'):format(R, tmpfs_options(tmp_mib * MIB, '1777')))
+  add('ro', R .. '/dev', 'nosuid')
+  add(('mayura %s/tmp tmpfs %s,nosuid,nodev,X-mount.mkdir 0 0'):format(R, tmpfs_options(tmp_mib * MIB, '1777')))
+  add(('mayura %s%s tmpfs %s,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0'):format(R, WORKDIR,
+    tmpfs_options(workspace_mib * MIB, '0755')))
+  add('ro', R, 'nosuid,nodev')
+  return lines
+end
+
+-- Writes a mount table (root's alone, in STAGE, named `name`: providers with the same table share
+-- it) unless it is there already. Its path, or nil.
+local function write_table(name, lines)
+  local uv = require('luv')
   local text = table.concat(lines, '\n') .. '\n'
-  local path = ('%s/fstab.%d.%d.%d'):format(STAGE, agent_bytes, workspace_mib, tmp_mib)
+  local path = STAGE .. '/' .. name
   local st = lstat(path)
   if st and st.type == 'file' and st.uid == 0 and read_plain(path) == text then return path end
   local tmp = path .. '.' .. random_hex(4)
@@ -559,6 +617,11 @@ local function online(spec)
   return spec.network == 'all' or type(spec.network) == 'table'
 end
 
+-- Whether mayura-launch builds the sandbox's whole root (root_lines), bubblewrap binding it as one.
+local function builds_root(p, spec)
+  return p.root_table ~= nil and not (spec.image or p.image)
+end
+
 local function bwrap_argv(p, spec)
   local a = { p.bwrap,
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
@@ -574,6 +637,12 @@ local function bwrap_argv(p, spec)
   if online(spec) then add('--info-fd', tostring(INFO_FD)) end
   local image = spec.image or p.image
   local staged = p.staged    -- the launcher mounts the file systems under STAGE
+  if builds_root(p, spec) then
+    -- read-only and locked already: bubblewrap adds /proc, in the sandbox's pid namespace
+    add('--dev-bind', STAGE .. '/root', '/', '--proc', '/proc', '--chdir', '/')
+    add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
+    return a
+  end
   if image then
     add('--ro-bind', image, '/')
   else
@@ -602,10 +671,7 @@ local function bwrap_argv(p, spec)
     -- bubblewrap's --dev would be a tmpfs naming the host uid
     add('--dir', '/dev')
     for _, d in ipairs(DEVICES) do add('--dev-bind', '/dev/' .. d, '/dev/' .. d) end
-    for _, l in ipairs({ { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, { '/proc/self/fd/1', 'stdout' },
-        { '/proc/self/fd/2', 'stderr' }, { 'pts/ptmx', 'ptmx' } }) do
-      add('--symlink', l[1], '/dev/' .. l[2])
-    end
+    for _, l in ipairs(DEV_LINKS) do add('--symlink', l[1], '/dev/' .. l[2]) end
     add('--dev-bind', STAGE .. '/pts', '/dev/pts')
   else
     add('--dev', '/dev')
@@ -648,7 +714,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
   -- the shell launcher's steps (mayura-launch, launcher/launch.c, takes them in one program)
   if not p.launch_bin then env.MAYURA_START = START end
   if not (spec.image or p.image) then
-    env.MAYURA_ETC_FDS = '1'
+    -- on descriptors for bubblewrap's --file, unless the launcher writes them into the root
+    if not builds_root(p, spec) then env.MAYURA_ETC_FDS = '1' end
     -- a here-document ends its text with a newline of its own
     for i, name in ipairs(ETC_NAMES) do
       local text = ETC[name]
@@ -661,7 +728,7 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
   if online(spec) then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
   if p.staged then
-    env.MAYURA_MOUNT = p.fstab
+    env.MAYURA_MOUNT = builds_root(p, spec) and p.root_table or p.fstab
     env.MAYURA_STAGE = STAGE
   end
   return env
@@ -1150,8 +1217,15 @@ function M.local_sandboxes(options)
   end
   -- prepared once: the launchers' mount table
   if p.staged then
-    p.fstab = make_fstab(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib)
+    local sizes = ('%d.%d.%d'):format(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib)
+    p.fstab = write_table('fstab.' .. sizes, fstab_lines(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib,
+      p.tmp_mib))
     p.staged = p.fstab ~= nil
+    -- mayura-launch builds the whole root of a sandbox without an image
+    if p.staged and p.launch_bin then
+      p.root_table = write_table('root.' .. sizes, root_lines(p, #(p.agent_host_bytes or p.agent_bytes),
+        p.workspace_mib, p.tmp_mib))
+    end
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
   p.enforced = {
