@@ -6,6 +6,7 @@
 
 static pid_t spawner_pid = -1;   /* the helper that starts commands under the filter, or -1 */
 static int spawner_fd = -1;
+static int spawner_unconfirmed;   /* started, its word that the filter is on not read yet */
 
 /* Whether pid was the spawner, reaped (killed from the sandbox): commands are forked by the agent
 ** from now on. */
@@ -346,15 +347,19 @@ void spawner_start(void) {
     }
     spawner_pid = pid;
     spawner_fd = sv[0];
-    {
-        /* it says when its filter is on; one that cannot install it is not used */
-        char ready = 0;
-        int64_t deadline = now_ms() + SPAWN_WAIT_MS;
-        ssize_t n;
-        while ((n = read(spawner_fd, &ready, 1)) < 0 && (errno == EINTR ||
-               (errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0))) {}
-        if (n != 1 || ready != 'R') spawner_stop();
-    }
+    spawner_unconfirmed = 1;   /* its word is read before its first job, not before the hello */
+}
+
+/* The helper says when its filter is on; one that cannot install it is not used. */
+static void spawner_confirm(void) {
+    char ready = 0;
+    int64_t deadline = now_ms() + SPAWN_WAIT_MS;
+    ssize_t n;
+    spawner_unconfirmed = 0;
+    if (spawner_fd < 0) return;
+    while ((n = read(spawner_fd, &ready, 1)) < 0 && (errno == EINTR ||
+           (errno == EAGAIN && wait_fd(spawner_fd, POLLIN, deadline) == 0))) {}
+    if (n != 1 || ready != 'R') spawner_stop();
 }
 
 /*
@@ -392,6 +397,7 @@ static pid_t spawner_run(char **argv, char **envp, const char *cwd, int in_fd, i
     int32_t answer;
     int64_t deadline = now_ms() + SPAWN_WAIT_MS;
     ssize_t n;
+    if (spawner_unconfirmed) spawner_confirm();
     if (spawner_fd < 0) return -2;
     memset(&h, 0, sizeof h);
     for (i = 0; argv[i] != NULL; i++, h.argc++) len += strlen(argv[i]) + 1;
