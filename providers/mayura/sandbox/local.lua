@@ -319,12 +319,13 @@ local function root_lines(p, agent_bytes, workspace_mib, tmp_mib)
   return lines
 end
 
--- Writes a mount table (root's alone, in STAGE, named `name`: providers with the same table share
--- it) unless it is there already. Its path, or nil.
-local function write_table(name, lines)
+-- Writes a mount table (root's alone, in STAGE, named by its kind and its text's checksum: providers
+-- with the same table share it, and no two versions of this code take each other's) unless it is
+-- there already. Its path, or nil.
+local function write_table(kind, lines)
   local uv = require('luv')
   local text = table.concat(lines, '\n') .. '\n'
-  local path = STAGE .. '/' .. name
+  local path = ('%s/%s.%08x'):format(STAGE, kind, core.crc32(text))
   local st = lstat(path)
   if st and st.type == 'file' and st.uid == 0 and read_plain(path) == text then return path end
   local tmp = path .. '.' .. random_hex(4)
@@ -1217,14 +1218,12 @@ function M.local_sandboxes(options)
   end
   -- prepared once: the launchers' mount table
   if p.staged then
-    local sizes = ('%d.%d.%d'):format(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib)
-    p.fstab = write_table('fstab.' .. sizes, fstab_lines(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib,
-      p.tmp_mib))
+    local agent_size = #(p.agent_host_bytes or p.agent_bytes)
+    p.fstab = write_table('fstab', fstab_lines(agent_size, p.workspace_mib, p.tmp_mib))
     p.staged = p.fstab ~= nil
     -- mayura-launch builds the whole root of a sandbox without an image
     if p.staged and p.launch_bin then
-      p.root_table = write_table('root.' .. sizes, root_lines(p, #(p.agent_host_bytes or p.agent_bytes),
-        p.workspace_mib, p.tmp_mib))
+      p.root_table = write_table('root', root_lines(p, agent_size, p.workspace_mib, p.tmp_mib))
     end
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
