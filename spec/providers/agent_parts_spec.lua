@@ -87,7 +87,7 @@ describe('files in parts through the agent', function()
         return reply
       end
     end
-    for _, size in ipairs({ 2 ^ 60, 1 / 0, 1048576 * 3.5 }) do
+    for _, size in ipairs({ 2 ^ 60, 1 / 0, 1048576 * 3.5, 1024 * 1048576 }) do
       -- through the backend itself, with no max_bytes, and through the sandbox, with its max: the
       -- size only tells one file from another, so the bytes that came are the file
       lying(size)

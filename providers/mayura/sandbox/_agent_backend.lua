@@ -210,9 +210,15 @@ local function file_changed()
   return errors.sandbox('failed', 'the file kept changing while it was read')
 end
 
+-- LuaJIT's string buffers (nil elsewhere). LuaJIT's `..` copies its operands into a buffer of its
+-- own before the string: with one of these, sized ahead, each part is copied in as it comes, in
+-- the step that received it, and the step that ends the read copies the file once.
+local string_buffer = rawget(_G, 'jit') and select(2, pcall(require, 'string.buffer'))
+if type(string_buffer) ~= 'table' then string_buffer = nil end
+
 -- One pass of read_parts: the file's bytes, nil when missing, or false when it changed in between.
 local function read_pass(self, path, max)
-  local parts, got, first = {}, 0, nil
+  local parts, got, first, buf = {}, 0, nil, nil
   while true do
     local reply = self:call({ op = 'read', path = path, max_bytes = max, offset = got, length = M.FILE_PART_BYTES })
     if reply.missing then return got > 0 and false or nil end
@@ -227,18 +233,24 @@ local function read_pass(self, path, max)
       -- ahead (the size is the agent's word: only one that could be read is taken as a hint)
       if not reply.eof and reply.size >= M.FILE_PART_BYTES and reply.size <= (max or M.MAX_FRAME_BYTES) then
         core.expect_bytes(math.floor(reply.size))
+        -- (sized for at most 64 MiB ahead: past that it grows as the parts come)
+        if string_buffer then
+          local ok, b = pcall(string_buffer.new, math.min(math.floor(reply.size), 64 * MIB))
+          buf = ok and b or nil
+        end
       end
     elseif reply.size ~= first.size or reply.ino ~= first.ino or reply.mtime_ns ~= first.mtime_ns then
       return false
     end
     got = got + #reply.data
     if max and got > max then error(M.reply_error({ error = 'too_large' }, 'the file'), 0) end
-    parts[#parts + 1] = reply.data
+    if buf then buf:put(reply.data) else parts[#parts + 1] = reply.data end
     if reply.eof then
       -- the copy of a large file into one string cannot be cut: under a host's budget it begins a step
-      if #parts < 4 then return join(parts) end
+      if not buf and #parts < 4 then return join(parts) end
       task.fresh_step(0.25)
-      local data = join(parts)
+      local data = buf and buf:tostring() or join(parts)
+      if buf then buf:free() end
       core.end_step()   -- nothing more piles onto this frame
       return data
     end
