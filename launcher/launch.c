@@ -170,12 +170,19 @@ static void new_file(const char *path, const char *n_s, mode_t mode, uid_t uid) 
     if (close(fd) != 0) die(path);
 }
 
-/* A read-only bind of `src` (not what is mounted under it) at `path`, a new directory or an
-** empty file as `src` is one. */
-static void bind_ro(const char *src, const char *path) {
-    struct stat st;
+/* A read-only bind of `src` (not what is mounted under it) at `path`: a new directory or an empty
+** file as `src` is one or, `over`, the regular file or directory of that kind at `path` (never a
+** link). */
+static void bind_ro(const char *src, const char *path, int over) {
+    struct stat st, at;
     if (stat(src, &st) != 0) die(src);
-    if (S_ISDIR(st.st_mode)) {
+    if (over) {
+        if (lstat(path, &at) != 0) die(path);
+        if (!(S_ISDIR(st.st_mode) ? S_ISDIR(at.st_mode) : S_ISREG(at.st_mode) && S_ISREG(st.st_mode))) {
+            errno = EINVAL;
+            die(path);
+        }
+    } else if (S_ISDIR(st.st_mode)) {
         if (mkdir(path, 0755) != 0) die(path);
     } else {
         int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
@@ -197,6 +204,7 @@ static void bind_ro(const char *src, const char *path) {
 **   link TARGET PATH   a symbolic link
 **   node NAME PATH     a device node like /dev/NAME (a character device), 0666
 **   bind SRC PATH      SRC bound read-only, nosuid, nodev (not what is mounted under it)
+**   over SRC PATH      the same over what is at PATH: a directory, or a regular file (not a link)
 **   ro PATH [FLAGS]    the mount at PATH read-only, with FLAGS (nosuid, nodev, noexec) and no others
 ** Any failure: exit 125 (the namespace, and all that is mounted in it, ends with the process).
 */
@@ -237,8 +245,8 @@ static void mount_table(const char *table, uid_t uid) {
             snprintf(dev, sizeof dev, "/dev/%.40s", f[1]);
             if (strchr(f[1], '/') != NULL || stat(dev, &st) != 0 || !S_ISCHR(st.st_mode)) { errno = EINVAL; die(dev); }
             if (mknod(f[2], S_IFCHR | 0666, st.st_rdev) != 0) die(f[2]);
-        } else if (strcmp(f[0], "bind") == 0 && n == 3) {
-            bind_ro(f[1], f[2]);
+        } else if ((strcmp(f[0], "bind") == 0 || strcmp(f[0], "over") == 0) && n == 3) {
+            bind_ro(f[1], f[2], f[0][0] == 'o');
         } else if (strcmp(f[0], "ro") == 0 && n >= 2) {
             unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY;
             if (n > 2) {

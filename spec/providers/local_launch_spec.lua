@@ -119,6 +119,7 @@ describe('mayura-launch', function()
     local dir, path = table_case({
       'mayura R tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,nodev,X-mayura.own 0 0',
       'dir R/etc', 'file R/etc/passwd 1', 'file R/etc/empty 2', 'agent R/agent', 'link usr/bin R/bin',
+      'file R/etc/over 1', 'over /etc/hostname R/etc/over',
       'bind /usr R/usr', 'bind /etc/hostname R/hostname',
       'mayura R/dev tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,X-mount.mkdir 0 0', 'node null R/dev/null',
       'ro R/dev nosuid',
@@ -127,6 +128,7 @@ describe('mayura-launch', function()
     })
     local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path, MAYURA_ETC_1 = 'one\ntwo' },
       { '/bin/sh', '-c', 'cd ' .. dir .. ' && cat etc/passwd etc/empty agent && echo && ' ..
+        'cmp etc/over /etc/hostname && ' ..
         'stat -c "%n %a %u" . etc etc/passwd agent w && readlink bin && test -c dev/null && echo > dev/null && ' ..
         'test -x usr/bin/env && touch x w/y usr/z dev/x 2>&1 | grep -c "Read-only"; ' ..
         'grep " ' .. dir .. '[/ ]" /proc/self/mountinfo | cut -d" " -f5,6; umask' },
@@ -136,8 +138,9 @@ describe('mayura-launch', function()
       'one', 'two', '', 'AGENT',
       '. 755 1299998', 'etc 755 1299998', 'etc/passwd 644 1299998', 'agent 555 1299998', 'w 755 1299998',
       'usr/bin', '3',
-      dir .. ' ro,nosuid,nodev,relatime', dir .. '/usr ro,nosuid,nodev,relatime',
-      dir .. '/hostname ro,nosuid,nodev,relatime', dir .. '/dev ro,nosuid,relatime', dir .. '/w rw,nosuid,nodev,relatime',
+      dir .. ' ro,nosuid,nodev,relatime', dir .. '/etc/over ro,nosuid,nodev,relatime',
+      dir .. '/usr ro,nosuid,nodev,relatime', dir .. '/hostname ro,nosuid,nodev,relatime',
+      dir .. '/dev ro,nosuid,relatime', dir .. '/w rw,nosuid,nodev,relatime',
       '0022', '' }, '\n'),
       res.stdout)
     clean(dir, path)
@@ -157,6 +160,7 @@ describe('mayura-launch', function()
       'file R/x 1\nfile R/x 1', 'link /etc/passwd R/l\nfile R/l 1',         -- never over what is there
       'dir R/d\ndir R/d', 'ro R bogus', 'ro R nosuid,ro,exec', 'mkdir R/x', 'dir', 'file R/x',
       'bind /no/such/path R/x', 'mayura R/t tmpfs', big,
+      'link /etc/hostname R/l\nover /etc/hostname R/l', 'dir R/d\nover /etc/hostname R/d', 'over /etc/hostname R/x',
     }) do
       dir, path = table_case({ head, bad })
       res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')

@@ -189,6 +189,59 @@ describe('isolation of a local sandbox', function()
     assert.is_not_nil(io.open('/etc/hostname', 'r'))
   end)
 
+  -- A root file system directory with a static busybox and none of the sandbox's mount points
+  -- (no /dev, /proc, /tmp or agent directory; a /workspace and a /dev of its own to be hidden).
+  local function busybox_root()
+    local bin
+    for _, b in ipairs({ '/bin/busybox', '/usr/bin/busybox' }) do
+      local r = require('mayura.process').run({ 'ldd', b })
+      if uv.fs_stat(b) and r.exit_code ~= 0 then bin = b; break end   -- static: ldd refuses it
+    end
+    if not bin then return nil end
+    local dir = util.tmpdir()
+    local root = dir .. '/root'
+    for _, d in ipairs({ '', '/bin', '/etc', '/workspace', '/var' }) do assert(uv.fs_mkdir(root .. d, tonumber('755', 8))) end
+    assert(uv.fs_copyfile(bin, root .. '/bin/busybox'))
+    assert(uv.fs_chmod(root .. '/bin/busybox', tonumber('755', 8)))
+    for _, applet in ipairs({ 'sh', 'cat', 'ls', 'touch', 'readlink', 'echo', 'id' }) do
+      assert(uv.fs_symlink('busybox', root .. '/bin/' .. applet))
+    end
+    assert(uv.fs_symlink('bin', root .. '/sbin'))
+    for path, text in pairs({ ['/etc/resolv.conf'] = 'nameserver 192.0.2.53\n', ['/data.txt'] = 'from the image\n',
+        ['/workspace/hidden'] = 'x', ['/dev'] = 'not a directory' }) do
+      local f = assert(io.open(root .. path, 'wb'))
+      f:write(text)
+      f:close()
+    end
+    return dir, root
+  end
+
+  it('runs an image: a root directory without its mount points, read-only, its workspace its own', function()
+    local dir, root = busybox_root()
+    if not dir then return pending('needs a static busybox (busybox-static; scripts/docker-setup.sh installs it)') end
+    local img = pool:create({ lifetime_ms = 60000, image = root })
+    local r = img:exec({ 'sh', '-c', 'cat /data.txt /etc/resolv.conf; readlink /sbin; ls -A /workspace; ' ..
+      'ls /dev | grep -c "^null$"; touch /data.txt /bin/x /etc/x 2>/dev/null || echo read-only; id -u' })
+    assert.are.equal('from the image\nnameserver 192.0.2.53\nbin\n1\nread-only\n1000\n', r.stdout, r.stderr)
+    img:write_file('/workspace/a.txt', 'mine')
+    assert.are.equal('mine', img:read_file('/workspace/a.txt'))
+    img:release()
+    -- with 'all' the stack's resolver stands in for the image's, whose file stays as it was
+    if provider.features.network[2] == 'all' then
+      img = pool:create({ lifetime_ms = 60000, image = root, network = 'all' })
+      r = img:exec({ 'cat', '/etc/resolv.conf' })
+      assert.are.equal(0, r.exit_code)
+      assert.is_nil(r.stdout:find('192.0.2.53', 1, true))
+      assert.matches('^nameserver ', r.stdout)
+      img:release()
+    end
+    local f = assert(io.open(root .. '/etc/resolv.conf', 'rb'))
+    assert.are.equal('nameserver 192.0.2.53\n', f:read('a'))
+    f:close()
+    assert.is_nil(uv.fs_stat(root .. '/.mayura'))
+    util.rmdir(dir)
+  end)
+
   it('fills /tmp and the workspace only up to their caps, and goes on working', function()
     local r = sh(sb, 'head -c 64m /dev/zero > /tmp/fill; echo rc=$?; df -k /tmp | tail -1')
     assert.matches('rc=1', r.stdout)

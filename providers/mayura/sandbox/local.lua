@@ -269,14 +269,16 @@ local function fstab_lines(agent_bytes, workspace_mib, tmp_mib)
   }
 end
 
--- The mount table with which mayura-launch builds the whole root of a sandbox without an image
--- (launcher/launch.c's steps), for bubblewrap to bind as one: bubblewrap's own binds each read
--- the mount table back and remount what they bound, a cost that grows with every bind. The same
--- tree bubblewrap would make: /usr and the host's /etc files bound read-only, copies of the /etc
--- texts and of the agent, device nodes of its own, capped tmpfs for /dev/shm, /tmp and the
--- workspace; then the root and /dev read-only. Mounts made in the host's user namespace come into
--- the sandbox's locked: it cannot make them writable, nor take them off.
-local function root_lines(p, agent_bytes, workspace_mib, tmp_mib)
+-- The mount table with which mayura-launch builds the whole root of a sandbox (launcher/launch.c's
+-- steps), for bubblewrap to bind as one: bubblewrap's own binds each read the mount table back
+-- and remount what they bound, a cost that grows with every bind. Without an image, the same tree
+-- bubblewrap would make: /usr and the host's /etc files bound read-only, copies of the /etc texts;
+-- with one, each entry of the image's top directory bound read-only (its links made alike), so an
+-- image needs no mount point of ours. Then the agent's copy, device nodes of its own, capped tmpfs
+-- for /dev/shm, /tmp and the workspace; the root and /dev read-only. Mounts made in the host's user
+-- namespace come into the sandbox's locked: it cannot make them writable, nor take them off.
+-- `tree(add, R)` adds the steps of the root's own entries.
+local function built_lines(agent_bytes, workspace_mib, tmp_mib, tree)
   local R = STAGE .. '/root'
   local lines = {
     ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
@@ -284,25 +286,7 @@ local function root_lines(p, agent_bytes, workspace_mib, tmp_mib)
       tmpfs_options(agent_bytes + MIB, '0755')),
   }
   local function add(...) lines[#lines + 1] = table.concat({ ... }, ' ') end
-  add('bind', '/usr', R .. '/usr')
-  for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
-    local t = p.root_links[d]
-    if t == 'symlink' then add('link', 'usr/' .. d, R .. '/' .. d)
-    elseif t == 'directory' then add('bind', '/' .. d, R .. '/' .. d) end
-  end
-  add('dir', R .. '/etc')
-  for i, name in ipairs(ETC_NAMES) do add('file', R .. '/etc/' .. name, tostring(i)) end
-  local made = {}
-  for _, name in ipairs(ETC_HOST) do
-    if p.etc_host[name] then
-      local parent = name:match('^(.+)/[^/]+$')
-      if parent and not made[parent] then
-        made[parent] = true
-        add('dir', R .. '/etc/' .. parent)
-      end
-      add('bind', '/etc/' .. name, R .. '/etc/' .. name)
-    end
-  end
+  tree(add, R)
   add('dir', R .. '/.mayura')
   add('agent', R .. AGENT_PATH)
   add('dir', R .. '/proc')
@@ -317,6 +301,80 @@ local function root_lines(p, agent_bytes, workspace_mib, tmp_mib)
     tmpfs_options(workspace_mib * MIB, '0755')))
   add('ro', R, 'nosuid,nodev')
   return lines
+end
+
+-- The tree of a sandbox without an image: the host's /usr, its links or directories beside it, and
+-- /etc (the texts copied, parts of the host's bound).
+local function host_tree(p)
+  return function(add, R)
+    add('bind', '/usr', R .. '/usr')
+    for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
+      local t = p.root_links[d]
+      if t == 'symlink' then add('link', 'usr/' .. d, R .. '/' .. d)
+      elseif t == 'directory' then add('bind', '/' .. d, R .. '/' .. d) end
+    end
+    add('dir', R .. '/etc')
+    for i, name in ipairs(ETC_NAMES) do add('file', R .. '/etc/' .. name, tostring(i)) end
+    local made = {}
+    for _, name in ipairs(ETC_HOST) do
+      if p.etc_host[name] then
+        local parent = name:match('^(.+)/[^/]+$')
+        if parent and not made[parent] then
+          made[parent] = true
+          add('dir', R .. '/etc/' .. parent)
+        end
+        add('bind', '/etc/' .. name, R .. '/etc/' .. name)
+      end
+    end
+  end
+end
+
+-- A name or link target a mount table line can hold (its fields are split at blanks).
+local function table_word(s)
+  return type(s) == 'string' and s ~= '' and not s:find('[%s%c]')
+end
+
+-- The entries of an image's top directory the sandbox gets, as { name, type, link target }, in
+-- order; nil when the image cannot go into a mount table (a blank in its path). What the sandbox
+-- has of its own (/dev, /proc, /tmp, the agent's directory, the workspace) is not taken from it,
+-- nor what is neither a directory, a file nor a link, nor a name a table cannot hold.
+local function image_entries(image)
+  local uv = require('luv')
+  if not table_word(image) then return nil end
+  local own = { dev = true, proc = true, tmp = true, ['.mayura'] = true, [WORKDIR:sub(2)] = true }
+  local dir = uv.fs_scandir(image)
+  if not dir then return nil end
+  local out = {}
+  while true do
+    local name, kind = uv.fs_scandir_next(dir)
+    if not name then break end
+    if not own[name] and table_word(name) then
+      local t = lstat_type(image .. '/' .. name)
+      local target = t == 'link' and uv.fs_readlink(image .. '/' .. name) or nil
+      if t == 'directory' or t == 'file' or (t == 'link' and table_word(target)) then
+        out[#out + 1] = { name, t, target }
+      end
+    end
+    local _ = kind
+  end
+  table.sort(out, function(a, b) return a[1] < b[1] end)
+  return out
+end
+
+-- The tree of a sandbox with an image: its top entries (image_entries); with 'all', the stack's
+-- resolver (MAYURA_ETC_4) over the image's resolv.conf when that is a file of a directory /etc.
+local function image_tree(image, entries, network_all)
+  return function(add, R)
+    for _, e in ipairs(entries) do
+      if e[2] == 'link' then add('link', e[3], R .. '/' .. e[1])
+      else add('bind', image .. '/' .. e[1], R .. '/' .. e[1]) end
+    end
+    if network_all and lstat_type(image .. '/etc') == 'directory'
+        and lstat_type(image .. '/etc/resolv.conf') == 'file' then
+      add('file', STAGE .. '/resolv.conf', '4')
+      add('over', STAGE .. '/resolv.conf', R .. '/etc/resolv.conf')
+    end
+  end
 end
 
 -- Writes a mount table (root's alone, in STAGE, named by its kind and its text's checksum: providers
@@ -618,12 +676,21 @@ local function online(spec)
   return spec.network == 'all' or type(spec.network) == 'table'
 end
 
--- Whether mayura-launch builds the sandbox's whole root (root_lines), bubblewrap binding it as one.
-local function builds_root(p, spec)
-  return p.root_table ~= nil and not (spec.image or p.image)
+-- The mount table from which mayura-launch builds the sandbox's whole root (built_lines),
+-- bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here, no
+-- mayura-launch, an image a table cannot name).
+local function built_table(p, spec)
+  if not p.root_table then return nil end
+  local image = spec.image or p.image
+  if not image then return p.root_table end
+  local entries = image_entries(image)
+  if not entries then return nil end
+  return write_table('image', built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
+    image_tree(image, entries, spec.network == 'all')))
 end
 
-local function bwrap_argv(p, spec)
+-- bubblewrap's arguments; `built`: the table of a tree mayura-launch builds (built_table).
+local function bwrap_argv(p, spec, built)
   local a = { p.bwrap,
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
     '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
@@ -638,7 +705,7 @@ local function bwrap_argv(p, spec)
   if online(spec) then add('--info-fd', tostring(INFO_FD)) end
   local image = spec.image or p.image
   local staged = p.staged    -- the launcher mounts the file systems under STAGE
-  if builds_root(p, spec) then
+  if built then
     -- read-only and locked already: bubblewrap adds /proc, in the sandbox's pid namespace
     add('--dev-bind', STAGE .. '/root', '/', '--proc', '/proc', '--chdir', '/')
     add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
@@ -700,8 +767,8 @@ local function bwrap_argv(p, spec)
   return a
 end
 
--- The launcher's environment for one sandbox.
-local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
+-- The launcher's environment for one sandbox (`built`: as for bwrap_argv).
+local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set, built)
   local life = spec.lifetime_ms + GRACE_MS
   local env = {
     PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
@@ -716,7 +783,7 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
   if not p.launch_bin then env.MAYURA_START = START end
   if not (spec.image or p.image) then
     -- on descriptors for bubblewrap's --file, unless the launcher writes them into the root
-    if not builds_root(p, spec) then env.MAYURA_ETC_FDS = '1' end
+    if not built then env.MAYURA_ETC_FDS = '1' end
     -- a here-document ends its text with a newline of its own
     for i, name in ipairs(ETC_NAMES) do
       local text = ETC[name]
@@ -724,12 +791,13 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set)
       env['MAYURA_ETC_' .. i] = (text:gsub('\n$', ''))
     end
   elseif spec.network == 'all' then
-    env.MAYURA_RESOLV = (NET_RESOLV:gsub('\n$', ''))
+    -- for bubblewrap's --ro-bind-data, or the launcher's `file` step (image_tree)
+    env[built and 'MAYURA_ETC_4' or 'MAYURA_RESOLV'] = (NET_RESOLV:gsub('\n$', ''))
   end
   if online(spec) then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
   if p.staged then
-    env.MAYURA_MOUNT = builds_root(p, spec) and p.root_table or p.fstab
+    env.MAYURA_MOUNT = built or p.fstab
     env.MAYURA_STAGE = STAGE
   end
   return env
@@ -1223,7 +1291,7 @@ function M.local_sandboxes(options)
     p.staged = p.fstab ~= nil
     -- mayura-launch builds the whole root of a sandbox without an image
     if p.staged and p.launch_bin then
-      p.root_table = write_table('root', root_lines(p, agent_size, p.workspace_mib, p.tmp_mib))
+      p.root_table = write_table('root', built_lines(agent_size, p.workspace_mib, p.tmp_mib, host_tree(p)))
     end
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
@@ -1269,7 +1337,8 @@ function M.local_sandboxes(options)
     -- `outlive`), so that the host ending, even its state closing, never kills the launcher
     -- before it cleans up
     local argv = self.launch_bin and { self.launch_bin } or { '/bin/sh', '-c', LAUNCHER, 'mayura-launch' }
-    for _, x in ipairs(bwrap_argv(self, spec)) do argv[#argv + 1] = x end
+    local tree = built_table(self, spec)
+    for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
     local a, b = core.socketpair()
     local c, d
@@ -1295,7 +1364,8 @@ function M.local_sandboxes(options)
     local proc, err = core.spawn({
       argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
       stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set), outlive = true,
+      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree),
+      outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)
