@@ -58,23 +58,32 @@ all: $(SO) $(HOST) $(AGENT) $(AGENT_HOST) $(LAUNCH) embed
 
 embed: $(EMBED_LIB) $(GAME)
 
-# The in-sandbox agent: static, so it runs in any image (BusyBox included), with libseccomp
-# linked in (Debian's libseccomp-dev: scripts/setup.sh). Its pieces (agent/*.c, agent/agent.h) are
-# compiled and linked in one command. Each sandbox holds a copy of it, so it is built for size:
-# -Os, unused sections dropped, no symbols.
+# The in-sandbox agent: static, so it runs in any image (BusyBox included). Its pieces (agent/*.c,
+# agent/agent.h) are compiled and linked in one command. Each sandbox holds a copy of it, so it is
+# built for size: -Os, unused sections dropped, no symbols.
 AGENT_SRC = $(wildcard agent/*.c)
 AGENT_DEP = $(AGENT_SRC) agent/agent.h core/wire.h core/tree.h core/files.h
 AGENT_CFLAGS ?= -Os -ffunction-sections -fdata-sections -Wl,--gc-sections -s
-$(AGENT): $(AGENT_DEP)
+# Its syscall filter is made here, once, by libseccomp (agent/gen/filter_gen.c), as a C table the
+# agent includes: it starts without building it, and without libseccomp.
+FILTER_GEN = build/gen/filter_gen
+FILTER_H   = build/gen/filter_program.h
+FILTER_DEF = -I$(dir $(FILTER_H)) -DMAYURA_FILTER_PROGRAM='"filter_program.h"'
+$(FILTER_GEN): agent/gen/filter_gen.c agent/filter.c agent/agent.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ $(AGENT_SRC) -lseccomp
+	$(CC) -std=gnu11 $(WARN) -O2 -Iagent -o $@ agent/gen/filter_gen.c agent/filter.c -lseccomp
+$(FILTER_H): $(FILTER_GEN)
+	$(FILTER_GEN) > $@.tmp && mv $@.tmp $@
+$(AGENT): $(AGENT_DEP) $(FILTER_H)
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) $(FILTER_DEF) -static -o $@ $(AGENT_SRC)
 
 # The same agent linked against the host's own libraries, for local sandboxes without an image
 # (their /usr is the host's, read-only): a few dozen KiB to copy per sandbox, and the library
 # pages are shared by every sandbox instead of a private copy in each one's memory.
-$(AGENT_HOST): $(AGENT_DEP)
+$(AGENT_HOST): $(AGENT_DEP) $(FILTER_H)
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -o $@ $(AGENT_SRC) -lseccomp
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) $(FILTER_DEF) -o $@ $(AGENT_SRC)
 
 # The keeper of a local sandbox (launcher/launch.c): cgroups, mounts, uid, bubblewrap, the
 # lifetime and the clean-up, in one static program instead of a shell and a dozen commands.

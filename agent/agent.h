@@ -79,7 +79,7 @@
 #include <linux/filter.h>
 #include <linux/netlink.h>
 #include <linux/seccomp.h>
-#ifndef MAYURA_AGENT_NO_FILTER
+#if !defined(MAYURA_AGENT_NO_FILTER) && !defined(MAYURA_FILTER_PROGRAM)
 #include <seccomp.h>
 #endif
 
@@ -209,6 +209,7 @@ pid_t start_command(char **argv, char **envp, const char *cwd, int in_fd, int ou
 
 /* filter.c */
 extern struct sock_filter *filter_code;   /* NULL when it could not be built */
+extern unsigned short filter_len;         /* its count of instructions */
 extern const char *filter_why;
 extern int filter_inherited;              /* in the spawner: its children have the filter already */
 void filter_build(void);

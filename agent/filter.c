@@ -1,5 +1,7 @@
 /*
-** filter.c: the syscall filter of commands, built once with libseccomp.
+** filter.c: the syscall filter of commands, built with libseccomp: once when the agent is built
+** (agent/gen/filter_gen.c writes the program as a C table, MAYURA_FILTER_PROGRAM names it), or,
+** without that table, once at the agent's start.
 */
 #include "agent.h"
 
@@ -37,7 +39,16 @@ const char *filter_why = "it was not built";
 int filter_inherited;
 
 #ifndef MAYURA_AGENT_NO_FILTER
-static unsigned short filter_len;
+unsigned short filter_len;
+#ifdef MAYURA_FILTER_PROGRAM
+/* the program made when the agent was built: filter_program[] (agent/gen/filter_gen.c) */
+#include MAYURA_FILTER_PROGRAM
+
+void filter_build(void) {
+    filter_code = (struct sock_filter *)filter_program;
+    filter_len = (unsigned short)(sizeof filter_program / sizeof filter_program[0]);
+}
+#else
 #define IOPRIO_WHO_PROCESS_ 1   /* linux/ioprio.h */
 /* personality(2) outside its safe values, which one libseccomp rule cannot say: a hand-written
 ** prefix of the program that allows 0, PER_LINUX32, UNAME26, both, and the query 0xffffffff. */
@@ -155,6 +166,7 @@ done:
     fd_close(&fd);
     seccomp_release(ctx);
 }
+#endif /* MAYURA_FILTER_PROGRAM */
 #endif
 
 /* In a command's process before execve: installs the filter. Returns 0, or -1 with errno set. */
