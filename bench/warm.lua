@@ -1,7 +1,7 @@
 --- Benchmark of warm sandboxes, cold creates and scale, not a test: medians and ratios measured in
 -- one run (each against a baseline taken in the same run).
 --
---   build/mayura bench/warm.lua [N] [N_DOCKER] [MANY_LOCAL] [MANY_DOCKER]
+--   build/mayura bench/warm.lua [N] [N_DOCKER] [MANY_LOCAL] [MANY_DOCKER]    (N_DOCKER 0: local only)
 --
 -- Local: cold create+release against a one-shot `bwrap --unshare-all true` (target <= 2x); a warm
 -- create (`warm = 2`, a ready one handed out) against an exec of `true` in a sandbox (<= 2x);
@@ -155,7 +155,9 @@ ratio(MANY_LOCAL .. ' local at once / one cold create', wall, cold_create, '<= 3
 -- Docker
 -- =======================================================
 
-local have_docker = process.run({ 'docker', 'image', 'inspect', IMAGE }, { timeout_ms = 30000 }).exit_code == 0
+-- (N_DOCKER 0: the local half alone)
+local have_docker = N_DOCKER > 0 and
+  process.run({ 'docker', 'image', 'inspect', IMAGE }, { timeout_ms = 30000 }).exit_code == 0
 if have_docker then
   local function api(method, path, body)
     local res = http.request({
@@ -208,7 +210,7 @@ if have_docker then
   ratio('docker cold create+release / Engine API c+s+rm', dcold, engine, '<= 0.7x')
   ratio('docker warm create / docker exec true', dwarm, dexec, '<= 3x')
   ratio(MANY_DOCKER .. ' docker at once / one cold create', dwall, dcold_create, 'none set')
-else
+elseif N_DOCKER > 0 then
   print('(Docker not measured: no daemon or no ' .. IMAGE .. '; run scripts/docker-setup.sh)')
 end
 
