@@ -24,7 +24,8 @@
 **
 ** Each command runs as a child subreaper (its orphans stay below it, so a
 ** timeout or cancel finds them all, see core/tree.h) under a syscall filter
-** (seccomp, built once with libseccomp at start): what Docker's default
+** (seccomp, made by libseccomp when the agent is built, agent/gen/filter_gen.c;
+** without that table, once at start): what Docker's default
 ** profile refuses and more, each answered with EPERM. The agent itself is
 ** not filtered: a helper forked at start installs the filter once and
 ** starts the commands as the agent's children (see "The spawner"); without
@@ -41,7 +42,8 @@
 **   conn.c     a connection: send queue, replies, framing, dispatch, hello/setup
 **   exec.c     exec: a command's streams, timers, tree kill, reaping, its reply
 **   spawn.c    starting a command: the child's set-up, the spawner helper
-**   filter.c   the syscall filter of commands (libseccomp)
+**   filter.c   the syscall filter of commands (libseccomp; its program made at build time by
+**              agent/gen/filter_gen.c, a tool of the build, not a piece of the agent)
 **   request.c  request fields, paths, environment lists
 **   fileops.c  read, write, list, remove over core/files.h
 */
