@@ -549,13 +549,23 @@ static int proc_pidfd_open(pid_t pid) {
 #endif
 }
 
+/*
+** Whether a command may start through posix_spawn now. Not while the host ignores SIGCHLD (SIG_IGN
+** or SA_NOCLDWAIT, a host's own choice or inherited across its exec): the kernel then reaps every
+** child at once, and a pidfd finds no status to read. uv_spawn installs libuv's SIGCHLD handler
+** first (as it always did), after which the kernel keeps children for their parent again.
+*/
 static int proc_can_start_fast(void) {
+    struct sigaction sa;
     if (proc_fast_ok < 0) {
         const char *how = getenv("MAYURA_SPAWN");
         int fd = how != NULL && strcmp(how, "fork") == 0 ? -1 : proc_pidfd_open(getpid());
         proc_fast_ok = fd >= 0;
         if (fd >= 0) close(fd);
     }
+    if (proc_fast_ok && sigaction(SIGCHLD, NULL, &sa) == 0 &&
+        (sa.sa_handler == SIG_IGN || (sa.sa_flags & SA_NOCLDWAIT) != 0))
+        return 0;
     return proc_fast_ok;
 }
 
