@@ -346,7 +346,7 @@ local function image_entries(image)
   if not dir then return nil end
   local out = {}
   while true do
-    local name, kind = uv.fs_scandir_next(dir)
+    local name = uv.fs_scandir_next(dir)
     if not name then break end
     if not own[name] and table_word(name) then
       local t = lstat_type(image .. '/' .. name)
@@ -355,7 +355,6 @@ local function image_entries(image)
         out[#out + 1] = { name, t, target }
       end
     end
-    local _ = kind
   end
   table.sort(out, function(a, b) return a[1] < b[1] end)
   return out
