@@ -253,8 +253,8 @@ local function tmpfs_options(bytes, mode)
   return ('size=%d,nr_inodes=%d,mode=%s'):format(bytes, math.max(64, math.floor(bytes / 4096)), mode)
 end
 
--- The mount table of the provider's sandboxes whose tree bubblewrap makes (with an image, or from
--- the launcher shell): their file systems under STAGE. mount(8) (and mayura-launch) read it whole
+-- The mount table of the provider's sandboxes whose tree bubblewrap makes (from the launcher shell,
+-- or with an image a table cannot name): their file systems under STAGE. mount(8) (and mayura-launch) read it whole
 -- before the first line mounts a small tmpfs over STAGE (in which the others make their
 -- directories), and so hide it. X-mayura.own: mayura-launch gives that root to the sandbox's uid
 -- (mount(8) leaves X- options alone; the launcher shell chowns them itself).
@@ -303,28 +303,45 @@ local function built_lines(agent_bytes, workspace_mib, tmp_mib, tree)
   return lines
 end
 
--- The tree of a sandbox without an image: the host's /usr, its links or directories beside it, and
--- /etc (the texts copied, parts of the host's bound).
+-- The directories of the host's root a sandbox without an image gets as the host has them: a link
+-- into /usr, or a directory bound read-only.
+local ROOT_DIRS = { 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }
+
+-- The host's part of the tree of a sandbox without an image, one step each, for whichever makes the
+-- tree (host_tree for mayura-launch, bwrap_argv for bubblewrap): { 'bind', SRC, PATH } read-only,
+-- { 'link', TARGET, PATH }, { 'dir', PATH }, { 'file', N, PATH } (a copy of the /etc text N of
+-- ETC_NAMES). /etc holds copies, never binds of host files, but for the parts named in ETC_HOST.
+local function host_steps(p)
+  local steps = { { 'bind', '/usr', '/usr' } }
+  local function add(step) steps[#steps + 1] = step end
+  for _, d in ipairs(ROOT_DIRS) do
+    local t = p.root_links[d]
+    if t == 'symlink' then add({ 'link', 'usr/' .. d, '/' .. d })
+    elseif t == 'directory' then add({ 'bind', '/' .. d, '/' .. d }) end
+  end
+  add({ 'dir', '/etc' })
+  for i, name in ipairs(ETC_NAMES) do add({ 'file', i, '/etc/' .. name }) end
+  local made = {}
+  for _, name in ipairs(ETC_HOST) do
+    if p.etc_host[name] then
+      local parent = name:match('^(.+)/[^/]+$')
+      if parent and not made[parent] then
+        made[parent] = true
+        add({ 'dir', '/etc/' .. parent })
+      end
+      add({ 'bind', '/etc/' .. name, '/etc/' .. name })
+    end
+  end
+  return steps
+end
+
+-- The tree of a sandbox without an image, as mayura-launch's steps (host_steps under R).
 local function host_tree(p)
   return function(add, R)
-    add('bind', '/usr', R .. '/usr')
-    for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
-      local t = p.root_links[d]
-      if t == 'symlink' then add('link', 'usr/' .. d, R .. '/' .. d)
-      elseif t == 'directory' then add('bind', '/' .. d, R .. '/' .. d) end
-    end
-    add('dir', R .. '/etc')
-    for i, name in ipairs(ETC_NAMES) do add('file', R .. '/etc/' .. name, tostring(i)) end
-    local made = {}
-    for _, name in ipairs(ETC_HOST) do
-      if p.etc_host[name] then
-        local parent = name:match('^(.+)/[^/]+$')
-        if parent and not made[parent] then
-          made[parent] = true
-          add('dir', R .. '/etc/' .. parent)
-        end
-        add('bind', '/etc/' .. name, R .. '/etc/' .. name)
-      end
+    for _, st in ipairs(host_steps(p)) do
+      if st[1] == 'dir' then add('dir', R .. st[2])
+      elseif st[1] == 'file' then add('file', R .. st[3], tostring(st[2]))
+      else add(st[1], st[2], R .. st[3]) end
     end
   end
 end
@@ -715,17 +732,11 @@ local function bwrap_argv(p, spec, built)
   else
     -- as root the root is the launcher's tmpfs (else bubblewrap's own), read-only once made
     if staged then add('--bind', STAGE .. '/root', '/') end
-    add('--ro-bind', '/usr', '/usr')
-    for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
-      local t = p.root_links[d]
-      if t == 'symlink' then add('--symlink', 'usr/' .. d, '/' .. d)
-      elseif t == 'directory' then add('--ro-bind', '/' .. d, '/' .. d) end
-    end
-    -- copies, never binds of host files
-    add('--dir', '/etc')
-    for i, name in ipairs(ETC_NAMES) do add('--file', tostring(4 + i), '/etc/' .. name) end
-    for _, name in ipairs(ETC_HOST) do
-      if p.etc_host[name] then add('--ro-bind', '/etc/' .. name, '/etc/' .. name) end
+    -- the /etc texts come on descriptors 5..9
+    for _, st in ipairs(host_steps(p)) do
+      if st[1] == 'dir' then add('--dir', st[2])
+      elseif st[1] == 'file' then add('--file', tostring(4 + st[2]), st[3])
+      else add(st[1] == 'bind' and '--ro-bind' or '--symlink', st[2], st[3]) end
     end
   end
   -- with 'all' and an image, the stack's resolver over the image's own resolv.conf file (without an
@@ -1256,7 +1267,7 @@ function M.local_sandboxes(options)
   p.proxy_resolve = egress.check_resolve(options.proxy_resolve, 2)
   p.can_connect = can_connect
   p.root_links = {}
-  for _, d in ipairs({ 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }) do
+  for _, d in ipairs(ROOT_DIRS) do
     p.root_links[d] = readlink_type('/' .. d)
   end
   p.etc_host = {}
