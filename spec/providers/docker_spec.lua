@@ -502,13 +502,7 @@ require('mayura').sleep(600000)
 end
 
 describe('docker sandboxes for a user in the docker group, not root', function()
-  local closed = util.checkout_closed_to_others()
-  if closed then
-    it('cannot run here: the checkout is out of other users\' reach (' .. closed .. ' lets no other user pass)', function()
-      pending('the user it makes runs build/mayura from the checkout: clone it where others can reach it')
-    end)
-    return
-  end
+  if util.pending_if_closed_to_others('the user it makes runs build/mayura from the checkout') then return end
   local name, uid, gid, dir
   setup(function()
     name = 'mayura-dk' .. random_hex(3)

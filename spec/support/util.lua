@@ -93,18 +93,26 @@ end
 -- so they can run build/mayura and read the Lua), else the first directory that does not: a
 -- clone made in a directory of mode 700 (mktemp -d) is out of their reach.
 function M.checkout_closed_to_others()
-  local p = io.popen('pwd -P')
-  local dir = p:read('*l')
-  p:close()
+  local uv = require('luv')
   local at = ''
-  for part in dir:gmatch('[^/]+') do
+  for part in assert(uv.fs_realpath('.')):gmatch('[^/]+') do
     at = at .. '/' .. part
-    local st = io.popen("stat -c %a '" .. at:gsub("'", "'\\''") .. "'")
-    local mode = tonumber(st:read('*l') or '0', 8)
-    st:close()
-    if mode % 2 ~= 1 then return at end   -- no x for others
+    local st = uv.fs_stat(at)
+    if not st or st.mode % 2 ~= 1 then return at end   -- no x for others
   end
   return nil
+end
+
+--- For a describe block whose specs run build/mayura as users it makes: when the checkout is out of
+-- their reach, one pending spec says so (`why`: what those users run) and this returns true, and
+-- the block should return.
+function M.pending_if_closed_to_others(why)
+  local closed = M.checkout_closed_to_others()
+  if not closed then return false end
+  it('cannot run here: the checkout is out of other users\' reach (' .. closed .. ' lets no other user pass)', function()
+    pending(why .. ': clone it where others can reach it')
+  end)
+  return true
 end
 
 return M
