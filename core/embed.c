@@ -20,11 +20,11 @@
 /*
 ** Blocks of BIG_MIN bytes and more are mappings of their own, with a header of BIG_HEAD bytes in
 ** front that says how large the mapping is. A freed one is kept, warm, for the next block that
-** fits it (big_fits: at most an eighth larger), instead of going back to the system: unmapping 16 MiB costs the
-** thread ~1 ms, and a new mapping costs its page faults (~8 ms for 16 MiB) in the frame that
-** first writes it. Kept blocks are capped at BIG_KEEP bytes (the oldest go first). When a large
-** string is coming (core.expect_bytes: a file read in parts), the allocator's thread maps a block
-** of that size and touches every page of it ahead, so making the string costs its copy alone.
+** fits it (big_fits: at most an eighth larger), instead of going back to the system: unmapping
+** 16 MiB costs the thread ~1 ms, and a new mapping costs its page faults (~8 ms for 16 MiB) in the
+** frame that first writes it. Kept blocks are capped at BIG_KEEP bytes (the oldest go first). When
+** a large string is coming (core.expect_bytes: a file read in parts), the allocator's thread maps a
+** block of that size and touches every page of it ahead, so making the string costs its copy alone.
 ** Unmapping happens on that thread too. Smaller blocks are the C library's.
 */
 #define BIG_MIN ((size_t)1 << 20)
