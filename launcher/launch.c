@@ -171,25 +171,32 @@ static void new_file(const char *path, const char *n_s, mode_t mode, uid_t uid) 
 }
 
 /* A read-only bind of `src` (not what is mounted under it) at `path`: a new directory or an empty
-** file as `src` is one or, `over`, the regular file or directory of that kind at `path` (never a
-** link). */
+** file as `src` is one or, `over`, the regular file or directory of that kind at `path`. Neither
+** is ever a link: `src` may lie in an image another user can change while the sandbox starts, and
+** this runs as root, so what is bound is the very directory or file looked at (through its
+** descriptor), never what a link swapped in would name. */
 static void bind_ro(const char *src, const char *path, int over) {
     struct stat st, at;
-    if (stat(src, &st) != 0) die(src);
+    char from[64];
+    int fd = open(src, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0) die(src);
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) { errno = ELOOP; die(src); }
     if (over) {
         if (lstat(path, &at) != 0) die(path);
-        if (!(S_ISDIR(st.st_mode) ? S_ISDIR(at.st_mode) : S_ISREG(at.st_mode) && S_ISREG(st.st_mode))) {
+        if (!(S_ISDIR(st.st_mode) ? S_ISDIR(at.st_mode) : S_ISREG(at.st_mode))) {
             errno = EINVAL;
             die(path);
         }
     } else if (S_ISDIR(st.st_mode)) {
         if (mkdir(path, 0755) != 0) die(path);
     } else {
-        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
-        if (fd < 0 || close(fd) != 0) die(path);
+        int t = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+        if (t < 0 || close(t) != 0) die(path);
     }
-    if (mount(src, path, NULL, MS_BIND, NULL) != 0) die(path);
+    snprintf(from, sizeof from, "/proc/self/fd/%d", fd);
+    if (mount(from, path, NULL, MS_BIND, NULL) != 0) die(path);
     if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0) die(path);
+    close(fd);
 }
 
 /*
@@ -203,7 +210,8 @@ static void bind_ro(const char *src, const char *path, int over) {
 **   agent PATH         a file (0555): all of descriptor 0 (the agent's bytes)
 **   link TARGET PATH   a symbolic link
 **   node NAME PATH     a device node like /dev/NAME (a character device), 0666
-**   bind SRC PATH      SRC bound read-only, nosuid, nodev (not what is mounted under it)
+**   bind SRC PATH      SRC bound read-only, nosuid, nodev (not what is mounted under it; SRC a
+**                      directory or a regular file, never a link)
 **   over SRC PATH      the same over what is at PATH: a directory, or a regular file (not a link)
 **   ro PATH [FLAGS]    the mount at PATH read-only, with FLAGS (nosuid, nodev, noexec) and no others
 ** Any failure: exit 125 (the namespace, and all that is mounted in it, ends with the process).

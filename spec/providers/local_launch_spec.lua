@@ -161,6 +161,9 @@ describe('mayura-launch', function()
       'dir R/d\ndir R/d', 'ro R bogus', 'ro R nosuid,ro,exec', 'mkdir R/x', 'dir', 'file R/x',
       'bind /no/such/path R/x', 'mayura R/t tmpfs', big,
       'link /etc/hostname R/l\nover /etc/hostname R/l', 'dir R/d\nover /etc/hostname R/d', 'over /etc/hostname R/x',
+      -- a link as the source is never followed (an image's entry swapped for one while the sandbox
+      -- starts would name a host path of root's choosing), nor is anything but a directory or a file
+      'link /root R/to-root\nbind R/to-root R/x', 'bind /dev/null R/n',
     }) do
       dir, path = table_case({ head, bad })
       res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')

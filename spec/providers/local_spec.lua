@@ -207,8 +207,11 @@ describe('isolation of a local sandbox', function()
       assert(uv.fs_symlink('busybox', root .. '/bin/' .. applet))
     end
     assert(uv.fs_symlink('bin', root .. '/sbin'))
+    -- a link to a host directory (holding a canary) stays a link, read in the sandbox's own root
+    assert(uv.fs_mkdir(dir .. '/host', tonumber('755', 8)))
+    assert(uv.fs_symlink(dir .. '/host', root .. '/escape'))
     for path, text in pairs({ ['/etc/resolv.conf'] = 'nameserver 192.0.2.53\n', ['/data.txt'] = 'from the image\n',
-        ['/workspace/hidden'] = 'x', ['/dev'] = 'not a directory' }) do
+        ['/workspace/hidden'] = 'x', ['/dev'] = 'not a directory', ['/../host/canary'] = 'host canary' }) do
       local f = assert(io.open(root .. path, 'wb'))
       f:write(text)
       f:close()
@@ -225,8 +228,9 @@ describe('isolation of a local sandbox', function()
     if not dir then return pending('needs a static busybox (busybox-static; scripts/docker-setup.sh installs it)') end
     local img = pool:create({ lifetime_ms = 60000, image = root })
     local r = img:exec({ 'sh', '-c', 'cat /data.txt /etc/resolv.conf; readlink /sbin; ls -A /workspace; ' ..
-      'ls /dev | grep -c "^null$"; touch /data.txt /bin/x /etc/x 2>/dev/null || echo read-only; id -u' })
-    assert.are.equal('from the image\nnameserver 192.0.2.53\nbin\n1\nread-only\n1000\n', r.stdout, r.stderr)
+      'ls /dev | grep -c "^null$"; touch /data.txt /bin/x /etc/x 2>/dev/null || echo read-only; id -u; ' ..
+      'cat /escape/canary 2>/dev/null || echo no-canary' })
+    assert.are.equal('from the image\nnameserver 192.0.2.53\nbin\n1\nread-only\n1000\nno-canary\n', r.stdout, r.stderr)
     img:write_file('/workspace/a.txt', 'mine')
     assert.are.equal('mine', img:read_file('/workspace/a.txt'))
     img:release()

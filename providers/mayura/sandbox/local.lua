@@ -310,7 +310,8 @@ local ROOT_DIRS = { 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32' }
 -- The host's part of the tree of a sandbox without an image, one step each, for whichever makes the
 -- tree (host_tree for mayura-launch, bwrap_argv for bubblewrap): { 'bind', SRC, PATH } read-only,
 -- { 'link', TARGET, PATH }, { 'dir', PATH }, { 'file', N, PATH } (a copy of the /etc text N of
--- ETC_NAMES). /etc holds copies, never binds of host files, but for the parts named in ETC_HOST.
+-- ETC_NAMES). /etc holds copies, never binds of host files, but for the parts named in ETC_HOST
+-- (bound from the path each names, p.etc_host).
 local function host_steps(p)
   local steps = { { 'bind', '/usr', '/usr' } }
   local function add(step) steps[#steps + 1] = step end
@@ -329,7 +330,7 @@ local function host_steps(p)
         made[parent] = true
         add({ 'dir', '/etc/' .. parent })
       end
-      add({ 'bind', '/etc/' .. name, '/etc/' .. name })
+      add({ 'bind', p.etc_host[name], '/etc/' .. name })
     end
   end
   return steps
@@ -1271,7 +1272,10 @@ function M.local_sandboxes(options)
     p.root_links[d] = readlink_type('/' .. d)
   end
   p.etc_host = {}
-  for _, name in ipairs(ETC_HOST) do p.etc_host[name] = target_type('/etc/' .. name) end
+  -- each one there, by the path it names (mayura-launch binds no link: /etc/localtime is one)
+  for _, name in ipairs(ETC_HOST) do
+    p.etc_host[name] = target_type('/etc/' .. name) and (require('luv').fs_realpath('/etc/' .. name)) or nil
+  end
   p.etc_host.resolv = exists('/etc/resolv.conf')
   -- as root, the launcher mounts the sandbox's tmpfs itself where it may (not in a container
   -- without CAP_SYS_ADMIN, say: then bubblewrap makes them, as for another user)
