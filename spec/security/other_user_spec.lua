@@ -32,7 +32,7 @@ describe('the local provider run by an unprivileged user, another user against i
     end)
     return
   end
-  if util.pending_if_closed_to_others('the users it makes run build/mayura from the checkout') then return end
+  if util.pending_if_closed_to_others('the users it makes run build/mayura from the checkout', pending) then return end
 
   local tag = ('%05d'):format(math.random(0, 99999))
   local victim, attacker = 'mayura-v' .. tag, 'mayura-a' .. tag

@@ -104,14 +104,13 @@ function M.checkout_closed_to_others()
 end
 
 --- For a describe block whose specs run build/mayura as users it makes: when the checkout is out of
--- their reach, one pending spec says so (`why`: what those users run) and this returns true, and
--- the block should return.
-function M.pending_if_closed_to_others(why)
+-- their reach, a pending spec says so (`why`: what those users run; `pending`: the spec file's own,
+-- at the describe level) and this returns true, and the block should return.
+function M.pending_if_closed_to_others(why, pending)
   local closed = M.checkout_closed_to_others()
   if not closed then return false end
-  it('cannot run here: the checkout is out of other users\' reach (' .. closed .. ' lets no other user pass)', function()
-    pending(why .. ': clone it where others can reach it')
-  end)
+  pending('cannot run here: the checkout is out of other users\' reach (' .. closed .. ' lets no other user pass); ' ..
+    why .. ': clone it where others can reach it')
   return true
 end
 
