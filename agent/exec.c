@@ -16,12 +16,14 @@ static unsigned char scratch[READ_CHUNK];   /* a streaming exec's reads, and wha
 
 /* The exec's group (and its leader by pid until it has ended: before its setsid it leads no
 ** group yet), every process carrying the exec's tag, and while the command's own process
-** lives, every process below it (it is a child subreaper: its orphans stay below it). */
+** lives, every process below it (it is a child subreaper: its orphans stay below it); each
+** once: those in the group get it through the group alone, so a handler runs once. */
 static int signal_tree(exec *x, int sig) {
     char needle[128];
     size_t nlen = tree_needle(needle, sizeof needle, TAG_VAR, x->tag, 1);
-    if (!x->exited) tree_signal_below(x->pid, sig);
-    return tree_signal(x->pid, !x->exited, needle, nlen, sig);
+    int hits = tree_signal(x->pid, !x->exited, needle, nlen, sig);
+    if (!x->exited) tree_signal_below(x->pid, sig, x->pid);
+    return hits;
 }
 
 /*

@@ -76,8 +76,10 @@ static TREE_UNUSED int is_zombie(pid_t pid) {
     return rp == NULL || rp[1] == '\0' || rp[2] == 'Z';
 }
 
-/* Signals every live process whose environment holds needle; returns how many. */
-static TREE_UNUSED int signal_tagged(const char *needle, size_t nlen, int sig) {
+/* Signals every live process whose environment holds needle, but those of process group `group`
+** (when > 0: signalled through their group already, so a handler runs once); returns how many
+** there are, those included. */
+static TREE_UNUSED int signal_tagged(const char *needle, size_t nlen, int sig, pid_t group) {
     DIR *d = opendir("/proc");
     struct dirent *e;
     pid_t self = getpid();
@@ -90,7 +92,7 @@ static TREE_UNUSED int signal_tagged(const char *needle, size_t nlen, int sig) {
         v = strtol(e->d_name, &end, 10);
         if (*end != '\0' || v <= 0 || (pid_t)v == self) continue;
         if (!environ_has((pid_t)v, needle, nlen) || is_zombie((pid_t)v)) continue;
-        kill((pid_t)v, sig);
+        if (group <= 0 || getpgid((pid_t)v) != group) kill((pid_t)v, sig);
         hits++;
     }
     closedir(d);
@@ -122,9 +124,9 @@ static TREE_UNUSED size_t tree_needle(char *buf, size_t size, const char *var, c
 static TREE_UNUSED int tree_signal(pid_t leader, int by_pid, const char *needle, size_t nlen, int sig) {
     if (leader > 0) {
         kill(-leader, sig);
-        if (by_pid) kill(leader, sig);
+        if (by_pid && getpgid(leader) != leader) kill(leader, sig);   /* not in its group yet */
     }
-    return nlen > 0 ? signal_tagged(needle, nlen, sig) : 0;
+    return nlen > 0 ? signal_tagged(needle, nlen, sig, leader) : 0;
 }
 
 /* SIGKILL in passes until no tagged process is left (new ones can only come from live ones). */
@@ -227,13 +229,13 @@ static TREE_UNUSED int tree_below(const tree_proc *v, size_t n, size_t i, pid_t 
 }
 
 /* Signals every live descendant of root (not root itself); returns how many, or -1 when /proc cannot be read. */
-static TREE_UNUSED int tree_signal_below(pid_t root, int sig) {
+static TREE_UNUSED int tree_signal_below(pid_t root, int sig, pid_t group) {
     tree_proc *v;
     int n = tree_scan(&v), i, hits = 0;
     if (n < 0) return -1;
     for (i = 0; i < n; i++) {
         if (v[i].zombie || v[i].pid == root || !tree_below(v, (size_t)n, (size_t)i, root)) continue;
-        kill(v[i].pid, sig);
+        if (group <= 0 || getpgid(v[i].pid) != group) kill(v[i].pid, sig);
         hits++;
     }
     free(v);
@@ -251,7 +253,7 @@ static TREE_UNUSED void tree_kill_below(pid_t root) {
     int pass;
     if (root <= 0 || kill(root, SIGSTOP) != 0) return;
     for (pass = 0; pass < TREE_MAX_PASSES; pass++) {
-        if (tree_signal_below(root, SIGKILL) <= 0) break;
+        if (tree_signal_below(root, SIGKILL, 0) <= 0) break;
         if (pass >= 2) {
             struct timespec ts = { 0, 1000000 };
             nanosleep(&ts, NULL);
