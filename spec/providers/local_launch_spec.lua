@@ -12,18 +12,21 @@ local root = require('mayura.sandbox._host').uid() == 0
 
 -- Runs mayura-launch over `argv` (in place of bubblewrap's) with `env`, the agent's bytes `bytes`
 -- on its standard input; `hold(control)` may keep the host's end of the control socket (closed
--- once the launcher has ended otherwise). Returns the result and how long it took.
-local function launch(env, argv, bytes, hold)
+-- once the launcher has ended otherwise); `table_fd`, a mount table's descriptor, goes on 5 (as
+-- MAYURA_MOUNT says, unless `env` names another). Returns the result and how long it took.
+local function launch(env, argv, bytes, hold, table_fd)
   local a, b = core.socketpair()
   local c, d = core.socketpair()
   local full = { LAUNCH }
   for _, x in ipairs(argv) do full[#full + 1] = x end
   env.MAYURA_LIFE = env.MAYURA_LIFE or '60.000'
+  if table_fd then env.MAYURA_MOUNT = env.MAYURA_MOUNT or '5' end
   local t0 = core.hrtime_ms()
   local res = task.await(function(done)
-    assert(core.spawn({ argv = full, env = env, fds = { b, d }, stdin = bytes, outlive = true }, done))
+    assert(core.spawn({ argv = full, env = env, fds = { b, d, table_fd }, stdin = bytes, outlive = true }, done))
     core.close_fd(b)
     core.close_fd(d)
+    if table_fd then core.close_fd(table_fd) end
     if hold then hold(c) end
   end)
   core.close_fd(a)
@@ -98,19 +101,15 @@ describe('mayura-launch', function()
     assert.are.equal('1299999\n1299999\n1299999\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n', res.stdout)
   end)
 
-  -- a mount table of the steps that build a sandbox's root, in a directory of the spec's own
+  -- a mount table of the steps that build a sandbox's root, in a directory of the spec's own: its
+  -- descriptor, as the provider hands it over (a sealed file in memory)
   local function table_case(lines)
     local dir = '/tmp/mayura-spec-root-' .. require('mayura.sandbox._host').random_hex(4)
     assert(uv.fs_mkdir(dir, tonumber('700', 8)))
-    local path = dir .. '.table'
-    local f = assert(io.open(path, 'wb'))
-    f:write((table.concat(lines, '\n'):gsub('R', dir)) .. '\n')
-    f:close()
-    return dir, path
+    return dir, assert(core.sealed_fd((table.concat(lines, '\n'):gsub('R', dir)) .. '\n'))
   end
 
-  local function clean(dir, path)
-    os.remove(path)
+  local function clean(dir)
     assert(uv.fs_rmdir(dir))   -- empty: what was mounted and made there went with the namespace
   end
 
@@ -126,13 +125,13 @@ describe('mayura-launch', function()
       'mayura R/w tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0',
       'ro R nosuid,nodev',
     })
-    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path, MAYURA_ETC_1 = 'one\ntwo' },
+    local res = launch({ MAYURA_UID = '1299998', MAYURA_ETC_1 = 'one\ntwo' },
       { '/bin/sh', '-c', 'cd ' .. dir .. ' && cat etc/passwd etc/empty agent && echo && ' ..
         'cmp etc/over /etc/hostname && ' ..
         'stat -c "%n %a %u" . etc etc/passwd agent w && readlink bin && test -c dev/null && echo > dev/null && ' ..
         'test -x usr/bin/env && touch x w/y usr/z dev/x 2>&1 | grep -c "Read-only"; ' ..
         'grep " ' .. dir .. '[/ ]" /proc/self/mountinfo | cut -d" " -f5,6; umask' },
-      'AGENT')
+      'AGENT', nil, path)
     assert.are.equal(0, res.exit_code, res.stderr)
     assert.are.equal(table.concat({
       'one', 'two', '', 'AGENT',
@@ -143,7 +142,7 @@ describe('mayura-launch', function()
       dir .. '/dev ro,nosuid,relatime', dir .. '/w rw,nosuid,nodev,relatime',
       '0022', '' }, '\n'),
       res.stdout)
-    clean(dir, path)
+    clean(dir)
   end)
 
   it('refuses a mount table with a bad step, and runs nothing', function()
@@ -152,9 +151,9 @@ describe('mayura-launch', function()
     -- a table past 32 KiB, each of its steps good on its own (as the shorter table shows)
     local big = ('\nro R'):rep(1000)
     local dir, path = table_case({ head, ('ro R'):rep(500, '\n') })
-    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+    local res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, path)
     assert.are.same({ 0, 'ran\n' }, { res.exit_code, res.stdout })
-    clean(dir, path)
+    clean(dir)
     for _, bad in ipairs({
       'node sda R/sda', 'node ../etc/passwd R/p', 'node loop0 R/l',          -- not a character device of /dev
       'file R/x 1\nfile R/x 1', 'link /etc/passwd R/l\nfile R/l 1',         -- never over what is there
@@ -166,10 +165,10 @@ describe('mayura-launch', function()
       'link /root R/to-root\nbind R/to-root R/x', 'bind /dev/null R/n',
     }) do
       dir, path = table_case({ head, bad })
-      res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+      res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, path)
       assert.are.equal(125, res.exit_code, bad:sub(1, 60))
       assert.are.equal('', res.stdout)
-      clean(dir, path)
+      clean(dir)
     end
   end)
 

@@ -7,7 +7,11 @@
 --   * the root is read-only: the host's /usr (and its library links) with a
 --     synthesized /etc (passwd, group, hosts, an empty resolv.conf), or a root
 --     file system directory given as `image`; never the host's /home, /root,
---     /var, /run, /tmp or the secrets of its /etc;
+--     /var, /run, /tmp or the secrets of its /etc. An image is never / nor
+--     one holding mayura's own tree, and run as root it is named without a
+--     link, it and each directory above it root's and writable by nobody
+--     else (INVALID_CONFIG otherwise), and the launcher finds each of its
+--     entries beneath its directory, never through a link (check_image);
 --   * /workspace, /tmp and /dev/shm are tmpfs with size caps; the user is uid
 --     1000 with no capabilities and no_new_privs;
 --   * every sandbox has a network namespace of its own: with 'none' it holds
@@ -87,8 +91,9 @@
 -- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
--- sandbox; from a table the provider writes once, root's alone, in
--- /run/mayura, by the launcher's first process, which joins the cgroups,
+-- sandbox; from a mount table handed to that launcher alone on a descriptor,
+-- a sealed file in memory that no other process can name or change and
+-- that leaves nothing behind, by the launcher's first process, which joins the cgroups,
 -- mounts, gives the roots to the sandbox's uid, takes that uid and becomes
 -- bubblewrap; the shell launcher does it with unshare(1), mount(8), chown(1)
 -- and setpriv(1)): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
@@ -353,7 +358,9 @@ local function table_word(s)
 end
 
 -- The entries of an image's top directory the sandbox gets, as { name, type, link target }, in
--- order; nil when the image cannot go into a mount table (a blank in its path). What the sandbox
+-- order; nil when the image cannot go into a mount table (a blank in its path). Only names and
+-- link texts come from here: the launcher finds each entry again beneath the image's directory,
+-- never through a link (launcher/launch.c's open_image). What the sandbox
 -- has of its own (/dev, /proc, /tmp, the agent's directory, the workspace) is not taken from it,
 -- nor what is neither a directory, a file nor a link, nor a name a table cannot hold.
 local function image_entries(image)
@@ -378,36 +385,35 @@ local function image_entries(image)
   return out
 end
 
--- The tree of a sandbox with an image: its top entries (image_entries); with 'all', the stack's
--- resolver (MAYURA_ETC_4) over the image's resolv.conf when that is a file of a directory /etc.
+-- The tree of a sandbox with an image: the image's directory, opened once by the launcher, then its
+-- top entries (image_entries), each bound by its name beneath that directory; with 'all', the
+-- stack's resolver (MAYURA_ETC_4) over the image's resolv.conf when that is a file of a directory
+-- /etc (the launcher checks both again, and follows no link to them).
 local function image_tree(image, entries, network_all)
   return function(add, R)
+    local etc_dir = false
+    add('image', image)
     for _, e in ipairs(entries) do
       if e[2] == 'link' then add('link', e[3], R .. '/' .. e[1])
-      else add('bind', image .. '/' .. e[1], R .. '/' .. e[1]) end
+      else add('bind', e[1], R .. '/' .. e[1]) end
+      if e[1] == 'etc' and e[2] == 'directory' then etc_dir = true end
     end
-    if network_all and lstat_type(image .. '/etc') == 'directory'
-        and lstat_type(image .. '/etc/resolv.conf') == 'file' then
+    if network_all and etc_dir and lstat_type(image .. '/etc/resolv.conf') == 'file' then
       add('file', STAGE .. '/resolv.conf', '4')
       add('over', STAGE .. '/resolv.conf', R .. '/etc/resolv.conf')
     end
   end
 end
 
--- Writes a mount table (root's alone, in STAGE, named by its kind and its text's checksum: providers
--- with the same table share it, and no two versions of this code take each other's) unless it is
--- there already. Its path, or nil.
-local function write_table(kind, lines)
-  local uv = require('luv')
+-- The bytes a mount table may have (launcher/launch.c's TABLE_MAX, less one).
+local TABLE_MAX = 32767
+
+-- A mount table's text, or nil past TABLE_MAX. It goes to each launcher on a descriptor of its own
+-- (a sealed file in memory, core.sealed_fd: start), never through a file another create, or
+-- anyone, could name, replace or leave behind.
+local function table_text(lines)
   local text = table.concat(lines, '\n') .. '\n'
-  local path = ('%s/%s.%08x'):format(STAGE, kind, core.crc32(text))
-  local st = lstat(path)
-  if st and st.type == 'file' and st.uid == 0 and read_plain(path) == text then return path end
-  local tmp = path .. '.' .. random_hex(4)
-  if not write_plain(tmp, text) then return nil end
-  local ok = uv.fs_rename(tmp, path)
-  if not ok then os.remove(tmp); return nil end
-  return path
+  return #text <= TABLE_MAX and text or nil
 end
 
 local stage_ok
@@ -422,6 +428,48 @@ local function stage_works()
     stage_ok = ok and r.exit_code == 0
   end
   return stage_ok
+end
+
+-- Checks an image, the provider's or a create's, and returns it: the absolute path of a directory,
+-- neither the host's root nor one that holds mayura's own files (p.own_files: the checkout or the
+-- installed tree); run as root, also named without a link, `.` or `..` at any name, and it and
+-- every directory above it owned by root and writable by nobody else (what sshd asks of the
+-- directories of its keys): so nobody but root can point the path, or any name the launcher finds
+-- beneath it, elsewhere while a sandbox starts. INVALID_CONFIG otherwise.
+local function check_image(p, image, level)
+  local uv = require('luv')
+  local function refuse(why)
+    errors.raise('INVALID_CONFIG', 'image ' .. why, nil, level > 0 and level + 1 or 0)
+  end
+  if type(image) ~= 'string' or image:sub(1, 1) ~= '/' or not is_dir(image) then
+    refuse('must be the absolute path of a root file system directory')
+  end
+  if p.root then
+    local path = ''
+    local function check_dir(at)
+      local st = uv.fs_lstat(at)
+      if not st or st.type ~= 'directory' then refuse('must be named without a link: ' .. at .. ' is one') end
+      if st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
+        refuse('and every directory above it must be owned by root and writable by nobody else: ' .. at ..
+          ' is not')
+      end
+    end
+    check_dir('/')
+    for name in image:gmatch('[^/]+') do
+      if name == '.' or name == '..' then refuse('must be named without . or ..') end
+      path = path .. '/' .. name
+      check_dir(path)
+    end
+  end
+  local real = uv.fs_realpath(image)
+  if not real or real == '/' then refuse('must not be the host\'s root') end
+  for _, f in pairs(p.own_files) do
+    local rf = uv.fs_realpath(f)
+    if rf and (rf == real or rf:sub(1, #real + 1) == real .. '/') then
+      refuse('must not hold mayura\'s own files (' .. f .. ')')
+    end
+  end
+  return image
 end
 
 -- }======================================================
@@ -555,7 +603,8 @@ local GRACE_MS = 1000
 -- and removes the cgroups.
 -- Environment: MAYURA_LIFE (seconds), MAYURA_CG (the cgroup directories), MAYURA_FREEZER (v1) or
 -- MAYURA_CGKILL (v2), MAYURA_START and what it reads. fd 0: the agent's bytes, 3: the agent's
--- socket, 4: the host's control socket. Arguments: bubblewrap's command line.
+-- socket, 4: the host's control socket, 5 with MAYURA_INFO bubblewrap's info descriptor, the one
+-- MAYURA_MOUNT names (5 or 6) the mount table. Arguments: bubblewrap's command line.
 local LAUNCHER = [=[
 trap '' PIPE
 # the children of a process, into $kids (without /proc/PID/task/TID/children here: from every PPid)
@@ -595,6 +644,8 @@ end_sandbox() {
     else kill -KILL "$b" 2>/dev/null; fi
   done
 }
+# the mount table's descriptor (5, or 6 after the info descriptor) kept on 8 until START reads it
+case $MAYURA_MOUNT in 5) exec 8<&5 5<&- ;; 6) exec 8<&6 6<&- ;; '') ;; *) exit 125 ;; esac
 # with 'all', bubblewrap's info descriptor comes on 5: kept on 7 until START puts it on 4
 if [ -n "$MAYURA_INFO" ]; then exec 7<&5 5<&-; fi
 exec 5<&0 </dev/null
@@ -609,12 +660,12 @@ tm=$!
 (
   # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
   ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
-  exec 3<&- 5<&- 7<&-
+  exec 3<&- 5<&- 7<&- 8<&-
   wait $!
   kill -USR2 $$
 ) 4<&- &
 sb=$!
-exec 3<&- 5<&- 7<&-
+exec 3<&- 5<&- 7<&- 8<&-
 ( read -r _; kill -USR1 $$ ) <&4 &
 rd=$!
 exec 4<&-
@@ -661,12 +712,13 @@ local START = [=[
 for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
 echo -17 > /proc/self/oom_adj 2>/dev/null
 # as root, in the launcher's own mount namespace: the sandbox's file systems under MAYURA_STAGE, in
-# one mount(8) from the provider's table (MAYURA_MOUNT; tmpfs owned by host root, capped in bytes and
-# inodes; a devpts instance of its own), the roots of the root and of the workspace given to the
-# sandbox's host uid
+# one mount(8) from the provider's table (on 8, a sealed file in memory; tmpfs owned by host root,
+# capped in bytes and inodes; a devpts instance of its own), the roots of the root and of the
+# workspace given to the sandbox's host uid
 if [ -n "$MAYURA_MOUNT" ]; then
-  mount -a -T "$MAYURA_MOUNT" && chown "$MAYURA_UID:$MAYURA_UID" "$MAYURA_STAGE/root" "$MAYURA_STAGE/w" && cd / \
+  mount -a -T /proc/self/fd/8 && chown "$MAYURA_UID:$MAYURA_UID" "$MAYURA_STAGE/root" "$MAYURA_STAGE/w" && cd / \
     || exit 125
+  exec 8<&-
 fi
 if [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
 if [ -n "$MAYURA_INFO" ]; then exec 4<&7 7<&-; fi
@@ -693,16 +745,16 @@ local function online(spec)
   return spec.network == 'all' or type(spec.network) == 'table'
 end
 
--- The mount table from which mayura-launch builds the sandbox's whole root (built_lines),
--- bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here, no
--- mayura-launch, an image a table cannot name).
+-- The mount table (its text) from which mayura-launch builds the sandbox's whole root
+-- (built_lines), bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here,
+-- no mayura-launch, an image a table cannot name or hold).
 local function built_table(p, spec)
   if not p.root_table then return nil end
   local image = spec.image or p.image
   if not image then return p.root_table end
   local entries = image_entries(image)
   if not entries then return nil end
-  return write_table('image', built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
+  return table_text(built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
     image_tree(image, entries, spec.network == 'all')))
 end
 
@@ -807,10 +859,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set, built)
   end
   if online(spec) then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
-  if p.staged then
-    env.MAYURA_MOUNT = built or p.fstab
-    env.MAYURA_STAGE = STAGE
-  end
+  -- MAYURA_MOUNT: the descriptor of the mount table (start)
+  if p.staged then env.MAYURA_STAGE = STAGE end
   return env
 end
 
@@ -1240,19 +1290,20 @@ function M.local_sandboxes(options)
     errors.raise(C, 'cpus must be a number above 0', nil, 2)
   end
   p.cpus = cpus
-  if options.image ~= nil then
-    if type(options.image) ~= 'string' or options.image:sub(1, 1) ~= '/' or not is_dir(options.image) then
-      errors.raise(C, 'image must be the absolute path of a root file system directory', nil, 2)
-    end
-    p.image = options.image
+  if options.image ~= nil and (type(options.image) ~= 'string' or options.image:sub(1, 1) ~= '/') then
+    errors.raise(C, 'image must be the absolute path of a root file system directory', nil, 2)
   end
   p.bwrap = find_in_path(options.bwrap or 'bwrap')
   if not p.bwrap then errors.raise(C, 'bubblewrap (bwrap) is not installed', nil, 2) end
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
+  p.root = is_root()
+  -- mayura's own files (this module, the agents, the launcher), which no image may hold
+  p.own_files = { p.agent, find_agent(), (debug.getinfo(1, 'S').source:match('^@(.+)$')) }
+  if p.own_files[2] then p.own_files[4] = p.own_files[2]:gsub('mayura%-agent$', 'mayura-launch') end
+  if options.image ~= nil then p.image = check_image(p, options.image, 3) end
   p.cg_mode = cgroup_mode()
   p.cg_parts = cgroup_parts(p.cg_mode)
-  p.root = is_root()
   -- 'all' is a namespace of its own behind a user-mode stack; joining that namespace (for the stack
   -- and the firewall) needs root here, so run as another user, or without the programs, there is no 'all'
   p.slirp4netns = find_in_path('slirp4netns')
@@ -1298,14 +1349,14 @@ function M.local_sandboxes(options)
     local bytes = dyn ~= p.agent and exists(dyn) and read_plain(dyn)
     if bytes and #bytes > 0 then p.agent_host_bytes = bytes end
   end
-  -- prepared once: the launchers' mount table
+  -- prepared once: the launchers' mount tables (their texts; each launcher gets its own copy)
   if p.staged then
     local agent_size = #(p.agent_host_bytes or p.agent_bytes)
-    p.fstab = write_table('fstab', fstab_lines(agent_size, p.workspace_mib, p.tmp_mib))
+    p.fstab = table_text(fstab_lines(agent_size, p.workspace_mib, p.tmp_mib))
     p.staged = p.fstab ~= nil
     -- mayura-launch builds the whole root of a sandbox without an image
     if p.staged and p.launch_bin then
-      p.root_table = write_table('root', built_lines(agent_size, p.workspace_mib, p.tmp_mib, host_tree(p)))
+      p.root_table = table_text(built_lines(agent_size, p.workspace_mib, p.tmp_mib, host_tree(p)))
     end
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
@@ -1328,9 +1379,7 @@ function M.local_sandboxes(options)
     if spec.ports and #spec.ports > 0 and not online(spec) then
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
-    if spec.image ~= nil and (spec.image:sub(1, 1) ~= '/' or not is_dir(spec.image)) then
-      errors.raise('INVALID_CONFIG', 'image must be the absolute path of a root file system directory', nil, 0)
-    end
+    if spec.image ~= nil then check_image(self, spec.image, 0) end
     counter = counter + 1
     local id = 'local-' .. random_hex(6)
     local limits = {
@@ -1354,13 +1403,18 @@ function M.local_sandboxes(options)
     local tree = built_table(self, spec)
     for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
-    local a, b = core.socketpair()
+    -- the mount table, this launcher's own: a sealed file in memory on a descriptor it inherits
+    local text = self.staged and (tree or self.fstab) or nil
+    local t = text and core.sealed_fd(text)
+    local a, b
+    if t or not text then a, b = core.socketpair() end
     local c, d
     if a then c, d = core.socketpair() end
     if not c then
       for _, fd in ipairs({ a, b }) do core.close_fd(fd) end
+      if t then core.close_fd(t) end
       remove_cgroups(cg_dirs)
-      error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
+      error(errors.sandbox('unavailable', 'cannot make a socket pair or a mount table'), 0)
     end
     local backend = setmetatable({
       id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network,
@@ -1371,18 +1425,26 @@ function M.local_sandboxes(options)
     local fds_ok, net_fds = pcall(network_fds, spec)
     if not fds_ok then
       for _, fd in ipairs({ a, b, d }) do core.close_fd(fd) end
+      if t then core.close_fd(t) end
       backend:_close_control()
       remove_cgroups(cg_dirs)
       error(net_fds, 0)
     end
+    local fds = { b, d }
+    if net_fds then fds[#fds + 1] = net_fds.info_child end
+    local env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
+    if t then
+      fds[#fds + 1] = t
+      env.MAYURA_MOUNT = tostring(2 + #fds)
+    end
     local proc, err = core.spawn({
-      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
+      argv = argv, fds = fds,
       stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree),
-      outlive = true,
+      max_output_bytes = 65536, env = env, outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)
+    if t then core.close_fd(t) end
     if net_fds then core.close_fd(net_fds.info_child) end
     if not proc then
       core.close_fd(a)
