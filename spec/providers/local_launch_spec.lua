@@ -5,6 +5,7 @@ local local_provider = require('mayura.sandbox.local')
 local core = require('mayura.core')
 local task = require('mayura._task')
 local uv = require('luv')
+local util = require('support.util')
 
 local LAUNCH = 'build/mayura-launch'
 local AGENT_HOST = 'build/mayura-agent-host'
@@ -170,6 +171,100 @@ describe('mayura-launch', function()
       assert.are.equal('', res.stdout)
       clean(dir)
     end
+  end)
+
+  it('takes its mount table only from a sealed descriptor of its own, and runs nothing otherwise', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local dir, fd = table_case({ 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0' })
+    local path = dir .. '.table'
+    local f = assert(io.open(path, 'wb'))
+    f:write((('mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0\n'):gsub('R', dir)))
+    f:close()
+    local a, b = core.socketpair()
+    -- a file's path (anyone who can write it, or its directory, could change it before the
+    -- read), a descriptor that is not a sealed file (a socket), one out of range, none at all
+    for _, case in ipairs({ { path }, { '5', b }, { '3' }, { '5' }, { '55', fd } }) do
+      local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = case[1] }, { '/bin/sh', '-c', 'echo ran' },
+        'AGENT', nil, case[2])
+      assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, case[1])
+    end
+    core.close_fd(a)
+    os.remove(path)
+    clean(dir)
+  end)
+
+  -- An image in a directory only root may write, as the provider asks: a directory, a file, a link
+  -- to the host's /etc and a directory holding a link to /root.
+  local function image_case()
+    local base = util.image_tmpdir()
+    local img = base .. '/img'
+    for _, d in ipairs({ img, img .. '/etc', img .. '/sub' }) do assert(uv.fs_mkdir(d, tonumber('755', 8))) end
+    for name, text in pairs({ ['/etc/hostname'] = 'image host\n', ['/data'] = 'image data\n' }) do
+      local f = assert(io.open(img .. name, 'wb'))
+      f:write(text)
+      f:close()
+    end
+    assert(uv.fs_symlink('/etc', img .. '/lnk'))
+    assert(uv.fs_symlink('/root', img .. '/sub/up'))
+    assert(uv.fs_symlink(img, base .. '/alias'))
+    assert(uv.fs_symlink(base, base .. '/up'))
+    return base, img
+  end
+
+  it('binds an image\'s entries from beneath its directory, never through a link at any name', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local base, img = image_case()
+    local head = 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0'
+    -- openat2, and the walk one name at a time that stands in for it where the kernel lacks it
+    for _, walk in ipairs({ '', '1' }) do
+      local dir, fd = table_case({ head, 'image ' .. img, 'bind etc R/etc', 'bind data R/data', 'bind sub R/sub',
+        'file R/r 1', 'over R/r R/etc/hostname', 'ro R' })
+      local res = launch({ MAYURA_UID = '1299998', MAYURA_WALK = walk, MAYURA_ETC_1 = 'over it' },
+        { '/bin/sh', '-c', 'cat ' .. dir .. '/etc/hostname ' .. dir .. '/data; readlink ' .. dir .. '/sub/up' },
+        'AGENT', nil, fd)
+      assert.are.equal(0, res.exit_code, res.stderr)
+      assert.are.equal('over it\nimage data\n/root\n', res.stdout)
+      clean(dir)
+      for _, bad in ipairs({
+        'image ' .. img .. '\nbind lnk R/x',                 -- an entry that is a link
+        'image ' .. img .. '\nbind lnk/passwd R/x',          -- a link on the way
+        'image ' .. img .. '\nbind sub/up R/x',
+        'image ' .. img .. '\nbind sub/up/.bashrc R/x',
+        'image ' .. img .. '\nbind ../img/data R/x',         -- out of the image, or back in
+        'image ' .. img .. '\nbind ./data R/x', 'image ' .. img .. '\nbind etc//hostname R/x',
+        'bind data R/x',                                      -- no image to find it in
+        'image ' .. img .. '\nimage ' .. img,                 -- one image a table
+        'image /', 'image ' .. base .. '/alias', 'image ' .. base .. '/up/img', 'image ' .. img .. '/../img',
+        'image ' .. img .. '/data',                           -- not a directory
+        'link /etc R/e\nover /etc/hostname R/e/hostname',     -- an `over` path through a link
+      }) do
+        dir, fd = table_case({ head, bad })
+        res = launch({ MAYURA_UID = '1299998', MAYURA_WALK = walk }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, fd)
+        assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, bad)
+        clean(dir)
+      end
+    end
+    util.rmdir(base)
+  end)
+
+  it('refuses an image whose directory, or one above it, anyone but root may write', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local base, img = image_case()
+    local tmp = util.tmpdir()   -- under /tmp, which everyone may write
+    local head = 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0'
+    for _, case in ipairs({
+      { tmp }, { img, 'chown 65534 ' .. img }, { img, 'chmod 775 ' .. img }, { img, 'chmod 757 ' .. base },
+      { img, 'chown 0:65534 ' .. base .. ' && chmod 775 ' .. base },
+    }) do
+      if case[2] then assert(os.execute(case[2])) end
+      local dir, fd = table_case({ head, 'image ' .. case[1], 'bind etc R/etc' })
+      local res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, fd)
+      assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, case[2] or case[1])
+      clean(dir)
+      assert(os.execute('chown 0:0 ' .. base .. ' ' .. img .. ' && chmod 755 ' .. base .. ' ' .. img))
+    end
+    util.rmdir(tmp)
+    util.rmdir(base)
   end)
 
   it('ends the sandbox at its lifetime and when the host closes its control socket', function()
