@@ -32,8 +32,8 @@ local function image(mark)
   return base, root
 end
 
--- Every regular file right in `dir` that holds `needle`.
-local function files_holding(dir, needle)
+-- Every regular file right in `dir` (as name = its text).
+local function files(dir)
   local found = {}
   local scan = uv.fs_scandir(dir)
   while scan do
@@ -41,9 +41,21 @@ local function files_holding(dir, needle)
     if not name then break end
     if t == 'file' then
       local f = io.open(dir .. '/' .. name, 'rb')
-      local text = f and f:read(1048576) or ''
+      found[name] = f and f:read(1048576) or ''
       if f then f:close() end
-      if text:find(needle, 1, true) then found[#found + 1] = name end
+    end
+  end
+  return found
+end
+
+-- The files of `after` not in `before`, or changed, that hold one of `needles`.
+local function new_holding(before, after, needles)
+  local found = {}
+  for name, text in pairs(after) do
+    if before[name] ~= text then
+      for _, needle in ipairs(needles) do
+        if text:find(needle, 1, true) then found[#found + 1] = name; break end
+      end
     end
   end
   return found
@@ -60,6 +72,7 @@ describe('the local provider as root, its launcher\'s mount tables and images', 
 
   it('hands each create its own mount table, on a descriptor, and leaves none behind', function()
     -- sizes no other provider on this host asks for, so that a table of this provider's is known
+    local before = files('/run/mayura')
     local provider = local_provider.local_sandboxes({ tmp_mib = 13, workspace_mib = 19 })
     local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 60000 })
     local base_a, root_a = image('A')
@@ -86,8 +99,7 @@ describe('the local provider as root, its launcher\'s mount tables and images', 
     pool:close()
     -- no file of this provider's tables in the launcher's directory, where another create's table
     -- could be taken for it or the next one replaced: none is ever written
-    assert.are.same({}, files_holding('/run/mayura', 'size=13631488'))
-    assert.are.same({}, files_holding('/run/mayura', root_a))
+    assert.are.same({}, new_holding(before, files('/run/mayura'), { 'size=13631488', root_a, root_b }))
     util.rmdir(base_a)
     util.rmdir(base_b)
   end)
