@@ -952,8 +952,11 @@ static int l_socketpair(lua_State *L) {
 */
 static int l_sealed_fd(lua_State *L) {
     size_t n, off = 0;
-    const char *s = luaL_checklstring(L, 1, &n);
-    int fd = (int)syscall(SYS_memfd_create, "mayura", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const char *s;
+    int fd;
+    if (lua_type(L, 1) != LUA_TSTRING) return mc_raise(L, "INVALID_INPUT", "sealed_fd takes a string");
+    s = lua_tolstring(L, 1, &n);
+    fd = (int)syscall(SYS_memfd_create, "mayura", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return mc_fail(L, "IO_ERROR", "memfd_create: %s", strerror(errno));
     while (off < n) {
         ssize_t w = write(fd, s + off, n - off);
