@@ -180,8 +180,9 @@ static int image_fd = -1;
 
 /* Opens `path` (O_PATH) from `dir` without following a link at any of its names, the last one
 ** included (a link is opened as itself): with `beneath`, never out of `dir` either. No `..`, `.`
-** or empty name is taken at all. openat2 does it in one call; where the kernel lacks it (ENOSYS),
-** or with MAYURA_WALK (the specs try both), one name at a time with O_NOFOLLOW. -1 and errno. */
+** or empty name is taken at all. openat2 does it in one call; where the kernel lacks it (ENOSYS,
+** or EPERM from a container's seccomp profile that predates it), or with MAYURA_WALK (the specs
+** try both), one name at a time with O_NOFOLLOW. -1 and errno. */
 static int open_nofollow(int dir, const char *path, int beneath) {
     char name[4096];
     const char *p = path;
@@ -207,7 +208,7 @@ static int open_nofollow(int dir, const char *path, int beneath) {
         how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
         how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (beneath ? RESOLVE_BENEATH : 0);
         fd = (int)syscall(SYS_openat2, dir, path, &how, sizeof how);
-        if (fd >= 0 || errno != ENOSYS) return fd;
+        if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return fd;
     }
     at = beneath ? dir : open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (at < 0) return -1;

@@ -1259,7 +1259,7 @@ local option_keys = {
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
--- system directory; the host's /usr by default), `workspace_mib` (1024),
+-- system directory, as check_image allows; the host's /usr by default), `workspace_mib` (1024),
 -- `tmp_mib` (256), `cpus` (1), `memory_mib` (1024), `pids` (256),
 -- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
 -- the agent binary), `desktop` (the desktop of sandboxes created with
