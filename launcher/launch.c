@@ -228,10 +228,28 @@ static int open_nofollow(int dir, const char *path, int beneath) {
     }
 }
 
+/* Whether the directory `fd` holds this program (it, or a directory above it): an image that
+** holds mayura's own tree (the checkout, the installed programs) would hand it to the sandbox. */
+static int holds_self(int fd) {
+    char self[4096];
+    struct stat img, st;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || fstat(fd, &img) != 0) return 1;
+    self[n] = '\0';
+    for (;;) {
+        char *slash = strrchr(self, '/');
+        if (slash == NULL) return 0;
+        slash[slash == self ? 1 : 0] = '\0';
+        if (stat(self, &st) == 0 && st.st_dev == img.st_dev && st.st_ino == img.st_ino) return 1;
+        if (slash == self) return 0;
+    }
+}
+
 /* The table's `image DIR`: DIR opened once, each of its names without following a link, and
 ** every directory from / to it owned by root and writable by nobody else (as sshd asks of the
 ** directories of its keys): so nobody but root can change what DIR or any name in it leads to
-** while the sandbox starts. The root itself is never an image, and an image comes once. */
+** while the sandbox starts. The root itself is never an image, nor a directory that holds this
+** program, and an image comes once. */
 static void open_image(const char *path) {
     const char *p = path;
     int at = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -261,6 +279,7 @@ static void open_image(const char *path) {
         if (fd < 0 && errno == ENOTDIR) errno = ELOOP;
         at = fd;
     }
+    if (holds_self(at)) { errno = EPERM; die(path); }
     image_fd = at;
 }
 

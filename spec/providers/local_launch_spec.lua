@@ -236,6 +236,7 @@ describe('mayura-launch', function()
         'image ' .. img .. '\nimage ' .. img,                 -- one image a table
         'image /', 'image ' .. base .. '/alias', 'image ' .. base .. '/up/img', 'image ' .. img .. '/../img',
         'image ' .. img .. '/data',                           -- not a directory
+        'image ' .. assert(uv.fs_realpath('build')),          -- mayura's own tree
         'link /etc R/e\nover /etc/hostname R/e/hostname',     -- an `over` path through a link
       }) do
         dir, fd = table_case({ head, bad })
