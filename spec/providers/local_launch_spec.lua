@@ -279,6 +279,28 @@ describe('mayura-launch', function()
   end)
 end)
 
+describe('the launcher shell, where mayura-launch is not built', function()
+  it('mounts the sandbox\'s file systems from the table on its descriptor (5, or 6 after the info one)', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local provider = local_provider.local_sandboxes({ tmp_mib = 11, workspace_mib = 16 })
+    if not provider.staged then return pending('the launcher cannot mount here') end
+    provider.launch_bin, provider.root_table = nil, nil   -- as in a checkout without it
+    local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 60000,
+      network = { 'none', 'all' } })
+    local nets = { 'none' }
+    if provider.features.network[2] == 'all' then nets[2] = 'all' end
+    for _, net in ipairs(nets) do
+      local sb = pool:create({ lifetime_ms = 60000, network = net })
+      local r = sb:exec({ 'sh', '-c', 'df -k /tmp | tail -1; ls /proc/self/fd | tr "\\n" " "' })
+      assert.are.equal(0, r.exit_code, r.stderr)
+      assert.matches('^%S+%s+11264 ', r.stdout)   -- the cap from the table (11 MiB)
+      assert.are.equal('0 1 2 3 ', r.stdout:match('\n(.*)$'))
+      sb:release()
+    end
+    pool:close()
+  end)
+end)
+
 describe('a local sandbox without an image', function()
   it('runs the agent linked against the host\'s libraries, and its launcher outlives nothing of the host', function()
     local want = uv.fs_stat(AGENT_HOST)
