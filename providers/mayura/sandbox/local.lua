@@ -448,7 +448,9 @@ local function check_image(p, image, level)
     local path = ''
     local function check_dir(at)
       local st = uv.fs_lstat(at)
-      if not st or st.type ~= 'directory' then refuse('must be named without a link: ' .. at .. ' is one') end
+      if not st or st.type ~= 'directory' then
+        refuse('must be named without a link: ' .. at .. ' is a link or no directory')
+      end
       if st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
         refuse('and every directory above it must be owned by root and writable by nobody else: ' .. at ..
           ' is not')
