@@ -297,20 +297,62 @@ describe('mayura.mcp.http on bad input', function()
     end)
   end)
 
-  it('holds at most max_connections connections open', function()
+  it('holds at most max_connections connections: a newcomer takes the place of the oldest without the token',
+    function()
     task.run(function()
       local small = http.listen(server, { token = TOKEN, max_connections = 1 })
+      -- a connection that has shown the token keeps its place
       local first = uv.new_tcp()
+      local got = ''
       task.await(function(done) first:connect('127.0.0.1', small.port, function() done() end) end)
-      task.sleep(20)
+      first:read_start(function(_, data) if data then got = got .. data end end)
+      first:write('GET /mcp HTTP/1.1\r\nAuthorization: Bearer ' .. TOKEN .. '\r\n\r\n')
+      for _ = 1, 100 do
+        if got:find('\r\n\r\n', 1, true) then break end
+        task.sleep(10)
+      end
+      assert.truthy(got:find('^HTTP/1%.1 405'))
       local a, err = exchange(small.port, 'GET /mcp HTTP/1.1\r\nConnection: close\r\n\r\n')
       assert.is_nil(a)
       assert.truthy(tostring(err):find('no answer', 1, true))
       first:close()
       task.sleep(20)
+      -- one that has not is closed for the next newcomer
+      local idle = uv.new_tcp()
+      local idle_closed = false
+      task.await(function(done) idle:connect('127.0.0.1', small.port, function() done() end) end)
+      idle:read_start(function(_, data) if not data then idle_closed = true end end)
+      task.sleep(20)
       a = exchange(small.port, 'GET /mcp HTTP/1.1\r\nConnection: close\r\n\r\n')
       assert.are.equal(401, a.status)
+      assert.is_true(idle_closed)
+      idle:close()
       small:close()
+    end)
+  end)
+
+  it('answers 401 from the head, before the body comes, and closes a head that does not come in time', function()
+    task.run(function()
+      local quick = http.listen(server, { token = TOKEN, head_ms = 100 })
+      -- a head that promises a body the client never sends: answered at once
+      local a = exchange(quick.port, 'POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\n'
+        .. 'Content-Length: 4096\r\n\r\n')
+      assert.are.equal(401, a.status)
+      -- a head trickled a byte at a time is cut off at head_ms, however often bytes come
+      local tcp = uv.new_tcp()
+      local text, closed = '', false
+      task.await(function(done) tcp:connect('127.0.0.1', quick.port, function() done() end) end)
+      tcp:read_start(function(_, data) if data then text = text .. data else closed = true end end)
+      local t0 = uv.now()
+      for _ = 1, 40 do
+        if closed then break end
+        tcp:write('X')
+        task.sleep(10)
+      end
+      assert.is_true(closed or text ~= '', 'still open after ' .. (uv.now() - t0) .. ' ms')
+      assert.truthy(text:find('^HTTP/1%.1 408'))
+      tcp:close()
+      quick:close()
     end)
   end)
 
