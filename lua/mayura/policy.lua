@@ -59,7 +59,14 @@
 -- hook or agent, a grant for a tool that does not exist, a hook on an unknown stage, a value the
 -- pool, provider or tools refuse) raises INVALID_CONFIG with the message
 -- `<file>:<line>: <kind> '<name>': <problem> '<key>'` (fields `file`, `line`, `key`).
--- Loading and checking make no sandbox: `open()` makes the pools, and a sandbox comes on first use.
+-- Loading and checking run, make and start nothing (no sandbox, no warm one, no program): `open()`
+-- makes the pools, and a sandbox (and a pool's warm ones) comes on first use.
+--
+-- A policy file declares and nothing more: the module tables it reaches (`z`) are read-only views,
+-- and the objects it is handed (schemas, cancel tokens) keep their methods out of its reach. Provider
+-- options that name a host program or a host path (local: `bwrap`, `agent`, `image`; Docker:
+-- `docker`, `agent`, `host`, `run_dir`; `proxy_resolve`; a local pool's `sandbox.image`) are refused
+-- with INVALID_CONFIG naming the option: they are the host program's own (load_policy's options).
 local errors = require('mayura.errors')
 local z = require('mayura.z')
 
@@ -202,10 +209,13 @@ local function copy(t)
   return out
 end
 
+-- A read-only view of a module table: reads go through, writes raise, and its metatable can be
+-- neither read nor replaced (so the table behind it stays out of reach).
 local function read_only(t, what)
   return setmetatable({}, {
     __index = t,
     __newindex = function() error(what .. ' cannot be changed here', 2) end,
+    __metatable = false,
   })
 end
 
@@ -230,6 +240,7 @@ local function make_env(reg, file)
     os = { time = os.time, clock = os.clock, date = os.date, getenv = os.getenv },
   }
   env.string.dump = nil
+  env.math.randomseed = nil   -- the generator is the process's
   env.utf8 = utf8 and copy(utf8) or nil  -- luacheck: ignore 143
   env.z = read_only(z, 'z')
   env.print = function(...)
@@ -338,13 +349,41 @@ end
 
 local POWERS = { read = true, exec = true, write = true, ports = true, desktop = true }
 
-local function provider_of(d)
+-- Provider options that name a host program mayura runs, or a host path it runs, binds, creates
+-- or changes (as root, when the host runs as root): a policy file declares and cannot name them;
+-- they stay options of the host program's own code (load_policy's `provider_options`).
+local HOST_OPTIONS = {
+  ['local'] = { bwrap = 'a host program', agent = 'a host program', image = 'a host directory',
+    proxy_resolve = 'host addresses (tests only)' },
+  docker = { docker = 'a host program', agent = 'a host program', host = 'a host socket',
+    run_dir = 'a host directory', proxy_resolve = 'host addresses (tests only)' },
+  apple_container = { executable = 'a host program' },
+}
+
+-- The provider of pool declaration `d`: the policy's provider_options over the host's own (`host`,
+-- by provider name). Checking makes it with `{ check = true }`: nothing is run, made or started.
+local function provider_of(d, host, checking)
   local name = d.def.provider
   if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
   local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
   if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
-  return as_problem(d, make, d.def.provider_options and copy(d.def.provider_options) or nil)
+  local refused = HOST_OPTIONS[name] or {}
+  local options = host and host[name] and copy(host[name]) or nil
+  for _, k in ipairs(sorted_keys(d.def.provider_options or {})) do
+    if refused[k] then
+      fail(d, "'provider_options." .. tostring(k) .. "' names " .. refused[k] .. ': only the host program\'s '
+        .. 'own code may (load_policy\'s provider_options), not a policy file', 'provider_options.' .. tostring(k))
+    end
+    options = options or {}
+    options[k] = d.def.provider_options[k]
+  end
+  local sb = d.def.sandbox
+  if sb and sb.image ~= nil and refused.image then
+    fail(d, "'sandbox.image' names " .. refused.image .. ': only the host program\'s own code may, not a '
+      .. 'policy file', 'sandbox.image')
+  end
+  return as_problem(d, make, options, checking and { check = true } or nil)
 end
 
 local pool_options = {
@@ -357,15 +396,16 @@ local tools_options = {
 }
 
 -- Everything the declarations describe, made: pools (no sandbox), per-run sources, tools, hooks, agents'
--- parts. Made once to check, and again by each open().
-local function build(policy)
+-- parts. Made once to check (`checking`: its providers run and make nothing, and its pools are closed
+-- again), and again by each open(). A pool's warm sandboxes start at its first create.
+local function build(policy, checking)
   local sandbox = require('mayura.sandbox')
   local runtime = require('mayura.runtime')
   local out = { pools = {}, per_run = {}, tools = {}, tool_pool = {}, hooks = {}, agents = {} }
   for _, d in ipairs(policy._decls.pool) do
     local def = d.def
-    local provider = provider_of(d)
-    local opts = {}
+    local provider = provider_of(d, policy._host_options, checking)
+    local opts = { warm_start = 'first_use' }
     for _, k in ipairs(pool_options) do opts[k] = def[k] end
     local pool = as_problem(d, sandbox.create_sandboxes, provider, opts)
     local create = def.sandbox and copy(def.sandbox) or {}
@@ -486,7 +526,8 @@ local function check_all(policy)
     policy.serve = { agent = agent, max_sessions = max, file = d.file, line = d.line }
   end
 
-  local built = build(policy)
+  local built = build(policy, true)
+  for _, pool in pairs(built.pools) do pool:close() end   -- they hold nothing: closed all the same
 
   -- Grants: each names something the agent has.
   for _, d in ipairs(decls.agent) do
@@ -536,7 +577,28 @@ Env.__index = Env
 
 --- Loads and checks policy files: a path, a list of paths, or `{ name = 'x.lua', source = '...' }`
 -- items (a source given as text). Returns the policy; raises INVALID_CONFIG (see the module comment).
-function M.load_policy(files)
+-- `options.provider_options` (by provider name: `{ docker = { run_dir = ... } }`) are the host
+-- program's own options of each provider, under the policy's: the only place for the options that
+-- name a host program or path. Loading and checking run, make and start nothing.
+local load_keys = { provider_options = true }
+
+function M.load_policy(files, options)
+  options = options or {}
+  if type(options) ~= 'table' then errors.raise('INVALID_CONFIG', 'load_policy options must be a table', nil, 2) end
+  for k in pairs(options) do
+    if not load_keys[k] then errors.raise('INVALID_CONFIG', 'unknown load_policy option ' .. tostring(k), nil, 2) end
+  end
+  local host_options = options.provider_options
+  if host_options ~= nil then
+    if type(host_options) ~= 'table' then
+      errors.raise('INVALID_CONFIG', 'provider_options must be a table of tables by provider name', nil, 2)
+    end
+    for name, o in pairs(host_options) do
+      if type(name) ~= 'string' or type(o) ~= 'table' then
+        errors.raise('INVALID_CONFIG', 'provider_options must be a table of tables by provider name', nil, 2)
+      end
+    end
+  end
   if type(files) == 'string' or (type(files) == 'table' and files.source ~= nil) then files = { files } end
   if type(files) ~= 'table' or #files == 0 then
     errors.raise('INVALID_CONFIG', 'load_policy expects a path, a list of paths or { name, source } items', nil, 2)
@@ -563,6 +625,7 @@ function M.load_policy(files)
     _list = reg.list,
     _decls = decls,
     _names = reg.names,
+    _host_options = host_options,
     serve_decl = reg.serve,
   }, Policy)
   check_all(policy)
