@@ -319,13 +319,13 @@ describe('mayura.mcp.http on bad input', function()
       task.sleep(20)
       -- one that has not is closed for the next newcomer
       local idle = uv.new_tcp()
-      local idle_closed = false
+      local idle_gone = false
       task.await(function(done) idle:connect('127.0.0.1', small.port, function() done() end) end)
-      idle:read_start(function(_, data) if not data then idle_closed = true end end)
+      idle:read_start(function(_, data) if not data then idle_gone = true end end)
       task.sleep(20)
       a = exchange(small.port, 'GET /mcp HTTP/1.1\r\nConnection: close\r\n\r\n')
       assert.are.equal(401, a.status)
-      assert.is_true(idle_closed)
+      assert.is_true(idle_gone)
       idle:close()
       small:close()
     end)
@@ -340,16 +340,16 @@ describe('mayura.mcp.http on bad input', function()
       assert.are.equal(401, a.status)
       -- a head trickled a byte at a time is cut off at head_ms, however often bytes come
       local tcp = uv.new_tcp()
-      local text, closed = '', false
+      local text, gone = '', false
       task.await(function(done) tcp:connect('127.0.0.1', quick.port, function() done() end) end)
-      tcp:read_start(function(_, data) if data then text = text .. data else closed = true end end)
+      tcp:read_start(function(_, data) if data then text = text .. data else gone = true end end)
       local t0 = uv.now()
       for _ = 1, 40 do
-        if closed then break end
+        if gone then break end
         tcp:write('X')
         task.sleep(10)
       end
-      assert.is_true(closed or text ~= '', 'still open after ' .. (uv.now() - t0) .. ' ms')
+      assert.is_true(gone or text ~= '', 'still open after ' .. (uv.now() - t0) .. ' ms')
       assert.truthy(text:find('^HTTP/1%.1 408'))
       tcp:close()
       quick:close()

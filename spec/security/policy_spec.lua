@@ -68,8 +68,9 @@ agent 'a' { tools = { 'probe' }, allow = { 'tool:probe', 'effect:read' } }
   it('cannot change cancel tokens or the random generator from a tool or hook it runs', function()
     local policy = load_src(TOOL:gsub('ATTACK%(input, context%)', [[(function()
       local hits = {}
-      if pcall(function() local T = context.signal.__index; T.cancel = function() end end) then hits[#hits + 1] = 'token class' end
-      if pcall(function() local T = context.signal.__index; T.on_cancel = function() return function() end end end) then hits[#hits + 1] = 'on_cancel' end
+      local signal = context.signal
+      if pcall(function() signal.__index.cancel = function() end end) then hits[#hits + 1] = 'cancel' end
+      if pcall(function() signal.__index.on_cancel = function() end end) then hits[#hits + 1] = 'on_cancel' end
       if pcall(function() setmetatable(context.signal, {}) end) then hits[#hits + 1] = 'token metatable' end
       if pcall(function() math.randomseed(1) end) then hits[#hits + 1] = 'randomseed' end
       return { hits = hits }

@@ -906,11 +906,11 @@ end
 -- image has a desktop's programs; none by default); `warm` (0: how many containers of the
 -- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes");
 -- `proxy_resolve` (tests only: the allow-list proxy's names, see mayura.sandbox._egress).
--- With `mode = { check = true }` the options are only checked: nothing is run, made or started (a
+-- With `how = { check = true }` the options are only checked: nothing is run, made or started (a
 -- policy's check; the reaper of expired containers waits for a provider made to be used).
-function M.docker_sandboxes(options, mode)
+function M.docker_sandboxes(options, how)
   local C = 'INVALID_CONFIG'
-  local checking = type(mode) == 'table' and mode.check == true
+  local checking = type(how) == 'table' and how.check == true
   if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
   check.keys(options, option_keys, 'docker_sandboxes options', C, 3)
   local image = options.image
