@@ -78,9 +78,14 @@ local NAME = '^[%a][%w_%-]*$'
 -- Errors
 -- =======================================================
 
+-- The errors this module makes: any other error a policy raises is wrapped with its file and line.
+local own_errors = setmetatable({}, { __mode = 'k' })
+
 local function config_error(file, line, message, key)
   local where = file and (file .. ':' .. tostring(line or 0) .. ': ') or ''
-  return errors.new('INVALID_CONFIG', where .. message, { file = file, line = line, key = key })
+  local e = errors.new('INVALID_CONFIG', where .. message, { file = file, line = line, key = key })
+  own_errors[e] = true
+  return e
 end
 
 local function what_of(d)
@@ -221,12 +226,39 @@ end
 
 local function read_text(path)
   local f, err = io.open(path, 'rb')
-  if not f then
-    errors.raise('INVALID_CONFIG', tostring(path) .. ': cannot read the policy file (' .. tostring(err) .. ')', nil, 4)
+  local text
+  if f then
+    -- a directory opens, and its read fails
+    local ok, res, rerr = pcall(f.read, f, '*a')
+    f:close()
+    if ok and type(res) == 'string' then text = res else err = ok and rerr or res end
   end
-  local text = f:read('a') or f:read('*a')
-  f:close()
+  if not text then
+    err = tostring(err or 'unreadable'):gsub('^' .. path:gsub('%p', '%%%0') .. ': ', '')
+    local e = errors.new('INVALID_CONFIG', path .. ': cannot read the policy file (' .. err .. ')', { file = path })
+    own_errors[e] = true
+    error(e, 0)
+  end
   return text
+end
+
+-- What a policy raised, as a message: a string, or a table's message (a coded error's code first),
+-- or its __tostring when that works; never an address.
+local function describe(e)
+  if type(e) == 'string' then return e end
+  if type(e) == 'table' then
+    local ok_code, code = pcall(function() return rawget(e, 'code') end)
+    local ok_msg, msg = pcall(function() return rawget(e, 'message') end)
+    if ok_msg and type(msg) == 'string' then
+      return (ok_code and type(code) == 'string' and code ~= 'INVALID_CONFIG') and (code .. ': ' .. msg) or msg
+    end
+    local ok, text = pcall(tostring, e)
+    if ok and type(text) == 'string' and not text:match('^table: ') then return text end
+    if ok_code and type(code) == 'string' then return code end
+    return 'an error without a message (a table)'
+  end
+  if e == nil then return 'an error without a message (nil)' end
+  return tostring(e)
 end
 
 -- The environment a policy file runs in, whose declaration functions add to `reg`.
@@ -313,18 +345,33 @@ local function run_file(reg, path, text)
     error(config_error(path, 1, 'a policy file must be Lua source, not bytecode', nil), 0)
   end
   local env = make_env(reg, path)
-  local chunk, err = load(text, '@' .. path, 't', env)
+  -- a chunk name Lua never cuts (it keeps 60 bytes of one): messages start with it and the line
+  local name = #path <= 40 and path or ('...' .. path:sub(-37))
+  local prefix = '^' .. name:gsub('%p', '%%%0') .. ':(%d+): (.*)$'
+  local chunk, err = load(text, '=' .. name, 't', env)
   if not chunk then
-    local line, rest = tostring(err):match('^.-:(%d+): (.*)$')
+    local line, rest = tostring(err):match(prefix)
     error(config_error(path, tonumber(line) or 0, 'syntax error: ' .. (rest or tostring(err)), nil), 0)
   end
-  local ok, res = pcall(chunk)
+  -- the line is that of the innermost frame of the file where the error was raised
+  local where = 0
+  local ok, res = xpcall(chunk, function(e)
+    for level = 2, 64 do
+      local info = debug.getinfo(level, 'Sl')
+      if not info then break end
+      if info.source == '=' .. name and (info.currentline or 0) > 0 then
+        where = info.currentline
+        break
+      end
+    end
+    return e
+  end)
   if not ok then
-    if errors.is(res) then error(res, 0) end
-    local msg = tostring(res)
-    local line, rest = msg:match('^' .. path:gsub('%p', '%%%0') .. ':(%d+): (.*)$')
+    if own_errors[res] then error(res, 0) end
+    local msg = describe(res)
+    local line, rest = msg:match(prefix)
     if line then error(config_error(path, tonumber(line), rest, nil), 0) end
-    error(config_error(path, 0, msg, nil), 0)
+    error(config_error(path, where, msg, nil), 0)
   end
   for p in pairs(reg.pending) do
     reg.pending[p] = nil
@@ -693,9 +740,10 @@ end
 
 local session_keys = { agent = true, on_event = true }
 
---- A session of the serve agent (or `options.agent`): `{ id, agent, tools, call(tool_id, input,
--- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists
--- `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
+--- A session of the serve agent (or `options.agent`): `{ id, agent, tools, declared, call(tool_id, input,
+-- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists the
+-- tools the session may call (every grant they need is given), `declared` every tool of the agent,
+-- each `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
 -- through the runtime's checks (Runtime:session) and raises coded errors; `close` releases the
 -- session's sandboxes. More than the serve's max_sessions open at once: LIMIT_EXCEEDED.
 function Env:session(id, options)
@@ -727,12 +775,21 @@ function Env:session(id, options)
     self._count = self._count - 1
     error(inner, 2)
   end
-  local tools = {}
+  -- what the session may call: each tool whose grants (tool:<id>, its capabilities, its effect) the
+  -- agent has; `declared` lists every tool of the agent
+  local allow = runtime_of(self, name, parts)._allow
+  local tools, declared = {}, {}
   for i, t in ipairs(agent.tools) do
-    tools[i] = { id = t.id, description = t.description, effect = t.effect, input = t.input,
+    local entry = { id = t.id, description = t.description, effect = t.effect, input = t.input,
       input_schema = agent._tool_defs[i].input_schema }
+    declared[#declared + 1] = entry
+    local granted = allow['tool:' .. t.id] and allow['effect:' .. t.effect]
+    for _, c in ipairs(t.capabilities or {}) do
+      if not allow[c] then granted = false end
+    end
+    if granted then tools[#tools + 1] = entry end
   end
-  local s = { id = id, agent = name, tools = tools, usage = inner.usage }
+  local s = { id = id, agent = name, tools = tools, declared = declared, usage = inner.usage }
   self._sessions[id] = s
   local env = self
   function s.call(a, b, c, d)

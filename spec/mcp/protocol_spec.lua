@@ -86,7 +86,7 @@ describe('mayura serve over stdio on bad input', function()
     assert.are.equal(2, #got[2])
     assert.are.equal(2, got[2][1].id)
     assert.are.equal(3, got[2][2].id)
-    assert.are.equal(5, #got[2][2].result.tools)
+    assert.are.equal(4, #got[2][2].result.tools)   -- workspace.remove is not granted: not listed
     assert.are.equal(-32600, got[3].error.code)
     r = process.run({ HOST, 'serve', '--policy', 'spec/mcp/policy.lua' }, { stdin = init(1, '1999-01-01') .. '\n',
       timeout_ms = 30000 })
@@ -113,6 +113,47 @@ describe('mayura serve over stdio on bad input', function()
       if t:find('^LIMIT_EXCEEDED') then limited = limited + 1 else assert.truthy(t:find('^INVALID_INPUT'), t) end
     end
     assert.are.equal(1, limited)
+  end)
+
+  it('serves standard input that is a file or /dev/null, and ends after the answers are written', function()
+    local file = os.tmpname()
+    local f = assert(io.open(file, 'w'))
+    f:write(table.concat({ init(1), '{"jsonrpc":"2.0","method":"notifications/initialized"}', req(2, 'tools/list'),
+      req(3, 'tools/call', { name = 'workspace.exec', arguments = { command = 'echo from a file' } }), req(4, 'ping') },
+      '\n') .. '\n')
+    f:close()
+    local r = process.run({ 'sh', '-c', 'exec "$0" serve --policy spec/mcp/policy.lua < "$1"', HOST, file },
+      { timeout_ms = 60000 })
+    os.remove(file)
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.is_nil(r.stderr:find('traceback', 1, true), r.stderr)
+    local got = lines_of(r.stdout)
+    assert.are.equal(4, #got, r.stdout)
+    local by_id = {}
+    for _, m in ipairs(got) do by_id[m.id] = m end
+    assert.are.equal('2025-11-25', by_id[1].result.protocolVersion)
+    assert.are.equal(4, #by_id[2].result.tools)
+    assert.are.equal('from a file\n', by_id[3].result.structuredContent.stdout)
+    assert.are.same({}, by_id[4].result)
+    r = process.run({ 'sh', '-c', 'exec "$0" serve --policy spec/mcp/policy.lua < /dev/null', HOST }, { timeout_ms = 30000 })
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.are.equal('', r.stdout)
+    assert.is_nil(r.stderr:find('traceback', 1, true), r.stderr)
+  end)
+
+  it('lists only the tools the session may call, and refuses a declared one that is not granted', function()
+    local input = table.concat({ init(1), req(2, 'tools/list'),
+      req(3, 'tools/call', { name = 'workspace.remove', arguments = { path = 'x' } }) }, '\n') .. '\n'
+    local r = process.run({ HOST, 'serve', '--policy', 'spec/mcp/policy.lua' }, { stdin = input, timeout_ms = 30000 })
+    local by_id = {}
+    for _, m in ipairs(lines_of(r.stdout)) do by_id[m.id] = m end
+    local names = {}
+    for _, t in ipairs(by_id[2].result.tools) do names[#names + 1] = t.name end
+    table.sort(names)
+    assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.write' }, names)
+    assert.is_true(by_id[3].result.isError)
+    assert.are.equal('PERMISSION_DENIED: calling workspace.remove needs the grant tool:workspace.remove',
+      by_id[3].result.content[1].text)
   end)
 
   it('refuses to start on a policy that does not pass its check, and names it', function()
