@@ -182,6 +182,17 @@ agent 'a' { tools = { 'workspace' }, allow = { 'tool:workspace.exec', 'sandbox:w
     assert.are.equal(0, n)
   end)
 
+  it('runs no program while a policy with a Docker pool loads and is checked', function()
+    local docker_src = "pool 'd' { provider = 'docker', provider_options = { image = 'busybox', warm = 1 },\n"
+      .. "  max_sandboxes = 1, max_lifetime_ms = 60000 }"
+    if not pcall(load_src, docker_src) then
+      pending('needs the docker CLI and the built agent')
+      return
+    end
+    local n = spawns_during(function() load_src(docker_src) end, 1500)
+    assert.are.equal(0, n)
+  end)
+
   it('starts warm sandboxes on the pool\'s first use, and never holds more than max_sandboxes', function()
     local policy = load_src(WARM)
     local env = policy:open()
