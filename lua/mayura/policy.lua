@@ -47,10 +47,11 @@
 -- session gets a sandbox of each pool its tools use on the first call that needs one; it is
 -- released when the run ends or the session closes (after the agent's own on_finally hooks).
 --
--- The file runs in an environment of its own: the declarations, `z` (mayura.z), `require` of
--- 'mayura.z' only, string, table, math (copies), `os.time`, `os.clock`, `os.date`, `os.getenv`,
--- and the plain functions (pairs, ipairs, type, tostring, pcall, error, setmetatable, ...); `print`
--- writes to stderr. No io, no os.execute, no load, no debug, no package, no getmetatable. Its
+-- The file runs in an environment of its own: the declarations, `z` (a read-only view of mayura.z),
+-- `require` of 'mayura.z' only, string, table, math (copies; no randomseed), `os.time`, `os.clock`,
+-- `os.date`, `os.getenv`, and the plain functions (pairs, ipairs, type, tostring, pcall, error,
+-- setmetatable without __gc, ...); `print` writes to stderr. No io, no os.execute, no load, no
+-- debug, no package, no getmetatable. Its
 -- globals stay in it, and so do the functions it defines (a tool's run, a hook's handler).
 --
 -- Several files merge: each adds its declarations; a name declared twice (tools and tool share
@@ -266,11 +267,18 @@ local function make_env(reg, file)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
     select = select, tonumber = tonumber, tostring = tostring, type = type, xpcall = xpcall,
-    rawequal = rawequal, rawget = rawget, rawlen = rawlen, setmetatable = setmetatable,
+    rawequal = rawequal, rawget = rawget, rawlen = rawlen,
     unpack = table.unpack or unpack,  -- luacheck: ignore 143
     string = copy(string), table = copy(table), math = copy(math),
     os = { time = os.time, clock = os.clock, date = os.date, getenv = os.getenv },
   }
+  -- no finalizer: policy code runs when it is called, never from the collector in the middle of the host
+  env.setmetatable = function(t, mt)
+    if type(mt) == 'table' and rawget(mt, '__gc') ~= nil then
+      error('a policy cannot set __gc (a finalizer would run in the middle of the host)', 2)
+    end
+    return setmetatable(t, mt)
+  end
   env.string.dump = nil
   env.math.randomseed = nil   -- the generator is the process's
   env.utf8 = utf8 and copy(utf8) or nil  -- luacheck: ignore 143

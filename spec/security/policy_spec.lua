@@ -52,6 +52,7 @@ agent 'a' { tools = { 'probe' }, allow = { 'tool:probe', 'effect:read' } }
       "setmetatable(z, { __index = { string = function() return 'pwned' end } })",
       "require('mayura.z').object = nil",
       "z.string().kind2 = 'any'",
+      "setmetatable({}, { __gc = function() while true do end end })",
     }
     for _, attack in ipairs(attacks) do
       local ok, err = pcall(load_src, attack)
