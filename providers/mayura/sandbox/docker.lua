@@ -906,8 +906,11 @@ end
 -- image has a desktop's programs; none by default); `warm` (0: how many containers of the
 -- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes");
 -- `proxy_resolve` (tests only: the allow-list proxy's names, see mayura.sandbox._egress).
-function M.docker_sandboxes(options)
+-- With `how = { check = true }` the options are only checked: nothing is run, made or started (a
+-- policy's check; the reaper of expired containers waits for a provider made to be used).
+function M.docker_sandboxes(options, how)
   local C = 'INVALID_CONFIG'
+  local checking = type(how) == 'table' and how.check == true
   if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
   check.keys(options, option_keys, 'docker_sandboxes options', C, 3)
   local image = options.image
@@ -984,7 +987,7 @@ function M.docker_sandboxes(options)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
   end
-  reap(p.engine, p.host, p.run_base, me, true)
+  if not checking then reap(p.engine, p.host, p.run_base, me, true) end
   local images = {}          -- image -> { env, until_ms }
   local prepared = false
   local network_checked      -- until when the network of 'all' sandboxes is known to be right (hrtime ms)

@@ -1269,9 +1269,11 @@ local option_keys = {
 -- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
 -- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
 -- "Warm sandboxes" above), `proxy_resolve` (tests only: the allow-list proxy's names, see
--- mayura.sandbox._egress).
-function M.local_sandboxes(options)
+-- mayura.sandbox._egress). With `mode = { check = true }` the options are only checked: nothing is
+-- run, made or started (a policy's check).
+function M.local_sandboxes(options, mode)
   options = options or {}
+  local checking = type(mode) == 'table' and mode.check == true
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
   local C = 'INVALID_CONFIG'
   if options.workdir ~= nil and options.workdir ~= WORKDIR then
@@ -1332,7 +1334,7 @@ function M.local_sandboxes(options)
   p.etc_host.resolv = exists('/etc/resolv.conf')
   -- as root, the launcher mounts the sandbox's tmpfs itself where it may (not in a container
   -- without CAP_SYS_ADMIN, say: then bubblewrap makes them, as for another user)
-  p.staged = p.root and make_stage() and stage_works()
+  p.staged = not checking and p.root and make_stage() and stage_works()
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
@@ -1365,9 +1367,9 @@ function M.local_sandboxes(options)
   p.enforced = {
     memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
     workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
-    inodes = p.staged, oom_protected = oom_shield_works(),
+    inodes = p.staged, oom_protected = not checking and oom_shield_works(),
   }
-  if not p.enforced.oom_protected then warn_unshielded() end
+  if not checking and not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
