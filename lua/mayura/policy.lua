@@ -49,9 +49,9 @@
 --
 -- The file runs in an environment of its own: the declarations, `z` (a read-only view of mayura.z),
 -- `require` of 'mayura.z' only, string, table, math (copies; no randomseed), `os.time`, `os.clock`,
--- `os.date`, `os.getenv`, and the plain functions (pairs, ipairs, type, tostring, pcall, error,
--- setmetatable without __gc, ...); `print` writes to stderr. No io, no os.execute, no load, no
--- debug, no package, no getmetatable. Its
+-- `os.date`, `os.getenv` (none of mayura's own MAYURA_* variables), and the plain functions (pairs,
+-- ipairs, type, tostring, pcall, error, setmetatable without __gc, ...); `print` writes to stderr.
+-- No io, no os.execute, no load, no debug, no package, no getmetatable. Its
 -- globals stay in it, and so do the functions it defines (a tool's run, a hook's handler).
 --
 -- Several files merge: each adds its declarations; a name declared twice (tools and tool share
@@ -262,6 +262,14 @@ local function describe(e)
   return tostring(e)
 end
 
+-- A policy reads the environment (an API key's variable) but not mayura's own variables: a server's
+-- token (MAYURA_MCP_TOKEN) or the paths it was started with are not the policy's to see, nor to pass
+-- into a sandbox's env where its code could read them.
+local function policy_getenv(name)
+  if type(name) ~= 'string' or name:upper():sub(1, 7) == 'MAYURA_' then return nil end
+  return os.getenv(name)
+end
+
 -- The environment a policy file runs in, whose declaration functions add to `reg`.
 local function make_env(reg, file)
   local env = {
@@ -270,7 +278,7 @@ local function make_env(reg, file)
     rawequal = rawequal, rawget = rawget, rawlen = rawlen,
     unpack = table.unpack or unpack,  -- luacheck: ignore 143
     string = copy(string), table = copy(table), math = copy(math),
-    os = { time = os.time, clock = os.clock, date = os.date, getenv = os.getenv },
+    os = { time = os.time, clock = os.clock, date = os.date, getenv = policy_getenv },
   }
   -- no finalizer: policy code runs when it is called, never from the collector in the middle of the host
   env.setmetatable = function(t, mt)

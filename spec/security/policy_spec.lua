@@ -96,6 +96,24 @@ agent 'a' { tools = { 'probe' }, allow = { 'tool:probe', 'effect:read' } }
   end)
 end)
 
+describe('a policy file cannot read mayura\'s own variables', function()
+  it('sees no MAYURA_* variable (a server\'s token), in any spelling, and other variables as they are', function()
+    local policy = mayura.load_policy({ name = 'env.lua', source = [[
+      SAW = { os.getenv('MAYURA_MCP_TOKEN'), os.getenv('mayura_mcp_token'), os.getenv('MAYURA_BUILD'),
+              os.getenv('PATH') }
+      tool 'probe' { effect = 'read', run = function() return SAW end }
+    ]] })
+    assert.is_truthy(policy)
+    -- the spec runner sets MAYURA_BUILD; the policy must not see it
+    assert.is_truthy(os.getenv('MAYURA_BUILD'))
+    local saw = policy._decls.tool[1].def.run()
+    assert.is_nil(saw[1])
+    assert.is_nil(saw[2])
+    assert.is_nil(saw[3])
+    assert.are.equal(os.getenv('PATH'), saw[4])
+  end)
+end)
+
 describe('a policy file cannot name a host program or a host path', function()
   local dir, marker, evil
 
