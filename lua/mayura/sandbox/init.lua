@@ -38,6 +38,16 @@
 -- pool, a create of another shape finding no free slot has one destroyed
 -- first (`warm_evict`), and `close()` ends them all (`warm_detach`).
 --
+-- Snapshots: `sandbox:snapshot()` keeps the sandbox's files (its working directory, /tmp, a
+-- provider's `snapshot_paths`) as `{ id, size_bytes, provider }` with `release()`;
+-- `create{ snapshot = snap }` starts a sandbox with them. The pool checks that the snapshot is its
+-- own and not released (INVALID_INPUT), bounds them by `max_snapshots` and `max_snapshot_bytes`
+-- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
+-- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
+-- snapshot of its own, `{ size_bytes, release }`, which its create gets as `spec.snapshot`),
+-- false (none), or by default 'generic' (mayura.sandbox._snapshot: an archive made in the
+-- sandbox, kept in this process's memory and unpacked in the new sandbox before it is handed out).
+--
 -- Streaming: `sandbox:exec(argv, { on_stdout = fn, on_stderr = fn })` and
 -- `sandbox:start(argv, opts)` (a handle: `pid`, `wait()`, `kill(signal)`,
 -- `output()`). The pool passes the backend's exec `o.on_output(name, chunk)`
@@ -62,6 +72,7 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
+local snapshots = require('mayura.sandbox._snapshot')
 
 local M = {}
 
@@ -186,11 +197,18 @@ local function check_argv(argv)
   return copy
 end
 
+-- How a provider's snapshots are made (see the top of this module): 'generic' unless it says.
+local function snapshot_kind(f)
+  if f.snapshots == false or f.snapshots == 'native' then return f.snapshots end
+  return 'generic'
+end
+
 local function copy_features(f)
   f = f or {}
   local net = {}
   for i, k in ipairs(f.network or {}) do net[i] = k end
-  return { stdin = f.stdin == true, ports = f.ports == true, desktop = f.desktop == true, network = net }
+  return { stdin = f.stdin == true, ports = f.ports == true, desktop = f.desktop == true, network = net,
+    snapshots = snapshot_kind(f) }
 end
 
 local function has(list, v)
@@ -595,6 +613,63 @@ function Sandbox:url(port)
   return url
 end
 
+--- Keeps the sandbox's files: `{ id, size_bytes, provider }` with `release()` (see the top of this
+-- module). Counted against the pool's max_snapshots and max_snapshot_bytes until released.
+function Sandbox:snapshot()
+  local pool = self._pool
+  local kind = self.features.snapshots
+  if not kind then errors.raise('INVALID_INPUT', 'this provider makes no snapshots', nil, 2) end
+  alive(self)
+  if pool._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
+  if pool._snap_count >= pool.max_snapshots then
+    errors.raise('LIMIT_EXCEEDED', 'max_snapshots (' .. pool.max_snapshots .. ') are held', nil, 2)
+  end
+  local room = pool.max_snapshot_bytes - pool._snap_bytes
+  -- the slot is taken while the snapshot is made, so that snapshots made at once keep to the limit
+  pool._snap_count = pool._snap_count + 1
+  local ok, held, size = pcall(function()
+    local timeout = pool.call_timeout_ms
+    if kind == 'native' and type(self._backend.snapshot) == 'function' then
+      local native = self:_call(timeout, 'snapshot', { max_bytes = room, timeout_ms = timeout })
+      if type(native) ~= 'table' or not check.is_int(native.size_bytes) or native.size_bytes < 0
+        or type(native.release) ~= 'function' then
+        if type(native) == 'table' and type(native.release) == 'function' then pcall(native.release, native) end
+        error(bad_reply('snapshot'), 0)
+      end
+      return { native = native }, native.size_bytes
+    end
+    local archive = snapshots.capture(function(name, ...)
+      return self:_call(2 * timeout, name, ...)
+    end, { paths = snapshots.paths(pool.provider, self._workdir), max_bytes = room, timeout_ms = timeout,
+      streams = self._backend.streaming == true })
+    return { archive = archive }, #archive
+  end)
+  pool._snap_count = pool._snap_count - 1
+  local function drop()
+    if ok and held.native then pcall(held.native.release, held.native) end
+  end
+  if not ok then error(held, 0) end
+  if pool._closed then
+    drop()
+    error(errors.sandbox('closed', 'the pool was closed'), 2)
+  end
+  if pool._snap_count >= pool.max_snapshots then
+    drop()
+    errors.raise('LIMIT_EXCEEDED', 'max_snapshots (' .. pool.max_snapshots .. ') are held', nil, 2)
+  end
+  if size > pool.max_snapshot_bytes - pool._snap_bytes then
+    drop()
+    errors.raise('LIMIT_EXCEEDED', 'the snapshot (' .. size .. ' bytes) is more than max_snapshot_bytes ('
+      .. pool.max_snapshot_bytes .. ') leaves room for', nil, 2)
+  end
+  local snap = snapshots.new(pool, 'snapshot-' .. snapshots.random_hex(8), size,
+    type(pool.provider.id) == 'string' and pool.provider.id or 'provider', held)
+  pool._snapshots[snap] = true
+  pool._snap_count = pool._snap_count + 1
+  pool._snap_bytes = pool._snap_bytes + size
+  return snap
+end
+
 --- Ends the sandbox. Every call fails with `gone` from then on; the pool's slot is freed once
 -- the provider's release has returned (the sandbox is really over), even when that comes after
 -- the call timeout this waits at most. Releasing again waits for the same release.
@@ -797,7 +872,7 @@ Pool.__index = Pool
 local pool_keys = {
   max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
   max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
-  labels = true, on_event = true, warm_start = true,
+  labels = true, on_event = true, warm_start = true, max_snapshots = true, max_snapshot_bytes = true,
 }
 
 --- Holds every sandbox from `provider` to the same limits.
@@ -840,6 +915,12 @@ function M.create_sandboxes(provider, options)
     call_timeout_ms = check.int(options.call_timeout_ms, 'call_timeout_ms', 1, nil, C, 3, 120000),
     labels = check_labels(options.labels, 3),
     on_event = options.on_event,
+    max_snapshots = check.int(options.max_snapshots, 'max_snapshots', 0, 100000, C, 3, 16),
+    max_snapshot_bytes = check.int(options.max_snapshot_bytes, 'max_snapshot_bytes', 0, 65536 * MIB, C, 3,
+      1024 * MIB),
+    _snapshots = {},
+    _snap_count = 0,   -- held, and being made
+    _snap_bytes = 0,   -- the sizes of those held
     workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
     _alive = {},
     _count = 0,
@@ -883,10 +964,42 @@ end
 
 local create_keys = {
   lifetime_ms = true, network = true, env = true, ports = true, cpus = true, memory_mib = true,
-  image = true, labels = true, desktop = true,
+  image = true, labels = true, desktop = true, snapshot = true,
 }
 
---- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop }`.
+-- The pool forgets a snapshot and frees its room (snapshot:release(), close()).
+function Pool:_release_snapshot(snap)
+  if snap._released then return end
+  snap._released = true
+  if self._snapshots[snap] then
+    self._snapshots[snap] = nil
+    self._snap_count = self._snap_count - 1
+    self._snap_bytes = self._snap_bytes - snap.size_bytes
+  end
+  local held = snap._held
+  snap._held = nil
+  if held and held.native then pcall(held.native.release, held.native) end
+end
+
+-- The create's snapshot, checked: one of this pool's, not released.
+local function check_snapshot(self, snap)
+  if not snapshots.is(snap) then
+    errors.raise('INVALID_INPUT', 'snapshot must be a snapshot (sandbox:snapshot())', nil, 3)
+  end
+  if snap._pool ~= self then errors.raise('INVALID_INPUT', 'the snapshot belongs to another pool', nil, 3) end
+  if snap._released or not self._snapshots[snap] then
+    errors.raise('INVALID_INPUT', 'the snapshot was released', nil, 3)
+  end
+  return snap
+end
+
+--- How many snapshots the pool holds, and their bytes together.
+function Pool:snapshots()
+  return self._snap_count, self._snap_bytes
+end
+
+--- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop,
+-- snapshot }`.
 function Pool:create(options)
   if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
   if self._warm_later then
@@ -985,6 +1098,11 @@ function Pool:create(options)
     end
     spec.desktop = options.desktop
   end
+  local snap = options.snapshot ~= nil and check_snapshot(self, options.snapshot) or nil
+  -- what the new sandbox starts with: the provider's own snapshot goes to its create, an archive is
+  -- unpacked once the sandbox is made (a reference of its own: a release meanwhile does not take it)
+  local held = snap and snap._held
+  if held and held.native then spec.snapshot = held.native end
   local labels = check_labels(options.labels, 3)
   spec.labels = {}
   for k, v in pairs(self.labels) do spec.labels[k] = v end
@@ -993,7 +1111,7 @@ function Pool:create(options)
   local provider = self.provider
   -- a warm sandbox of exactly the asked shape moves from the provider's slots to the pool's; a
   -- create of another shape finding every slot taken makes room by destroying a warm one
-  local warm = self._warm and provider:warm_claim(self._warm, spec) or nil
+  local warm = self._warm and not spec.snapshot and provider:warm_claim(self._warm, spec) or nil
   if not warm and self._count + self:_warm_held() >= self.max_sandboxes then
     if self._warm then provider:warm_evict(self._warm) end
     if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
@@ -1034,6 +1152,20 @@ function Pool:create(options)
     pcall(backend.release, backend)
     self._count = self._count - 1
     error(errors.sandbox('closed', 'the pool was closed'), 2)
+  end
+  if held and held.archive then
+    -- the snapshot's files, before the sandbox is anyone's; a failure ends it and frees its slot
+    local timeout = self.call_timeout_ms
+    local restored, err = pcall(snapshots.restore, function(name, ...)
+      local args, n = { ... }, select('#', ...)
+      return with_deadline(2 * timeout, function() return backend[name](backend, check.unpack(args, 1, n)) end)
+    end, held.archive, { timeout_ms = timeout })
+    if not restored or self._closed then
+      pcall(backend.release, backend)
+      self._count = self._count - 1
+      if restored then error(errors.sandbox('closed', 'the pool was closed'), 2) end
+      error(provider_error(err), 2)
+    end
   end
   local sandbox = setmetatable({
     id = type(backend.id) == 'string' and backend.id or ('sandbox-' .. tostring(started)),
@@ -1097,6 +1229,7 @@ end
 -- being started too), and refuses new ones.
 function Pool:close()
   self._closed = true
+  for snap in pairs(self._snapshots) do self:_release_snapshot(snap) end
   local list = {}
   for sb in pairs(self._alive) do list[#list + 1] = sb end
   local tasks = {}

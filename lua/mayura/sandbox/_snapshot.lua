@@ -1,0 +1,307 @@
+--- mayura.sandbox._snapshot: snapshots of a sandbox's files, the generic way every provider has.
+--
+-- The pool (mayura.sandbox) checks and counts snapshots; this module makes and restores them
+-- through a backend's ordinary calls, so it works on any provider whose sandbox has `sh` and `tar`
+-- (GNU or BusyBox):
+--
+--   capture(call, o): in the sandbox, `tar -c` of what is in each of `o.paths` (its working
+--     directory and /tmp), leaving out the names under /tmp that start with `.mayura-` (the
+--     backends' own), written to the command's stdout (no file in the sandbox, so a full disk
+--     does not stop it) and read back as the exec's output, at most `o.max_bytes`: past them
+--     LIMIT_EXCEEDED. The archive is kept in the host process's memory only. tar runs as the
+--     sandbox's user: the archive holds what that user can read, links as links, and no host
+--     path. A tar that fails (a file it cannot read, one changed as it was read) fails the
+--     snapshot, and nothing was made.
+--   restore(call, snap, o): writes the archive into the new sandbox's /tmp, unpacks it there
+--     from `/` (as that sandbox's user, umask 0, modes kept), removes it, then gives back their
+--     modes to the directories its user could not write (see below). The host never unpacks the
+--     archive nor follows a name in it; what a hostile archive could do, it does inside the new
+--     sandbox, as its user, which that user could do anyway.
+--
+-- BusyBox's tar sets a directory's mode as it makes it, so a directory without the owner's write
+-- bit could not receive its files: before the archive is written into the new sandbox, its
+-- directory headers lacking that bit get it (the header's checksum made again), and once it is
+-- unpacked a script of `chmod`s, written beside it, puts the real modes back, deepest first.
+-- Reading the headers is the only parsing the host does, and it only ever changes mode bits: a
+-- header it does not understand ends the walk, and the archive goes as it is.
+--
+-- `call(name, ...)` is the caller's way to a backend method (the pool's, with its deadline and
+-- its errors); `backend_streams` says the backend's exec streams (then its output is asked as a
+-- stream, which the agent passes on without holding it).
+local errors = require('mayura.errors')
+local scripts = require('mayura.sandbox.scripts')
+
+local M = {}
+
+local MIB = 1048576
+local BLOCK = 512
+
+--- The most one generic snapshot holds: the agent's cap of one exec's output (core/wire.h's frame
+-- of 1 GiB, halved), with room to spare.
+M.MAX_BYTES = 511 * MIB
+
+local q = scripts.quote
+
+-- {======================================================
+-- The snapshot object
+-- =======================================================
+
+local Snapshot = {}
+Snapshot.__index = Snapshot
+
+--- A snapshot of `pool`: `{ id, size_bytes, provider }` and `release()`. `held` is what the pool
+-- keeps of it (the archive, or the provider's own snapshot).
+function M.new(pool, id, size_bytes, provider_id, held)
+  return setmetatable({ id = id, size_bytes = size_bytes, provider = provider_id, _pool = pool, _held = held,
+    _released = false }, Snapshot)
+end
+
+--- Whether `v` is a snapshot object.
+function M.is(v)
+  return type(v) == 'table' and getmetatable(v) == Snapshot
+end
+
+--- Releases the snapshot: the pool forgets it and frees its room. Releasing again does nothing.
+function Snapshot:release()
+  if self._released then return end
+  self._pool:_release_snapshot(self)
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Reading the archive's headers
+-- =======================================================
+
+-- An octal or base-256 number field of a header (bytes `at`..`at + len - 1`), or nil.
+local function number_field(h, at, len)
+  local first = h:byte(at)
+  if first >= 128 then
+    local n = first - 128
+    for i = at + 1, at + len - 1 do n = n * 256 + h:byte(i) end
+    return n
+  end
+  local digits = h:sub(at, at + len - 1):match('^[ %z]*([0-7]*)')
+  if digits == nil then return nil end
+  if digits == '' then return 0 end
+  return tonumber(digits, 8)
+end
+
+local function cstring(s)
+  return (s:match('^[^%z]*'))
+end
+
+-- The value of `key` in a pax header's records (`<len> key=value\n`, each counting its own bytes).
+local function pax_value(body, key)
+  local at = 1
+  while at <= #body do
+    local len = body:match('^(%d+) ', at)
+    len = len and tonumber(len)
+    if not len or len < 1 or at + len - 1 > #body then return nil end
+    local k, v = body:sub(at, at + len - 1):match('^%d+ ([^=]*)=(.*)\n$')
+    if k == key then return v end
+    at = at + len
+  end
+  return nil
+end
+
+-- A header with `mode` in place of its own, its checksum made again.
+local function with_mode(h, mode)
+  h = h:sub(1, 100) .. string.format('%07o', mode) .. '\0' .. h:sub(109, 148) .. '        ' .. h:sub(157)
+  local sum = 0
+  for i = 1, BLOCK do sum = sum + h:byte(i) end
+  return h:sub(1, 148) .. string.format('%06o', sum) .. '\0 ' .. h:sub(157)
+end
+
+local OWNER_WRITE = 128   -- 0200
+
+--- The directories of `archive` whose owner may not write them: returns the archive with that bit
+-- added to each one's header, and the list `{ { name, mode } }` of their real modes (the archive as
+-- it is and an empty list when there are none).
+function M.writable_dirs(archive)
+  local pieces, fixes, at, last = {}, {}, 1, 1
+  local long_name, pax_path
+  while at + BLOCK - 1 <= #archive do
+    local h = archive:sub(at, at + BLOCK - 1)
+    if not h:find('[^%z]') then break end   -- the end of the archive
+    local size = number_field(h, 125, 12)
+    local mode = number_field(h, 101, 8)
+    if not size or not mode then break end
+    local flag = h:sub(157, 157)
+    local data_at = at + BLOCK
+    local next_at = data_at + math.ceil(size / BLOCK) * BLOCK
+    if flag == 'L' then
+      long_name = cstring(archive:sub(data_at, data_at + size - 1))
+    elseif flag == 'x' then
+      pax_path = pax_value(archive:sub(data_at, data_at + size - 1), 'path') or pax_path
+    elseif flag ~= 'g' and flag ~= 'K' then   -- (a global pax header, a GNU long link name: not names)
+      if flag == '5' and mode % 256 < OWNER_WRITE then
+        local name = pax_path or long_name
+        if not name then
+          name = cstring(h:sub(1, 100))
+          local prefix = h:sub(258, 263) == 'ustar\0' and cstring(h:sub(346, 500)) or ''
+          if prefix ~= '' then name = prefix .. '/' .. name end
+        end
+        name = name:gsub('/+$', '')
+        if name ~= '' then
+          fixes[#fixes + 1] = { name = name, mode = mode % 4096 }
+          pieces[#pieces + 1] = archive:sub(last, at - 1)
+          pieces[#pieces + 1] = with_mode(h, mode % 4096 + OWNER_WRITE)
+          last = at + BLOCK
+        end
+      end
+      long_name, pax_path = nil, nil
+    end
+    at = next_at
+  end
+  if #fixes == 0 then return archive, fixes end
+  pieces[#pieces + 1] = archive:sub(last)
+  return table.concat(pieces), fixes
+end
+
+-- }======================================================
+
+-- {======================================================
+-- Capture and restore
+-- =======================================================
+
+-- `sh -c CAPTURE sh path...`: the names in each path (hidden ones too; under /tmp not the
+-- backends' `.mayura-*`), relative to /, then tar of them to stdout. Nothing there: no output.
+local CAPTURE = [=[
+n=$#
+for r in "$@"; do
+  cd "$r" 2>/dev/null || continue
+  for f in * .[!.]* ..?*; do
+    [ -e "$f" ] || [ -h "$f" ] || continue
+    case "$r/$f" in /tmp/.mayura-*) continue ;; esac
+    set -- "$@" "${r#/}/$f"
+  done
+done
+shift "$n"
+[ "$#" -gt 0 ] || exit 0
+cd / || exit 1
+exec tar -cf - "$@"
+]=]
+
+-- `sh -c RESTORE sh archive [chmods]`: unpacks from /, removes what it was given, then the modes.
+local RESTORE = [=[
+umask 0
+cd / || exit 1
+tar -xpf "$1"; s=$?
+rm -f -- "$1"
+if [ -n "$2" ]; then
+  if [ "$s" = 0 ]; then sh "$2" || s=1; fi
+  rm -f -- "$2"
+fi
+exit "$s"
+]=]
+
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then bytes = tostring(os.time()) .. tostring(math.random()):sub(3) end
+  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+M.random_hex = random_hex
+
+--- The paths a generic snapshot keeps: the provider's `snapshot_paths` (absolute directories), or
+-- its working directory and /tmp; one inside another is kept once.
+function M.paths(provider, workdir)
+  local given = type(provider.snapshot_paths) == 'table' and provider.snapshot_paths or { workdir, '/tmp' }
+  local list = {}
+  for _, p in ipairs(given) do
+    if type(p) == 'string' and p:sub(1, 1) == '/' and p ~= '/' and not p:find('%z') then
+      list[#list + 1] = (p:gsub('/+$', ''))
+    end
+  end
+  local out = {}
+  for _, p in ipairs(list) do
+    local inside = false
+    for _, o in ipairs(list) do
+      if o ~= p and p:sub(1, #o + 1) == o .. '/' then inside = true end
+    end
+    for _, o in ipairs(out) do inside = inside or o == p end
+    if not inside then out[#out + 1] = p end
+  end
+  return out
+end
+
+--- Archives the files of `o.paths` in the sandbox; returns the archive (at most `o.max_bytes`).
+-- `o.timeout_ms` bounds the command; `o.streams`: the backend's exec streams.
+function M.capture(call, o)
+  local cap = math.min(o.max_bytes, M.MAX_BYTES)
+  local argv = { 'sh', '-c', CAPTURE, 'sh' }
+  for _, p in ipairs(o.paths) do argv[#argv + 1] = p end
+  local eo = { timeout_ms = o.timeout_ms, max_output_bytes = cap + 1 }
+  -- a streamed exec: the agent passes the archive on as it reads it, holding none of it
+  if o.streams then eo.on_output = function() end end
+  local res = call('exec', argv, eo)
+  if type(res) ~= 'table' or type(res.stdout) ~= 'string' then
+    error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
+  end
+  if res.truncated or #res.stdout > cap then
+    if cap < o.max_bytes then
+      error(errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than a snapshot holds ('
+        .. M.MAX_BYTES .. ' bytes)'), 0)
+    end
+    error(errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes leaves room for ('
+      .. o.max_bytes .. ' bytes)'), 0)
+  end
+  if res.timed_out then
+    error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
+  end
+  if res.exit_code ~= 0 then
+    error(errors.sandbox('failed', 'the sandbox\'s files could not be archived (one it cannot read, or one '
+      .. 'changed while it was read)'), 0)
+  end
+  if #res.stdout % BLOCK ~= 0 then
+    error(errors.sandbox('failed', 'the sandbox\'s archive of its files is cut'), 0)
+  end
+  return res.stdout
+end
+
+--- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it.
+function M.restore(call, archive, o)
+  if archive == '' then return end
+  local data, fixes = M.writable_dirs(archive)
+  local base = '/tmp/.mayura-restore-' .. random_hex(8)
+  local function room(err)
+    if errors.is(err, 'LIMIT_EXCEEDED') then
+      return errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files')
+    end
+    return err
+  end
+  local ok, err = pcall(call, 'write_file', base .. '.tar', data)
+  if not ok then error(room(err), 0) end
+  local argv = { 'sh', '-c', RESTORE, 'sh', base .. '.tar' }
+  if #fixes > 0 then
+    table.sort(fixes, function(a, b) return #a.name > #b.name end)
+    local lines = {}
+    for i, f in ipairs(fixes) do
+      lines[i] = ('chmod -- %04o %s || exit 1'):format(f.mode, q(f.name))
+    end
+    ok, err = pcall(call, 'write_file', base .. '.sh', table.concat(lines, '\n') .. '\n')
+    if not ok then error(room(err), 0) end
+    argv[#argv + 1] = base .. '.sh'
+  end
+  local res = call('exec', argv, { timeout_ms = o.timeout_ms, max_output_bytes = 65536 })
+  if type(res) ~= 'table' then
+    error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
+  end
+  if res.timed_out then
+    error(errors.sandbox('timeout', 'unpacking the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
+  end
+  if res.exit_code ~= 0 then
+    -- tar's own words are only looked at, never passed on
+    local text = type(res.stderr) == 'string' and res.stderr or ''
+    if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
+      error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
+    end
+    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox'), 0)
+  end
+end
+
+-- }======================================================
+
+return M
