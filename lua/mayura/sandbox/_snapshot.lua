@@ -19,9 +19,10 @@
 --     sandbox, as its user, which that user could do anyway.
 --
 -- BusyBox's tar sets a directory's mode as it makes it, so a directory without the owner's write
--- bit could not receive its files: before the archive is written into the new sandbox, its
--- directory headers lacking that bit get it (the header's checksum made again), and once it is
--- unpacked a script of `chmod`s, written beside it, puts the real modes back, deepest first.
+-- bit could not receive its files, and leaves a directory the time its last entry was unpacked
+-- at: before the archive is written into the new sandbox, its directory headers lacking that bit
+-- get it (the header's checksum made again), and once it is unpacked a script written beside it
+-- puts the real modes back (`chmod`, deepest first) and every directory's time (`touch -t`).
 -- Reading the headers is the only parsing the host does, and it only ever changes mode bits: a
 -- header it does not understand ends the walk, and the archive goes as it is.
 --
@@ -115,27 +116,26 @@ end
 
 local OWNER_WRITE = 128   -- 0200
 
---- The directories of `archive` whose owner may not write them: returns the archive with that bit
--- added to each one's header, and the list `{ { name, mode } }` of their real modes (the archive as
--- it is and an empty list when there are none).
-function M.writable_dirs(archive)
-  local pieces, fixes, at, last = {}, {}, 1, 1
+--- The directories of `archive`: returns the archive with the owner's write bit added to the
+-- header of each directory that lacks it, the list `{ { name, mode } }` of those directories' real
+-- modes, and the list `{ { name, mtime } }` of every directory's time (BusyBox's tar leaves a
+-- directory the time its last entry was unpacked at).
+function M.directories(archive)
+  local pieces, modes, times, at, last = {}, {}, {}, 1, 1
   local long_name, pax_path
   while at + BLOCK - 1 <= #archive do
     local h = archive:sub(at, at + BLOCK - 1)
     if not h:find('[^%z]') then break end   -- the end of the archive
-    local size = number_field(h, 125, 12)
-    local mode = number_field(h, 101, 8)
-    if not size or not mode then break end
+    local size, mode, mtime = number_field(h, 125, 12), number_field(h, 101, 8), number_field(h, 137, 12)
+    if not size or not mode or not mtime then break end
     local flag = h:sub(157, 157)
     local data_at = at + BLOCK
-    local next_at = data_at + math.ceil(size / BLOCK) * BLOCK
     if flag == 'L' then
       long_name = cstring(archive:sub(data_at, data_at + size - 1))
     elseif flag == 'x' then
       pax_path = pax_value(archive:sub(data_at, data_at + size - 1), 'path') or pax_path
     elseif flag ~= 'g' and flag ~= 'K' then   -- (a global pax header, a GNU long link name: not names)
-      if flag == '5' and mode % 256 < OWNER_WRITE then
+      if flag == '5' then
         local name = pax_path or long_name
         if not name then
           name = cstring(h:sub(1, 100))
@@ -144,19 +144,51 @@ function M.writable_dirs(archive)
         end
         name = name:gsub('/+$', '')
         if name ~= '' then
-          fixes[#fixes + 1] = { name = name, mode = mode % 4096 }
-          pieces[#pieces + 1] = archive:sub(last, at - 1)
-          pieces[#pieces + 1] = with_mode(h, mode % 4096 + OWNER_WRITE)
-          last = at + BLOCK
+          times[#times + 1] = { name = name, mtime = mtime }
+          if mode % 256 < OWNER_WRITE then
+            modes[#modes + 1] = { name = name, mode = mode % 4096 }
+            pieces[#pieces + 1] = archive:sub(last, at - 1)
+            pieces[#pieces + 1] = with_mode(h, mode % 4096 + OWNER_WRITE)
+            last = at + BLOCK
+          end
         end
       end
       long_name, pax_path = nil, nil
     end
-    at = next_at
+    at = data_at + math.ceil(size / BLOCK) * BLOCK
   end
-  if #fixes == 0 then return archive, fixes end
+  if #modes == 0 then return archive, modes, times end
   pieces[#pieces + 1] = archive:sub(last)
-  return table.concat(pieces), fixes
+  return table.concat(pieces), modes, times
+end
+
+-- The script that gives the unpacked directories their modes (deepest first) and times (those of a
+-- time together, in UTC), run from /.
+local function fixup_script(modes, times)
+  local lines = { 'TZ=UTC0', 'export TZ' }
+  table.sort(modes, function(a, b) return #a.name > #b.name end)
+  for _, f in ipairs(modes) do
+    lines[#lines + 1] = ('chmod -- %04o %s || exit 1'):format(f.mode, q(f.name))
+  end
+  local by_time, order = {}, {}
+  for _, t in ipairs(times) do
+    if t.mtime >= 0 and t.mtime < 253402300800 then   -- what touch -t can say (years to 9999)
+      local stamp = os.date('!%Y%m%d%H%M.%S', t.mtime)
+      if not by_time[stamp] then
+        by_time[stamp] = {}
+        order[#order + 1] = stamp
+      end
+      table.insert(by_time[stamp], q(t.name))
+    end
+  end
+  for _, stamp in ipairs(order) do
+    local names = by_time[stamp]
+    for i = 1, #names, 64 do
+      lines[#lines + 1] = 'touch -c -t ' .. stamp .. ' -- ' .. table.concat(names, ' ', i, math.min(i + 63, #names))
+        .. ' || exit 1'
+    end
+  end
+  return table.concat(lines, '\n') .. '\n'
 end
 
 -- }======================================================
@@ -264,7 +296,7 @@ end
 --- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it.
 function M.restore(call, archive, o)
   if archive == '' then return end
-  local data, fixes = M.writable_dirs(archive)
+  local data, modes, times = M.directories(archive)
   local base = '/tmp/.mayura-restore-' .. random_hex(8)
   local function room(err)
     if errors.is(err, 'LIMIT_EXCEEDED') then
@@ -275,13 +307,8 @@ function M.restore(call, archive, o)
   local ok, err = pcall(call, 'write_file', base .. '.tar', data)
   if not ok then error(room(err), 0) end
   local argv = { 'sh', '-c', RESTORE, 'sh', base .. '.tar' }
-  if #fixes > 0 then
-    table.sort(fixes, function(a, b) return #a.name > #b.name end)
-    local lines = {}
-    for i, f in ipairs(fixes) do
-      lines[i] = ('chmod -- %04o %s || exit 1'):format(f.mode, q(f.name))
-    end
-    ok, err = pcall(call, 'write_file', base .. '.sh', table.concat(lines, '\n') .. '\n')
+  if #modes > 0 or #times > 0 then
+    ok, err = pcall(call, 'write_file', base .. '.sh', fixup_script(modes, times))
     if not ok then error(room(err), 0) end
     argv[#argv + 1] = base .. '.sh'
   end
