@@ -7,16 +7,18 @@
 --   capture(call, o): in the sandbox, `tar -c` of what is in each of `o.paths` (its working
 --     directory and /tmp), leaving out the names under /tmp that start with `.mayura-` (the
 --     backends' own), written to the command's stdout (no file in the sandbox, so a full disk
---     does not stop it) and read back as the exec's output, at most `o.max_bytes`: past them
---     LIMIT_EXCEEDED. The archive is kept in the host process's memory only. tar runs as the
---     sandbox's user: the archive holds what that user can read, links as links, and no host
---     path. A tar that fails (a file it cannot read, one changed as it was read) fails the
---     snapshot, and nothing was made.
---   restore(call, snap, o): writes the archive into the new sandbox's /tmp, unpacks it there
---     from `/` (as that sandbox's user, umask 0, modes kept), removes it, then gives back their
---     modes to the directories its user could not write (see below). The host never unpacks the
---     archive nor follows a name in it; what a hostile archive could do, it does inside the new
---     sandbox, as its user, which that user could do anyway.
+--     does not stop it) and cut after `o.max_bytes` (past them LIMIT_EXCEEDED: tar ends at its
+--     next write, however much it had left). Through the agent (a backend with
+--     `binary_streams`) the bytes come as a streamed exec's output, which the agent passes on
+--     without holding it; through any other backend, as one line of base64. The archive is
+--     kept in the host process's memory only. tar runs as the sandbox's user: the archive holds
+--     what that user can read, links as links, and no host path. A tar that fails (a file it
+--     cannot read, one changed as it was read) fails the snapshot, and nothing was made.
+--   restore(call, snap, o): unpacks the archive in the new sandbox from `/` (as that sandbox's
+--     user, umask 0, modes kept): through the agent on the command's standard input, else
+--     written to a file in its /tmp first and removed after. The host never unpacks the
+--     archive nor follows a name in it; what a hostile archive could do, it does inside the
+--     new sandbox, as its user, which that user could do anyway.
 --
 -- BusyBox's tar sets a directory's mode as it makes it, so a directory without the owner's write
 -- bit could not receive its files, and leaves a directory the time its last entry was unpacked
@@ -27,8 +29,8 @@
 -- header it does not understand ends the walk, and the archive goes as it is.
 --
 -- `call(name, ...)` is the caller's way to a backend method (the pool's, with its deadline and
--- its errors); `backend_streams` says the backend's exec streams (then its output is asked as a
--- stream, which the agent passes on without holding it).
+-- its errors).
+local core = require('mayura.core')
 local errors = require('mayura.errors')
 local scripts = require('mayura.sandbox.scripts')
 
@@ -40,6 +42,8 @@ local BLOCK = 512
 --- The most one generic snapshot holds: the agent's cap of one exec's output (core/wire.h's frame
 -- of 1 GiB, halved), with room to spare.
 M.MAX_BYTES = 511 * MIB
+--- The same through a backend whose exec output is text, once in base64.
+M.MAX_TEXT_BYTES = 383 * MIB
 
 local q = scripts.quote
 
@@ -197,9 +201,13 @@ end
 -- Capture and restore
 -- =======================================================
 
--- `sh -c CAPTURE sh path...`: the names in each path (hidden ones too; under /tmp not the
--- backends' `.mayura-*`), relative to /, then tar of them to stdout. Nothing there: no output.
+-- `sh -c CAPTURE sh limit path...`: the names in each path (hidden ones too; under /tmp not the
+-- backends' `.mayura-*`), relative to /, then tar of them to stdout, cut after `limit` bytes (tar
+-- then ends at its next write: a sparse file of terabytes is not read to its end), and tar's exit
+-- status on stderr. Nothing there: no output.
 local CAPTURE = [=[
+limit=$1
+shift
 n=$#
 for r in "$@"; do
   cd "$r" 2>/dev/null || continue
@@ -210,9 +218,12 @@ for r in "$@"; do
   done
 done
 shift "$n"
-[ "$#" -gt 0 ] || exit 0
+[ "$#" -gt 0 ] || { echo 'tar=0' >&2; exit 0; }
 cd / || exit 1
-exec tar -cf - "$@"
+{ tar -cf - "$@" 2>/dev/null; echo "tar=$?" >&2; } | head -c "$limit" ]=]
+
+-- CAPTURE's end for a backend whose exec output is text: the archive as base64 on one line.
+local TEXT = [=[ | base64 | tr -d '\n'
 ]=]
 
 -- `sh -c RESTORE sh archive [chmods]`: unpacks from /, removes what it was given, then the modes.
@@ -220,7 +231,7 @@ local RESTORE = [=[
 umask 0
 cd / || exit 1
 tar -xpf "$1"; s=$?
-rm -f -- "$1"
+[ "$1" = - ] || rm -f -- "$1"
 if [ -n "$2" ]; then
   if [ "$s" = 0 ]; then sh "$2" || s=1; fi
   rm -f -- "$2"
@@ -259,23 +270,30 @@ function M.paths(provider, workdir)
   return out
 end
 
---- Archives the files of `o.paths` in the sandbox; returns the archive (at most `o.max_bytes`).
--- `o.timeout_ms` bounds the command; `o.streams`: the backend's exec streams.
-function M.capture(call, o)
-  local cap = math.min(o.max_bytes, M.MAX_BYTES)
-  local argv = { 'sh', '-c', CAPTURE, 'sh' }
+-- One try of capture: the archive, or false when tar failed.
+local function capture_once(call, o)
+  local most = o.binary and M.MAX_BYTES or M.MAX_TEXT_BYTES
+  local cap = math.min(o.max_bytes, most)
+  local argv = { 'sh', '-c', o.binary and CAPTURE or (CAPTURE .. TEXT), 'sh', tostring(cap + 1) }
   for _, p in ipairs(o.paths) do argv[#argv + 1] = p end
   local eo = { timeout_ms = o.timeout_ms, max_output_bytes = cap + 1 }
-  -- a streamed exec: the agent passes the archive on as it reads it, holding none of it
-  if o.streams then eo.on_output = function() end end
+  if o.binary then
+    eo.on_output = function() end
+  else
+    eo.max_output_bytes = 4 * math.ceil((cap + 1) / 3) + 64
+  end
   local res = call('exec', argv, eo)
   if type(res) ~= 'table' or type(res.stdout) ~= 'string' then
     error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
   end
-  if res.truncated or #res.stdout > cap then
+  local archive = res.stdout
+  if not o.binary and not res.truncated then
+    archive = core.base64.decode(archive) or error(errors.sandbox('failed', 'the sandbox\'s archive is not base64'), 0)
+  end
+  if res.truncated or #archive > cap then
     if cap < o.max_bytes then
       error(errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than a snapshot holds ('
-        .. M.MAX_BYTES .. ' bytes)'), 0)
+        .. most .. ' bytes)'), 0)
     end
     error(errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes leaves room for ('
       .. o.max_bytes .. ' bytes)'), 0)
@@ -283,17 +301,29 @@ function M.capture(call, o)
   if res.timed_out then
     error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
   end
-  if res.exit_code ~= 0 then
-    error(errors.sandbox('failed', 'the sandbox\'s files could not be archived (one it cannot read, or one '
-      .. 'changed while it was read)'), 0)
+  if res.exit_code ~= 0 or type(res.stderr) ~= 'string' or not ('\n' .. res.stderr):find('\ntar=0\n', 1, true)
+    or #archive % BLOCK ~= 0 then
+    return false
   end
-  if #res.stdout % BLOCK ~= 0 then
-    error(errors.sandbox('failed', 'the sandbox\'s archive of its files is cut'), 0)
-  end
-  return res.stdout
+  return archive
 end
 
---- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it.
+--- Archives the files of `o.paths` in the sandbox; returns the archive (at most `o.max_bytes`).
+-- `o.timeout_ms` bounds the command; `o.binary`: the backend's exec passes any bytes on (the
+-- agent's, streamed: the agent holds none of it); else the archive comes as base64 text. A tar
+-- that fails is tried again, three times in all (a file that a process removed between the
+-- listing and its reading fails it; one that stays unreadable fails every try).
+function M.capture(call, o)
+  for _ = 1, 3 do
+    local archive = capture_once(call, o)
+    if archive then return archive end
+  end
+  error(errors.sandbox('failed', 'the sandbox\'s files could not be archived (one it cannot read, or one '
+    .. 'changed while it was read)'), 0)
+end
+
+--- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it;
+-- `o.binary`: the archive goes on the exec's standard input, else through a file in /tmp.
 function M.restore(call, archive, o)
   if archive == '' then return end
   local data, modes, times = M.directories(archive)
@@ -304,15 +334,27 @@ function M.restore(call, archive, o)
     end
     return err
   end
-  local ok, err = pcall(call, 'write_file', base .. '.tar', data)
-  if not ok then error(room(err), 0) end
-  local argv = { 'sh', '-c', RESTORE, 'sh', base .. '.tar' }
+  local ok, err
+  -- the script first: it is small, and the archive may fill /tmp
+  local script = ''
   if #modes > 0 or #times > 0 then
-    ok, err = pcall(call, 'write_file', base .. '.sh', fixup_script(modes, times))
+    script = base .. '.sh'
+    ok, err = pcall(call, 'write_file', script, fixup_script(modes, times))
     if not ok then error(room(err), 0) end
-    argv[#argv + 1] = base .. '.sh'
   end
-  local res = call('exec', argv, { timeout_ms = o.timeout_ms, max_output_bytes = 65536 })
+  local eo = { timeout_ms = o.timeout_ms, max_output_bytes = 65536 }
+  local argv = { 'sh', '-c', RESTORE, 'sh', '-', script }
+  if o.binary then
+    eo.stdin = data   -- through the agent's pipe: no copy of the archive in the sandbox's /tmp
+  else
+    argv[5] = base .. '.tar'
+    ok, err = pcall(call, 'write_file', argv[5], data)
+    if not ok then
+      if script ~= '' then pcall(call, 'remove_file', script, { recursive = false }) end
+      error(room(err), 0)
+    end
+  end
+  local res = call('exec', argv, eo)
   if type(res) ~= 'table' then
     error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
   end

@@ -641,7 +641,7 @@ function Sandbox:snapshot()
     local archive = snapshots.capture(function(name, ...)
       return self:_call(2 * timeout, name, ...)
     end, { paths = snapshots.paths(pool.provider, self._workdir), max_bytes = room, timeout_ms = timeout,
-      streams = self._backend.streaming == true })
+      binary = self._backend.binary_streams == true })
     return { archive = archive }, #archive
   end)
   pool._snap_count = pool._snap_count - 1
@@ -1159,12 +1159,17 @@ function Pool:create(options)
     local restored, err = pcall(snapshots.restore, function(name, ...)
       local args, n = { ... }, select('#', ...)
       return with_deadline(2 * timeout, function() return backend[name](backend, check.unpack(args, 1, n)) end)
-    end, held.archive, { timeout_ms = timeout })
+    end, held.archive, { timeout_ms = timeout, binary = backend.binary_streams == true })
     if not restored or self._closed then
       pcall(backend.release, backend)
       self._count = self._count - 1
       if restored then error(errors.sandbox('closed', 'the pool was closed'), 2) end
-      error(provider_error(err), 2)
+      err = provider_error(err)
+      if errors.is(err, 'SANDBOX_ERROR') and (err.reason == 'gone' or err.reason == 'unavailable') then
+        err = errors.sandbox('failed', 'the new sandbox ended while the snapshot was unpacked in it (do its files '
+          .. 'fit its memory?)')
+      end
+      error(err, 2)
     end
   end
   local sandbox = setmetatable({

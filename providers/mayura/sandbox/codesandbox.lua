@@ -223,7 +223,9 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  local wrapped = 'f=$(mktemp) || exit 125; sh -c ' .. scripts.quote(script) .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
+  -- its output file takes the kit's own prefix under /tmp, which a snapshot leaves out
+  local wrapped = 'f=$(mktemp /tmp/.mayura-out.XXXXXX) || exit 125; sh -c ' .. scripts.quote(script)
+    .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
     .. 'printf \'\\n' .. BEGIN .. '\'; base64 <"$f" | tr -d \'\\n\\r\'; printf \'' .. END .. '\\n\'; '
     .. 'rm -f "$f"; exit $c'
   local ok, p = pcall(self._pitcher, self, o.signal)
