@@ -226,15 +226,33 @@ cd / || exit 1
 local TEXT = [=[ | base64 | tr -d '\n'
 ]=]
 
--- `sh -c RESTORE sh archive [chmods]`: unpacks from /, removes what it was given, then the modes.
+-- `sh -c RESTORE sh archive chmods path...`: first empties each path (but /tmp's `.mayura-*`; a
+-- directory its owner cannot write made writable first, no link followed), then unpacks the
+-- archive from / (none when ''), removes what it was given, then runs the modes and times script
+-- (none when '').
 local RESTORE = [=[
+a=$1
+fix=$2
+shift 2
+for r in "$@"; do
+  cd "$r" 2>/dev/null || continue
+  for f in * .[!.]* ..?*; do
+    [ -e "$f" ] || [ -h "$f" ] || continue
+    case "$r/$f" in /tmp/.mayura-*) continue ;; esac
+    [ -h "$f" ] || chmod -R u+w -- "$f" 2>/dev/null
+    rm -rf -- "$f" || exit 1
+  done
+done
 umask 0
 cd / || exit 1
-tar -xpf "$1"; s=$?
-[ "$1" = - ] || rm -f -- "$1"
-if [ -n "$2" ]; then
-  if [ "$s" = 0 ]; then sh "$2" || s=1; fi
-  rm -f -- "$2"
+s=0
+if [ -n "$a" ]; then
+  tar -xpf "$a"; s=$?
+  [ "$a" = - ] || rm -f -- "$a"
+fi
+if [ -n "$fix" ]; then
+  if [ "$s" = 0 ]; then sh "$fix" || s=1; fi
+  rm -f -- "$fix"
 fi
 exit "$s"
 ]=]
@@ -323,9 +341,11 @@ function M.capture(call, o)
 end
 
 --- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it;
--- `o.binary`: the archive goes on the exec's standard input, else through a file in /tmp.
+-- `o.binary`: the archive goes on the exec's standard input, else through a file in /tmp;
+-- `o.wipe`: the paths to empty first (a sandbox going back to a snapshot of its own).
 function M.restore(call, archive, o)
-  if archive == '' then return end
+  local wipe = o.wipe or {}
+  if archive == '' and #wipe == 0 then return end
   local data, modes, times = M.directories(archive)
   local base = '/tmp/.mayura-restore-' .. random_hex(8)
   local function room(err)
@@ -344,7 +364,10 @@ function M.restore(call, archive, o)
   end
   local eo = { timeout_ms = o.timeout_ms, max_output_bytes = 65536 }
   local argv = { 'sh', '-c', RESTORE, 'sh', '-', script }
-  if o.binary then
+  for _, p in ipairs(wipe) do argv[#argv + 1] = p end
+  if archive == '' then
+    argv[5] = ''
+  elseif o.binary then
     eo.stdin = data   -- through the agent's pipe: no copy of the archive in the sandbox's /tmp
   else
     argv[5] = base .. '.tar'

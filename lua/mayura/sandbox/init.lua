@@ -40,7 +40,8 @@
 --
 -- Snapshots: `sandbox:snapshot()` keeps the sandbox's files (its working directory, /tmp, a
 -- provider's `snapshot_paths`) as `{ id, size_bytes, provider }` with `release()`;
--- `create{ snapshot = snap }` starts a sandbox with them. The pool checks that the snapshot is its
+-- `create{ snapshot = snap }` starts a sandbox with them, `sandbox:restore(snap)` puts them back in
+-- one (a snapshot made `{ until_release = true }` ends with its sandbox). The pool checks that the snapshot is its
 -- own and not released (INVALID_INPUT), bounds them by `max_snapshots` and `max_snapshot_bytes`
 -- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
 -- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
@@ -613,11 +614,29 @@ function Sandbox:url(port)
   return url
 end
 
+-- A snapshot given to create or restore, checked: one of `pool`'s, not released.
+local function check_snapshot(pool, snap, level)
+  if not snapshots.is(snap) then
+    errors.raise('INVALID_INPUT', 'snapshot must be a snapshot (sandbox:snapshot())', nil, level)
+  end
+  if snap._pool ~= pool then errors.raise('INVALID_INPUT', 'the snapshot belongs to another pool', nil, level) end
+  if snap._released or not pool._snapshots[snap] then
+    errors.raise('INVALID_INPUT', 'the snapshot was released', nil, level)
+  end
+  return snap
+end
+
 --- Keeps the sandbox's files: `{ id, size_bytes, provider }` with `release()` (see the top of this
--- module). Counted against the pool's max_snapshots and max_snapshot_bytes until released.
-function Sandbox:snapshot()
+-- module). Counted against the pool's max_snapshots and max_snapshot_bytes until released; with
+-- `{ until_release = true }` also released with this sandbox (the tools' checkpoints).
+function Sandbox:snapshot(options)
   local pool = self._pool
   local kind = self.features.snapshots
+  options = options == nil and {} or options
+  check.keys(options, { until_release = true }, 'snapshot options', 'INVALID_INPUT', 3)
+  if options.until_release ~= nil and type(options.until_release) ~= 'boolean' then
+    errors.raise('INVALID_INPUT', 'until_release must be a boolean', nil, 2)
+  end
   if not kind then errors.raise('INVALID_INPUT', 'this provider makes no snapshots', nil, 2) end
   alive(self)
   if pool._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
@@ -667,7 +686,34 @@ function Sandbox:snapshot()
   pool._snapshots[snap] = true
   pool._snap_count = pool._snap_count + 1
   pool._snap_bytes = pool._snap_bytes + size
+  if options.until_release then
+    if self._released then
+      pool:_release_snapshot(snap)
+      error(gone('the sandbox was released'), 2)
+    end
+    self._own_snapshots = self._own_snapshots or {}
+    self._own_snapshots[snap] = true
+  end
   return snap
+end
+
+--- Puts the files of `snap` (one of this pool's) back in this sandbox: its working directory and
+-- /tmp (the snapshot's places) are emptied first, then hold exactly the snapshot's files. What runs
+-- in the sandbox goes on running. A provider's own (native) snapshots only start new sandboxes.
+function Sandbox:restore(snap)
+  local pool = self._pool
+  check_snapshot(pool, snap, 3)
+  local held = snap._held
+  if not held.archive then
+    errors.raise('INVALID_INPUT', 'this provider\'s snapshots start new sandboxes only', nil, 2)
+  end
+  alive(self)
+  local timeout = pool.call_timeout_ms
+  local ok, err = pcall(snapshots.restore, function(name, ...)
+    return self:_call(2 * timeout, name, ...)
+  end, held.archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
+    wipe = snapshots.paths(pool.provider, self._workdir) })
+  if not ok then error(err, 0) end
 end
 
 --- Ends the sandbox. Every call fails with `gone` from then on; the pool's slot is freed once
@@ -680,6 +726,7 @@ function Sandbox:release()
     pool:_stop_timer(self)
     -- started processes stop with it (the provider's release ends them): their wait() says `gone`
     for p in pairs(self._started) do p._gone = true end
+    for snap in pairs(self._own_snapshots or {}) do pool:_release_snapshot(snap) end
     local backend = self._backend
     -- a task of its own: it goes on (and frees the slot) past a deadline the caller gave up at
     self._releasing = task.spawn(function()
@@ -981,17 +1028,6 @@ function Pool:_release_snapshot(snap)
   if held and held.native then pcall(held.native.release, held.native) end
 end
 
--- The create's snapshot, checked: one of this pool's, not released.
-local function check_snapshot(self, snap)
-  if not snapshots.is(snap) then
-    errors.raise('INVALID_INPUT', 'snapshot must be a snapshot (sandbox:snapshot())', nil, 3)
-  end
-  if snap._pool ~= self then errors.raise('INVALID_INPUT', 'the snapshot belongs to another pool', nil, 3) end
-  if snap._released or not self._snapshots[snap] then
-    errors.raise('INVALID_INPUT', 'the snapshot was released', nil, 3)
-  end
-  return snap
-end
 
 --- How many snapshots the pool holds, and their bytes together.
 function Pool:snapshots()
@@ -1098,7 +1134,7 @@ function Pool:create(options)
     end
     spec.desktop = options.desktop
   end
-  local snap = options.snapshot ~= nil and check_snapshot(self, options.snapshot) or nil
+  local snap = options.snapshot ~= nil and check_snapshot(self, options.snapshot, 3) or nil
   -- what the new sandbox starts with: the provider's own snapshot goes to its create, an archive is
   -- unpacked once the sandbox is made (a reference of its own: a release meanwhile does not take it)
   local held = snap and snap._held

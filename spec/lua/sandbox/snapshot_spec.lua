@@ -160,6 +160,25 @@ local function cases(make_pool, o)
     for _, e in ipairs(fork:list_files('.')) do assert.are.equal('symlink', e.type) end
   end)
 
+  it('restore puts a sandbox back to a snapshot, emptying what came after', function()
+    local p = pool({ max_sandboxes = 2 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    prepare(sb)
+    local want = manifest(sb)
+    local snap = sb:snapshot()
+    sh(sb, 'echo changed > src/private; rm -rf src/deep; mkdir -p new/ro && chmod 500 new/ro new; ' ..
+      'echo x > /tmp/extra; ln -s /etc out; chmod 700 ro')
+    sb:restore(snap)
+    assert.are.equal(want, manifest(sb))
+    local other = p:create({ lifetime_ms = 120000 })
+    other:write_file('mine.txt', 'mine')
+    other:restore(snap)
+    assert.are.equal(want, manifest(other))
+    snap:release()
+    assert.raises_code('INVALID_INPUT', sb.restore, sb, snap)
+    assert.raises_code('INVALID_INPUT', sb.restore, sb, {})
+  end)
+
   if not o.limits then return end
 
   it('holds max_snapshots at its edge, also for snapshots made at once', function()
@@ -334,5 +353,88 @@ describe('features.snapshots', function()
     assert.are.equal(16, p.max_snapshots)
     assert.are.equal(1024 * MIB, p.max_snapshot_bytes)
     p:close()
+  end)
+end)
+
+describe('the tools\' checkpoints (workspace.checkpoint, workspace.restore)', function()
+  local mayura = require('mayura')
+  local sandbox = require('mayura.sandbox')
+  local testing = require('mayura.testing')
+  local z = mayura.z
+  local GRANTS = { 'model:scripted', 'effect:read', 'effect:write', 'tool:workspace.write', 'tool:workspace.exec',
+    'tool:workspace.read', 'tool:workspace.checkpoint', 'tool:workspace.restore', 'sandbox:workspace:write',
+    'sandbox:workspace:exec', 'sandbox:workspace:read', 'sandbox:workspace:snapshot' }
+
+  -- A run of a model that makes `calls` one at a time (keeping each result) in a sandbox of `pool`.
+  local function run(pool, calls, grants)
+    local per_run = sandbox.sandbox_per_run(pool, { lifetime_ms = 120000 })
+    local tools = sandbox.sandbox_tools(per_run.source, { name = 'workspace', exec = true, write = true,
+      snapshots = true })
+    local release = mayura.define_hook({ id = 'release', version = '1', stage = 'on_finally', timeout_ms = 30000,
+      handler = function(_, context) per_run.release(context.run_id) end })
+    local results, steps = {}, {}
+    for i, c in ipairs(calls) do
+      steps[i] = function(request)
+        if i > 1 then results[i - 1] = request.messages[#request.messages].result end
+        return { type = 'tool_calls', usage = { cost_micros = 0 },
+          calls = { { id = 'c' .. i, tool_id = 'workspace.' .. c[1], input = c[2] } } }
+      end
+    end
+    steps[#steps + 1] = function(request)
+      results[#calls] = request.messages[#request.messages].result
+      return { type = 'final', output = { summary = 'done' }, usage = { cost_micros = 0 } }
+    end
+    local agent = mayura.define_agent({ id = 'coder', version = '1', instructions = 'Try it.', tools = tools,
+      model = testing.scripted_model(steps), hooks = { release },
+      input = z.object({ task = z.string() }), output = z.object({ summary = z.string() }) })
+    local runtime = mayura.create_runtime({ profile = 'ephemeral', permissions = { allow = grants or GRANTS } })
+    local outcome = runtime:submit(agent, { input = { task = 't' } }):result()
+    runtime:close()
+    return outcome, results
+  end
+
+  it('a model saves the workspace, breaks it, goes back, and its checkpoints end with the run', function()
+    local pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes(),
+      { max_sandboxes = 1, max_lifetime_ms = 600000, max_snapshots = 2 })
+    local outcome, results = run(pool, {
+      { 'exec', { command = 'mkdir -p src && echo v1 > src/a.txt && chmod 640 src/a.txt && ln -s a.txt src/l' } },
+      { 'checkpoint', {} },
+      { 'exec', { command = 'echo v2 > src/a.txt; rm src/l; mkdir -p junk/ro; chmod 500 junk/ro junk; '
+        .. 'echo t > /tmp/t; ln -s /etc src/etc' } },
+      { 'restore', { checkpoint = 'checkpoint-1' } },
+      { 'exec', { command = 'cat src/a.txt; stat -c %a src/a.txt; readlink src/l; ls -A; ls -A src /tmp' } },
+      { 'checkpoint', {} },
+      { 'checkpoint', {} },
+      { 'restore', { checkpoint = 'checkpoint-9' } },
+      { 'restore', { checkpoint = 'checkpoint-2', drop = true } },
+      { 'checkpoint', {} },
+    })
+    assert.are.equal('succeeded', outcome.status, outcome.error and tostring(outcome.error))
+    assert.are.equal('checkpoint-1', results[2].checkpoint)
+    assert.is_true(results[2].size_bytes > 0)
+    assert.is_true(results[4].restored)
+    assert.are.equal('v1\n640\na.txt\nsrc\n/tmp:\n\nsrc:\na.txt\nl\n', results[5].stdout)
+    assert.are.equal('checkpoint-2', results[6].checkpoint)
+    -- past the pool's max_snapshots, and a checkpoint that is not there: the model is told
+    assert.are.equal('LIMIT_EXCEEDED', results[7].error.code)
+    assert.are.equal('NOT_FOUND', results[8].error.code)
+    assert.is_true(results[9].dropped)
+    assert.are.equal('checkpoint-3', results[10].checkpoint)
+    -- the run's sandbox is released, and its checkpoints with it
+    assert.are.equal(0, pool:count())
+    assert.are.same({ 0, 0 }, { pool:snapshots() })
+    pool:close()
+  end)
+
+  it('needs the grant sandbox:<name>:snapshot', function()
+    local pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes(),
+      { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local grants = {}
+    for _, g in ipairs(GRANTS) do if g ~= 'sandbox:workspace:snapshot' then grants[#grants + 1] = g end end
+    local outcome = run(pool, { { 'checkpoint', {} } }, grants)
+    assert.are.equal('blocked', outcome.status)
+    assert.are.equal('PERMISSION_DENIED', outcome.error.code)
+    assert.are.same({ 0, 0 }, { pool:snapshots() })
+    pool:close()
   end)
 end)
