@@ -438,3 +438,76 @@ describe('the tools\' checkpoints (workspace.checkpoint, workspace.restore)', fu
     pool:close()
   end)
 end)
+
+describe('a provider\'s own (native) snapshots, through the pool', function()
+  local sandbox = require('mayura.sandbox')
+  local dir = require('support.dir_provider')
+
+  -- The host-directory provider with snapshots of its own: each a token the pool must pass to its
+  -- create and release once.
+  local function native_provider()
+    local p = dir.dir_sandboxes({ features = { stdin = true, ports = false, desktop = false, network = { 'none' },
+      snapshots = 'native' } })
+    p.made, p.released = {}, {}
+    local create = p.create
+    function p.create(self, spec)
+      local b = create(self, spec)
+      b.from = spec.snapshot
+      function b.snapshot(_, o)
+        local s = { size_bytes = 1000, max_bytes = o.max_bytes }
+        function s.release(me) p.released[#p.released + 1] = me end
+        p.made[#p.made + 1] = s
+        return s
+      end
+      return b
+    end
+    return p
+  end
+
+  it('passes the provider\'s snapshot to its create, bounds it, and releases it once', function()
+    local p = native_provider()
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 3, max_lifetime_ms = 60000, max_snapshot_bytes = 2500 })
+    local sb = pool:create({ lifetime_ms = 60000 })
+    assert.are.equal('native', sb.features.snapshots)
+    local a = sb:snapshot()
+    assert.are.equal(1000, a.size_bytes)
+    assert.are.equal(2500, p.made[1].max_bytes)
+    local b = sb:snapshot()
+    assert.are.equal(1500, p.made[2].max_bytes)
+    -- a third is past max_snapshot_bytes: the provider's own is released at once, nothing is held
+    assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
+    assert.are.equal(500, p.made[3].max_bytes)
+    assert.are.same({ p.made[3] }, p.released)
+    assert.are.same({ 2, 2000 }, { pool:snapshots() })
+    local fork = pool:create({ lifetime_ms = 60000, snapshot = a })
+    assert.are.equal(p.made[1], fork._backend.from)
+    -- a native snapshot only starts new sandboxes
+    assert.raises_code('INVALID_INPUT', fork.restore, fork, a)
+    a:release()
+    a:release()
+    assert.are.same({ p.made[3], p.made[1] }, p.released)
+    pool:close()
+    assert.are.same({ p.made[3], p.made[1], p.made[2] }, p.released)
+    assert.is_true(b._released)
+  end)
+end)
+
+describe('a create from a snapshot on a warm provider', function()
+  it('takes a warm sandbox and gives it the snapshot\'s files', function()
+    local sandbox = require('mayura.sandbox')
+    local provider = require('mayura.sandbox.local').local_sandboxes({ warm = 1 })
+    local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 3, max_lifetime_ms = 600000 })
+    local base = pool:create({ lifetime_ms = 60000 })
+    base:write_file('kept.txt', 'kept')
+    local snap = base:snapshot()
+    for _ = 1, 500 do
+      if provider:warm_ready() >= 1 then break end
+      task.sleep(10)
+    end
+    assert.are.equal(1, provider:warm_ready())
+    local fork = pool:create({ lifetime_ms = 60000, snapshot = snap })
+    assert.are.equal(0, provider:warm_ready())
+    assert.are.equal('kept', fork:read_file('kept.txt'))
+    pool:close()
+  end)
+end)
