@@ -649,7 +649,17 @@ function Sandbox:snapshot(options)
   local ok, held, size = pcall(function()
     local timeout = pool.call_timeout_ms
     if kind == 'native' and type(self._backend.snapshot) == 'function' then
-      local native = self:_call(timeout, 'snapshot', { max_bytes = room, timeout_ms = timeout })
+      -- one made after the deadline is released as it comes
+      local backend = self._backend
+      local made, native = pcall(with_deadline, timeout, function()
+        return backend:snapshot({ max_bytes = room, timeout_ms = timeout })
+      end, function(late_ok, late)
+        if late_ok and type(late) == 'table' and type(late.release) == 'function' then pcall(late.release, late) end
+      end)
+      if not made then
+        if self._released or core.hrtime_ms() >= self._expires_at then error(gone(), 0) end
+        error(provider_error(native), 0)
+      end
       if type(native) ~= 'table' or not check.is_int(native.size_bytes) or native.size_bytes < 0
         or type(native.release) ~= 'function' then
         if type(native) == 'table' and type(native.release) == 'function' then pcall(native.release, native) end

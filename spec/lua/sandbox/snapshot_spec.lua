@@ -454,6 +454,7 @@ describe('a provider\'s own (native) snapshots, through the pool', function()
       local b = create(self, spec)
       b.from = spec.snapshot
       function b.snapshot(_, o)
+        if p.slow then task.sleep(p.slow) end
         local s = { size_bytes = 1000, max_bytes = o.max_bytes }
         function s.release(me) p.released[#p.released + 1] = me end
         p.made[#p.made + 1] = s
@@ -489,6 +490,20 @@ describe('a provider\'s own (native) snapshots, through the pool', function()
     pool:close()
     assert.are.same({ p.made[3], p.made[1], p.made[2] }, p.released)
     assert.is_true(b._released)
+  end)
+
+  it('a snapshot the provider makes after the call timeout is released when it comes', function()
+    local p = native_provider()
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000, call_timeout_ms = 100 })
+    local sb = pool:create({ lifetime_ms = 60000 })
+    p.slow = 300
+    local err = assert.raises_code('SANDBOX_ERROR', sb.snapshot, sb)
+    assert.are.equal('timeout', err.reason)
+    task.sleep(400)
+    assert.are.equal(1, #p.made)
+    assert.are.same({ p.made[1] }, p.released)
+    assert.are.same({ 0, 0 }, { pool:snapshots() })
+    pool:close()
   end)
 end)
 
