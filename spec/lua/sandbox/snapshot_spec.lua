@@ -526,3 +526,26 @@ describe('a create from a snapshot on a warm provider', function()
     pool:close()
   end)
 end)
+
+describe('a policy file', function()
+  it('sets the pool\'s snapshot limits and the tools\' checkpoints, and checks the snapshot grant', function()
+    local policy = require('mayura.policy')
+    local p = policy.load_policy({ { name = 'p.lua', source = [[
+pool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000, max_snapshots = 2,
+  max_snapshot_bytes = 1048576 }
+tools 'w' { exec = true, snapshots = true }
+agent 'a' { instructions = 'x', tools = { 'w' }, allow = { 'tool:w.checkpoint', 'tool:w.restore',
+  'sandbox:w:snapshot', 'effect:read', 'effect:write' } }
+]] } })
+    assert.truthy(p)
+    local err = assert.raises_code('INVALID_CONFIG', policy.load_policy, { { name = 'q.lua', source = [[
+pool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000 }
+tools 'w' { exec = true }
+agent 'a' { instructions = 'x', tools = { 'w' }, allow = { 'sandbox:w:snapshot' } }
+]] } })
+    assert.truthy(err.message:find('sandbox:w:snapshot', 1, true))
+    assert.raises_code('INVALID_CONFIG', policy.load_policy, { { name = 'r.lua', source = [[
+pool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000, max_snapshots = -1 }
+]] } })
+  end)
+end)
