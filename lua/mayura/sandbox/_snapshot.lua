@@ -6,14 +6,15 @@
 --
 --   capture(call, o): in the sandbox, `tar -c` of what is in each of `o.paths` (its working
 --     directory and /tmp), leaving out the names under /tmp that start with `.mayura-` (the
---     backends' own), written to the command's stdout (no file in the sandbox, so a full disk
---     does not stop it) and cut after `o.max_bytes` (past them LIMIT_EXCEEDED: tar ends at its
---     next write, however much it had left). Through the agent (a backend with
---     `binary_streams`) the bytes come as a streamed exec's output, which the agent passes on
---     without holding it; through any other backend, as one line of base64. The archive is
---     kept in the host process's memory only. tar runs as the sandbox's user: the archive holds
---     what that user can read, links as links, and no host path. A tar that fails (a file it
---     cannot read, one changed as it was read) fails the snapshot, and nothing was made.
+--     backends' own) and /tmp/.X11-unix (a desktop's display), written to the command's
+--     stdout (no file in the sandbox, so a full disk does not stop it) and cut after
+--     `o.max_bytes` (past them LIMIT_EXCEEDED: tar ends at its next write, however much it had
+--     left). Through the agent (a backend with `binary_streams`) the bytes come as a streamed
+--     exec's output, which the agent passes on without holding it; through any other backend,
+--     as one line of base64. The archive is kept in the host process's memory only. tar runs
+--     as the sandbox's user: the archive holds what that user can read, links as links, and
+--     no host path. A tar that fails (a file it cannot read, one changed as it was read) fails
+--     the snapshot, and nothing was made.
 --   restore(call, snap, o): unpacks the archive in the new sandbox from `/` (as that sandbox's
 --     user, umask 0, modes kept): through the agent on the command's standard input, else
 --     written to a file in its /tmp first and removed after. The host never unpacks the
@@ -213,7 +214,7 @@ for r in "$@"; do
   cd "$r" 2>/dev/null || continue
   for f in * .[!.]* ..?*; do
     [ -e "$f" ] || [ -h "$f" ] || continue
-    case "$r/$f" in /tmp/.mayura-*) continue ;; esac
+    case "$r/$f" in /tmp/.mayura-*|/tmp/.X11-unix) continue ;; esac
     set -- "$@" "${r#/}/$f"
   done
 done
@@ -226,7 +227,7 @@ cd / || exit 1
 local TEXT = [=[ | base64 | tr -d '\n'
 ]=]
 
--- `sh -c RESTORE sh archive chmods path...`: first empties each path (but /tmp's `.mayura-*`; a
+-- `sh -c RESTORE sh archive chmods path...`: first empties each path (but what CAPTURE leaves out; a
 -- directory its owner cannot write made writable first, no link followed), then unpacks the
 -- archive from / (none when ''), removes what it was given, then runs the modes and times script
 -- (none when '').
@@ -238,7 +239,7 @@ for r in "$@"; do
   cd "$r" 2>/dev/null || continue
   for f in * .[!.]* ..?*; do
     [ -e "$f" ] || [ -h "$f" ] || continue
-    case "$r/$f" in /tmp/.mayura-*) continue ;; esac
+    case "$r/$f" in /tmp/.mayura-*|/tmp/.X11-unix) continue ;; esac
     [ -h "$f" ] || chmod -R u+w -- "$f" 2>/dev/null
     rm -rf -- "$f" || exit 1
   done

@@ -1038,7 +1038,6 @@ function Pool:_release_snapshot(snap)
   if held and held.native then pcall(held.native.release, held.native) end
 end
 
-
 --- How many snapshots the pool holds, and their bytes together.
 function Pool:snapshots()
   return self._snap_count, self._snap_bytes
