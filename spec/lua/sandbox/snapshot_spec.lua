@@ -54,6 +54,11 @@ chmod 500 ro
 chmod 700 empty
 printf 'in tmp' > /tmp/in-tmp
 ln -s "$PWD/src" /tmp/to-src
+n=x
+for i in 1 2 3 4 5 6 7; do n="$n$n"; done
+mkdir -p "long/$n/$n"
+echo deep > "long/$n/$n/file"
+chmod 555 "long/$n/$n" "long/$n"
 touch -d '2019-05-06 07:08:09' src/deep src
 ]=]
 
