@@ -1,10 +1,14 @@
--- The network of a sandbox with network 'all', tried the way code in it would: on the local
--- provider, a namespace of its own behind a user-mode stack, so the host's loopback, its own
--- addresses on every interface, its abstract unix sockets, its /proc/net, its ports, link-local
--- addresses and the other sandboxes are out of reach, while a host elsewhere (a network namespace
--- this spec makes, standing in for the internet) is reached by IP; `url(port)` answers from the
--- host. On Docker: two sandboxes with 'all' do not reach each other. All traffic stays on this
--- machine: loopback, the host's own addresses and the spec's own namespace.
+-- The network of a sandbox with network 'all', tried the way code in it would. On the local
+-- provider, a namespace of its own behind a user-mode stack: the host's loopback, its abstract
+-- unix sockets, its /proc/net, its ports and the other sandboxes are out of reach, and `url(port)`
+-- answers from the host. On every provider (local, Docker cli and api): a public address is
+-- reached (a network namespace this spec makes on one, routed to it alone, stands in for the
+-- internet, which this machine cannot reach), names resolve, and nothing of the host is: none of
+-- its addresses (Docker's bridge gateways and docker0's among them, and addresses it gains after
+-- the sandbox started), no link-local or metadata address, no private, shared, benchmark or
+-- multicast address however it is routed; a local and a Docker sandbox, and a container on
+-- docker0, do not reach each other. All traffic stays on this machine: loopback, the host's own
+-- addresses, its bridges and the spec's own namespace.
 local providers = require('support.providers')
 local common = require('security.common')
 local util = require('support.util')
