@@ -619,8 +619,35 @@ for _, prov in ipairs(providers.list()) do
       drop_host_abuse()
     end)
 
-    it('says the host holds its network (enforced.network)', function()
+    it('says the host holds its network (enforced.network), with rules named mayura\'s, loaded once, ' ..
+      'that match its own traffic alone', function()
       assert.is_true(provider.enforced.network)
+      -- a second sandbox loads them again: still one hook each
+      pool:create({ lifetime_ms = 60000, network = 'all' }):release()
+      if prov.kind == 'docker' then
+        local id = providers.host("docker network inspect --format '{{.Id}}' mayura-isolated"):match('%x+')
+        local bridge = 'br-' .. id:sub(1, 12)
+        for _, t in ipairs({ 'iptables', 'ip6tables' }) do
+          local all = run({ t, '-w', '-S' })
+          local _, hooks = all:gsub('\n%-A [%u%-]+ %-m comment %-%-comment "mayura: network all" %-j MAYURA%-ALL%-', '')
+          assert.are.equal(2, hooks, t .. ': ' .. all)
+          for _, chain in ipairs({ 'MAYURA-ALL-IN', 'MAYURA-ALL-FWD' }) do
+            for line in run({ t, '-w', '-S', chain }):gmatch('[^\n]+') do
+              if line:match('^%-A') then
+                assert.is_truthy(line:find('-i ' .. bridge .. ' ', 1, true), line)
+                assert.is_truthy(line:find('"mayura: network all"', 1, true), line)
+              end
+            end
+          end
+        end
+      else
+        local table_text = run({ 'nft', 'list', 'table', 'inet', 'mayura_all' })
+        assert.matches('meta skgid 1199999 jump stack', table_text, 1, true)
+        -- the stack's sockets carry that group, and it has no other
+        local status = io.open('/proc/' .. a._backend.net.pid .. '/status'):read('a')
+        assert.matches('\nGid:%s+1199999%s+1199999%s+1199999%s+1199999\n', status)
+        assert.matches('\nGroups:%s*\n', status)
+      end
     end)
 
     it('reaches a public address through the host (a namespace of the spec stands in for the internet, ' ..
