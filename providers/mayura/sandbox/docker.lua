@@ -5,12 +5,20 @@
 --
 --   * no network (`--network none`) unless 'all' was allowed and asked for;
 --     then the bridge network `mayura-isolated` (made on demand, labelled
---     ours, with inter-container traffic off: enable_icc=false), so two
---     sandboxes never reach each other, with the sandbox's `ports` published
---     on 127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>). One
---     shared network rather than one per sandbox: a network costs about 0.3 s
---     to make and remove, and the daemon's address pools hold ~30 of them;
---     a bridge takes about 1,000 containers;
+--     ours, with inter-container traffic off: enable_icc=false), with the
+--     sandbox's `ports` published on 127.0.0.1 only (`url(port)` gives
+--     http://127.0.0.1:<host port>); as root the provider loads the host's
+--     rules around that bridge (mayura.sandbox._firewall, iptables: chains
+--     MAYURA-ALL-IN from INPUT and MAYURA-ALL-FWD from DOCKER-USER) so 'all'
+--     reaches the internet and nothing of the host (no address of it, those
+--     it gains later too), no other container, no loopback, link-local
+--     (cloud metadata), multicast or IANA special-purpose range, and no
+--     IPv6; Docker's embedded DNS (127.0.0.11) relays to the host's
+--     resolvers, which take port 53 alone; run as another user (the docker
+--     group) no rule is loaded: the bridge alone, `enforced.network` false.
+--     One shared network rather than one per sandbox: a network costs about
+--     0.3 s to make and remove, and the daemon's address pools hold ~30 of
+--     them; a bridge takes about 1,000 containers;
 --   * with a network allow-list (`{ allow = { ... } }`, offered when run as
 --     root: `features.network` lists 'allowlist'), `--network none` too, and
 --     an egress proxy of its own (mayura.sandbox._egress) listening on
@@ -101,6 +109,7 @@ local http = require('mayura.http')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
+local fw = require('mayura.sandbox._firewall')
 
 local M = {}
 
@@ -327,10 +336,10 @@ function Cli:list_ours()
   return out
 end
 
---- The network `name` as `{ driver, labels, options }`, or nil when there is none.
+--- The network `name` as `{ id, driver, labels, options }`, or nil when there is none.
 function Cli:network(name)
   local res = self:run({ 'network', 'inspect', '--format',
-    '{"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
+    '{"id":{{json .Id}},"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
     'inspect a network', { not_found = true })
   if not res then return nil end
   local ok, t = pcall(core.json.decode, res.stdout)
@@ -508,7 +517,7 @@ function Api:network(name)
   local status, body = self:request('GET', '/networks/' .. url_escape(name), nil, 'inspect a network')
   if status == 404 then return nil end
   if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a network'), 0) end
-  return { driver = body.Driver, labels = body.Labels, options = body.Options }
+  return { id = body.Id, driver = body.Driver, labels = body.Labels, options = body.Options }
 end
 
 function Api:create_network(name, labels, options)
@@ -668,8 +677,21 @@ local function network_is_ours(info)
     and options['com.docker.network.bridge.enable_icc'] == 'false'
 end
 
--- Makes sure the network of 'all' sandboxes is there, ours and isolating; creates it when missing.
-local function ensure_network(engine)
+-- The name of the host interface of the bridge network `info`: the name it was given, else Docker's.
+local function bridge_name(info)
+  local options = type(info.options) == 'table' and info.options or {}
+  local name = options['com.docker.network.bridge.name']
+  if type(name) == 'string' and name ~= '' then return name end
+  if type(info.id) ~= 'string' or not info.id:match('^%x+$') or #info.id < 12 then
+    error(docker_error('failed', 'inspect a network (no id)'), 0)
+  end
+  return 'br-' .. info.id:sub(1, 12)
+end
+
+-- Makes sure the network of 'all' sandboxes is there, ours and isolating, creating it when missing;
+-- and, with `firewall` (the programs, as root), that the host's rules around its bridge are loaded
+-- (mayura.sandbox._firewall: nothing of the host, no other container, no special-purpose range).
+local function ensure_network(engine, firewall)
   local info = engine:network(NETWORK)
   if not info then
     engine:create_network(NETWORK, { [PROVIDER_LABEL] = 'docker', [NETWORK_LABEL] = 'isolated' }, NETWORK_OPTIONS)
@@ -680,6 +702,10 @@ local function ensure_network(engine)
   if not network_is_ours(info) then
     error(errors.sandbox('conflict', 'a Docker network named ' .. NETWORK .. ' exists that is not mayura\'s ' ..
       'isolated bridge (remove it)'), 0)
+  end
+  if firewall then
+    local ok, err = pcall(fw.ensure_docker, firewall, bridge_name(info))
+    if not ok then error(errors.sandbox('unavailable', tostring(err)), 0) end
   end
 end
 
@@ -983,6 +1009,14 @@ function M.docker_sandboxes(options, how)
   -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
   p.allowlist = me == 0
   if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
+  -- the host's rules around the bridge of 'all' take root; as root without the programs there is no
+  -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
+  p.firewall = me == 0 and fw.docker_tools() or nil
+  if me == 0 and not p.firewall then table.remove(p.features.network, 2) end
+  p.enforced = {
+    memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
+    network = p.firewall ~= nil,
+  }
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
@@ -1018,6 +1052,10 @@ function M.docker_sandboxes(options, how)
     if spec.ports and #spec.ports > 0 and network == 'none' then
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
+    if network == 'all' and self.my_uid == 0 and not self.firewall then
+      errors.raise('INVALID_INPUT', 'network all needs iptables and ip6tables here (the host\'s rules around it)',
+        nil, 0)
+    end
     if network == 'allowlist' and not self.allowlist then
       errors.raise('INVALID_INPUT', 'a network allow-list needs root and the daemon on this machine', nil, 0)
     end
@@ -1049,7 +1087,7 @@ function M.docker_sandboxes(options, how)
     end
     reap(self.engine, self.host, self.run_base, self.my_uid, false)
     if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
-      ensure_network(self.engine)
+      ensure_network(self.engine, self.firewall)
       network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
     end
     local sb_uid, sb_gid, own_uid = self.uid, self.gid, false
