@@ -118,6 +118,7 @@ for _, prov in ipairs(providers.list()) do
       web = http_server.tcp()
       tls = recorder()
       -- a server that sends far more than anyone reads
+      http_server.pattern(64 * 1048576)   -- made once, here, rather than while the spec measures
       stall = http_server.tcp(function(_, client)
         client:write('HTTP/1.1 200 OK\r\nContent-Length: ' .. 64 * 1048576 .. '\r\n\r\n')
         client:write(http_server.pattern(64 * 1048576))
@@ -333,19 +334,27 @@ for _, prov in ipairs(providers.list()) do
         local inside = sh(a, 'cat /proc/net/tcp').stdout
         local to_sandbox = queued(inside, function(l) return l == 3128 end)
         local _, from_server = queued(read_file('/proc/net/tcp'), function(_, r) return r == stall.port end)
-        return to_sandbox, from_server
+        local _, established = inside:gsub(':0C38 %x+:%x+ 01 ', '')
+        return to_sandbox, from_server, established
       end
       local flood = common.spawn(function()
-        return common.abuse(a, { 'send', '127.0.0.1:3128', '/tmp/get-stall', '64', '4096', '0', '6000' },
+        return common.abuse(a, { 'send', '127.0.0.1:3128', '/tmp/get-stall', '64', '4096', '0', '10000' },
           { timeout_ms = 120000 })
       end)
-      common.sleep(4000)
-      local tx, rx = proxy_queues()
+      -- the most they hold, over the three seconds after all 64 are there
+      local most, seen, t_end = 0, 0, common.now() + 20000
+      repeat
+        local tx, rx, n = proxy_queues()
+        if n >= 64 and seen < 64 then t_end = math.min(t_end, common.now() + 3000) end
+        seen = math.max(seen, n)
+        most = math.max(most, tx + rx)
+        common.sleep(200)
+      until common.now() > t_end
       local _, kv = flood:wait()
       assert.are.equal('64', kv.conns)
-      -- the proxy that let the kernel size its buffers held about 1.2 GiB here
-      assert.is_true(tx + rx < 64 * 1048576, ('the proxy held %.1f MiB toward the sandbox and %.1f MiB from '
-        .. 'the server'):format(tx / 1048576, rx / 1048576))
+      assert.is_true(seen >= 64, seen)
+      -- the proxy that let the kernel size its buffers held from 180 MiB to 1.2 GiB here
+      assert.is_true(most < 64 * 1048576, ('the proxy held %.1f MiB'):format(most / 1048576))
       -- and the proxy still serves once they are gone
       assert.is_true(util.eventually(function()
         local r = sh(a, 'busybox wget -q -O - http://packages.example.com/echo?again')
