@@ -353,8 +353,9 @@ for _, prov in ipairs(providers.list()) do
       local _, kv = flood:wait()
       assert.are.equal('64', kv.conns)
       assert.is_true(seen >= 64, seen)
-      -- the proxy that let the kernel size its buffers held from 180 MiB to 1.2 GiB here
-      assert.is_true(most < 64 * 1048576, ('the proxy held %.1f MiB'):format(most / 1048576))
+      -- at most 1.5 MiB a connection (core/net.c's relay); the proxy that let the kernel size its
+      -- buffers held 1.2 GiB here
+      assert.is_true(most < 96 * 1048576, ('the proxy held %.1f MiB'):format(most / 1048576))
       -- and the proxy still serves once they are gone
       assert.is_true(util.eventually(function()
         local r = sh(a, 'busybox wget -q -O - http://packages.example.com/echo?again')

@@ -53,6 +53,8 @@ local HEAD_MS = 10000           -- to send the head, and (CONNECT) the ClientHel
 local CONNECT_MS = 10000        -- to reach the server
 local MAX_LOOKUPS = 2            -- name lookups at once per sandbox
 local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
+local FAILS_PER_S = 50          -- connections a second that end unrelayed (refused), after MAX_CONNS
+local MAX_READS = 64            -- reads a head, and then a ClientHello, may take
 
 --- Checks a provider's `proxy_resolve` option (nil, or a table of names to an address or a list
 -- of them); raises INVALID_CONFIG at `level`.
@@ -344,9 +346,11 @@ function Proxy:_event(host, port, reason)
 end
 
 -- Reads chunks from `conn`, each passed to `take(chunk)` until it returns a value (true: enough,
--- false: stop), the peer ends or the deadline; returns that value (false at an end).
+-- false: stop), the peer ends, the deadline or MAX_READS reads; returns that value (false at an
+-- end): a peer sending a byte at a time costs the host a bounded number of callbacks.
 local function read_chunks(conn, buf, take)
   if conn:is_closing() then return false end
+  local reads = 0
   return task.await(function(done)
     local finished = false
     local function finish(ok)
@@ -358,8 +362,10 @@ local function read_chunks(conn, buf, take)
     buf.abort = function() finish(false) end
     conn:read_start(function(err, chunk)
       if err or not chunk then return finish(false) end
+      reads = reads + 1
       local v = take(chunk)
       if v ~= nil then return finish(v) end
+      if reads >= MAX_READS then return finish(false) end
     end)
   end)
 end
@@ -615,11 +621,23 @@ function Proxy:_relay(a, b, prefix, connecting, max_from_a, on_excess)
   return true
 end
 
--- Accepts on `server` with `fn(conn)` in a task of its own, within the connection cap.
+-- Accepts on `server` with `fn(conn)` in a task of its own, within the connection cap. Each
+-- connection that ends without a relay (refused, cut short, unreachable) takes a token of a
+-- bucket of MAX_CONNS, FAILS_PER_S a second, shared by the proxy's listeners; while it is
+-- empty, new connections wait in the kernel's backlog (libuv watches a listener again only once
+-- the connection it holds is accepted): a sandbox opening connections only to have them refused
+-- costs the host FAILS_PER_S of them a second, and a working client is never held back.
 function Proxy:_accepting(server, fn)
   local uv = require('luv')
-  server:listen(128, function(err)
-    if err or self.closed then return end
+  local function accept_one()
+    if self.closed or server:is_closing() then return end
+    local now = uv.now()
+    self.tokens = math.min(MAX_CONNS, self.tokens + (now - self.refilled) * FAILS_PER_S / 1000)
+    self.refilled = now
+    if self.tokens < 1 then
+      task.after(math.ceil((1 - self.tokens) * 1000 / FAILS_PER_S), accept_one, true)
+      return
+    end
     local conn = uv.new_tcp()
     if not pcall(server.accept, server, conn) then close(conn); return end
     if self.conns >= MAX_CONNS then close(conn); return end
@@ -632,8 +650,13 @@ function Proxy:_accepting(server, fn)
       if not (ok and handed) then
         close(conn)
         self.conns = self.conns - 1
+        self.tokens = self.tokens - 1
       end
     end)
+  end
+  server:listen(128, function(err)
+    if err or self.closed then return end
+    accept_one()
   end)
 end
 
@@ -651,6 +674,7 @@ function M.start(ns_fd, options)
   local self = setmetatable({
     ns_fd = ns_fd, list = M.compile(options.allow), on_event = options.on_event, resolve = options.resolve,
     conns = 0, lookups = 0, lookup_queue = {}, relays = {}, handles = {}, forwards = {}, closed = false,
+    tokens = MAX_CONNS, refilled = uv.now(),
   }, Proxy)
   local server = uv.new_tcp()
   local ok, opened, oerr = pcall(server.open, server, fd)
