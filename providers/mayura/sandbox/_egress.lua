@@ -14,26 +14,42 @@
 --     matches the allow-list, case-insensitively, a trailing dot ignored: an entry `name` matches
 --     that name, `*.name` (or `.name`) any name below it, not `name` itself;
 --   * the port is 80 or 443;
---   * the proxy resolves the name itself (the sandbox has no resolver) to an address that is not
---     loopback, "this network", private (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7),
---     link-local, multicast or reserved, unless the name is listed exactly (not by a wildcard):
---     an exact entry is the one way to let a sandbox reach a host of the local network; it
---     connects to the address it checked, so a name that changes its answer gains nothing;
+--   * the proxy resolves the name itself (the sandbox has no resolver) to a public address
+--     (`public_address`: not loopback, "this network", private, shared, link-local, multicast,
+--     documentation, benchmarking, reserved or another IANA special-purpose block, IPv4 or IPv6,
+--     nor an IPv4-mapped or NAT64 address of one), whether the entry is exact or a wildcard: a
+--     listed name never leads to the host or its network; it connects to the address it checked,
+--     so a name that changes its answer gains nothing;
 --   * for CONNECT, the TLS ClientHello that follows names (SNI) the CONNECT host; anything else
---     (no TLS, no SNI, another name) ends the tunnel before a byte reaches the server.
--- A plain request goes on with the origin-form target, `Host` set to the URI's authority,
--- Proxy-* headers dropped and `Connection: close` (one request per connection, so a second one
--- cannot ride on the first's admission). Bytes then flow through core.relay (C, no Lua per chunk).
+--     (no TLS, no SNI, another name, more than MAX_HELLO_RECORDS records or 64 KiB) ends the
+--     tunnel before a byte reaches the server.
+-- One request a connection, so a second one cannot ride on the first's admission: a plain request
+-- goes on with the origin-form target, `Host` set to the URI's authority, Proxy-* headers dropped
+-- and `Connection: close`, and its body is what its Content-Length says (Transfer-Encoding is
+-- refused): a byte past it, such as a pipelined second request, ends the connection before it
+-- reaches the server. After CONNECT only a ClientHello may follow. Bytes then flow through
+-- core.relay (C, no Lua per chunk).
 --
--- Each refusal is answered with 403 (or, after CONNECT's 200, the end of the connection) and told
--- to `options.on_event` as `{ type = 'network_refused', host = ..., port = ..., reason = ... }`,
--- reason one of 'not_allowed', 'ip_literal', 'port', 'private_address', 'sni_mismatch',
--- 'unresolved', 'bad_request', 'method'. An upstream that cannot be reached is a 502, not an event.
+-- Each refusal is answered with 403 (or 400, or, after CONNECT's 200, the end of the connection)
+-- and told to `options.on_event` as `{ type = 'network_refused', host = ..., port = ..., reason =
+-- ... }`, reason one of 'not_allowed', 'ip_literal', 'port', 'private_address', 'sni_mismatch',
+-- 'unresolved', 'bad_request' (a pipelined request among them), 'method'. An upstream that
+-- cannot be reached is a 502, not an event.
 --
--- `options.resolve` (for tests only: a table name -> address, or list of addresses, an IPv4
--- address possibly with ':port', the port its server really listens on) replaces the host's
--- resolver: a name it does not hold does not resolve. It lets specs make "the internet" of
--- test servers on the host's loopback or in namespaces they make.
+-- What a sandbox can make the host do is bounded, and counted per sandbox (per proxy): a request
+-- head and a ClientHello are each read once, in at most 64 reads, their bytes looked at once
+-- (work linear in what arrives); at most MAX_CONNS connections at once, the forwards' included;
+-- connections that end without a relay (refused, cut short) draw on a bucket of MAX_CONNS
+-- refilled at FAILS_PER_S, and new connections wait in the kernel's backlog while it is empty;
+-- each relay holds at most about 1.5 MiB (core/net.c: fixed socket buffers, one pipe per
+-- direction, nothing read from a side while the other does not take it), so a sandbox pins at
+-- most about 96 MiB of host memory through its proxy however little it reads.
+--
+-- `options.resolve` (for tests only: a table name -> address, or list of addresses) replaces the
+-- host's resolver: a name it does not hold does not resolve. An IPv4 address with ':port' is a
+-- server of the test's own "internet" (on the host's loopback or in namespaces the spec makes),
+-- reached at that port and taken as public; any other address is an answer as a resolver would
+-- give it, checked as those are (so specs can see a name on 169.254.169.254 refused).
 --
 -- `proxy:forward(port)` serves the sandbox's `port` (a server listening on its loopback or on
 -- 0.0.0.0) on a host port of 127.0.0.1, connecting into the namespace for each client: url(port).
