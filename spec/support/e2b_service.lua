@@ -8,9 +8,9 @@
 --   -- control plane and envd both on svc:url(''): apiUrl = sandboxUrl = svc:url('')
 --
 -- Control plane (X-API-Key; a wrong key is 401 with a body that echoes the key it got):
---   POST /sandboxes, POST /v2/sandboxes   NewSandbox { templateID, timeout (s, 15 when left out),
---        envVars, metadata, secure (true when left out), allow_internet_access, network { allowOut,
---        denyOut } }
+--   POST /v2/sandboxes, POST /sandboxes (deprecated)   NewSandbox { templateID, timeout (s, 15
+--        when left out), envVars, metadata, allow_internet_access, network { allowOut, denyOut } };
+--        every sandbox of /v2 is secured, one of /sandboxes only when `secure` is not false
 --        -> 201 Sandbox { sandboxID, templateID, alias, clientID, envdVersion, envdAccessToken,
 --        trafficAccessToken, domain }; 404 for a template it does not know, 400 for a bad body
 --   GET /sandboxes/{id}                   -> SandboxDetail, 404 once it ended
@@ -380,6 +380,34 @@ local function wait_for_stdin(proc, req)
   end)
 end
 
+-- envd runs a command as a child of its own (Go's exec.CommandContext) and signals that child
+-- alone: at the Connect deadline (SIGKILL) and at SendSignal. Here a keeper shell starts the
+-- command in a session of its own (so that no kill of the keeper's group reaches it), writes
+-- its pid to /tmp/.envd-<pid> (gone once it ended), waits for it and answers its status; the command gets its env
+-- through env(1), so the keeper carries none of it (a kill by the command's env, as mayura's,
+-- finds the command's processes only).
+local KEEPER = 'f=/tmp/.envd-$1; shift; exec 3<&0; setsid "$@" <&3 3<&- & echo $! > "$f"; ' ..
+  'wait $!; st=$?; rm -f "$f"; exit $st'
+
+-- Signals the command's own process (as envd does) and records it in `self.signalled`.
+function Service:_signal(rec, sb, proc, sig, why)
+  local f = '/tmp/.envd-' .. proc.pid
+  -- a kill at the very start waits (2 s at most) for the keeper to write the pid
+  local script = 'i=0; while [ ! -s ' .. f .. ' ] && [ $i -lt 200 ]; do ' ..
+    'sleep 0.01; i=$((i+1)); done; [ -s ' .. f .. ' ] || exit 3; p=$(cat ' .. f .. '); kill -' .. sig ..
+    ' "$p" && echo "$p"'
+  local ok, r = pcall(sb.exec, sb, { 'sh', '-c', script }, { timeout_ms = 10000 })
+  local os_pid = ok and r.exit_code == 0 and tonumber(r.stdout:match('%d+')) or nil
+  if os_pid then
+    self.signalled[#self.signalled + 1] = { sandbox = rec.id, pid = proc.pid, os_pid = os_pid, signal = sig, why = why }
+  end
+  return os_pid
+end
+
+-- Go's os.ProcessState names of the signals a command may end by.
+local SIGNAL_NAMES = { [1] = 'hangup', [2] = 'interrupt', [3] = 'quit', [6] = 'aborted', [9] = 'killed',
+  [11] = 'segmentation fault', [13] = 'broken pipe', [14] = 'alarm clock', [15] = 'terminated' }
+
 function Service:_start(req, rec, sb)
   local ct = (req.headers['content-type'] or ''):lower()
   if ct ~= 'application/connect+json' then return connect_error('invalid_argument', 'not a Connect stream') end
@@ -388,14 +416,19 @@ function Service:_start(req, rec, sb)
   if type(p) ~= 'table' or type(p.cmd) ~= 'string' or p.cmd == '' then
     return connect_error('invalid_argument', 'bad start request')
   end
-  local argv = { p.cmd }
-  for _, x in ipairs(type(p.args) == 'table' and p.args or {}) do argv[#argv + 1] = tostring(x) end
   local env = {}
   for k, v in pairs(type(p.envs) == 'table' and p.envs or {}) do env[k] = tostring(v) end
   local timeout = tonumber(req.headers['connect-timeout-ms'] or '')
   if timeout and (timeout < 1 or timeout ~= math.floor(timeout)) then timeout = nil end
   self.pid_seq = self.pid_seq + 1
   local pid = self.pid_seq
+  local argv = { 'sh', '-c', KEEPER, 'keeper', tostring(pid), 'env', '--' }
+  local names = {}
+  for k in pairs(env) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do argv[#argv + 1] = k .. '=' .. env[k] end
+  argv[#argv + 1] = p.cmd
+  for _, x in ipairs(type(p.args) == 'table' and p.args or {}) do argv[#argv + 1] = tostring(x) end
   local proc = { pid = pid, tag = msg.tag, config = p, token = task.cancel_token(), stdin = {},
     stdin_open = msg.stdin ~= false, stdin_closed = msg.stdin == false }
   rec.processes[pid] = proc
@@ -420,9 +453,11 @@ function Service:_start(req, rec, sb)
     end
     local r
     local streamed = { stdout = 0, stderr = 0 }
+    local timed_out = false
     if fake then
       r = { exit_code = fake.exit_code, stdout = fake.stdout, stderr = fake.stderr }
     else
+      local started = now_ms()
       wait_for_stdin(proc, req)
       if not proc.stdin_closed and not proc.token.cancelled then
         rec.processes[pid] = nil   -- the client left before it closed stdin
@@ -443,8 +478,22 @@ function Service:_start(req, rec, sb)
             for i = 1, #chunk, CHUNK do send(event({ data = { [name] = b64.encode(chunk:sub(i, i + CHUNK - 1)) } })) end
           end
         end
-        ok, res = pcall(sb.exec, sb, argv, { cwd = cwd, env = env, stdin = stdin,
-          timeout_ms = timeout or NO_TIMEOUT_MS, signal = proc.token, on_stdout = pass('stdout'), on_stderr = pass('stderr') })
+        -- the deadline and SendSignal reach the command's own process, nothing else
+        local running = true
+        proc.kill = function(sig, why)
+          if running then task.spawn(function() self:_signal(rec, sb, proc, sig, why) end) end
+        end
+        local timer
+        if timeout then
+          timer = task.after(math.max(0, timeout - (now_ms() - started)), function()
+            timed_out = true
+            proc.kill(9, 'deadline')
+          end)
+        end
+        ok, res = pcall(sb.exec, sb, argv, { cwd = cwd, stdin = stdin, timeout_ms = NO_TIMEOUT_MS,
+          on_stdout = pass('stdout'), on_stderr = pass('stderr') })
+        running = false
+        if timer then timer.cancel() end
       end
       rec.processes[pid] = nil
       if not ok then
@@ -470,16 +519,21 @@ function Service:_start(req, rec, sb)
         if not send(event({ data = { [name] = b64.encode(out:sub(i, i + CHUNK - 1)) } })) then return end
       end
     end
-    if r.timed_out then
+    if timed_out or r.timed_out then
       send(envelope(2, json.encode({ error = { code = 'deadline_exceeded', message = 'context deadline exceeded' } })))
       return
     end
     local ended
-    if r.exit_code == nil then
+    -- the keeper shell answers 128 + n for a command that a signal ended
+    local code = r.exit_code
+    if code == nil then
       ended = { exitCode = -1, status = 'signal: killed' }
+    elseif not fake and code > 128 and code <= 128 + 64 then
+      local n = code - 128
+      ended = { exitCode = -1, status = 'signal: ' .. (SIGNAL_NAMES[n] or ('signal ' .. n)) }
     else
-      ended = { exited = true, status = 'exit status ' .. r.exit_code }
-      if r.exit_code ~= 0 then ended.exitCode = r.exit_code end
+      ended = { exited = true, status = 'exit status ' .. code }
+      if code ~= 0 then ended.exitCode = code end
     end
     send(event({ ['end'] = ended }))
     send(envelope(2, '{}'))
@@ -613,7 +667,7 @@ function M.install(svc, backing, opts)
   local self = setmetatable({
     svc = svc, backing = backing, key = key, domain = opts.domain, envd_version = opts.envd_version or M.ENVD_VERSION,
     templates = opts.templates or { base = {}, desktop = { desktop = true } },
-    sandboxes = {}, seen_desktops = {}, pid_seq = 1000, create_delay_ms = 0, uploads = {},
+    sandboxes = {}, seen_desktops = {}, pid_seq = 1000, create_delay_ms = 0, uploads = {}, signalled = {},
   }, Service)
 
   local function api(fn)
@@ -656,7 +710,7 @@ function M.install(svc, backing, opts)
 
   -- {------------------------------------------------------ control plane
 
-  local function create(req)
+  local function create(req, v2)
     local b = req.json
     if type(b) ~= 'table' or type(b.templateID) ~= 'string' then
       return { status = 400, json = { code = 400, message = 'templateID is required' } }
@@ -681,7 +735,7 @@ function M.install(svc, backing, opts)
     local rec = {
       id = id, template = b.templateID, alias = b.templateID, metadata = {}, env = env, network = net,
       allow_internet = b.allow_internet_access, kind = kind, started_ms = started, end_ms = started + timeout * 1000,
-      token = b.secure ~= false and ('ea_' .. random_token(16)) or nil, processes = {},
+      token = (v2 or b.secure ~= false) and ('ea_' .. random_token(16)) or nil, processes = {},
       desktop = t.desktop and desktop_state() or nil, body = b,
     }
     for k, v in pairs(type(b.metadata) == 'table' and b.metadata or {}) do
@@ -697,7 +751,7 @@ function M.install(svc, backing, opts)
     } }
   end
   svc:route('POST', '/sandboxes', api(create))
-  svc:route('POST', '/v2/sandboxes', api(create))
+  svc:route('POST', '/v2/sandboxes', api(function(req) return create(req, true) end))
 
   svc:route('GET', '/sandboxes/{id}', api(function(req)
     local rec = self:_live(req.params.id)
@@ -838,7 +892,8 @@ function M.install(svc, backing, opts)
     if s ~= 'SIGNAL_SIGKILL' and s ~= 'SIGNAL_SIGTERM' and s ~= 9 and s ~= 15 then
       return connect_error('unimplemented', 'signal not supported')
     end
-    proc.token:cancel('signal')
+    local sig = (s == 'SIGNAL_SIGKILL' or s == 9) and 9 or 15
+    if proc.kill then proc.kill(sig, 'SendSignal') else proc.token:cancel('signal') end
     return { json = object() }
   end))
 
