@@ -54,6 +54,7 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
+local stand_in = require('support.stand_in')
 
 local json, b64 = core.json, core.base64
 
@@ -381,28 +382,8 @@ local function wait_for_stdin(proc, req)
 end
 
 -- envd runs a command as a child of its own (Go's exec.CommandContext) and signals that child
--- alone: at the Connect deadline (SIGKILL) and at SendSignal. Here a keeper shell starts the
--- command in a session of its own (so that no kill of the keeper's group reaches it), writes
--- its pid to /tmp/.envd-<pid> (gone once it ended), waits for it and answers its status; the command gets its env
--- through env(1), so the keeper carries none of it (a kill by the command's env, as mayura's,
--- finds the command's processes only).
-local KEEPER = 'f=/tmp/.envd-$1; shift; exec 3<&0; setsid "$@" <&3 3<&- & echo $! > "$f"; ' ..
-  'wait $!; st=$?; rm -f "$f"; exit $st'
-
--- Signals the command's own process (as envd does) and records it in `self.signalled`.
-function Service:_signal(rec, sb, proc, sig, why)
-  local f = '/tmp/.envd-' .. proc.pid
-  -- a kill at the very start waits (2 s at most) for the keeper to write the pid
-  local script = 'i=0; while [ ! -s ' .. f .. ' ] && [ $i -lt 200 ]; do ' ..
-    'sleep 0.01; i=$((i+1)); done; [ -s ' .. f .. ' ] || exit 3; p=$(cat ' .. f .. '); kill -' .. sig ..
-    ' "$p" && echo "$p"'
-  local ok, r = pcall(sb.exec, sb, { 'sh', '-c', script }, { timeout_ms = 10000 })
-  local os_pid = ok and r.exit_code == 0 and tonumber(r.stdout:match('%d+')) or nil
-  if os_pid then
-    self.signalled[#self.signalled + 1] = { sandbox = rec.id, pid = proc.pid, os_pid = os_pid, signal = sig, why = why }
-  end
-  return os_pid
-end
+-- alone, at the Connect deadline (SIGKILL) and at SendSignal: stand_in.command with reach
+-- 'process'; each signal is recorded in `self.signalled`.
 
 -- Go's os.ProcessState names of the signals a command may end by.
 local SIGNAL_NAMES = { [1] = 'hangup', [2] = 'interrupt', [3] = 'quit', [6] = 'aborted', [9] = 'killed',
@@ -422,12 +403,7 @@ function Service:_start(req, rec, sb)
   if timeout and (timeout < 1 or timeout ~= math.floor(timeout)) then timeout = nil end
   self.pid_seq = self.pid_seq + 1
   local pid = self.pid_seq
-  local argv = { 'sh', '-c', KEEPER, 'keeper', tostring(pid), 'env', '--' }
-  local names = {}
-  for k in pairs(env) do names[#names + 1] = k end
-  table.sort(names)
-  for _, k in ipairs(names) do argv[#argv + 1] = k .. '=' .. env[k] end
-  argv[#argv + 1] = p.cmd
+  local argv = { p.cmd }
   for _, x in ipairs(type(p.args) == 'table' and p.args or {}) do argv[#argv + 1] = tostring(x) end
   local proc = { pid = pid, tag = msg.tag, config = p, token = task.cancel_token(), stdin = {},
     stdin_open = msg.stdin ~= false, stdin_closed = msg.stdin == false }
@@ -479,21 +455,16 @@ function Service:_start(req, rec, sb)
           end
         end
         -- the deadline and SendSignal reach the command's own process, nothing else
-        local running = true
-        proc.kill = function(sig, why)
-          if running then task.spawn(function() self:_signal(rec, sb, proc, sig, why) end) end
-        end
-        local timer
-        if timeout then
-          timer = task.after(math.max(0, timeout - (now_ms() - started)), function()
-            timed_out = true
-            proc.kill(9, 'deadline')
-          end)
-        end
-        ok, res = pcall(sb.exec, sb, argv, { cwd = cwd, stdin = stdin, timeout_ms = NO_TIMEOUT_MS,
-          on_stdout = pass('stdout'), on_stderr = pass('stderr') })
-        running = false
-        if timer then timer.cancel() end
+        local cmd = stand_in.command(sb, argv, { cwd = cwd, env = env, stdin = stdin, reach = 'process',
+          timeout_ms = timeout and math.max(1, timeout - (now_ms() - started)) or nil,
+          on_stdout = pass('stdout'), on_stderr = pass('stderr'),
+          on_signal = function(sent)
+            self.signalled[#self.signalled + 1] = { sandbox = rec.id, pid = pid, os_pid = sent.pid,
+              signal = sent.signal, why = sent.why }
+          end })
+        proc.kill = function(sig, why) cmd:kill(sig, why) end
+        ok, res = pcall(cmd.wait, cmd)
+        if ok then timed_out = res.timed_out end
       end
       rec.processes[pid] = nil
       if not ok then
@@ -524,12 +495,9 @@ function Service:_start(req, rec, sb)
       return
     end
     local ended
-    -- the keeper shell answers 128 + n for a command that a signal ended
     local code = r.exit_code
     if code == nil then
-      ended = { exitCode = -1, status = 'signal: killed' }
-    elseif not fake and code > 128 and code <= 128 + 64 then
-      local n = code - 128
+      local n = tonumber(r.signal) or 9
       ended = { exitCode = -1, status = 'signal: ' .. (SIGNAL_NAMES[n] or ('signal ' .. n)) }
     else
       ended = { exited = true, status = 'exit status ' .. code }
