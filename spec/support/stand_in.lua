@@ -366,8 +366,9 @@ end
 -- group reaches it), writes its pid to /tmp/.svc-<n>, waits for it and answers its status (128 +
 -- n for a signal n); the command gets its env through env(1), so the keeper carries none of it
 -- (a kill by the command's env, as mayura's, finds the command's processes only).
-local KEEPER = 'f=/tmp/.svc-$1; shift; exec 3<&0; setsid "$@" <&3 3<&- & echo $! > "$f"; ' ..
-  'wait $!; st=$?; rm -f "$f"; exit $st'
+-- With `end_kills_group` ($2 = 1) what is left of the command's group is killed once it ended.
+local KEEPER = 'f=/tmp/.svc-$1; g=$2; shift 2; exec 3<&0; setsid "$@" <&3 3<&- & echo $! > "$f"; exec 2>/dev/null; ' ..
+  'wait $!; st=$?; [ "$g" = 1 ] && kill -9 -$! 2>/dev/null; rm -f "$f"; exit $st'
 local command_seq = 0
 
 local Command = {}
@@ -378,7 +379,9 @@ Command.__index = Command
 -- on_stdout, on_stderr, timeout_ms (the service's deadline: it signals with SIGKILL, then
 -- `timed_out` is set), reach ('process': the command's own process, as E2B's envd and Vercel
 -- signal it; 'group': its process group, as Daytona's timeout and Railway's signals do; a
--- process that left the group with setsid is not reached), on_signal(record) (each signal sent:
+-- process that left the group with setsid is not reached), end_kills_group (what is left of the
+-- command's process group is killed once it ended, as Daytona's daemon does), on_signal(record)
+-- (each signal sent:
 -- { pid (in the sandbox), signal, why }) }. Returns a command: `kill(signal, why)` (false once it
 -- ended), `wait()` -> { exit_code (nil when a signal ended it), signal, stdout, stderr,
 -- timed_out } (raises what the backing's exec raised: INVALID_INPUT for a cwd, gone, ...).
@@ -386,7 +389,7 @@ function M.command(sb, argv, opts)
   opts = opts or {}
   command_seq = command_seq + 1
   local n = command_seq
-  local keeper = { 'sh', '-c', KEEPER, 'keeper', tostring(n), 'env', '--' }
+  local keeper = { 'sh', '-c', KEEPER, 'keeper', tostring(n), opts.end_kills_group and '1' or '0', 'env', '--' }
   local names = {}
   for k in pairs(opts.env or {}) do names[#names + 1] = k end
   table.sort(names)
@@ -420,7 +423,7 @@ function Command:kill(sig, why)
   if not self.running then return false end
   task.spawn(function()
     local f = '/tmp/.svc-' .. self.n
-    local target = self.reach == 'group' and '-- -"$p"' or '"$p"'
+    local target = self.reach == 'group' and '-"$p"' or '"$p"'   -- dash's kill takes no --
     -- a kill at the very start waits (2 s at most) for the keeper to write the pid
     local script = 'i=0; while [ ! -s ' .. f .. ' ] && [ $i -lt 200 ]; do sleep 0.01; i=$((i+1)); done; ' ..
       '[ -s ' .. f .. ' ] || exit 3; p=$(cat ' .. f .. '); kill -' .. sig .. ' ' .. target .. ' && echo "$p"'
