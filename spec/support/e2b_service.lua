@@ -65,7 +65,6 @@ M.HOME = '/workspace'
 M.MAX_TIMEOUT_S = 86400
 M.CUT = 'e2b stand-in: the stream was cut'
 local CHUNK = 32 * 1024
-local NO_TIMEOUT_MS = 1800000   -- the backing pool's longest command
 
 M.PNG = b64.decode('iVBORw0KGgoAAAANSUhEUgAAAKAAAAB4CAIAAAD6wG44AAABO0lEQVR42u3csQ0AEBRFUeMYwmBG1KhtoLGEFUQhwkl+/' ..
   '5J7WhFiyu7hCxIAdoAdYAfYAXaAHWDADrAD7AA7wA6wA/wtcO9j+0pt22f3zC5gwEIDFvpeYLHe3gUMWGjAQgMGDNguYLuA7QIGLDRgoQELDdguY' ..
