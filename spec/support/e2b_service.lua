@@ -35,11 +35,13 @@
 --                                         Connect-Timeout-Ms, invalid_argument for a bad cwd)
 --   POST /process.Process/{SendInput,CloseStdin,SendSignal,List}  Connect unary
 -- Relative paths and cwds are against the backing's home (/workspace: the E2B provider is told
--- so with its `workdir` option). How the stand-in differs from envd: a command runs to its end
--- in the local sandbox and its output is sent then (not as it comes); a command started with
+-- so with its `workdir` option). How the stand-in differs from envd: a command started with
 -- stdin waits for CloseStdin before it runs; closing the stream does not stop a command, as in
--- envd. A sandbox asked for a domain allow-list is kept offline (the backing cannot filter by
--- domain); one asked for the internet gets the backing's 'all'.
+-- envd. The Connect deadline (SIGKILL) and SendSignal reach the command's own process only, as
+-- envd's do (`e2b.signalled` records each: { sandbox, pid, os_pid, signal, why }); unlike envd, the
+-- stream ends when that process ends even while a child still holds its output. A sandbox asked
+-- for a domain allow-list is kept offline (the backing cannot filter by domain); one asked for
+-- the internet gets the backing's 'all'.
 --
 -- The desktop (template `desktop`): local sandboxes have no X server yet, so the stand-in
 -- answers the desktop's commands itself (Xvfb, xdpyinfo, startxfce4, pgrep of Xfce, scrot,
