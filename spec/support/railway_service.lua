@@ -43,6 +43,7 @@
 local core = require('mayura.core')
 local compat = require('support.compat')
 local task = require('mayura._task')
+local stand_in = require('support.stand_in')
 
 local json = core.json
 
@@ -237,15 +238,12 @@ function M.install(svc, backing, opts)
     if type(b.command) ~= 'string' then return { status = 400, json = {} } end
     touch(rec)
     local key = type(b.exec_id) == 'string' and (b.token .. ' ' .. b.exec_id) or nil
-    local ok, r = pcall(function()
-      local p = sb:start({ 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
-        stdin = b.stdin and core.base64.decode(b.stdin) or nil, timeout_ms = 600000, signal = req.signal })
-      if key then state.running[key] = p end
-      local ok2, res = pcall(p.wait, p)
-      if key then state.running[key] = nil end
-      if not ok2 then error(res, 0) end
-      return res
-    end)
+    -- a signal frame reaches the command's process group, as Railway delivers it
+    local cmd = stand_in.command(sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
+      stdin = b.stdin and core.base64.decode(b.stdin) or nil, reach = 'group' })
+    if key then state.running[key] = cmd end
+    local ok, r = pcall(cmd.wait, cmd)
+    if key then state.running[key] = nil end
     if not ok then
       if not backing:get(rec.backing_id) then return { status = 404, json = {} } end
       return { status = 500, json = {} }
@@ -255,8 +253,8 @@ function M.install(svc, backing, opts)
       stderr = core.base64.encode(r.stderr) } }
   end)
 
-  -- A `signal` frame of the bridge: the signal goes to the running command's process group (the
-  -- local sandbox's kill of the command's tree), recorded in `state.signals`.
+  -- A `signal` frame of the bridge: the signal goes to the running command's process group (not
+  -- to a process that left it with setsid), recorded in `state.signals`.
   local SIGNALS = { TERM = 15, KILL = 9, INT = 2, QUIT = 3, HUP = 1 }
   svc:route('POST', '/_bridge/signal', function(req)
     local b = req.json
@@ -272,7 +270,7 @@ function M.install(svc, backing, opts)
     local p = state.running[key]
     if not p then return { json = { delivered = false } } end
     state.signals[#state.signals + 1] = { sandbox = id, signal = b.signal }
-    return { json = { delivered = p:kill(n) } }
+    return { json = { delivered = p:kill(n, 'signal') } }
   end)
 
   svc:route('POST', M.PATH, function(req)
