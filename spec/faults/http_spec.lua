@@ -267,6 +267,15 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
     assert.truthy(tostring(err.cause):find('resource temporarily unavailable', 1, true))
     assert.are.equal(0, pool:count())
     assert.is_true(util.eventually(function() return #left_dirs() == 0 end, 5000))
+    -- runc losing its child: with the OOM score that is the runtime refusing it (once more without);
+    -- without a score it is runc under load, tried again like any passing failure
+    local lost = { 400, '{"message":"failed to create shim task: OCI runtime create failed: runc create failed: '
+      .. 'unable to start container process: can\'t get final child\'s PID from pipe: EOF: unknown"}' }
+    daemon({ lost })
+    err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+    assert.are.equal(5, starts)
+    assert.truthy(tostring(err.cause):find('final child', 1, true))
+    assert.are.equal(0, pool:count())
     pool:close()
   end)
 

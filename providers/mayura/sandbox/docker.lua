@@ -218,6 +218,20 @@ local function docker_error(reason, what)
   return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
 end
 
+-- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time,
+-- while the create's time allows (`c.start_by`, on the hrtime clock).
+local START_TRIES, START_PAUSE_MS = 4, 250
+
+-- runc's "can't get final child's PID from pipe" is how a refused OOM score ends here, and, without
+-- a score to refuse, how a runtime under load loses its child: a passing failure then.
+local function runc_lost_child(c, low_reason)
+  return not c.oom_score_adj and low_reason:find("final child's pid", 1, true) ~= nil
+end
+
+local function may_retry(c, tries)
+  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + START_PAUSE_MS * tries < c.start_by)
+end
+
 local function no_image(image)
   return errors.new('INVALID_CONFIG', 'the image ' .. image .. ' is not on this machine (images are never pulled)')
 end
@@ -244,7 +258,10 @@ function Cli:run(args, what, allow)
   if res.exit_code ~= 0 then
     local reason = cli_reason(res.stderr)
     if allow and allow[reason] then return nil, reason end
-    error(docker_error(reason == 'no_image' and 'not_found' or reason, what), 0)
+    local e = docker_error(reason == 'no_image' and 'not_found' or reason, what)
+    -- a runtime's refusal keeps its words as the cause (for logs, and for the create to tell a passing one)
+    if e.runtime then e.cause = res.stderr end
+    error(e, 0)
   end
   return res
 end
@@ -288,16 +305,25 @@ end
 
 --- Creates and starts the container; returns its id.
 function Cli:run_container(c)
-  local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
-  local id = ok and res and res.stdout:match('(%x+)%s*$')
-  if not id or #id < 12 then
+  local tries = 0
+  while true do
+    tries = tries + 1
+    local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
+    local id = ok and res and res.stdout:match('(%x+)%s*$')
+    if id and #id >= 12 then return id end
     -- a half-made container (created, not started) must not stay behind
     pcall(self.remove, self, c.name)
-    if not ok then error(res, 0) end
-    if reason == 'no_image' then error(no_image(c.image), 0) end
-    error(docker_error('failed', 'start a container'), 0)
+    if not ok then
+      -- runc losing its child with no score to refuse is a passing failure: again, a while
+      local passing = type(res) == 'table' and res.runtime and runc_lost_child(c, tostring(res.cause or ''):lower())
+      if passing and may_retry(c, tries) then
+        task.sleep(START_PAUSE_MS * tries)
+      else
+        error(res, 0)
+      end
+    elseif reason == 'no_image' then error(no_image(c.image), 0)
+    else error(docker_error('failed', 'start a container'), 0) end
   end
-  return id
 end
 
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
@@ -470,7 +496,6 @@ local TRANSIENT = {
   'resource temporarily unavailable', 'deadline exceeded', 'timed out', 'timeout', 'connection reset',
   'device or resource busy', 'interrupted system call', 'broken pipe', 'cannot allocate memory',
 }
-local START_TRIES, START_PAUSE_MS = 4, 250
 
 local function transient(reason)
   local low = reason:lower()
@@ -503,11 +528,11 @@ function Api:run_container(c)
     if status == 404 then error(docker_error('unavailable', 'start a container'), 0) end
     local reason = daemon_reason(body)
     local pause = START_PAUSE_MS * tries
-    local passing = (status == 400 or status >= 500) and transient(reason)
-    if passing and tries < START_TRIES and (not c.start_by or core.hrtime_ms() + pause < c.start_by) then
+    local low = reason:lower()
+    local passing = (status == 400 or status >= 500) and (transient(reason) or runc_lost_child(c, low))
+    if passing and may_retry(c, tries) then
       task.sleep(pause)
     else
-      local low = reason:lower()
       if not passing and (status == 400 or status == 500) and c.oom_score_adj
         and (low:find('oci runtime', 1, true) or low:find('oom_score_adj', 1, true)) then
         error(docker_error('runtime', 'start a container'), 0)
