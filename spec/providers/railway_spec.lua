@@ -184,4 +184,40 @@ suite.describe('the Railway stand-in, over real local sandboxes', function()
     assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, network = 'all', ports = { 8080 } })
     assert.are.equal(n, #state.ops)
   end)
+
+  it('sent only documents that Railway\'s public schema takes, the SDK\'s and mayura\'s alike', function()
+    -- every request the stand-in got above, one of each document and shape of its variables
+    local function shape(v)
+      if type(v) ~= 'table' then return type(v) end
+      local keys = {}
+      for k, x in pairs(v) do keys[#keys + 1] = tostring(k) .. '=' .. shape(x) end
+      table.sort(keys)
+      return '{' .. table.concat(keys, ',') .. '}'
+    end
+    local bodies, seen, ops = {}, {}, {}
+    for _, o in ipairs(state.ops) do
+      local b = o.req.json
+      local key = type(b) == 'table' and tostring(b.query) .. shape(b.variables)
+      if key and not seen[key] then
+        seen[key] = true
+        bodies[#bodies + 1] = o.req.body
+        ops[o.op] = true
+      end
+    end
+    for _, op in ipairs({ 'sandboxCreate', 'sandbox', 'sandboxes', 'sandboxExec', 'generateShellToken',
+      'sandboxDestroy' }) do
+      assert.is_true(ops[op] == true, op)
+    end
+    local dir = util.tmpdir()
+    local f = assert(io.open(dir .. '/requests.json', 'w'))
+    f:write('[' .. table.concat(bodies, ',') .. ']')
+    f:close()
+    local r = require('mayura.process').run({ 'node', 'spec/npm/railway_schema_check.mjs',
+      'spec/support/railway_schema.graphql', dir .. '/requests.json' }, { timeout_ms = 60000 })
+    util.rmdir(dir)
+    assert.are.equal(0, r.exit_code, r.stderr)
+    local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+    assert.are.same({}, result.errors)
+    assert.are.equal(#bodies, result.checked)
+  end)
 end)
