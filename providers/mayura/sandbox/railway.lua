@@ -11,11 +11,13 @@
 -- `Project-Access-Token`; required, never read from the environment by this
 -- module), `environment_id` (required: every sandbox lives in one
 -- environment), `endpoint` (the GraphQL URL; for a service that speaks the
--- same API elsewhere), `region`, `network_isolation` ('ISOLATED', the
--- default, or 'PRIVATE', which joins the environment's private network),
--- `workdir` (where relative paths and commands start; `/workspace` by
--- default, made at create), `max_lifetime_ms` (24 hours by default), and the
--- kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+-- same API elsewhere), `exec` ('websocket' or 'graphql'), `ws_url` (the
+-- exec bridge; from the endpoint's host by default), `region`,
+-- `network_isolation` ('ISOLATED', the default, or 'PRIVATE', which joins the
+-- environment's private network and lets a sandbox have ports), `workdir`
+-- (where relative paths and commands start; `/workspace` by default, made at
+-- create), `max_lifetime_ms` (24 hours by default), and the kit's `retries`,
+-- `retry_base_ms` and `max_retry_after_ms`.
 --
 -- How the contract maps onto the service:
 --   * create: `sandboxCreate` with the environment, the create spec's `env`
@@ -25,14 +27,16 @@
 --     sandbox only when it is idle that long, so the pool's timer ends it at
 --     its lifetime (a release is `sandboxDestroy`);
 --   * commands and files: the whole contract runs on
---     `command_sandbox_backend` over `sandboxExec(command, environmentId, id,
---     timeoutSec)`, which runs one short command and answers with its exit
+--     `command_sandbox_backend` over the service's WebSocket exec bridge
+--     (`exec = 'websocket'`, the default: a shell token from
+--     `generateShellToken` as the subprotocol, `init_exec`, standard input as
+--     `0x02` frames, stdout frames and the `exit` frame), or over
+--     `sandboxExec(command, environmentId, id, timeoutSec)` (`exec =
+--     'graphql'`), which runs one short command and answers with its exit
 --     code and output: commands start in the background and are polled, files
---     move as base64 inside the command line, standard input goes through a
---     file, and a timeout or a cancel kills every process of a command by its
---     tag. (The service also streams commands over a WebSocket bridge; this
---     module does not use it, since the HTTP client here has no WebSocket.)
---     Each backend command is sent as `sh -c '<script>'`;
+--     move as base64 inside the command line, and a timeout or a cancel kills
+--     every process of a command by its tag. Each backend command is sent as
+--     `sh -c '<script>'`;
 --   * network: 'all' only (the service has no egress policy); labels stay
 --     with the pool (the service keeps none);
 --   * ports: each of the create spec's `ports` (at most 10) is asked for as one
