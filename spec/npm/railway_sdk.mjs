@@ -19,6 +19,16 @@ const options = {
   environmentId: process.env.STAND_IN_ENV,
 };
 
+// STAND_IN_CONNECT: only connect to that sandbox (one mayura made with a public domain, whose
+// answers carry `domains`), read it and run a command in it.
+if (process.env.STAND_IN_CONNECT) {
+  const made = await Sandbox.connect(process.env.STAND_IN_CONNECT, options);
+  const ran = await made.exec('cat /workspace/index.html');
+  console.log('RESULT ' + JSON.stringify({ status: made.status, networkIsolation: made.networkIsolation,
+    exit_code: ran.exitCode, stdout: ran.stdout }));
+  process.exit(0);
+}
+
 const result = {};
 const sandbox = await Sandbox.create({ ...options, env: { GREETING: 'hi' }, idleTimeoutMinutes: 7, region: 'us-east4' });
 result.id = sandbox.id;

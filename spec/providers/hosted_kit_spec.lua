@@ -93,6 +93,8 @@ describe('the hosted kit', function()
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://user:' .. KEY .. '@x.test' })
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'ftp://x.test' })
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', nope = 1 })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', http_version = '3' })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', http_version = 2 })
       assert.is_false(shows(client, KEY))
     end)
 

@@ -4,6 +4,7 @@
 -- the specs (the client's WebSocket exec through spec/npm/northflank_front.mjs).
 --
 --   local state = northflank_service.install(svc, backing, { token = t, project_id = 'p' })
+--   local state = northflank_service.install_with_exec_host(svc, backing, opts)   -- state.exec_url
 --
 -- REST (`Authorization: Bearer <token>`; every success is HTTP 200 with `{ data }`,
 -- every failure `{ error = { status, message, id } }`):
@@ -14,7 +15,8 @@
 --          { status } } } }: IN_PROGRESS for the first `state.pending_polls` reads, then COMPLETED
 --   DELETE /v1/projects/{p}/services/{s}          -> { data = {} }
 --   (and the same under /v1/teams/{t}/projects/...)
--- Exec (`POST /exec`, the HTTP/2 exec host's API; here over HTTP/1.1): a body of NDJSON messages,
+-- Exec (`POST /exec`, the HTTP/2 exec host's API; here over HTTP/1.1, behind the HTTP/2 exec host
+-- of spec/npm/northflank_exec.mjs, which `install_with_exec_host` starts): a body of NDJSON messages,
 -- `init` ({ auth = { type = 'apiToken', apiToken }, context = { projectId, serviceId, command
 -- (argv with shell 'none', else a string run by `sh -c`), encoding } }), `payload` (standard
 -- input, base64 with encoding 'base64') and `stdInEnd`; the answer is NDJSON: `init` ({ auth =
@@ -187,6 +189,44 @@ function M.install(svc, backing, opts)
     end }
   end)
 
+  return state
+end
+
+--- install, then the exec host (spec/npm/northflank_exec.mjs, a Node process speaking HTTP/2 alone)
+-- in front of the stand-in's `/exec`: `state.exec_url` is its h2c origin, `state.close_all()`
+-- ends it.
+function M.install_with_exec_host(svc, backing, opts)
+  local process = require('mayura.process')
+  local task = require('mayura._task')
+  local util = require('support.util')
+  local state = M.install(svc, backing, opts)
+  local dir = util.tmpdir()
+  local portfile = dir .. '/exec-host.port'
+  state.exec_host = task.spawn(function()
+    return process.run({ 'node', 'spec/npm/northflank_exec.mjs', svc:url(''), portfile }, { timeout_ms = 3600000 })
+  end)
+  local deadline = core.hrtime_ms() + 15000
+  while not state.exec_url do
+    local f = io.open(portfile)
+    local port = f and f:read('a')
+    if f then f:close() end
+    if port and port:match('^%d+$') then
+      state.exec_url = 'http://127.0.0.1:' .. port
+    elseif core.hrtime_ms() > deadline then
+      util.rmdir(dir)
+      error('the exec host did not start')
+    else
+      task.sleep(20)
+    end
+  end
+  function state.close_all()
+    if state.exec_host then
+      pcall(require('mayura.http').request, { url = state.exec_url .. '/quit', http_version = '2', timeout_ms = 5000 })
+      state.exec_host:wait()
+      state.exec_host = nil
+    end
+    util.rmdir(dir)
+  end
   return state
 end
 

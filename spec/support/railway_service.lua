@@ -10,8 +10,16 @@
 -- the variables of the same names. Taken:
 --
 --   sandboxCreate(input)            { environmentId, idleTimeoutMinutes (1-120), networkIsolation,
---                                   region, variables } -> { id, status, ... } (CREATING when
---                                   `state.creating_polls` > 0: that many `sandbox` reads say so)
+--                                   region, variables, publicDomains } -> { id, status, ... }
+--                                   (CREATING when `state.creating_polls` > 0: that many `sandbox`
+--                                   reads say so)
+--
+-- Public domains: `publicDomains` ([{ port, prefix? }], at most 10, one per prefix and port, and
+-- only with networkIsolation PRIVATE asked for, as the service's schema says) become the
+-- sandbox's `domains` ([{ prefix, port, domain }], `<prefix>.` .. `state.domain_suffix`; a prefix
+-- left out is made up), published from the `state.domain_polls`-th read of the sandbox on
+-- (at once by default). `state.edge[domain]` is the loopback URL that serves that port of the sandbox behind
+-- it (the local sandbox's own forward): the spec's DNS and edge.
 --   sandbox(environmentId, id)      the sandbox, or null
 --   sandboxes(environmentId)        { edges = [{ node }], pageInfo }
 --   sandboxExec(command, environmentId, id, timeoutSec)
@@ -77,6 +85,9 @@ function M.install(svc, backing, opts)
     state.faults[op] = { answer = answer, left = times or math.huge }
   end
 
+  -- public domains: their suffix, the reads before one is published, domain -> loopback URL
+  state.domain_suffix, state.domain_polls, state.edge = 'up.railway.test', 0, {}
+
   local function drop(rec)
     if rec.timer then rec.timer.cancel() end
     rec.timer = nil
@@ -102,9 +113,43 @@ function M.install(svc, backing, opts)
   end
 
   local function view(rec)
+    local domains = setmetatable({}, json.array_mt)
+    if (rec.domain_polls or 0) <= 0 then
+      for i, d in ipairs(rec.domains or {}) do domains[i] = { prefix = d.prefix, port = d.port, domain = d.domain } end
+    end
     return { id = rec.id, status = rec.status, networkIsolation = rec.networkIsolation,
       environmentId = rec.environmentId, region = rec.region, idleTimeoutMinutes = rec.idleTimeoutMinutes,
-      createdAt = rec.createdAt }
+      createdAt = rec.createdAt, domains = domains }
+  end
+
+  -- The public domains asked for at create: a list of { prefix, port }, or nil and a GraphQL error.
+  local function public_domains(input)
+    local list = input.publicDomains
+    if list == nil or list == json.null then return {} end
+    if type(list) ~= 'table' or #list > 10 then
+      return nil, gql_error('publicDomains supports up to 10 domains', 'BAD_USER_INPUT')
+    end
+    if input.networkIsolation ~= 'PRIVATE' then
+      return nil, gql_error('Public domains require PRIVATE network isolation', 'BAD_USER_INPUT')
+    end
+    local out, seen = {}, {}
+    for _, d in ipairs(list) do
+      local port, prefix = type(d) == 'table' and d.port, type(d) == 'table' and d.prefix
+      if compat.math_type(port) ~= 'integer' or port < 1 or port > 65535 then
+        return nil, gql_error('port must be from 1 through 65535', 'BAD_USER_INPUT')
+      end
+      if prefix == nil or prefix == json.null then
+        state.seq = state.seq + 1
+        prefix = string.format('project-%d%04x', state.seq, math.random(0, 0xffff))
+      elseif type(prefix) ~= 'string' or #prefix > 46 or not prefix:match('^[a-z0-9]$')
+        and not prefix:match('^[a-z0-9][a-z0-9%-]*[a-z0-9]$') then
+        return nil, gql_error('Invalid domain prefix', 'BAD_USER_INPUT')
+      end
+      if seen[prefix .. ':' .. port] then return nil, gql_error('Duplicate public domain', 'BAD_USER_INPUT') end
+      seen[prefix .. ':' .. port] = true
+      out[#out + 1] = { prefix = prefix, port = port }
+    end
+    return out
   end
 
   local function find(v)
@@ -136,13 +181,22 @@ function M.install(svc, backing, opts)
         env[k] = x
       end
     end
-    local bid = backing:create({ lifetime_ms = 3600000, env = env, network = 'all' })
+    local domains, derr = public_domains(input)
+    if not domains then return derr end
+    local ports = {}
+    for _, d in ipairs(domains) do ports[#ports + 1] = d.port end
+    local bid, bsb = backing:create({ lifetime_ms = 3600000, env = env, network = 'all', ports = ports })
+    for _, d in ipairs(domains) do
+      d.domain = d.prefix .. '.' .. state.domain_suffix
+      state.edge[d.domain] = bsb:url(d.port)
+    end
     state.seq = state.seq + 1
     local id = string.format('sbx_%d%06x', state.seq, math.random(0, 0xffffff))
     local rec = { id = id, backing_id = bid, status = state.creating_polls > 0 and 'CREATING' or 'RUNNING',
       polls = state.creating_polls, networkIsolation = input.networkIsolation or 'ISOLATED',
       environmentId = input.environmentId, region = input.region or 'us-west2', idleTimeoutMinutes = idle,
-      createdAt = '2026-11-30T12:00:00.000Z', input = input }
+      createdAt = '2026-11-30T12:00:00.000Z', input = input, domains = domains,
+      domain_polls = #domains > 0 and state.domain_polls or 0 }
     state.sandboxes[id] = rec
     record.id = id
     touch(rec)
@@ -152,6 +206,7 @@ function M.install(svc, backing, opts)
   function ops.sandbox(v)
     local rec = find(v)
     if not rec then return { json = { data = { sandbox = json.null } } } end
+    if rec.domain_polls > 0 then rec.domain_polls = rec.domain_polls - 1 end
     if rec.status == 'CREATING' then
       rec.polls = rec.polls - 1
       if rec.polls <= 0 then rec.status = 'RUNNING' end
