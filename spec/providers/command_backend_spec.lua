@@ -11,6 +11,7 @@ local process = require('mayura.process')
 local transports = require('support.command_transports')
 local providers = require('support.providers')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local scripts = sandbox.sandbox_scripts
 local MIB = 1048576
@@ -461,6 +462,8 @@ for _, kind in ipairs(KINDS) do
       assert.is_true(gone_soon(sb, 'sleep 84'))
       assert.is_true(gone_soon(sb, 'sleep 85'))
     end)
+
+    stop_cases.describe(function() return sb end)
 
     it('ends what a command left in its group after it ends; setsid processes stay', function()
       local r = sb:exec({ 'sh', '-c', 'sleep 86 & setsid sleep 87 </dev/null >/dev/null 2>&1 & echo ok' })
