@@ -8,6 +8,7 @@ local sandbox = require('mayura.sandbox')
 local railway = require('mayura.sandbox.railway')
 local suite = require('support.stand_in_suite')
 local railway_service = require('support.railway_service')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'rw_0123456789abcdefTOKEN'
 local ENV = 'env-mayura-1'
@@ -80,6 +81,10 @@ suite.describe('the Railway stand-in, over real local sandboxes', function()
     assert.are.same({ environmentId = ENV, variables = { GREETING = 'hi' }, idleTimeoutMinutes = 7,
       region = 'us-east4' }, input)
     assert.are.equal(before, backing.pool:count())
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   suite.conformance(function() return sb end)
