@@ -327,6 +327,13 @@ local KINDS = {
   { name = 'with standard input (dash)', opts = { stdin = true, max_command_bytes = 65536 }, conformance = true },
   { name = 'without standard input, 4096-byte commands (BusyBox sh)', conformance = true,
     opts = { stdin = false, max_command_bytes = 4096, shell = { BUSYBOX, 'sh' } } },
+  -- over local sandboxes with the pool's default caps: every answer within 1 MiB (the default)
+  { name = 'with standard input, over sandboxes that give at most 1 MiB of output', conformance = true,
+    opts = { stdin = true, max_command_bytes = 65536, pool_options = {} } },
+  { name = 'without standard input, over sandboxes that give at most 1 MiB of output', conformance = true,
+    opts = { stdin = false, max_command_bytes = 65536, pool_options = {} } },
+  -- a transport that says it answers at most 16 KiB (and cuts there)
+  { name = 'with answers of at most 16 KiB', opts = { stdin = true, max_output_bytes = 16384, cut_at = 16384 } },
   -- the conformance suite runs on it in spec/examples/docker_exec_spec.lua
   { name = 'over docker exec in the BusyBox image (only BusyBox sh and applets)', docker = true },
 }
@@ -361,6 +368,16 @@ for _, kind in ipairs(KINDS) do
         local transport = provider.transports[1]
         assert.is_true(transport.longest <= kind.opts.max_command_bytes)
         assert.is_true(transport.calls > 0)
+      end)
+    end
+
+    if not kind.docker then
+      teardown(function()
+        -- every answer the backend asked for fit in what the transport said it gives (1 MiB if unsaid)
+        local cap = kind.opts.max_output_bytes or MIB
+        for _, t in ipairs(provider.transports) do
+          if not t.mangle then assert.is_true(t.longest_answer <= cap, t.longest_answer .. ' > ' .. cap) end
+        end
       end)
     end
 
@@ -543,6 +560,25 @@ for _, kind in ipairs(KINDS) do
       p2:close()
     end)
 
+    it('tells an answer the transport cut short as SANDBOX_ERROR truncated, never as nonsense', function()
+      -- a transport that says nothing of its cap and cuts at 200000 bytes, as some exec APIs do
+      local cutting = transports.command_provider({ stdin = kind.opts.stdin, max_command_bytes = kind.opts.max_command_bytes,
+        shell = kind.opts.shell, cut_at = 200000 })
+      local p2 = sandbox.create_sandboxes(cutting, { max_sandboxes = 1, max_lifetime_ms = 600000, max_output_bytes = 2 * MIB })
+      local s2 = p2:create({ lifetime_ms = 600000 })
+      s2:write_file('big.bin', bytes(MIB, 5))
+      local err = assert.raises_code('SANDBOX_ERROR', s2.read_file, s2, 'big.bin')
+      assert.are.same({ 'truncated', false }, { err.reason, err.message:find('nonsense', 1, true) ~= nil })
+      err = assert.raises_code('SANDBOX_ERROR', s2.exec, s2, { 'sh', '-c', 'head -c 1000000 /dev/zero' })
+      assert.are.equal('truncated', err.reason)
+      -- what fits still works
+      assert.are.equal('small\n', s2:exec({ 'echo', 'small' }).stdout)
+      s2:write_file('small.txt', 'fits')
+      assert.are.equal('fits', s2:read_file('small.txt'))
+      p2:close()
+      cutting.pool:close()
+    end)
+
     it('fails with gone once the sandbox under it is gone', function()
       local p2 = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
       local s2 = p2:create({ lifetime_ms = 600000 })
@@ -568,7 +604,7 @@ describe('command_sandbox_backend options', function()
   end)
 
   it('fails with SANDBOX_ERROR when the sandbox lacks a tool, naming only the tool', function()
-    local run = function() return { exit_code = 0, stdout = 'M setsid\nM /etc/secret\nOK\n' } end
+    local run = function() return { exit_code = 0, stdout = 'M setsid\nM /etc/secret\nOK\n:end\n' } end
     local err = assert.raises_code('SANDBOX_ERROR', sandbox.command_sandbox_backend, 'x', { run = run })
     assert.are.equal('failed', err.reason)
     assert.truthy(err.message:find('setsid', 1, true))

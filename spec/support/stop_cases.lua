@@ -7,8 +7,9 @@
 --
 --   stop_cases.describe(function() return sb end)   -- inside a describe of a provider's spec
 --
--- The sandbox needs a pid namespace of its own whose pids are near a power of ten at most
--- 100000 (a fresh sandbox, as a stand-in's local sandboxes and Docker containers are).
+-- Each case makes a fresh sandbox of the same provider (a pool of its own) and stops its first
+-- command; the sandbox needs a pid namespace of its own (as a stand-in's local sandboxes and
+-- Docker containers have), whose pids start small.
 local busted = require('busted')
 local assert = require('luassert')
 local task = require('mayura._task')
@@ -23,11 +24,27 @@ local function sh(sb, script, o)
 end
 
 -- Sets b to the next power of ten at least `margin` pids away and forks until the next pid is
--- within `margin` of it; prints 'far' and exits when b would be past 100000.
+-- within `margin` of it (when b is past pid_max, first until the pids start again from below).
 local function spin(margin)
-  return ': & p=$!;wait\nb=10;while [ $b -le $((p+' .. margin .. ')) ];do b=$((b*10));done\n' ..
-    '[ $b -le 100000 ]||{ echo far;exit 0;}\n' ..
+  return ': & p=$!;wait\nm=$(cat /proc/sys/kernel/pid_max 2>/dev/null)||m=32768\n' ..
+    'while :;do b=10;while [ $b -le $((p+' .. margin .. ')) ];do b=$((b*10));done\n' ..
+    '[ $b -lt "$m" ]&&break\no=$p;while [ $p -ge $o ];do : & p=$!;wait;done;done\n' ..
     'while [ $p -lt $((b-' .. margin .. ')) ];do : & p=$!;wait;done\n'
+end
+
+-- A pool of one sandbox of the provider of `sb`, asking for a kind of network it has when it
+-- cannot keep sandboxes offline; returns the pool and a fresh sandbox.
+local function fresh(sb)
+  local sandbox = require('mayura.sandbox')
+  local provider = sb._pool.provider
+  local kinds = provider.features and provider.features.network or {}
+  local offline = false
+  for _, k in ipairs(kinds) do offline = offline or k == 'none' end
+  local po = { max_sandboxes = 1, max_lifetime_ms = 600000 }
+  local co = { lifetime_ms = 600000 }
+  if not offline and kinds[1] then po.network, co.network = { kinds[1] }, kinds[1] end
+  local pool = sandbox.create_sandboxes(provider, po)
+  return pool, pool:create(co)
 end
 
 -- A shell below b that forks until its forks pass b, then starts `sleep <mark>` (above b: listed
@@ -90,63 +107,74 @@ function M.describe(sandbox_of, title_prefix)
   local N = 6
 
   it(p .. 'a cancel stops every process before any dies, whatever order its pids fall in', function()
-    local sb = sandbox_of()
-    local mark = tostring(math.random(100000, 999999))
-    local dir = 'stop-cancel-' .. mark
-    sb:write_file(dir .. '/.keep', '')
-    local script = spin(40) .. 'for i in 1 2 3 4 5 6;do ' .. straddler(dir, mark) .. ' & done\nwait\n'
-    local token = task.cancel_token()
-    local t = task.spawn(function()
-      return pcall(sh, sb, script, { signal = token, timeout_ms = 120000 })
+    local pool, sb = fresh(sandbox_of())
+    local ok, err = pcall(function()
+      local mark = tostring(math.random(100000, 999999))
+      local dir = 'stop-cancel-' .. mark
+      sb:write_file(dir .. '/.keep', '')
+      local script = spin(40) .. 'for i in 1 2 3 4 5 6;do ' .. straddler(dir, mark) .. ' & done\nwait\n'
+      local token = task.cancel_token()
+      local t = task.spawn(function()
+        return pcall(sh, sb, script, { signal = token, timeout_ms = 120000 })
+      end)
+      assert.is_true(wait_lines(sb, dir .. '/ready', N), 'the tree was not made in time')
+      token:cancel()
+      local stopped, why = t:wait()
+      assert.is_false(stopped, 'the command was not stopped')
+      assert.is_true(errors.is(why, 'CANCELLED'), tostring(why))
+      check(sb, dir, mark, N)
     end)
-    assert.is_true(wait_lines(sb, dir .. '/ready', N), 'the tree was not made in time')
-    token:cancel()
-    local ok, err = t:wait()
-    assert.is_false(ok, 'the command was not stopped')
-    assert.is_true(errors.is(err, 'CANCELLED'), tostring(err))
-    check(sb, dir, mark, N)
+    pool:close()
+    if not ok then error(err, 0) end
   end)
 
   it(p .. 'a timeout stops every process before any dies, whatever order its pids fall in', function()
-    local sb = sandbox_of()
-    local mark = tostring(math.random(100000, 999999))
-    local dir = 'stop-timeout-' .. mark
-    sb:write_file(dir .. '/.keep', '')
-    -- the pids are first run up to 200 below a power of ten; the command's own shells fork past it
-    local r = sh(sb, spin(200) .. 'echo "$b"')
-    assert.are_not.equal('far\n', r.stdout, 'the sandbox\'s pids are too far from a power of ten')
-    local script = 'b=' .. r.stdout:match('%d+') .. '\nfor i in 1 2 3 4 5 6;do ' .. straddler(dir, mark) .. ' & done\n' ..
-      'wait\n'
-    r = sh(sb, script, { timeout_ms = 4000 })
-    assert.is_true(r.timed_out)
-    check(sb, dir, mark)
+    local pool, sb = fresh(sandbox_of())
+    local ok, err = pcall(function()
+      local mark = tostring(math.random(100000, 999999))
+      local dir = 'stop-timeout-' .. mark
+      sb:write_file(dir .. '/.keep', '')
+      -- the pids are first run up to 200 below a power of ten; the command's own shells fork past it
+      local r = sh(sb, spin(200) .. 'echo "$b"')
+      local script = 'b=' .. r.stdout:match('%d+') .. '\nfor i in 1 2 3 4 5 6;do ' .. straddler(dir, mark) .. ' & done\n' ..
+        'wait\n'
+      r = sh(sb, script, { timeout_ms = 4000 })
+      assert.is_true(r.timed_out)
+      check(sb, dir, mark)
+    end)
+    pool:close()
+    if not ok then error(err, 0) end
   end)
 
   it(p .. 'a tree that forks while it is stopped is stopped whole, across a power of ten', function()
-    local sb = sandbox_of()
-    local mark = tostring(math.random(100000, 999999))
-    local dir = 'stop-forks-' .. mark
-    sb:write_file(dir .. '/.keep', '')
-    -- a shell forks, without end, pairs of a waiting subshell and its sleep: some straddle b
-    local script = spin(20) ..
-      'k=0;while :;do (sleep ' .. mark .. ' & wait $!;' ..
-      'echo survived >>' .. dir .. '/marker) & k=$((k+1))\n' ..
-      'if [ $k -ge 10 ];then k=0;sleep 0.5;fi\n' ..
-      'if [ $! -gt $((b+10)) ]&&[ ! -e ' .. dir .. '/ready ];then sleep 0.2;: >' .. dir .. '/ready;fi;: & done\n'
-    local token = task.cancel_token()
-    local t = task.spawn(function()
-      return pcall(sh, sb, script, { signal = token, timeout_ms = 120000 })
+    local pool, sb = fresh(sandbox_of())
+    local ok, err = pcall(function()
+      local mark = tostring(math.random(100000, 999999))
+      local dir = 'stop-forks-' .. mark
+      sb:write_file(dir .. '/.keep', '')
+      -- a shell forks without end: 20 pairs of a waiting subshell and its sleep (some straddle b),
+      -- then short-lived processes (so the tree stays within a sandbox's process cap)
+      local script = spin(20) ..
+        'k=0;while :;do if [ $k -lt 20 ];then (sleep ' .. mark .. ' & wait $!;echo survived >>' .. dir .. '/marker) & ' ..
+        'k=$((k+1));fi\n' ..
+        'if [ $! -gt $((b+10)) ]&&[ ! -e ' .. dir .. '/ready ];then : >' .. dir .. '/ready;fi;: & sleep 0.05;done\n'
+      local token = task.cancel_token()
+      local t = task.spawn(function()
+        return pcall(sh, sb, script, { signal = token, timeout_ms = 120000 })
+      end)
+      for _ = 1, 300 do
+        if sb:read_file(dir .. '/ready') then break end
+        task.sleep(100)
+      end
+      token:cancel()
+      local stopped, res = t:wait()
+      assert.is_false(stopped, 'the command was not stopped: ' .. tostring(stopped and res.exit_code))
+      task.sleep(300)
+      assert.is_nil(sb:read_file(dir .. '/marker'), 'a shell ran on after its child was killed')
+      assert.is_true(gone_soon(sb, 'sleep ' .. mark), 'a process of the stopped command is left')
     end)
-    for _ = 1, 300 do
-      if sb:read_file(dir .. '/ready') then break end
-      task.sleep(100)
-    end
-    token:cancel()
-    local ok = t:wait()
-    assert.is_false(ok, 'the command was not stopped')
-    task.sleep(300)
-    assert.is_nil(sb:read_file(dir .. '/marker'), 'a shell ran on after its child was killed')
-    assert.is_true(gone_soon(sb, 'sleep ' .. mark), 'a process of the stopped command is left')
+    pool:close()
+    if not ok then error(err, 0) end
   end)
 end
 
