@@ -152,26 +152,20 @@ function M.describe(sandbox_of, title_prefix)
       local mark = tostring(math.random(100000, 999999))
       local dir = 'stop-forks-' .. mark
       sb:write_file(dir .. '/.keep', '')
-      -- a shell forks without end: 20 pairs of a waiting subshell and its sleep (some straddle b),
-      -- then short-lived processes (so the tree stays within a sandbox's process cap)
-      local script = spin(20) ..
+      -- three shells straddle b, as above, while a shell forks without end: 20 pairs of a waiting
+      -- subshell and its sleep, then short-lived processes (within a sandbox's process cap)
+      local script = spin(40) .. 'for i in 1 2 3;do ' .. straddler(dir, mark) .. ' & done\n' ..
         'k=0;while :;do if [ $k -lt 20 ];then (sleep ' .. mark .. ' & wait $!;echo survived >>' .. dir .. '/marker) & ' ..
-        'k=$((k+1));fi\n' ..
-        'if [ $! -gt $((b+10)) ]&&[ ! -e ' .. dir .. '/ready ];then : >' .. dir .. '/ready;fi;: & sleep 0.05;done\n'
+        'k=$((k+1));fi;: & sleep 0.02;done\n'
       local token = task.cancel_token()
       local t = task.spawn(function()
         return pcall(sh, sb, script, { signal = token, timeout_ms = 120000 })
       end)
-      for _ = 1, 300 do
-        if sb:read_file(dir .. '/ready') then break end
-        task.sleep(100)
-      end
+      assert.is_true(wait_lines(sb, dir .. '/ready', 3), 'the tree was not made in time')
       token:cancel()
       local stopped, res = t:wait()
       assert.is_false(stopped, 'the command was not stopped: ' .. tostring(stopped and res.exit_code))
-      task.sleep(300)
-      assert.is_nil(sb:read_file(dir .. '/marker'), 'a shell ran on after its child was killed')
-      assert.is_true(gone_soon(sb, 'sleep ' .. mark), 'a process of the stopped command is left')
+      check(sb, dir, mark, 3)
     end)
     pool:close()
     if not ok then error(err, 0) end
