@@ -560,6 +560,19 @@ for _, kind in ipairs(KINDS) do
       p2:close()
     end)
 
+    it('lists a directory whose listing is longer than one answer (16 KiB)', function()
+      sb:exec({ 'sh', '-c', 'mkdir -p many && cd many && i=0; while [ $i -lt 400 ]; do ' ..
+        ': > "a-file-with-a-rather-long-name-$i"; i=$((i+1)); done' })
+      local entries = sb:list_files('many')
+      assert.are.equal(400, #entries)
+      local seen = {}
+      for _, e in ipairs(entries) do seen[e.name] = e.type end
+      assert.are.equal('file', seen['a-file-with-a-rather-long-name-399'])
+      -- no listing file is left in the backend's state directory
+      assert.are.equal('0\n', sb:exec({ 'sh', '-c', 'ls /tmp/.mayura-*/ | grep -c "^l"' }).stdout)
+      sb:remove_file('many', { recursive = true })
+    end)
+
     it('tells an answer the transport cut short as SANDBOX_ERROR truncated, never as nonsense', function()
       -- a transport that says nothing of its cap and cuts at 200000 bytes, as some exec APIs do
       local cutting = transports.command_provider({ stdin = kind.opts.stdin, max_command_bytes = kind.opts.max_command_bytes,
