@@ -18,10 +18,22 @@ local MIB = 1048576
 
 local BUSYBOX = '/usr/bin/busybox'
 
+-- A directory with a grep that refuses -z (as a BusyBox built without it does), before the real one.
+local NO_Z_GREP = os.tmpname()
+os.remove(NO_Z_GREP)
+assert(os.execute('mkdir -p ' .. NO_Z_GREP))
+do
+  local f = assert(io.open(NO_Z_GREP .. '/grep', 'w'))
+  f:write('#!/bin/sh\nfor a in "$@";do case $a in -*z*) echo "grep: no -z" >&2;exit 2;;esac;done\nexec /bin/grep "$@"\n')
+  f:close()
+  assert(os.execute('chmod 755 ' .. NO_Z_GREP .. '/grep'))
+end
+
 -- The shells the scripts must work with; BusyBox with no PATH, so only its applets run.
 local SHELLS = {
   { name = 'dash', argv = { 'dash' }, env = { PATH = '/usr/bin:/bin' } },
   { name = 'BusyBox sh', argv = { BUSYBOX, 'sh' }, env = { PATH = '/nonexistent' } },
+  { name = 'dash, with a grep that has no -z', argv = { 'dash' }, env = { PATH = NO_Z_GREP .. ':/usr/bin:/bin' } },
 }
 
 local function run_sh(shell, script, stdin)
@@ -53,6 +65,7 @@ local NASTY = {
 }
 
 describe('sandbox_scripts', function()
+  teardown(function() os.execute('rm -rf ' .. NO_Z_GREP) end)
   it('quote refuses NUL bytes and kill refuses tags it could not match exactly', function()
     assert.raises_code('INVALID_INPUT', scripts.quote, 'a\0b')
     assert.raises_code('INVALID_INPUT', scripts.kill, 'a b')
