@@ -13,7 +13,12 @@ LUA        ?= lua5.4
 CC         ?= gcc
 PKG_CONFIG ?= pkg-config
 PREFIX     ?= /usr/local
-ifeq ($(LUA),luajit)
+ifneq ($(findstring 5.2,$(notdir $(LUA)))$(findstring 5.3,$(notdir $(LUA))),)
+$(error mayura builds for Lua 5.4 or LuaJIT 2.1, not $(LUA))
+endif
+# LUA may be a name or a path (luarocks passes the interpreter's path): a LuaJIT or a 5.1 one
+# builds for LuaJIT, the one 5.1-ABI interpreter mayura supports.
+ifneq ($(findstring jit,$(notdir $(LUA)))$(findstring 5.1,$(notdir $(LUA))),)
 # LuaJIT 2.1 has the Lua 5.1 ABI: Debian's luv for 5.1 serves it.
 LUA_PC     ?= luajit
 LUA_ABI    ?= 5.1
@@ -52,7 +57,7 @@ EMBED_LIB = $(BUILD)/lib/libmayura.a
 GAME    = $(BUILD)/embed/game
 SAN     = -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow
 
-.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps embed
+.PHONY: all setup test specs demo asan asan-pass valgrind lint bench fuzz clean install check-deps embed rocks
 
 all: $(SO) $(HOST) $(AGENT) $(AGENT_HOST) $(LAUNCH) embed
 
@@ -223,6 +228,10 @@ install: all
 	install -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent
 	install -m 755 $(AGENT_HOST) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-agent-host
 	install -m 755 $(LAUNCH) $(DESTDIR)$(PREFIX)/lib/mayura/mayura-launch
+
+# `luarocks make` from a clean clone for Lua 5.4 and for LuaJIT, then a sandbox command in each.
+rocks: setup
+	@sh scripts/rocks-check.sh
 
 clean:
 	rm -rf build

@@ -10,9 +10,10 @@ libcurl, JSON through cJSON, Linux namespaces) under a Lua layer: the sandbox
 pool, providers, tools, permissions, hooks and the agent runtime.]],
   license = 'MIT',
 }
-dependencies = { 'lua >= 5.4, < 5.5', 'luv' }
+-- Lua 5.4, or LuaJIT 2.1 (the 5.1 ABI: `luarocks --lua-version 5.1 make` with LuaJIT as its interpreter).
+dependencies = { 'lua >= 5.1, < 5.5', 'luv' }
 external_dependencies = {
-  CURL = { header = 'curl/curl.h' },
+  CURL = { library = 'curl' },   -- by its library: Debian keeps curl/curl.h in a multiarch folder
   UV = { header = 'uv.h' },
   CJSON = { header = 'cjson/cJSON.h' },
   MSGPACK = { header = 'msgpack.h' },
@@ -22,7 +23,7 @@ external_dependencies = {
 build = {
   type = 'make',
   build_variables = { CFLAGS = '$(CFLAGS)', LUA = '$(LUA)' },
-  install_variables = { PREFIX = '$(PREFIX)', LUADIR = '$(LUADIR)', LIBDIR = '$(LIBDIR)' },
+  install_variables = { PREFIX = '$(PREFIX)', LUADIR = '$(LUADIR)', LIBDIR = '$(LIBDIR)', LUA = '$(LUA)' },
 }
 test_dependencies = { 'busted' }
 test = { type = 'busted' }

@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -944,7 +945,40 @@ static int l_socketpair(lua_State *L) {
     return 2;
 }
 
-/* core.close_fd(fd): closes a descriptor from socketpair. */
+/*
+** core.sealed_fd(text) -> fd: a file in memory (memfd) holding `text`, close-on-exec and sealed
+** (no write, growth, shrink or further seal), read from offset 0 by whoever inherits it through
+** spawn's fds: a private hand-over with no name in any directory, that nobody can change.
+*/
+static int l_sealed_fd(lua_State *L) {
+    size_t n, off = 0;
+    const char *s;
+    int fd;
+    if (lua_type(L, 1) != LUA_TSTRING) return mc_raise(L, "INVALID_INPUT", "sealed_fd takes a string");
+    s = lua_tolstring(L, 1, &n);
+    fd = (int)syscall(SYS_memfd_create, "mayura", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return mc_fail(L, "IO_ERROR", "memfd_create: %s", strerror(errno));
+    while (off < n) {
+        ssize_t w = write(fd, s + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = w < 0 ? errno : EIO;
+            close(fd);
+            return mc_fail(L, "IO_ERROR", "memfd write: %s", strerror(e));
+        }
+        off += (size_t)w;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0
+        || lseek(fd, 0, SEEK_SET) != 0) {
+        int e = errno;
+        close(fd);
+        return mc_fail(L, "IO_ERROR", "memfd seal: %s", strerror(e));
+    }
+    lua_pushinteger(L, fd);
+    return 1;
+}
+
+/* core.close_fd(fd): closes a descriptor from socketpair or sealed_fd. */
 static int l_close_fd(lua_State *L) {
     lua_Integer fd = luaL_checkinteger(L, 1);
     if (fd < 3 || fd > INT_MAX) return mc_raise(L, "INVALID_INPUT", "not a descriptor the core handed out");
@@ -980,6 +1014,8 @@ static void mc_open_proc(lua_State *L) {
     lua_setfield(L, -2, "socketpair");
     lua_pushcfunction(L, l_close_fd);
     lua_setfield(L, -2, "close_fd");
+    lua_pushcfunction(L, l_sealed_fd);
+    lua_setfield(L, -2, "sealed_fd");
 }
 
 /* }====================================================== */

@@ -8,19 +8,21 @@
 **   mayura-launch BWRAP [ARG...]
 **
 ** Descriptors: 0 the agent's bytes, 3 the agent's socket, 4 the host's control socket, 5 with
-** MAYURA_INFO bubblewrap's info descriptor. It runs outside the sandbox's cgroups, a session of
-** its own (the host spawns it so), and:
+** MAYURA_INFO bubblewrap's info descriptor, the one MAYURA_MOUNT names (5..9) the mount table.
+** It runs outside the sandbox's cgroups, a session of its own (the host spawns it so), and:
 **
+**   -. with MAYURA_MOUNT, reads the mount table whole from that descriptor and closes it (any
+**      failure: exit 125, nothing made);
 **   0. with MAYURA_CG_SET, makes the cgroups of MAYURA_CG and writes their settings (make_cgroups;
 **      any failure: exit 125, nothing left);
 **   1. forks the sandbox's first process, which
 **      a. joins each cgroup of MAYURA_CG (space-separated directories; any failure: exit 125;
 **         v1: `tasks`, see join_cgroups);
 **      b. shields itself from the OOM killer through the legacy knob (oom_adj -17; refused: ignored);
-**      c. with MAYURA_MOUNT (the provider's mount table, root's alone): a mount namespace of its
-**         own, everything private, each line's step taken (mount_table: fstab lines, and the
-**         steps that build a whole root for bubblewrap to bind as one), what it makes given to
-**         MAYURA_UID (125);
+**      c. with MAYURA_MOUNT (the provider's mount table, read at the start, see read_table): a
+**         mount namespace of its own, everything private, each line's step taken (mount_table:
+**         fstab lines, and the steps that build a whole root for bubblewrap to bind as one), what
+**         it makes given to MAYURA_UID (125);
 **      d. with MAYURA_UID: no supplementary groups, then that gid and uid, real, effective, saved;
 **      e. descriptors: the control socket closed; with MAYURA_INFO, 5 becomes 4 (bubblewrap's
 **         --info-fd); with MAYURA_ETC_FDS, MAYURA_ETC_1..5 are read by bubblewrap from pipes on
@@ -48,6 +50,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <dirent.h>
@@ -57,6 +60,7 @@
 #include <unistd.h>
 
 #define FAIL 125
+#define TABLE_MAX 32768
 
 static void die(const char *what) {
     fprintf(stderr, "mayura-launch: %s: %s\n", what, strerror(errno));
@@ -170,23 +174,139 @@ static void new_file(const char *path, const char *n_s, mode_t mode, uid_t uid) 
     if (close(fd) != 0) die(path);
 }
 
+/* The image of a sandbox's root (the table's `image` step): a descriptor of its directory, opened
+** once; every relative source of a bind is resolved beneath it. -1 until then. */
+static int image_fd = -1;
+
+/* Opens `path` (O_PATH) from `dir` without following a link at any of its names, the last one
+** included (a link is opened as itself): with `beneath`, never out of `dir` either. No `..`, `.`
+** or empty name is taken at all. openat2 does it in one call; where the kernel lacks it (ENOSYS,
+** or EPERM from a container's seccomp profile that predates it), or with MAYURA_WALK (the specs
+** try both), one name at a time with O_NOFOLLOW. -1 and errno. */
+static int open_nofollow(int dir, const char *path, int beneath) {
+    char name[4096];
+    const char *p = path;
+    int fd, at;
+    if (path[0] == '\0') { errno = EINVAL; return -1; }
+    if (strlen(path) >= sizeof name) { errno = ENAMETOOLONG; return -1; }
+    while (*p != '\0') {
+        size_t n = strcspn(p, "/");
+        if ((n == 0 && p != path) || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) {
+            errno = EINVAL;
+            return -1;
+        }
+        p += n;
+        if (*p == '/') {
+            if (p[1] == '\0') { errno = EINVAL; return -1; }
+            p++;
+        }
+    }
+    if (beneath != (path[0] != '/')) { errno = EXDEV; return -1; }
+    if (env("MAYURA_WALK") == NULL) {
+        struct open_how how;
+        memset(&how, 0, sizeof how);
+        how.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC;
+        how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (beneath ? RESOLVE_BENEATH : 0);
+        fd = (int)syscall(SYS_openat2, dir, path, &how, sizeof how);
+        if (fd >= 0 || (errno != ENOSYS && errno != EPERM)) return fd;
+    }
+    at = beneath ? dir : open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (at < 0) return -1;
+    p = path + (path[0] == '/');
+    if (*p == '\0') return at;   /* "/" itself */
+    for (;;) {
+        size_t n = strcspn(p, "/");
+        int last = p[n] == '\0';
+        memcpy(name, p, n);
+        name[n] = '\0';
+        fd = openat(at, name, O_PATH | O_NOFOLLOW | O_CLOEXEC | (last ? 0 : O_DIRECTORY));
+        if (at != dir) close(at);
+        if (fd < 0) { if (errno == ENOTDIR) errno = ELOOP; return -1; }
+        if (last) return fd;
+        at = fd;
+        p += n + 1;
+    }
+}
+
+/* Whether the directory `fd` holds this program (it, or a directory above it): an image that
+** holds mayura's own tree (the checkout, the installed programs) would hand it to the sandbox. */
+static int holds_self(int fd) {
+    char self[4096];
+    struct stat img, st;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || fstat(fd, &img) != 0) return 1;
+    self[n] = '\0';
+    for (;;) {
+        char *slash = strrchr(self, '/');
+        if (slash == NULL) return 0;
+        slash[slash == self ? 1 : 0] = '\0';
+        if (stat(self, &st) == 0 && st.st_dev == img.st_dev && st.st_ino == img.st_ino) return 1;
+        if (slash == self) return 0;
+    }
+}
+
+/* The table's `image DIR`: DIR opened once, each of its names without following a link, and
+** every directory from / to it owned by root and writable by nobody else (as sshd asks of the
+** directories of its keys): so nobody but root can change what DIR or any name in it leads to
+** while the sandbox starts. The root itself is never an image, nor a directory that holds this
+** program, and an image comes once. */
+static void open_image(const char *path) {
+    const char *p = path;
+    int at = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (image_fd >= 0 || path[0] != '/' || path[1] == '\0') { errno = EINVAL; die("image"); }
+    for (;;) {
+        char name[256];
+        size_t n;
+        int fd;
+        if (at < 0 || fstat(at, &st) != 0) die(path);
+        if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+            errno = EPERM;
+            die(path);
+        }
+        while (*p == '/') p++;
+        if (*p == '\0') break;
+        n = strcspn(p, "/");
+        if (n >= sizeof name || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) {
+            errno = EINVAL;
+            die(path);
+        }
+        memcpy(name, p, n);
+        name[n] = '\0';
+        p += n;
+        fd = openat(at, name, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
+        close(at);
+        if (fd < 0 && errno == ENOTDIR) errno = ELOOP;
+        at = fd;
+    }
+    if (holds_self(at)) { errno = EPERM; die(path); }
+    image_fd = at;
+}
+
 /* A read-only bind of `src` (not what is mounted under it) at `path`: a new directory or an empty
-** file as `src` is one or, `over`, the regular file or directory of that kind at `path`. Neither
-** is ever a link: `src` may lie in an image another user can change while the sandbox starts, and
-** this runs as root, so what is bound is the very directory or file looked at (through its
-** descriptor), never what a link swapped in would name. */
+** file as `src` is one or, `over`, the regular file or directory of that kind at `path`. `src` is
+** a path of the host's (absolute) or of the image (relative: beneath image_fd); no name of either,
+** nor of an `over` path, is ever a link: `src` may lie in an image another user can change while
+** the sandbox starts, and this runs as root, so what is bound is the very directory or file looked
+** at (through its descriptor), never what a link swapped in would name. */
 static void bind_ro(const char *src, const char *path, int over) {
     struct stat st, at;
-    char from[64];
-    int fd = open(src, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    char from[64], to[64];
+    const char *named = path;
+    int fd, tfd = -1;
+    if (src[0] != '/' && image_fd < 0) { errno = EINVAL; die(src); }
+    fd = open_nofollow(src[0] == '/' ? AT_FDCWD : image_fd, src, src[0] != '/');
     if (fd < 0 || fstat(fd, &st) != 0) die(src);
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) { errno = ELOOP; die(src); }
     if (over) {
-        if (lstat(path, &at) != 0) die(path);
+        tfd = open_nofollow(AT_FDCWD, path, 0);
+        if (tfd < 0 || fstat(tfd, &at) != 0) die(path);
         if (!(S_ISDIR(st.st_mode) ? S_ISDIR(at.st_mode) : S_ISREG(at.st_mode))) {
             errno = EINVAL;
             die(path);
         }
+        snprintf(to, sizeof to, "/proc/self/fd/%d", tfd);
+        path = to;
     } else if (S_ISDIR(st.st_mode)) {
         if (mkdir(path, 0755) != 0) die(path);
     } else {
@@ -195,12 +315,52 @@ static void bind_ro(const char *src, const char *path, int over) {
     }
     snprintf(from, sizeof from, "/proc/self/fd/%d", fd);
     if (mount(from, path, NULL, MS_BIND, NULL) != 0) die(path);
-    if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0) die(path);
+    if (tfd >= 0) {   /* the new mount is on top of the one the descriptor holds: found by the name */
+        close(tfd);
+        tfd = open_nofollow(AT_FDCWD, named, 0);
+        if (tfd < 0) die(named);
+        snprintf(to, sizeof to, "/proc/self/fd/%d", tfd);
+    }
+    if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0) die(named);
+    if (tfd >= 0) close(tfd);
+    close(fd);
+}
+
+/* The mount table (MAYURA_MOUNT), read at the start. */
+static char table_text[TABLE_MAX];
+
+/*
+** Reads the mount table from the descriptor MAYURA_MOUNT names (5..9): a file in memory the host
+** made for this sandbox alone and sealed against writes (core.sealed_fd), so that nobody, not even
+** who else may hold it, can change it between the host's write and this read; it has no name in
+** any directory, so nothing is left behind. Less than TABLE_MAX bytes. Then closes it.
+*/
+static void read_table(const char *fd_s) {
+    struct stat st;
+    size_t got = 0;
+    int fd, seals;
+    if (fd_s[0] < '5' || fd_s[0] > '9' || fd_s[1] != '\0') { errno = EBADF; die("mount table"); }
+    fd = fd_s[0] - '0';
+    seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || fstat(fd, &st) != 0) die("mount table");
+    if (!S_ISREG(st.st_mode) || (seals & F_SEAL_WRITE) == 0 || (seals & F_SEAL_SHRINK) == 0) {
+        errno = EPERM;
+        die("mount table");
+    }
+    if (st.st_size >= TABLE_MAX) { errno = EFBIG; die("mount table"); }
+    while (got < (size_t)st.st_size) {
+        ssize_t r = pread(fd, table_text + got, (size_t)st.st_size - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) die("mount table");
+        got += (size_t)r;
+    }
+    table_text[got] = '\0';
+    if (strlen(table_text) != got) { errno = EINVAL; die("mount table"); }
     close(fd);
 }
 
 /*
-** The provider's mount table (root's alone), one step a line, in a mount namespace of its own
+** The provider's mount table (read_table), one step a line, in a mount namespace of its own
 ** (everything private). A line is an fstab line, `SOURCE TARGET TYPE OPTIONS 0 0`, whose options
 ** ro, nosuid, nodev and noexec are mount flags, X-mount.mkdir makes TARGET first and
 ** X-mayura.own gives the new root of the mount to MAYURA_UID; or one of the steps that build a
@@ -210,23 +370,17 @@ static void bind_ro(const char *src, const char *path, int over) {
 **   agent PATH         a file (0555): all of descriptor 0 (the agent's bytes)
 **   link TARGET PATH   a symbolic link
 **   node NAME PATH     a device node like /dev/NAME (a character device), 0666
+**   image DIR          DIR the image, beneath which relative SRCs are found (open_image)
 **   bind SRC PATH      SRC bound read-only, nosuid, nodev (not what is mounted under it; SRC a
-**                      directory or a regular file, never a link)
+**                      directory or a regular file, a path of the host's or one relative to the
+**                      image, no name of it a link)
 **   over SRC PATH      the same over what is at PATH: a directory, or a regular file (not a link)
 **   ro PATH [FLAGS]    the mount at PATH read-only, with FLAGS (nosuid, nodev, noexec) and no others
 ** Any failure: exit 125 (the namespace, and all that is mounted in it, ends with the process).
 */
-static void mount_table(const char *table, uid_t uid) {
-    char buf[32768], *line, *save = NULL;
-    ssize_t got = 0, r;
+static void mount_table(char *buf, uid_t uid) {
+    char *line, *save = NULL;
     mode_t mask;
-    int fd = open(table, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) die("mount table");
-    while ((r = read(fd, buf + got, sizeof buf - 1 - (size_t)got)) > 0) got += r;
-    if (r < 0) die("mount table");
-    if ((size_t)got == sizeof buf - 1) { errno = EFBIG; die("mount table"); }
-    close(fd);
-    buf[got] = '\0';
     if (unshare(CLONE_NEWNS) != 0) die("unshare");
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("mount private");
     mask = umask(0);
@@ -253,6 +407,8 @@ static void mount_table(const char *table, uid_t uid) {
             snprintf(dev, sizeof dev, "/dev/%.40s", f[1]);
             if (strchr(f[1], '/') != NULL || stat(dev, &st) != 0 || !S_ISCHR(st.st_mode)) { errno = EINVAL; die(dev); }
             if (mknod(f[2], S_IFCHR | 0666, st.st_rdev) != 0) die(f[2]);
+        } else if (strcmp(f[0], "image") == 0 && n == 2) {
+            open_image(f[1]);
         } else if ((strcmp(f[0], "bind") == 0 || strcmp(f[0], "over") == 0) && n == 3) {
             bind_ro(f[1], f[2], f[0][0] == 'o');
         } else if (strcmp(f[0], "ro") == 0 && n >= 2) {
@@ -276,6 +432,7 @@ static void mount_table(const char *table, uid_t uid) {
         }
     }
     umask(mask);
+    if (image_fd >= 0) close(image_fd);
 }
 
 /* Puts a pipe holding `text` and a newline on descriptor `target`. */
@@ -305,7 +462,7 @@ static void stage(char **argv) {
     (void)write_file("/proc/self/oom_adj", "-17");
     if (table != NULL) {
         if (uid_s == NULL) { errno = EINVAL; die("MAYURA_UID"); }
-        mount_table(table, uid);
+        mount_table(table_text, uid);
         if (chdir("/") != 0) die("chdir");
     }
     if (uid_s != NULL) {
@@ -551,6 +708,7 @@ int main(int argc, char **argv) {
     life = strtod(life_s, &end);
     if (*end != '\0' || !(life > 0) || life > 1e9) { errno = EINVAL; die("MAYURA_LIFE"); }
     signal(SIGPIPE, SIG_IGN);
+    if (env("MAYURA_MOUNT") != NULL) read_table(env("MAYURA_MOUNT"));
     deadline = now_ms() + (int64_t)(life * 1000.0);
     if (cgs != NULL && env("MAYURA_CG_SET") != NULL) make_cgroups(cgs, env("MAYURA_CG_SET"));
 

@@ -311,12 +311,16 @@ function M.with_timeout(ms, fn, err, on_late)
   return unpack(res, 2, res.n)
 end
 
+-- A token's methods are shared by every token of the process (a policy's hooks and tools get tokens
+-- too), so they cannot be reached or changed through a token: its metatable is hidden, and the
+-- methods have no `__index` a token could name.
 local Token = {}
-Token.__index = Token
+local TOKEN_TAG = setmetatable({}, { __newindex = function() error('read-only', 2) end, __metatable = false })
+local token_mt = { __index = Token, __metatable = TOKEN_TAG }
 
 --- A cancel token: `token:cancel()`, `token.cancelled`, `token:on_cancel(fn)`.
 function M.cancel_token()
-  return setmetatable({ cancelled = false, handlers = {} }, Token)
+  return setmetatable({ cancelled = false, handlers = {} }, token_mt)
 end
 
 --- Cancels: sets `cancelled` and calls every handler once. Again does nothing.
@@ -345,7 +349,7 @@ end
 
 --- Whether `v` is a cancel token.
 function M.is_token(v)
-  return getmetatable(v) == Token
+  return getmetatable(v) == TOKEN_TAG
 end
 
 return M

@@ -47,10 +47,11 @@
 -- session gets a sandbox of each pool its tools use on the first call that needs one; it is
 -- released when the run ends or the session closes (after the agent's own on_finally hooks).
 --
--- The file runs in an environment of its own: the declarations, `z` (mayura.z), `require` of
--- 'mayura.z' only, string, table, math (copies), `os.time`, `os.clock`, `os.date`, `os.getenv`,
--- and the plain functions (pairs, ipairs, type, tostring, pcall, error, setmetatable, ...); `print`
--- writes to stderr. No io, no os.execute, no load, no debug, no package, no getmetatable. Its
+-- The file runs in an environment of its own: the declarations, `z` (a read-only view of mayura.z),
+-- `require` of 'mayura.z' only, string, table, math (copies; no randomseed), `os.time`, `os.clock`,
+-- `os.date`, `os.getenv` (none of mayura's own MAYURA_* variables), and the plain functions (pairs,
+-- ipairs, type, tostring, pcall, error, setmetatable without __gc, ...); `print` writes to stderr.
+-- No io, no os.execute, no load, no debug, no package, no getmetatable. Its
 -- globals stay in it, and so do the functions it defines (a tool's run, a hook's handler).
 --
 -- Several files merge: each adds its declarations; a name declared twice (tools and tool share
@@ -59,7 +60,14 @@
 -- hook or agent, a grant for a tool that does not exist, a hook on an unknown stage, a value the
 -- pool, provider or tools refuse) raises INVALID_CONFIG with the message
 -- `<file>:<line>: <kind> '<name>': <problem> '<key>'` (fields `file`, `line`, `key`).
--- Loading and checking make no sandbox: `open()` makes the pools, and a sandbox comes on first use.
+-- Loading and checking run, make and start nothing (no sandbox, no warm one, no program): `open()`
+-- makes the pools, and a sandbox (and a pool's warm ones) comes on first use.
+--
+-- A policy file declares and nothing more: the module tables it reaches (`z`) are read-only views,
+-- and the objects it is handed (schemas, cancel tokens) keep their methods out of its reach. Provider
+-- options that name a host program or a host path (local: `bwrap`, `agent`, `image`; Docker:
+-- `docker`, `agent`, `host`, `run_dir`; `proxy_resolve`; a local pool's `sandbox.image`) are refused
+-- with INVALID_CONFIG naming the option: they are the host program's own (load_policy's options).
 local errors = require('mayura.errors')
 local z = require('mayura.z')
 
@@ -71,9 +79,14 @@ local NAME = '^[%a][%w_%-]*$'
 -- Errors
 -- =======================================================
 
+-- The errors this module makes: any other error a policy raises is wrapped with its file and line.
+local own_errors = setmetatable({}, { __mode = 'k' })
+
 local function config_error(file, line, message, key)
   local where = file and (file .. ':' .. tostring(line or 0) .. ': ') or ''
-  return errors.new('INVALID_CONFIG', where .. message, { file = file, line = line, key = key })
+  local e = errors.new('INVALID_CONFIG', where .. message, { file = file, line = line, key = key })
+  own_errors[e] = true
+  return e
 end
 
 local function what_of(d)
@@ -202,21 +215,59 @@ local function copy(t)
   return out
 end
 
+-- A read-only view of a module table: reads go through, writes raise, and its metatable can be
+-- neither read nor replaced (so the table behind it stays out of reach).
 local function read_only(t, what)
   return setmetatable({}, {
     __index = t,
     __newindex = function() error(what .. ' cannot be changed here', 2) end,
+    __metatable = false,
   })
 end
 
 local function read_text(path)
   local f, err = io.open(path, 'rb')
-  if not f then
-    errors.raise('INVALID_CONFIG', tostring(path) .. ': cannot read the policy file (' .. tostring(err) .. ')', nil, 4)
+  local text
+  if f then
+    -- a directory opens, and its read fails
+    local ok, res, rerr = pcall(f.read, f, '*a')
+    f:close()
+    if ok and type(res) == 'string' then text = res else err = ok and rerr or res end
   end
-  local text = f:read('a') or f:read('*a')
-  f:close()
+  if not text then
+    err = tostring(err or 'unreadable'):gsub('^' .. path:gsub('%p', '%%%0') .. ': ', '')
+    local e = errors.new('INVALID_CONFIG', path .. ': cannot read the policy file (' .. err .. ')', { file = path })
+    own_errors[e] = true
+    error(e, 0)
+  end
   return text
+end
+
+-- What a policy raised, as a message: a string, or a table's message (a coded error's code first),
+-- or its __tostring when that works; never an address.
+local function describe(e)
+  if type(e) == 'string' then return e end
+  if type(e) == 'table' then
+    local ok_code, code = pcall(function() return rawget(e, 'code') end)
+    local ok_msg, msg = pcall(function() return rawget(e, 'message') end)
+    if ok_msg and type(msg) == 'string' then
+      return (ok_code and type(code) == 'string' and code ~= 'INVALID_CONFIG') and (code .. ': ' .. msg) or msg
+    end
+    local ok, text = pcall(tostring, e)
+    if ok and type(text) == 'string' and not text:match('^table: ') then return text end
+    if ok_code and type(code) == 'string' then return code end
+    return 'an error without a message (a table)'
+  end
+  if e == nil then return 'an error without a message (nil)' end
+  return tostring(e)
+end
+
+-- A policy reads the environment (an API key's variable) but not mayura's own variables: a server's
+-- token (MAYURA_MCP_TOKEN) or the paths it was started with are not the policy's to see, nor to pass
+-- into a sandbox's env where its code could read them.
+local function policy_getenv(name)
+  if type(name) ~= 'string' or name:upper():sub(1, 7) == 'MAYURA_' then return nil end
+  return os.getenv(name)
 end
 
 -- The environment a policy file runs in, whose declaration functions add to `reg`.
@@ -224,12 +275,20 @@ local function make_env(reg, file)
   local env = {
     assert = assert, error = error, ipairs = ipairs, next = next, pairs = pairs, pcall = pcall,
     select = select, tonumber = tonumber, tostring = tostring, type = type, xpcall = xpcall,
-    rawequal = rawequal, rawget = rawget, rawlen = rawlen, setmetatable = setmetatable,
+    rawequal = rawequal, rawget = rawget, rawlen = rawlen,
     unpack = table.unpack or unpack,  -- luacheck: ignore 143
     string = copy(string), table = copy(table), math = copy(math),
-    os = { time = os.time, clock = os.clock, date = os.date, getenv = os.getenv },
+    os = { time = os.time, clock = os.clock, date = os.date, getenv = policy_getenv },
   }
+  -- no finalizer: policy code runs when it is called, never from the collector in the middle of the host
+  env.setmetatable = function(t, mt)
+    if type(mt) == 'table' and rawget(mt, '__gc') ~= nil then
+      error('a policy cannot set __gc (a finalizer would run in the middle of the host)', 2)
+    end
+    return setmetatable(t, mt)
+  end
   env.string.dump = nil
+  env.math.randomseed = nil   -- the generator is the process's
   env.utf8 = utf8 and copy(utf8) or nil  -- luacheck: ignore 143
   env.z = read_only(z, 'z')
   env.print = function(...)
@@ -302,18 +361,33 @@ local function run_file(reg, path, text)
     error(config_error(path, 1, 'a policy file must be Lua source, not bytecode', nil), 0)
   end
   local env = make_env(reg, path)
-  local chunk, err = load(text, '@' .. path, 't', env)
+  -- a chunk name Lua never cuts (it keeps 60 bytes of one): messages start with it and the line
+  local name = #path <= 40 and path or ('...' .. path:sub(-37))
+  local prefix = '^' .. name:gsub('%p', '%%%0') .. ':(%d+): (.*)$'
+  local chunk, err = load(text, '=' .. name, 't', env)
   if not chunk then
-    local line, rest = tostring(err):match('^.-:(%d+): (.*)$')
+    local line, rest = tostring(err):match(prefix)
     error(config_error(path, tonumber(line) or 0, 'syntax error: ' .. (rest or tostring(err)), nil), 0)
   end
-  local ok, res = pcall(chunk)
+  -- the line is that of the innermost frame of the file where the error was raised
+  local where = 0
+  local ok, res = xpcall(chunk, function(e)
+    for level = 2, 64 do
+      local info = debug.getinfo(level, 'Sl')
+      if not info then break end
+      if info.source == '=' .. name and (info.currentline or 0) > 0 then
+        where = info.currentline
+        break
+      end
+    end
+    return e
+  end)
   if not ok then
-    if errors.is(res) then error(res, 0) end
-    local msg = tostring(res)
-    local line, rest = msg:match('^' .. path:gsub('%p', '%%%0') .. ':(%d+): (.*)$')
+    if own_errors[res] then error(res, 0) end
+    local msg = describe(res)
+    local line, rest = msg:match(prefix)
     if line then error(config_error(path, tonumber(line), rest, nil), 0) end
-    error(config_error(path, 0, msg, nil), 0)
+    error(config_error(path, where, msg, nil), 0)
   end
   for p in pairs(reg.pending) do
     reg.pending[p] = nil
@@ -338,13 +412,41 @@ end
 
 local POWERS = { read = true, exec = true, write = true, ports = true, desktop = true }
 
-local function provider_of(d)
+-- Provider options that name a host program mayura runs, or a host path it runs, binds, creates
+-- or changes (as root, when the host runs as root): a policy file declares and cannot name them;
+-- they stay options of the host program's own code (load_policy's `provider_options`).
+local HOST_OPTIONS = {
+  ['local'] = { bwrap = 'a host program', agent = 'a host program', image = 'a host directory',
+    proxy_resolve = 'host addresses (tests only)' },
+  docker = { docker = 'a host program', agent = 'a host program', host = 'a host socket',
+    run_dir = 'a host directory', proxy_resolve = 'host addresses (tests only)' },
+  apple_container = { executable = 'a host program' },
+}
+
+-- The provider of pool declaration `d`: the policy's provider_options over the host's own (`host`,
+-- by provider name). Checking makes it with `{ check = true }`: nothing is run, made or started.
+local function provider_of(d, host, checking)
   local name = d.def.provider
   if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
   local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
   if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
-  return as_problem(d, make, d.def.provider_options and copy(d.def.provider_options) or nil)
+  local refused = HOST_OPTIONS[name] or {}
+  local options = host and host[name] and copy(host[name]) or nil
+  for _, k in ipairs(sorted_keys(d.def.provider_options or {})) do
+    if refused[k] then
+      fail(d, "'provider_options." .. tostring(k) .. "' names " .. refused[k] .. ': only the host program\'s '
+        .. 'own code may (load_policy\'s provider_options), not a policy file', 'provider_options.' .. tostring(k))
+    end
+    options = options or {}
+    options[k] = d.def.provider_options[k]
+  end
+  local sb = d.def.sandbox
+  if sb and sb.image ~= nil and refused.image then
+    fail(d, "'sandbox.image' names " .. refused.image .. ': only the host program\'s own code may, not a '
+      .. 'policy file', 'sandbox.image')
+  end
+  return as_problem(d, make, options, checking and { check = true } or nil)
 end
 
 local pool_options = {
@@ -357,15 +459,16 @@ local tools_options = {
 }
 
 -- Everything the declarations describe, made: pools (no sandbox), per-run sources, tools, hooks, agents'
--- parts. Made once to check, and again by each open().
-local function build(policy)
+-- parts. Made once to check (`checking`: its providers run and make nothing, and its pools are closed
+-- again), and again by each open(). A pool's warm sandboxes start at its first create.
+local function build(policy, checking)
   local sandbox = require('mayura.sandbox')
   local runtime = require('mayura.runtime')
   local out = { pools = {}, per_run = {}, tools = {}, tool_pool = {}, hooks = {}, agents = {} }
   for _, d in ipairs(policy._decls.pool) do
     local def = d.def
-    local provider = provider_of(d)
-    local opts = {}
+    local provider = provider_of(d, policy._host_options, checking)
+    local opts = { warm_start = 'first_use' }
     for _, k in ipairs(pool_options) do opts[k] = def[k] end
     local pool = as_problem(d, sandbox.create_sandboxes, provider, opts)
     local create = def.sandbox and copy(def.sandbox) or {}
@@ -486,7 +589,8 @@ local function check_all(policy)
     policy.serve = { agent = agent, max_sessions = max, file = d.file, line = d.line }
   end
 
-  local built = build(policy)
+  local built = build(policy, true)
+  for _, pool in pairs(built.pools) do pool:close() end   -- they hold nothing: closed all the same
 
   -- Grants: each names something the agent has.
   for _, d in ipairs(decls.agent) do
@@ -536,7 +640,28 @@ Env.__index = Env
 
 --- Loads and checks policy files: a path, a list of paths, or `{ name = 'x.lua', source = '...' }`
 -- items (a source given as text). Returns the policy; raises INVALID_CONFIG (see the module comment).
-function M.load_policy(files)
+-- `options.provider_options` (by provider name: `{ docker = { run_dir = ... } }`) are the host
+-- program's own options of each provider, under the policy's: the only place for the options that
+-- name a host program or path. Loading and checking run, make and start nothing.
+local load_keys = { provider_options = true }
+
+function M.load_policy(files, options)
+  options = options or {}
+  if type(options) ~= 'table' then errors.raise('INVALID_CONFIG', 'load_policy options must be a table', nil, 2) end
+  for k in pairs(options) do
+    if not load_keys[k] then errors.raise('INVALID_CONFIG', 'unknown load_policy option ' .. tostring(k), nil, 2) end
+  end
+  local host_options = options.provider_options
+  if host_options ~= nil then
+    if type(host_options) ~= 'table' then
+      errors.raise('INVALID_CONFIG', 'provider_options must be a table of tables by provider name', nil, 2)
+    end
+    for name, o in pairs(host_options) do
+      if type(name) ~= 'string' or type(o) ~= 'table' then
+        errors.raise('INVALID_CONFIG', 'provider_options must be a table of tables by provider name', nil, 2)
+      end
+    end
+  end
   if type(files) == 'string' or (type(files) == 'table' and files.source ~= nil) then files = { files } end
   if type(files) ~= 'table' or #files == 0 then
     errors.raise('INVALID_CONFIG', 'load_policy expects a path, a list of paths or { name, source } items', nil, 2)
@@ -563,6 +688,7 @@ function M.load_policy(files)
     _list = reg.list,
     _decls = decls,
     _names = reg.names,
+    _host_options = host_options,
     serve_decl = reg.serve,
   }, Policy)
   check_all(policy)
@@ -630,9 +756,10 @@ end
 
 local session_keys = { agent = true, on_event = true }
 
---- A session of the serve agent (or `options.agent`): `{ id, agent, tools, call(tool_id, input,
--- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists
--- `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
+--- A session of the serve agent (or `options.agent`): `{ id, agent, tools, declared, call(tool_id, input,
+-- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists the
+-- tools the session may call (every grant they need is given), `declared` every tool of the agent,
+-- each `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
 -- through the runtime's checks (Runtime:session) and raises coded errors; `close` releases the
 -- session's sandboxes. More than the serve's max_sessions open at once: LIMIT_EXCEEDED.
 function Env:session(id, options)
@@ -664,12 +791,21 @@ function Env:session(id, options)
     self._count = self._count - 1
     error(inner, 2)
   end
-  local tools = {}
+  -- what the session may call: each tool whose grants (tool:<id>, its capabilities, its effect) the
+  -- agent has; `declared` lists every tool of the agent
+  local allow = runtime_of(self, name, parts)._allow
+  local tools, declared = {}, {}
   for i, t in ipairs(agent.tools) do
-    tools[i] = { id = t.id, description = t.description, effect = t.effect, input = t.input,
+    local entry = { id = t.id, description = t.description, effect = t.effect, input = t.input,
       input_schema = agent._tool_defs[i].input_schema }
+    declared[#declared + 1] = entry
+    local granted = allow['tool:' .. t.id] and allow['effect:' .. t.effect]
+    for _, c in ipairs(t.capabilities or {}) do
+      if not allow[c] then granted = false end
+    end
+    if granted then tools[#tools + 1] = entry end
   end
-  local s = { id = id, agent = name, tools = tools, usage = inner.usage }
+  local s = { id = id, agent = name, tools = tools, declared = declared, usage = inner.usage }
   self._sessions[id] = s
   local env = self
   function s.call(a, b, c, d)

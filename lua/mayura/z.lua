@@ -39,8 +39,19 @@ local object_mt = core.json.object_mt
 
 local MAX_ISSUES = 50
 
+-- The methods of schemas, and their metatable. Every user of this module shares them (a policy
+-- file among them), so neither can be reached or changed through a schema or the module: the
+-- metatable is hidden behind `__metatable`, the methods have no `__index` a schema could name, and
+-- a key cannot be added to a schema.
 local Schema = {}
-Schema.__index = Schema
+local schema_mt = {
+  __index = Schema,
+  __newindex = function() error('a schema cannot be changed: its modifiers return new ones', 2) end,
+}
+local SCHEMA_TAG = setmetatable({}, {
+  __newindex = function() error('a schema cannot be changed', 2) end, __metatable = false,
+})
+schema_mt.__metatable = SCHEMA_TAG
 
 local function config_error(message)
   errors.raise('INVALID_CONFIG', message, nil, 3)
@@ -48,12 +59,12 @@ end
 
 local function new(kind, fields)
   fields.kind = kind
-  return setmetatable(fields, Schema)
+  return setmetatable(fields, schema_mt)
 end
 
 --- Whether `v` is a schema of this module.
 function M.is_schema(v)
-  return getmetatable(v) == Schema
+  return getmetatable(v) == SCHEMA_TAG
 end
 
 -- A shallow copy of a schema with `k = v` set.
@@ -62,7 +73,7 @@ local function with(self, k, v)
   for key, val in pairs(self) do copy[key] = val end
   copy[k] = v
   copy._json = nil
-  return setmetatable(copy, Schema)
+  return setmetatable(copy, schema_mt)
 end
 
 -- {======================================================
@@ -458,7 +469,7 @@ function Schema:default(v)
   local ok, res = self:safe_parse(v)
   if not ok then config_error('the default does not match its schema: ' .. res[1].message) end
   local s = with(self, 'has_default', true)
-  s.default = res
+  rawset(s, 'default', res)
   return s
 end
 
@@ -515,7 +526,7 @@ end
 
 --- Returns `true, value` (a checked copy, unknown keys left out) or `false, issues, err`.
 function Schema:safe_parse(v)
-  if getmetatable(self) ~= Schema then config_error('call safe_parse with a colon: schema:safe_parse(v)') end
+  if getmetatable(self) ~= SCHEMA_TAG then config_error('call safe_parse with a colon: schema:safe_parse(v)') end
   local ok, res = check_value(self, v)
   if ok then return true, res end
   return false, res, failure(res)
@@ -523,7 +534,7 @@ end
 
 --- Returns a checked copy of `v`, or raises INVALID_INPUT naming the path of the first problem.
 function Schema:parse(v)
-  if getmetatable(self) ~= Schema then config_error('call parse with a colon: schema:parse(v)') end
+  if getmetatable(self) ~= SCHEMA_TAG then config_error('call parse with a colon: schema:parse(v)') end
   local ok, res = check_value(self, v)
   if ok then return res end
   error(failure(res), 2)
@@ -585,13 +596,11 @@ end
 
 --- The schema as JSON Schema: a new table each call, ready for `core.json.encode`.
 function Schema:json_schema()
-  if getmetatable(self) ~= Schema then config_error('call json_schema with a colon: schema:json_schema()') end
-  if not self._json then self._json = render(self) end
+  if getmetatable(self) ~= SCHEMA_TAG then config_error('call json_schema with a colon: schema:json_schema()') end
+  if not self._json then rawset(self, '_json', render(self)) end
   return deep_copy(self._json)
 end
 
 -- }======================================================
-
-M.Schema = Schema
 
 return M

@@ -59,6 +59,22 @@ describe('core.spawn', function()
   end)
 
   describe('how a command starts', function()
+    it('hands a command a sealed file in memory (sealed_fd) that it can read and nobody can change', function()
+      local fd = assert(core.sealed_fd('one\ntwo\n'))
+      -- read twice, from the start each time (a reopen through /proc); every write refused
+      local r = spawn({ argv = { 'sh', '-c', 'cat /proc/self/fd/3; cat /proc/self/fd/3; ' ..
+        'echo x >> /proc/self/fd/3 || echo refused; true > /proc/self/fd/3 || echo refused; ' ..
+        'test -e /proc/self/fd/4 || echo one-descriptor' }, fds = { fd } })
+      core.close_fd(fd)
+      assert.are.equal('one\ntwo\none\ntwo\nrefused\nrefused\none-descriptor\n', r.stdout)
+      -- close-on-exec in the host: a command gets it only through fds
+      fd = assert(core.sealed_fd(''))
+      r = spawn({ argv = { 'sh', '-c', 'test -e /proc/self/fd/' .. fd .. ' && echo leaked; true' } })
+      core.close_fd(fd)
+      assert.are.equal('', r.stdout)
+      assert.raises_code('INVALID_INPUT', core.sealed_fd, {})
+    end)
+
     it('hands the command its three streams and the fds asked for, and no other descriptor of the host', function()
       if under_valgrind then return pending('under valgrind, the descriptors and signals a command starts with are valgrind\'s') end
       local dir = util.tmpdir()

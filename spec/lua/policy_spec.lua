@@ -173,14 +173,74 @@ agent 'a' { tools = { 'probe' }, allow = { 'tool:probe', 'effect:read' } }
   end)
 end)
 
+describe('policy files: every mistake keeps its file and line', function()
+  local dir
+
+  setup(function()
+    dir = os.tmpname()
+    os.remove(dir)
+    dir = dir .. '-a-directory-with-a-rather-long-name/and-one-more-level-below-it'
+    assert(os.execute('mkdir -p ' .. dir))
+  end)
+
+  teardown(function() os.execute('rm -rf ' .. dir:match('^(.-)/and%-one') ) end)
+
+  local function file_mistake(name, text)
+    local path = dir .. '/' .. name
+    local f = assert(io.open(path, 'w'))
+    f:write(text)
+    f:close()
+    assert.is_true(#path >= 60)
+    local err = assert.raises_code('INVALID_CONFIG', mayura.load_policy, path)
+    assert.are.equal(path, err.file)
+    return err.message:sub(#path + 2), err
+  end
+
+  it('at a path of 60 characters or more', function()
+    -- (LuaJIT quotes <eof>)
+    assert.truthy(file_mistake('syntax.lua', "local a = 1\npool 'x' {\n"):find("^3: syntax error: unexpected symbol near '?<eof>"))
+    assert.truthy(file_mistake('index.lua', "local t\nlocal y = t.x\n"):find('^2: attempt to index'))
+    assert.are.equal("2: boom", file_mistake('raise.lua', "local function f()\n  error('boom')\nend\nf()\n"))
+    assert.are.equal("2: pool 'w': unknown key 'netwrk'", file_mistake('key.lua',
+      "-- a pool\npool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 1000, netwrk = 1 }\n"))
+  end)
+
+  it('whatever the policy raised: a table without __tostring, one whose __tostring fails, a coded error', function()
+    local msg = file_mistake('table.lua', "local t = {}\n\nerror({})\n")
+    assert.are.equal('3: an error without a message (a table)', msg)
+    msg = file_mistake('tostring.lua',
+      "local x = 1\nerror(setmetatable({ code = 'MY_CODE' }, { __tostring = function() error('no') end }))\n")
+    assert.are.equal('2: MY_CODE', msg)
+    msg = file_mistake('coded.lua', "local s = z.string()\nlocal t = s:max('x')\n")
+    assert.are.equal('2: max expects a whole number at least 0', msg)
+    msg = file_mistake('message.lua', "error({ code = 'TIMEOUT', message = 'too slow' })\n")
+    assert.are.equal('1: TIMEOUT: too slow', msg)
+    msg = file_mistake('number.lua', "error(42)\n")
+    assert.are.equal('1: 42', msg)
+  end)
+
+  it('a directory or a missing file is a clear error, from load_policy and from mayura serve', function()
+    local err = assert.raises_code('INVALID_CONFIG', mayura.load_policy, dir)
+    assert.are.equal(dir .. ': cannot read the policy file (Is a directory)', err.message)
+    err = assert.raises_code('INVALID_CONFIG', mayura.load_policy, dir .. '/none.lua')
+    assert.truthy(err.message:find('cannot read the policy file (No such file or directory)', 1, true), err.message)
+    local r = process.run({ HOST, 'serve', '--policy', dir }, { timeout_ms = 30000 })
+    assert.are.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find('INVALID_CONFIG: ' .. dir .. ': cannot read the policy file (Is a directory)', 1, true),
+      r.stderr)
+    assert.is_nil(r.stderr:find('traceback', 1, true))
+  end)
+end)
+
 describe('policy files: a policy that grants nothing', function()
   it('blocks every tool, before any sandbox is made', function()
     local p = load_src(POOL .. "tool 'clock' { effect = 'read', run = function() return { t = 1 } end }\n"
       .. "agent 'a' { tools = { 'workspace', 'clock' } }")
     local env = p:open()
     local s = env:session('nothing')
-    assert.are.equal(6, #s.tools)
-    for _, t in ipairs(s.tools) do
+    assert.are.equal(0, #s.tools)   -- nothing it may call is listed
+    assert.are.equal(6, #s.declared)
+    for _, t in ipairs(s.declared) do
       local err = assert.raises_code('PERMISSION_DENIED', s.call, t.id, { path = 'x', command = 'true', text = '' })
       assert.truthy(err.message:find('^calling ' .. t.id:gsub('%p', '%%%0') .. ' needs the grant'), err.message)
     end

@@ -86,7 +86,7 @@ describe('mayura serve over stdio on bad input', function()
     assert.are.equal(2, #got[2])
     assert.are.equal(2, got[2][1].id)
     assert.are.equal(3, got[2][2].id)
-    assert.are.equal(5, #got[2][2].result.tools)
+    assert.are.equal(4, #got[2][2].result.tools)   -- workspace.remove is not granted: not listed
     assert.are.equal(-32600, got[3].error.code)
     r = process.run({ HOST, 'serve', '--policy', 'spec/mcp/policy.lua' }, { stdin = init(1, '1999-01-01') .. '\n',
       timeout_ms = 30000 })
@@ -113,6 +113,47 @@ describe('mayura serve over stdio on bad input', function()
       if t:find('^LIMIT_EXCEEDED') then limited = limited + 1 else assert.truthy(t:find('^INVALID_INPUT'), t) end
     end
     assert.are.equal(1, limited)
+  end)
+
+  it('serves standard input that is a file or /dev/null, and ends after the answers are written', function()
+    local file = os.tmpname()
+    local f = assert(io.open(file, 'w'))
+    f:write(table.concat({ init(1), '{"jsonrpc":"2.0","method":"notifications/initialized"}', req(2, 'tools/list'),
+      req(3, 'tools/call', { name = 'workspace.exec', arguments = { command = 'echo from a file' } }), req(4, 'ping') },
+      '\n') .. '\n')
+    f:close()
+    local r = process.run({ 'sh', '-c', 'exec "$0" serve --policy spec/mcp/policy.lua < "$1"', HOST, file },
+      { timeout_ms = 60000 })
+    os.remove(file)
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.is_nil(r.stderr:find('traceback', 1, true), r.stderr)
+    local got = lines_of(r.stdout)
+    assert.are.equal(4, #got, r.stdout)
+    local by_id = {}
+    for _, m in ipairs(got) do by_id[m.id] = m end
+    assert.are.equal('2025-11-25', by_id[1].result.protocolVersion)
+    assert.are.equal(4, #by_id[2].result.tools)
+    assert.are.equal('from a file\n', by_id[3].result.structuredContent.stdout)
+    assert.are.same({}, by_id[4].result)
+    r = process.run({ 'sh', '-c', 'exec "$0" serve --policy spec/mcp/policy.lua < /dev/null', HOST }, { timeout_ms = 30000 })
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.are.equal('', r.stdout)
+    assert.is_nil(r.stderr:find('traceback', 1, true), r.stderr)
+  end)
+
+  it('lists only the tools the session may call, and refuses a declared one that is not granted', function()
+    local input = table.concat({ init(1), req(2, 'tools/list'),
+      req(3, 'tools/call', { name = 'workspace.remove', arguments = { path = 'x' } }) }, '\n') .. '\n'
+    local r = process.run({ HOST, 'serve', '--policy', 'spec/mcp/policy.lua' }, { stdin = input, timeout_ms = 30000 })
+    local by_id = {}
+    for _, m in ipairs(lines_of(r.stdout)) do by_id[m.id] = m end
+    local names = {}
+    for _, t in ipairs(by_id[2].result.tools) do names[#names + 1] = t.name end
+    table.sort(names)
+    assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.write' }, names)
+    assert.is_true(by_id[3].result.isError)
+    assert.are.equal('PERMISSION_DENIED: calling workspace.remove needs the grant tool:workspace.remove',
+      by_id[3].result.content[1].text)
   end)
 
   it('refuses to start on a policy that does not pass its check, and names it', function()
@@ -297,20 +338,62 @@ describe('mayura.mcp.http on bad input', function()
     end)
   end)
 
-  it('holds at most max_connections connections open', function()
+  it('holds at most max_connections connections: a newcomer takes the place of the oldest without the token',
+    function()
     task.run(function()
       local small = http.listen(server, { token = TOKEN, max_connections = 1 })
+      -- a connection that has shown the token keeps its place
       local first = uv.new_tcp()
+      local got = ''
       task.await(function(done) first:connect('127.0.0.1', small.port, function() done() end) end)
-      task.sleep(20)
+      first:read_start(function(_, data) if data then got = got .. data end end)
+      first:write('GET /mcp HTTP/1.1\r\nAuthorization: Bearer ' .. TOKEN .. '\r\n\r\n')
+      for _ = 1, 100 do
+        if got:find('\r\n\r\n', 1, true) then break end
+        task.sleep(10)
+      end
+      assert.truthy(got:find('^HTTP/1%.1 405'))
       local a, err = exchange(small.port, 'GET /mcp HTTP/1.1\r\nConnection: close\r\n\r\n')
       assert.is_nil(a)
       assert.truthy(tostring(err):find('no answer', 1, true))
       first:close()
       task.sleep(20)
+      -- one that has not is closed for the next newcomer
+      local idle = uv.new_tcp()
+      local idle_gone = false
+      task.await(function(done) idle:connect('127.0.0.1', small.port, function() done() end) end)
+      idle:read_start(function(_, data) if not data then idle_gone = true end end)
+      task.sleep(20)
       a = exchange(small.port, 'GET /mcp HTTP/1.1\r\nConnection: close\r\n\r\n')
       assert.are.equal(401, a.status)
+      assert.is_true(idle_gone)
+      idle:close()
       small:close()
+    end)
+  end)
+
+  it('answers 401 from the head, before the body comes, and closes a head that does not come in time', function()
+    task.run(function()
+      local quick = http.listen(server, { token = TOKEN, head_ms = 100 })
+      -- a head that promises a body the client never sends: answered at once
+      local a = exchange(quick.port, 'POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\n'
+        .. 'Content-Length: 4096\r\n\r\n')
+      assert.are.equal(401, a.status)
+      -- a head trickled a byte at a time is cut off at head_ms, however often bytes come
+      local tcp = uv.new_tcp()
+      local text, gone = '', false
+      task.await(function(done) tcp:connect('127.0.0.1', quick.port, function() done() end) end)
+      tcp:read_start(function(_, data) if data then text = text .. data else gone = true end end)
+      local t0 = uv.now()
+      for _ = 1, 40 do
+        if gone then break end
+        tcp:write('X')
+        task.sleep(10)
+      end
+      assert.is_true(gone or text ~= '', 'still open after ' .. (uv.now() - t0) .. ' ms')
+      assert.truthy(text:find('^HTTP/1%.1 408'))
+      tcp:close()
+      quick:close()
     end)
   end)
 

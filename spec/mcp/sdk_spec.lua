@@ -60,14 +60,14 @@ for _, kind in ipairs({ 'stdio', 'http' }) do
       return s
     end
 
-    it('initializes with the current revision and lists the policy\'s tools with their JSON Schemas', function()
+    it('initializes with the current revision and lists the tools it may call with their JSON Schemas', function()
       local init = scenario('initialize')
       assert.are.equal('mayura', init.server)
       assert.are.same({ 'tools' }, init.capabilities)
       if kind == 'http' then assert.are.equal('2025-11-25', init.protocol) end
       local list = scenario('list')
-      assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.remove', 'workspace.write' },
-        list.names)
+      -- workspace.remove is declared but not granted: not listed
+      assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.write' }, list.names)
       assert.are.same({ 'command' }, list.exec_required)
       assert.are.equal('object', list.exec_type)
       assert.is_true(list.has_description)

@@ -66,6 +66,9 @@ describe('the Daytona stand-in', function()
     assert.are.equal(3, out.exec.exitCode)
     assert.truthy(out.exec.result:find('hi from the sdk\n', 1, true), out.exec.result)
     assert.truthy(out.exec.result:find('oops\n', 1, true), out.exec.result)
+    -- a timeout (408) killed the command's process group only: its setsid'd child lived on
+    assert.are.equal(408, out.timeout)
+    assert.are.equal('s-alive\n', out.after_timeout)
     -- bytes up (a chunked multipart upload) and down (a multipart answer) unchanged
     assert.are.same({ same = true, length = 8 }, out.file)
     assert.are.equal(1, #calls)

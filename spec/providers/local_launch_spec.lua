@@ -5,6 +5,7 @@ local local_provider = require('mayura.sandbox.local')
 local core = require('mayura.core')
 local task = require('mayura._task')
 local uv = require('luv')
+local util = require('support.util')
 
 local LAUNCH = 'build/mayura-launch'
 local AGENT_HOST = 'build/mayura-agent-host'
@@ -12,18 +13,21 @@ local root = require('mayura.sandbox._host').uid() == 0
 
 -- Runs mayura-launch over `argv` (in place of bubblewrap's) with `env`, the agent's bytes `bytes`
 -- on its standard input; `hold(control)` may keep the host's end of the control socket (closed
--- once the launcher has ended otherwise). Returns the result and how long it took.
-local function launch(env, argv, bytes, hold)
+-- once the launcher has ended otherwise); `table_fd`, a mount table's descriptor, goes on 5 (as
+-- MAYURA_MOUNT says, unless `env` names another). Returns the result and how long it took.
+local function launch(env, argv, bytes, hold, table_fd)
   local a, b = core.socketpair()
   local c, d = core.socketpair()
   local full = { LAUNCH }
   for _, x in ipairs(argv) do full[#full + 1] = x end
   env.MAYURA_LIFE = env.MAYURA_LIFE or '60.000'
+  if table_fd then env.MAYURA_MOUNT = env.MAYURA_MOUNT or '5' end
   local t0 = core.hrtime_ms()
   local res = task.await(function(done)
-    assert(core.spawn({ argv = full, env = env, fds = { b, d }, stdin = bytes, outlive = true }, done))
+    assert(core.spawn({ argv = full, env = env, fds = { b, d, table_fd }, stdin = bytes, outlive = true }, done))
     core.close_fd(b)
     core.close_fd(d)
+    if table_fd then core.close_fd(table_fd) end
     if hold then hold(c) end
   end)
   core.close_fd(a)
@@ -98,19 +102,15 @@ describe('mayura-launch', function()
     assert.are.equal('1299999\n1299999\n1299999\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n', res.stdout)
   end)
 
-  -- a mount table of the steps that build a sandbox's root, in a directory of the spec's own
+  -- a mount table of the steps that build a sandbox's root, in a directory of the spec's own: its
+  -- descriptor, as the provider hands it over (a sealed file in memory)
   local function table_case(lines)
     local dir = '/tmp/mayura-spec-root-' .. require('mayura.sandbox._host').random_hex(4)
     assert(uv.fs_mkdir(dir, tonumber('700', 8)))
-    local path = dir .. '.table'
-    local f = assert(io.open(path, 'wb'))
-    f:write((table.concat(lines, '\n'):gsub('R', dir)) .. '\n')
-    f:close()
-    return dir, path
+    return dir, assert(core.sealed_fd((table.concat(lines, '\n'):gsub('R', dir)) .. '\n'))
   end
 
-  local function clean(dir, path)
-    os.remove(path)
+  local function clean(dir)
     assert(uv.fs_rmdir(dir))   -- empty: what was mounted and made there went with the namespace
   end
 
@@ -126,13 +126,13 @@ describe('mayura-launch', function()
       'mayura R/w tmpfs size=65536,nr_inodes=64,mode=0755,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0',
       'ro R nosuid,nodev',
     })
-    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path, MAYURA_ETC_1 = 'one\ntwo' },
+    local res = launch({ MAYURA_UID = '1299998', MAYURA_ETC_1 = 'one\ntwo' },
       { '/bin/sh', '-c', 'cd ' .. dir .. ' && cat etc/passwd etc/empty agent && echo && ' ..
         'cmp etc/over /etc/hostname && ' ..
         'stat -c "%n %a %u" . etc etc/passwd agent w && readlink bin && test -c dev/null && echo > dev/null && ' ..
         'test -x usr/bin/env && touch x w/y usr/z dev/x 2>&1 | grep -c "Read-only"; ' ..
         'grep " ' .. dir .. '[/ ]" /proc/self/mountinfo | cut -d" " -f5,6; umask' },
-      'AGENT')
+      'AGENT', nil, path)
     assert.are.equal(0, res.exit_code, res.stderr)
     assert.are.equal(table.concat({
       'one', 'two', '', 'AGENT',
@@ -143,7 +143,7 @@ describe('mayura-launch', function()
       dir .. '/dev ro,nosuid,relatime', dir .. '/w rw,nosuid,nodev,relatime',
       '0022', '' }, '\n'),
       res.stdout)
-    clean(dir, path)
+    clean(dir)
   end)
 
   it('refuses a mount table with a bad step, and runs nothing', function()
@@ -152,9 +152,9 @@ describe('mayura-launch', function()
     -- a table past 32 KiB, each of its steps good on its own (as the shorter table shows)
     local big = ('\nro R'):rep(1000)
     local dir, path = table_case({ head, ('ro R'):rep(500, '\n') })
-    local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+    local res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, path)
     assert.are.same({ 0, 'ran\n' }, { res.exit_code, res.stdout })
-    clean(dir, path)
+    clean(dir)
     for _, bad in ipairs({
       'node sda R/sda', 'node ../etc/passwd R/p', 'node loop0 R/l',          -- not a character device of /dev
       'file R/x 1\nfile R/x 1', 'link /etc/passwd R/l\nfile R/l 1',         -- never over what is there
@@ -166,11 +166,106 @@ describe('mayura-launch', function()
       'link /root R/to-root\nbind R/to-root R/x', 'bind /dev/null R/n',
     }) do
       dir, path = table_case({ head, bad })
-      res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = path }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT')
+      res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, path)
       assert.are.equal(125, res.exit_code, bad:sub(1, 60))
       assert.are.equal('', res.stdout)
-      clean(dir, path)
+      clean(dir)
     end
+  end)
+
+  it('takes its mount table only from a sealed descriptor of its own, and runs nothing otherwise', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local dir, fd = table_case({ 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0' })
+    local path = dir .. '.table'
+    local f = assert(io.open(path, 'wb'))
+    f:write((('mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0\n'):gsub('R', dir)))
+    f:close()
+    local a, b = core.socketpair()
+    -- a file's path (anyone who can write it, or its directory, could change it before the
+    -- read), a descriptor that is not a sealed file (a socket), one out of range, none at all
+    for _, case in ipairs({ { path }, { '5', b }, { '3' }, { '5' }, { '55', fd } }) do
+      local res = launch({ MAYURA_UID = '1299998', MAYURA_MOUNT = case[1] }, { '/bin/sh', '-c', 'echo ran' },
+        'AGENT', nil, case[2])
+      assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, case[1])
+    end
+    core.close_fd(a)
+    os.remove(path)
+    clean(dir)
+  end)
+
+  -- An image in a directory only root may write, as the provider asks: a directory, a file, a link
+  -- to the host's /etc and a directory holding a link to /root.
+  local function image_case()
+    local base = util.image_tmpdir()
+    local img = base .. '/img'
+    for _, d in ipairs({ img, img .. '/etc', img .. '/sub' }) do assert(uv.fs_mkdir(d, tonumber('755', 8))) end
+    for name, text in pairs({ ['/etc/hostname'] = 'image host\n', ['/data'] = 'image data\n' }) do
+      local f = assert(io.open(img .. name, 'wb'))
+      f:write(text)
+      f:close()
+    end
+    assert(uv.fs_symlink('/etc', img .. '/lnk'))
+    assert(uv.fs_symlink('/root', img .. '/sub/up'))
+    assert(uv.fs_symlink(img, base .. '/alias'))
+    assert(uv.fs_symlink(base, base .. '/up'))
+    return base, img
+  end
+
+  it('binds an image\'s entries from beneath its directory, never through a link at any name', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local base, img = image_case()
+    local head = 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0'
+    -- openat2, and the walk one name at a time that stands in for it where the kernel lacks it
+    for _, walk in ipairs({ '', '1' }) do
+      local dir, fd = table_case({ head, 'image ' .. img, 'bind etc R/etc', 'bind data R/data', 'bind sub R/sub',
+        'file R/r 1', 'over R/r R/etc/hostname', 'ro R' })
+      local res = launch({ MAYURA_UID = '1299998', MAYURA_WALK = walk, MAYURA_ETC_1 = 'over it' },
+        { '/bin/sh', '-c', 'cat ' .. dir .. '/etc/hostname ' .. dir .. '/data; readlink ' .. dir .. '/sub/up' },
+        'AGENT', nil, fd)
+      assert.are.equal(0, res.exit_code, res.stderr)
+      assert.are.equal('over it\nimage data\n/root\n', res.stdout)
+      clean(dir)
+      for _, bad in ipairs({
+        'image ' .. img .. '\nbind lnk R/x',                 -- an entry that is a link
+        'image ' .. img .. '\nbind lnk/passwd R/x',          -- a link on the way
+        'image ' .. img .. '\nbind sub/up R/x',
+        'image ' .. img .. '\nbind sub/up/.bashrc R/x',
+        'image ' .. img .. '\nbind ../img/data R/x',         -- out of the image, or back in
+        'image ' .. img .. '\nbind ./data R/x', 'image ' .. img .. '\nbind etc//hostname R/x',
+        'bind data R/x',                                      -- no image to find it in
+        'image ' .. img .. '\nimage ' .. img,                 -- one image a table
+        'image /', 'image ' .. base .. '/alias', 'image ' .. base .. '/up/img', 'image ' .. img .. '/../img',
+        'image ' .. img .. '/data',                           -- not a directory
+        'image ' .. assert(uv.fs_realpath('build')),          -- mayura's own tree
+        'link /etc R/e\nover /etc/hostname R/e/hostname',     -- an `over` path through a link
+      }) do
+        dir, fd = table_case({ head, bad })
+        res = launch({ MAYURA_UID = '1299998', MAYURA_WALK = walk }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, fd)
+        assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, bad)
+        clean(dir)
+      end
+    end
+    util.rmdir(base)
+  end)
+
+  it('refuses an image whose directory, or one above it, anyone but root may write', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local base, img = image_case()
+    local tmp = util.tmpdir()   -- under /tmp, which everyone may write
+    local head = 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0'
+    for _, case in ipairs({
+      { tmp }, { img, 'chown 65534 ' .. img }, { img, 'chmod 775 ' .. img }, { img, 'chmod 757 ' .. base },
+      { img, 'chown 0:65534 ' .. base .. ' && chmod 775 ' .. base },
+    }) do
+      if case[2] then assert(os.execute(case[2])) end
+      local dir, fd = table_case({ head, 'image ' .. case[1], 'bind etc R/etc' })
+      local res = launch({ MAYURA_UID = '1299998' }, { '/bin/sh', '-c', 'echo ran' }, 'AGENT', nil, fd)
+      assert.are.same({ 125, '' }, { res.exit_code, res.stdout }, case[2] or case[1])
+      clean(dir)
+      assert(os.execute('chown 0:0 ' .. base .. ' ' .. img .. ' && chmod 755 ' .. base .. ' ' .. img))
+    end
+    util.rmdir(tmp)
+    util.rmdir(base)
   end)
 
   it('ends the sandbox at its lifetime and when the host closes its control socket', function()
@@ -181,6 +276,28 @@ describe('mayura-launch', function()
       task.spawn(function() task.sleep(100); core.close_fd(c) end)
     end)
     assert.are.same({ 137, '' }, { res.exit_code, res.stdout })
+  end)
+end)
+
+describe('the launcher shell, where mayura-launch is not built', function()
+  it('mounts the sandbox\'s file systems from the table on its descriptor (5, or 6 after the info one)', function()
+    if not root then return pending('needs root: the launcher mounts only as root') end
+    local provider = local_provider.local_sandboxes({ tmp_mib = 11, workspace_mib = 16 })
+    if not provider.staged then return pending('the launcher cannot mount here') end
+    provider.launch_bin, provider.root_table = nil, nil   -- as in a checkout without it
+    local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 60000,
+      network = { 'none', 'all' } })
+    local nets = { 'none' }
+    if provider.features.network[2] == 'all' then nets[2] = 'all' end
+    for _, net in ipairs(nets) do
+      local sb = pool:create({ lifetime_ms = 60000, network = net })
+      local r = sb:exec({ 'sh', '-c', 'df -k /tmp | tail -1; ls /proc/self/fd | tr "\\n" " "' })
+      assert.are.equal(0, r.exit_code, r.stderr)
+      assert.matches('^%S+%s+11264 ', r.stdout)   -- the cap from the table (11 MiB)
+      assert.are.equal('0 1 2 3 ', r.stdout:match('\n(.*)$'))
+      sb:release()
+    end
+    pool:close()
   end)
 end)
 

@@ -198,7 +198,7 @@ describe('isolation of a local sandbox', function()
       if uv.fs_stat(b) and r.exit_code ~= 0 then bin = b; break end   -- static: ldd refuses it
     end
     if not bin then return nil end
-    local dir = util.tmpdir()
+    local dir = util.image_tmpdir()
     local root = dir .. '/root'
     for _, d in ipairs({ '', '/bin', '/etc', '/workspace', '/var' }) do assert(uv.fs_mkdir(root .. d, tonumber('755', 8))) end
     assert(uv.fs_copyfile(bin, root .. '/bin/busybox'))

@@ -20,7 +20,8 @@
 -- input, base64 with encoding 'base64') and `stdInEnd`; the answer is NDJSON: `init` ({ auth =
 -- 'successful' } or a refusal with a message naming the token it got), `stdOut`/`stdErr`
 -- (base64 with that encoding, else text), `completion` ({ exitCode, status }), or `error` for a
--- service that is not there.
+-- service that is not there. With `X-Init-Only: 1` the answer is the init line alone and nothing
+-- runs (the WebSocket front's first step).
 --
 -- Faults: the stand-in's own per-route faults (svc:fault), `state.pending_polls`, and
 -- `state.cut_exec` (the next that many exec answers end after `init`, before any completion).
@@ -157,11 +158,13 @@ function M.install(svc, backing, opts)
         stdin[#stdin + 1] = base64 and b64.decode(msgs[i].data) or msgs[i].data
       end
     end
+    local welcome = line({ type = 'init', data = { auth = 'successful', context = { instanceName = rec.id .. '-0' } } })
+    -- the WebSocket front asks for the init answer first, as Northflank sends it at once
+    if req.headers['x-init-only'] then return { status = 200, headers = headers, body = welcome } end
     local cut = state.cut_exec > 0
     if cut then state.cut_exec = state.cut_exec - 1 end
     return { status = 200, headers = headers, stream = function(send)
-      if not send(line({ type = 'init', data = { auth = 'successful', context = { instanceName = rec.id .. '-0' } } }))
-        then return end
+      if not send(welcome) then return end
       if cut then return end
       local sb = backing:get(rec.backing_id)
       local ok, r = pcall(sb.exec, sb, argv, { stdin = #stdin > 0 and table.concat(stdin) or nil, signal = req.signal,

@@ -26,7 +26,10 @@
 -- connection's token with `GET /_bridge/check` (X-Shell-Token) and runs a command, once its
 -- standard input is closed, with `POST /_bridge/exec` ({ token, command, cwd, env, stdin (base64) }
 -- -> { exit_code, stdout, stderr } (base64), 404 for a sandbox that is gone, 401 for a token that
--- is not one); the command runs as `sh -c command`. Faults there: svc:fault on those routes.
+-- is not one); the command runs as `sh -c command`. A `signal` frame ({ signal = TERM, KILL, INT,
+-- QUIT or HUP }) goes to the running command's processes with `POST /_bridge/signal` ({ token,
+-- exec_id, signal }; recorded in `state.signals`), as Railway delivers it to the process group.
+-- Faults there: svc:fault on those routes.
 --
 -- Auth: `Authorization: Bearer <token>` or `Project-Access-Token: <token>`;
 -- another token is a `Not Authorized` error that names the token it got (a
@@ -40,6 +43,7 @@
 local core = require('mayura.core')
 local compat = require('support.compat')
 local task = require('mayura._task')
+local stand_in = require('support.stand_in')
 
 local json = core.json
 
@@ -66,7 +70,8 @@ end
 --- Installs the API on `svc` over `backing`; `opts` = { token, environment_id }. Returns its state:
 -- `sandboxes` (id -> record), `creating_polls`, `fault`, `vanish`, `ops` (the operations, in order).
 function M.install(svc, backing, opts)
-  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0, tokens = {} }
+  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0, tokens = {}, running = {},
+    signals = {} }
 
   function state.fault(_, op, answer, times)
     state.faults[op] = { answer = answer, left = times or math.huge }
@@ -232,8 +237,13 @@ function M.install(svc, backing, opts)
     if not sb then return { status = 404, json = {} } end
     if type(b.command) ~= 'string' then return { status = 400, json = {} } end
     touch(rec)
-    local ok, r = pcall(sb.exec, sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
-      stdin = b.stdin and core.base64.decode(b.stdin) or nil, timeout_ms = 600000, signal = req.signal })
+    local key = type(b.exec_id) == 'string' and (b.token .. ' ' .. b.exec_id) or nil
+    -- a signal frame reaches the command's process group, as Railway delivers it
+    local cmd = stand_in.command(sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
+      stdin = b.stdin and core.base64.decode(b.stdin) or nil, reach = 'group' })
+    if key then state.running[key] = cmd end
+    local ok, r = pcall(cmd.wait, cmd)
+    if key then state.running[key] = nil end
     if not ok then
       if not backing:get(rec.backing_id) then return { status = 404, json = {} } end
       return { status = 500, json = {} }
@@ -241,6 +251,26 @@ function M.install(svc, backing, opts)
     touch(rec)
     return { json = { exit_code = r.exit_code or -1, stdout = core.base64.encode(r.stdout),
       stderr = core.base64.encode(r.stderr) } }
+  end)
+
+  -- A `signal` frame of the bridge: the signal goes to the running command's process group (not
+  -- to a process that left it with setsid), recorded in `state.signals`.
+  local SIGNALS = { TERM = 15, KILL = 9, INT = 2, QUIT = 3, HUP = 1 }
+  svc:route('POST', '/_bridge/signal', function(req)
+    local b = req.json
+    local id = type(b) == 'table' and state.tokens[b.token or ''] or nil
+    if not id then return { status = 401, json = { error = 'bad token' } } end
+    local n = SIGNALS[type(b.signal) == 'string' and b.signal or '']
+    if not n or type(b.exec_id) ~= 'string' then return { status = 400, json = {} } end
+    local key = b.token .. ' ' .. b.exec_id
+    for _ = 1, 200 do   -- a signal sent just after stdin_close may come before the command started
+      if state.running[key] then break end
+      task.sleep(10)
+    end
+    local p = state.running[key]
+    if not p then return { json = { delivered = false } } end
+    state.signals[#state.signals + 1] = { sandbox = id, signal = b.signal }
+    return { json = { delivered = p:kill(n, 'signal') } }
   end)
 
   svc:route('POST', M.PATH, function(req)

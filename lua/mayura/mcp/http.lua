@@ -10,15 +10,22 @@
 -- CRLF line ends, header names that are tokens, no folded lines, one
 -- Content-Length of digits (no Transfer-Encoding: 501), a head of at most
 -- `max_head_bytes` (16 KiB, 100 fields) and a body of at most
--- `max_message_bytes` (1 MiB: 413). Connections are kept alive, one request at
--- a time; an idle or slow one is closed after `idle_ms` (2 minutes), and at
--- most `max_connections` (256) are open at once.
+-- `max_message_bytes` (1 MiB: 413). A body is gathered in pieces and joined once.
 --
 -- Every request must come from an allowed Origin when it has one (the
 -- listener's own http://127.0.0.1:port and http://localhost:port, and
 -- `origins`: else 403) and carry `Authorization: Bearer <token>` (else 401);
--- the token is compared in constant time. It listens on loopback only unless
--- `allow_remote` is set. At `path`:
+-- the token is compared in constant time, from the head alone: a refused
+-- request's body is never held (what the client still sends is dropped unread
+-- for `linger_ms`, 1 s, then the connection closes). A connection that has not
+-- shown the token must bring a whole head within `head_ms` (10 s, not put off
+-- by trickling: else 408); one that has is kept alive, one request at a time,
+-- until idle for `idle_ms` (2 minutes). At most `max_connections` (256) are
+-- open, and at most `max_unauthenticated` (64) of them without the token: a new
+-- connection past either closes the oldest one without the token, and is
+-- refused only when every place holds a client that showed it, so a flood of
+-- clients without the token never locks out the one with it. It listens on
+-- loopback only unless `allow_remote` is set. At `path`:
 --   POST    one JSON-RPC message (a batch where the revision allows): an
 --           initialize without Mcp-Session-Id opens a session and answers
 --           with its id; other messages need a known Mcp-Session-Id (404 once
@@ -62,8 +69,18 @@ function M.parser(limits)
   local max_head = limits.max_head_bytes or 16384
   local max_fields = limits.max_fields or 100
   local max_body = limits.max_body_bytes or 1048576
-  local p = { buf = '', failed = nil }
-  function p.feed(_, data) p.buf = p.buf .. data end
+  -- the head is gathered in buf (at most one read past max_head); a body in parts, joined once whole
+  local p = { buf = '', failed = nil, parts = {}, size = 0 }
+  function p.feed(_, data)
+    if p.head then
+      p.parts[#p.parts + 1] = data
+      p.size = p.size + #data
+    else
+      p.buf = p.buf .. data
+    end
+  end
+  --- Bytes held: what a connection costs while its request is incomplete.
+  function p.held() return #p.buf + p.size end
   local function fail(status, message)
     p.failed = { status, message }
     return nil, status, message
@@ -121,13 +138,15 @@ function M.parser(limits)
       end
       if length > max_body then return fail(413, 'the body is over ' .. max_body .. ' bytes') end
       p.head = { method = method, target = target, headers = headers, length = length }
-      p.buf = buf:sub(stop + 4)
-      buf = p.buf
+      local rest = buf:sub(stop + 4)
+      p.buf, p.parts, p.size = '', { rest }, #rest
     end
     local req = p.head
-    if #buf < req.length then return nil end
-    req.body = buf:sub(1, req.length)
-    p.buf = buf:sub(req.length + 1)
+    if p.size < req.length then return nil end
+    local body = #p.parts == 1 and p.parts[1] or table.concat(p.parts)
+    req.body = body:sub(1, req.length)
+    p.buf = body:sub(req.length + 1)
+    p.parts, p.size = {}, 0
     p.head = nil
     req.length = nil
     return req
@@ -174,6 +193,8 @@ local function close_conn(conn)
   conn.closed = true
   if conn.idle then conn.idle.cancel() end
   conn.listener.conns[conn] = nil
+  if not conn.authenticated then conn.listener.unauthenticated = conn.listener.unauthenticated - 1 end
+  conn.parser = nil
   if not conn.handle:is_closing() then conn.handle:close() end
   if conn.on_close then conn.on_close() end
 end
@@ -185,8 +206,10 @@ local function respond(conn, status, headers, body)
   send(conn, write_head(conn, status, headers, #body) .. body)
   conn.busy = false
   if conn.closing_after then
-    conn.handle:shutdown(function() close_conn(conn) end)
+    -- a refused one lingers (refuse_head), so that what the client still sends cannot reset the answer
+    conn.handle:shutdown(function() if not conn.rejected then close_conn(conn) end end)
   else
+    conn.listener:deadline(conn)
     conn.listener:pump(conn)
   end
 end
@@ -300,7 +323,10 @@ function Listener:post(conn, req)
         send(conn, '0\r\n\r\n')
         conn.busy = false
         if conn.closing_after then conn.handle:shutdown(function() close_conn(conn) end)
-        else self:pump(conn) end
+        else
+          self:deadline(conn)
+          self:pump(conn)
+        end
       end,
     }, msg)
     return
@@ -320,18 +346,47 @@ function Listener:post(conn, req)
   }, msg)
 end
 
-function Listener:request(conn, req)
-  local h = req.headers
+-- Refuses a request from its head alone: the answer goes out, the connection stops reading
+-- (what the client still sends is dropped unread for a moment, so that it sees the answer) and closes.
+local function refuse_head(conn, status, message, extra, code)
+  conn.busy = true
+  conn.closing_after = true
+  conn.rejected = true
+  conn.parser = nil   -- a body already read goes with it
+  protocol_error(conn, status, code or mcp.INVALID_REQUEST, message, extra)
+  if conn.idle then conn.idle.cancel() end
+  conn.idle = task.after(conn.listener.linger_ms, function()
+    conn.idle = nil
+    close_conn(conn)
+  end, true)
+end
+
+-- The checks of a request's head, made before any of its body is read: an allowed Origin, then the
+-- bearer token. Returns true when the request may go on; else the connection has been answered.
+function Listener:gate(conn, head)
+  local h = head.headers
   local origin = h['origin']
   if origin ~= nil and not self.origins[origin] then
-    return protocol_error(conn, 403, mcp.INVALID_REQUEST, 'Origin ' .. origin .. ' is not allowed')
+    refuse_head(conn, 403, 'Origin ' .. origin .. ' is not allowed')
+    return false
   end
   local auth = h['authorization'] or ''
   local given = auth:match('^[Bb]earer +(%S+)$')
   if not same(given, self.token) then
-    return protocol_error(conn, 401, mcp.INVALID_REQUEST, 'a bearer token is required',
-      { { 'WWW-Authenticate', 'Bearer' } })
+    refuse_head(conn, 401, 'a bearer token is required', { { 'WWW-Authenticate', 'Bearer' } })
+    return false
   end
+  head.gated = true
+  if not conn.authenticated then
+    conn.authenticated = true
+    self.unauthenticated = self.unauthenticated - 1
+  end
+  return true
+end
+
+function Listener:request(conn, req)
+  local h = req.headers
+  if not req.gated and not self:gate(conn, req) then return end
   local path = req.target:match('^([^?]*)')
   if path ~= self.path then
     return protocol_error(conn, 404, mcp.INVALID_REQUEST, 'no endpoint at ' .. path)
@@ -356,6 +411,12 @@ end
 function Listener:pump(conn)
   if conn.busy or conn.closed then return end
   local req, status, message = conn.parser:next()
+  local head = not req and not status and conn.parser.head
+  if head and not head.gated then
+    -- a whole head: checked before its body is read, so no body is held for a client without the token
+    if not self:gate(conn, head) then return end
+    self:deadline(conn)
+  end
   if req then
     conn.busy = true
     if (req.headers['connection'] or ''):lower():find('close', 1, true) then conn.closing_after = true end
@@ -366,43 +427,70 @@ function Listener:pump(conn)
       if conn.busy then protocol_error(conn, 500, mcp.INTERNAL_ERROR, 'internal error') end
     end
   elseif status then
-    conn.busy = true
-    conn.closing_after = true
-    protocol_error(conn, status, status == 413 and mcp.INVALID_REQUEST or mcp.PARSE_ERROR, message)
+    refuse_head(conn, status, message, nil, status == 413 and mcp.INVALID_REQUEST or mcp.PARSE_ERROR)
   end
+end
+
+-- The connection's timer: until a client holding the token has been served on it, a whole request
+-- head must come within head_ms of the connection opening (or of the last answer); after that an
+-- idle or stalled connection closes after idle_ms.
+function Listener:deadline(conn)
+  if conn.idle then conn.idle.cancel() end
+  local waiting_head = conn.parser and conn.parser.head == nil
+  local ms = (conn.authenticated or not waiting_head) and self.idle_ms or self.head_ms
+  conn.idle = task.after(ms, function()
+    conn.idle = nil
+    if conn.busy or conn.closed then return end
+    if conn.authenticated then return close_conn(conn) end
+    refuse_head(conn, 408, 'no whole request head in time')
+  end, true)
+end
+
+-- Makes room for a new connection by closing the oldest connection that has not shown the token;
+-- false when there is none (a token holder's connection is never closed for a newcomer).
+function Listener:make_room()
+  local oldest
+  for c in pairs(self.conns) do
+    if not c.authenticated and (not oldest or c.serial < oldest.serial) then oldest = c end
+  end
+  if not oldest then return false end
+  close_conn(oldest)
+  return true
 end
 
 function Listener:accept()
   local handle = uv.new_tcp()
   if not self.tcp:accept(handle) then handle:close() return end
   handle:nodelay(true)   -- an answer goes out in a few writes: no waiting on Nagle for the last one
+  -- a flood of connections costs the oldest of the flood its place, never a token holder's
   local open = 0
   for _ in pairs(self.conns) do open = open + 1 end
-  if open >= self.max_connections then
-    handle:close()   -- a flood of connections: refused before a byte is read
-    return
+  while open >= self.max_connections or self.unauthenticated >= self.max_unauthenticated do
+    if not self:make_room() then
+      handle:close()   -- every place holds a served client: refused before a byte is read
+      return
+    end
+    open = open - 1
   end
-  local conn = { handle = handle, listener = self, parser = M.parser(self.limits) }
+  self.serial = self.serial + 1
+  local conn = { handle = handle, listener = self, parser = M.parser(self.limits), serial = self.serial }
   self.conns[conn] = true
-  local function idle()
-    if conn.idle then conn.idle.cancel() end
-    conn.idle = task.after(self.idle_ms, function()
-      conn.idle = nil
-      if not conn.busy then close_conn(conn) end
-    end, true)
-  end
-  idle()
+  self.unauthenticated = self.unauthenticated + 1
+  self:deadline(conn)
   handle:read_start(function(err, data)
     if err or not data then
       close_conn(conn)
       return
     end
-    idle()
-    if conn.busy and #conn.parser.buf > self.limits.max_head_bytes + self.limits.max_body_bytes then
+    if conn.rejected then return end   -- answered from its head: the rest is dropped unread
+    local p = conn.parser
+    if not p then return end
+    if conn.authenticated then self:deadline(conn) end   -- a head's deadline is not put off by trickling
+    if conn.busy and p.held() > self.limits.max_head_bytes + self.limits.max_body_bytes then
       close_conn(conn)   -- pipelining past what one request may hold: not a client we serve
       return
     end
-    conn.parser:feed(data)
+    p:feed(data)
     self:pump(conn)
   end)
 end
@@ -423,7 +511,11 @@ function M.listen(server, options)
     sessions = {}, conns = {}, origins = {},
     session_idle_ms = options.session_idle_ms or 1800000,
     idle_ms = options.idle_ms or 120000,
+    head_ms = options.head_ms or 10000,
+    linger_ms = options.linger_ms or 1000,
     max_connections = options.max_connections or 256,
+    max_unauthenticated = options.max_unauthenticated or 64,
+    unauthenticated = 0, serial = 0,
     limits = { max_head_bytes = options.max_head_bytes or 16384,
       max_body_bytes = options.max_message_bytes or 1048576 },
   }, Listener)

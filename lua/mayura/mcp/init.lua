@@ -23,7 +23,10 @@
 -- for the others (and before initialize) an array is -32600.
 --
 -- Tools come from the tool session: `tools` (each `{ id, description,
--- input }`, `input` a `z` schema whose `json_schema()` is the inputSchema)
+-- input }`, `input` a `z` schema whose `json_schema()` is the inputSchema:
+-- what tools/list gives, the tools the session may call), optionally
+-- `declared` (those and the ones it may not: a call of one is refused by
+-- `call` with the grant it needs, not as an unknown tool)
 -- and `call(tool_id, input, { signal, call_id, progress })`, which checks
 -- grants, limits and budget and raises coded errors. A raised error is the
 -- tool's result with `isError = true` and text `CODE: message`; a result is
@@ -323,7 +326,9 @@ function Session:call_tool(id, params, out)
     return error_response(id, M.INVALID_PARAMS, 'tools/call params.arguments must be an object')
   end
   local known = false
-  for _, t in ipairs(self.tools_session.tools or {}) do
+  -- a declared tool that is not listed (not granted) is called all the same, to be refused with
+  -- the grant it needs
+  for _, t in ipairs(self.tools_session.declared or self.tools_session.tools or {}) do
     if t.id == params.name then known = true break end
   end
   if not known then

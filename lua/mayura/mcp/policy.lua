@@ -34,7 +34,7 @@ function M.open(paths)
         if progress then progress(nil, nil, event.text) end
       end })
       return {
-        tools = s.tools, usage = s.usage,
+        tools = s.tools, declared = s.declared, usage = s.usage,
         call = function(tool_id, input, opts)
           local call_id = opts and opts.call_id
           if call_id and opts.progress then progress_of[call_id] = opts.progress end

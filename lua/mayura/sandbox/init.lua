@@ -30,7 +30,8 @@
 --
 -- Warm sandboxes: a provider with `warm_attach` (local and Docker with their
 -- option `warm`, mayura.sandbox._agent_backend's add_warm) keeps sandboxes
--- started ahead for the first pool made over it. They take slots of its
+-- started ahead for the first pool made over it (from its making, or from its
+-- first create with the pool option `warm_start = 'first_use'`). They take slots of its
 -- max_sandboxes: `count()` plus the provider's `warm_held()` never passes
 -- it; the provider starts one only in a free slot, a create that gets one
 -- (`warm_claim`, then `create(self, spec, claimed)`) moves its slot to the
@@ -796,7 +797,7 @@ Pool.__index = Pool
 local pool_keys = {
   max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
   max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
-  labels = true, on_event = true,
+  labels = true, on_event = true, warm_start = true,
 }
 
 --- Holds every sandbox from `provider` to the same limits.
@@ -855,14 +856,24 @@ function M.create_sandboxes(provider, options)
   end
   -- a provider with warm sandboxes (its option `warm`) keeps them for this pool, as long as no other
   -- pool holds them: they live max_lifetime_ms, carry the pool's labels and take free slots only
+  -- (at once, or with `warm_start = 'first_use'` at the pool's first create: a pool made only to be
+  -- checked, as a policy's are, starts nothing)
+  if options.warm_start ~= nil and options.warm_start ~= 'now' and options.warm_start ~= 'first_use' then
+    errors.raise(C, "warm_start must be 'now' or 'first_use'", nil, 2)
+  end
   if type(provider.warm_attach) == 'function' then
-    local budget = { max_lifetime_ms = self.max_lifetime_ms, labels = self.labels }
-    function budget.may_fill()
-      return not self._closed and self._count + provider:warm_held() < self.max_sandboxes
-    end
-    self._warm = provider:warm_attach(budget)
+    if options.warm_start == 'first_use' then self._warm_later = true else self:_attach_warm() end
   end
   return self
+end
+
+function Pool:_attach_warm()
+  local provider = self.provider
+  local budget = { max_lifetime_ms = self.max_lifetime_ms, labels = self.labels }
+  function budget.may_fill()
+    return not self._closed and self._count + provider:warm_held() < self.max_sandboxes
+  end
+  self._warm = provider:warm_attach(budget)
 end
 
 -- How many of this pool's slots the provider's warm sandboxes take (ready, starting or ending).
@@ -878,6 +889,10 @@ local create_keys = {
 --- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop }`.
 function Pool:create(options)
   if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
+  if self._warm_later then
+    self._warm_later = nil
+    self:_attach_warm()
+  end
   if type(options) ~= 'table' then errors.raise('INVALID_INPUT', 'options with lifetime_ms are required', nil, 2) end
   check.keys(options, create_keys, 'create options', 'INVALID_INPUT', 3)
   if options.lifetime_ms == nil then errors.raise('INVALID_INPUT', 'lifetime_ms is required', nil, 2) end

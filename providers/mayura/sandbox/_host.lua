@@ -53,7 +53,8 @@ function M.find_in_path(name)
   return nil
 end
 
---- The agent binary: MAYURA_AGENT, this checkout's build/, or the installed tree.
+--- The agent binary: MAYURA_AGENT, this checkout's build/, beside an installed core (a rock), or the
+-- installed tree.
 function M.find_agent()
   local env = os.getenv('MAYURA_AGENT')
   if env and env ~= '' and M.exists(env) then return M.absolute(env) end
@@ -67,6 +68,10 @@ function M.find_agent()
       if M.exists(p) then return M.absolute(p) end
     end
   end
+  -- A rock keeps its programs beside the core it installed (<libdir>/mayura/).
+  local so = package.searchpath('mayura.core', package.cpath)
+  local beside = so and so:match('^(.*)/core%.[^/]*$')
+  if beside and M.exists(beside .. '/mayura-agent') then return M.absolute(beside .. '/mayura-agent') end
   for _, p in ipairs({ '/usr/local/lib/mayura/mayura-agent', '/usr/lib/mayura/mayura-agent' }) do
     if M.exists(p) then return p end
   end

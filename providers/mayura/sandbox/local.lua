@@ -7,29 +7,37 @@
 --   * the root is read-only: the host's /usr (and its library links) with a
 --     synthesized /etc (passwd, group, hosts, an empty resolv.conf), or a root
 --     file system directory given as `image`; never the host's /home, /root,
---     /var, /run, /tmp or the secrets of its /etc;
+--     /var, /run, /tmp or the secrets of its /etc. An image is never / nor
+--     one holding mayura's own tree, and run as root it is named without a
+--     link, it and each directory above it root's and writable by nobody
+--     else (INVALID_CONFIG otherwise), and the launcher finds each of its
+--     entries beneath its directory, never through a link (check_image);
 --   * /workspace, /tmp and /dev/shm are tmpfs with size caps; the user is uid
 --     1000 with no capabilities and no_new_privs;
 --   * every sandbox has a network namespace of its own: with 'none' it holds
 --     only a loopback; with 'all' (offered when run as root with slirp4netns,
---     nft and nsenter here) the host connects it before the agent gets its
---     setup (see "The network of a sandbox with 'all'"):
+--     nft, nsenter and setpriv here) the host connects it before the agent
+--     gets its setup (see "The network of a sandbox with 'all'"):
 --       - a firewall in the sandbox's namespace, loaded from the host (root
 --         entering that namespace alone, nft): nothing leaves but by its own
---         loopback or the stack, and nothing goes to the host's loopback
---         (127.0.0.0/8; ::1 and all IPv6: the stack carries IPv4 only), to
---         an address of any host interface (every local and broadcast route of
---         the host's namespace at create time: an address the host gets later
---         is not in a running sandbox's list), link-local (169.254.0.0/16,
---         fe80::/10), multicast, or the stack's own addresses (10.0.2.0/24, its
---         gateway and its resolver, which the stack maps to the host), but DNS
---         (port 53) to its resolver; the sandbox's processes hold no capability
---         in that namespace, so cannot lift it;
---       - slirp4netns (kept per sandbox, as root, in a sandbox of its own:
---         --enable-sandbox, --enable-seccomp) carries everything else to the
---         outside; --disable-host-loopback keeps its gateway off the host's
---         loopback; it ends when the host's end of its exit socket closes
---         (release, the sandbox's end, the host killed with SIGKILL);
+--         loopback or the stack, no IPv6 (the stack carries IPv4 only), and
+--         nothing to the IANA special-purpose ranges (mayura.sandbox._firewall:
+--         private, loopback, link-local with the cloud metadata address,
+--         multicast, ...; the stack's own 10.0.2.0/24 among them, its gateway
+--         and its resolver, which the stack maps to the host), but DNS (port
+--         53) to its resolver; the sandbox's processes hold no capability in
+--         that namespace, so cannot lift it;
+--       - slirp4netns (kept per sandbox, as root with a group of its own, in
+--         a sandbox of its own: --enable-sandbox, --enable-seccomp) carries
+--         everything else to the outside; the host's nft table `inet
+--         mayura_all` (loaded by the provider) holds that group's sockets to
+--         the internet: no address of the host (asked of the kernel per
+--         packet, so one the host gains after the sandbox started too), no
+--         special-purpose range (so no other sandbox or container), no IPv6,
+--         but DNS to the host's resolvers; --disable-host-loopback keeps its
+--         gateway off the host's loopback; it ends when the host's end of its
+--         exit socket closes (release, the sandbox's end, the host killed with
+--         SIGKILL);
 --       - /etc/resolv.conf names the stack's resolver (10.0.2.3, relaying to
 --         the host's resolvers), never the host's file;
 --       - each of `ports` is forwarded from a host port of 127.0.0.1 that the
@@ -87,8 +95,9 @@
 -- (where it may mount: not in a container without CAP_SYS_ADMIN, say) the
 -- launcher mounts the sandbox's file systems in a mount namespace of its own
 -- (over /run/mayura there, never visible on the host, gone with the
--- sandbox; from a table the provider writes once, root's alone, in
--- /run/mayura, by the launcher's first process, which joins the cgroups,
+-- sandbox; from a mount table handed to that launcher alone on a descriptor,
+-- a sealed file in memory that no other process can name or change and
+-- that leaves nothing behind, by the launcher's first process, which joins the cgroups,
 -- mounts, gives the roots to the sandbox's uid, takes that uid and becomes
 -- bubblewrap; the shell launcher does it with unshare(1), mount(8), chown(1)
 -- and setpriv(1)): the root, /workspace, /tmp and /dev/shm are tmpfs with `size=`,
@@ -130,6 +139,7 @@ local agent_backend = require('mayura.sandbox._agent_backend')
 local host = require('mayura.sandbox._host')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
+local fw = require('mayura.sandbox._firewall')
 
 local M = {}
 
@@ -139,10 +149,9 @@ local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
 local WORKDIR = '/workspace'
 local AGENT_PATH = '/.mayura/agent'
--- The stack's network (slirp4netns's defaults): the sandbox is 10.0.2.100; every other address of it
--- is the stack itself, which takes 10.0.2.3 to the host's resolver (whatever the port) and the rest
--- to the host's loopback unless --disable-host-loopback
-local NET_STACK = '10.0.2.0/24'
+-- The stack's network (slirp4netns's defaults, inside 10.0.0.0/8 of fw.SPECIAL4): the sandbox is
+-- 10.0.2.100; every other address of it is the stack itself, which takes 10.0.2.3 to the host's
+-- resolver (whatever the port) and the rest to the host's loopback unless --disable-host-loopback
 local NET_DNS = '10.0.2.3'
 local NET_RESOLV = 'nameserver ' .. NET_DNS .. '\n'
 -- descriptors bubblewrap gets for a sandbox with 'all' (3 is the agent's socket)
@@ -353,7 +362,9 @@ local function table_word(s)
 end
 
 -- The entries of an image's top directory the sandbox gets, as { name, type, link target }, in
--- order; nil when the image cannot go into a mount table (a blank in its path). What the sandbox
+-- order; nil when the image cannot go into a mount table (a blank in its path). Only names and
+-- link texts come from here: the launcher finds each entry again beneath the image's directory,
+-- never through a link (launcher/launch.c's open_image). What the sandbox
 -- has of its own (/dev, /proc, /tmp, the agent's directory, the workspace) is not taken from it,
 -- nor what is neither a directory, a file nor a link, nor a name a table cannot hold.
 local function image_entries(image)
@@ -378,36 +389,35 @@ local function image_entries(image)
   return out
 end
 
--- The tree of a sandbox with an image: its top entries (image_entries); with 'all', the stack's
--- resolver (MAYURA_ETC_4) over the image's resolv.conf when that is a file of a directory /etc.
+-- The tree of a sandbox with an image: the image's directory, opened once by the launcher, then its
+-- top entries (image_entries), each bound by its name beneath that directory; with 'all', the
+-- stack's resolver (MAYURA_ETC_4) over the image's resolv.conf when that is a file of a directory
+-- /etc (the launcher checks both again, and follows no link to them).
 local function image_tree(image, entries, network_all)
   return function(add, R)
+    local etc_dir = false
+    add('image', image)
     for _, e in ipairs(entries) do
       if e[2] == 'link' then add('link', e[3], R .. '/' .. e[1])
-      else add('bind', image .. '/' .. e[1], R .. '/' .. e[1]) end
+      else add('bind', e[1], R .. '/' .. e[1]) end
+      if e[1] == 'etc' and e[2] == 'directory' then etc_dir = true end
     end
-    if network_all and lstat_type(image .. '/etc') == 'directory'
-        and lstat_type(image .. '/etc/resolv.conf') == 'file' then
+    if network_all and etc_dir and lstat_type(image .. '/etc/resolv.conf') == 'file' then
       add('file', STAGE .. '/resolv.conf', '4')
       add('over', STAGE .. '/resolv.conf', R .. '/etc/resolv.conf')
     end
   end
 end
 
--- Writes a mount table (root's alone, in STAGE, named by its kind and its text's checksum: providers
--- with the same table share it, and no two versions of this code take each other's) unless it is
--- there already. Its path, or nil.
-local function write_table(kind, lines)
-  local uv = require('luv')
+-- The bytes a mount table may have (launcher/launch.c's TABLE_MAX, less one).
+local TABLE_MAX = 32767
+
+-- A mount table's text, or nil past TABLE_MAX. It goes to each launcher on a descriptor of its own
+-- (a sealed file in memory, core.sealed_fd: start), never through a file another create, or
+-- anyone, could name, replace or leave behind.
+local function table_text(lines)
   local text = table.concat(lines, '\n') .. '\n'
-  local path = ('%s/%s.%08x'):format(STAGE, kind, core.crc32(text))
-  local st = lstat(path)
-  if st and st.type == 'file' and st.uid == 0 and read_plain(path) == text then return path end
-  local tmp = path .. '.' .. random_hex(4)
-  if not write_plain(tmp, text) then return nil end
-  local ok = uv.fs_rename(tmp, path)
-  if not ok then os.remove(tmp); return nil end
-  return path
+  return #text <= TABLE_MAX and text or nil
 end
 
 local stage_ok
@@ -422,6 +432,50 @@ local function stage_works()
     stage_ok = ok and r.exit_code == 0
   end
   return stage_ok
+end
+
+-- Checks an image, the provider's or a create's, and returns it: the absolute path of a directory,
+-- neither the host's root nor one that holds mayura's own files (p.own_files: the checkout or the
+-- installed tree); run as root, also named without a link, `.` or `..` at any name, and it and
+-- every directory above it owned by root and writable by nobody else (what sshd asks of the
+-- directories of its keys): so nobody but root can point the path, or any name the launcher finds
+-- beneath it, elsewhere while a sandbox starts. INVALID_CONFIG otherwise.
+local function check_image(p, image, level)
+  local uv = require('luv')
+  local function refuse(why)
+    errors.raise('INVALID_CONFIG', 'image ' .. why, nil, level > 0 and level + 1 or 0)
+  end
+  if type(image) ~= 'string' or image:sub(1, 1) ~= '/' or not is_dir(image) then
+    refuse('must be the absolute path of a root file system directory')
+  end
+  if p.root then
+    local path = ''
+    local function check_dir(at)
+      local st = uv.fs_lstat(at)
+      if not st or st.type ~= 'directory' then
+        refuse('must be named without a link: ' .. at .. ' is a link or no directory')
+      end
+      if st.uid ~= 0 or bit(st.mode, 16) or bit(st.mode, 2) then
+        refuse('and every directory above it must be owned by root and writable by nobody else: ' .. at ..
+          ' is not')
+      end
+    end
+    check_dir('/')
+    for name in image:gmatch('[^/]+') do
+      if name == '.' or name == '..' then refuse('must be named without . or ..') end
+      path = path .. '/' .. name
+      check_dir(path)
+    end
+  end
+  local real = uv.fs_realpath(image)
+  if not real or real == '/' then refuse('must not be the host\'s root') end
+  for _, f in pairs(p.own_files) do
+    local rf = uv.fs_realpath(f)
+    if rf and (rf == real or rf:sub(1, #real + 1) == real .. '/') then
+      refuse('must not hold mayura\'s own files (' .. f .. ')')
+    end
+  end
+  return image
 end
 
 -- }======================================================
@@ -555,7 +609,8 @@ local GRACE_MS = 1000
 -- and removes the cgroups.
 -- Environment: MAYURA_LIFE (seconds), MAYURA_CG (the cgroup directories), MAYURA_FREEZER (v1) or
 -- MAYURA_CGKILL (v2), MAYURA_START and what it reads. fd 0: the agent's bytes, 3: the agent's
--- socket, 4: the host's control socket. Arguments: bubblewrap's command line.
+-- socket, 4: the host's control socket, 5 with MAYURA_INFO bubblewrap's info descriptor, the one
+-- MAYURA_MOUNT names (5 or 6) the mount table. Arguments: bubblewrap's command line.
 local LAUNCHER = [=[
 trap '' PIPE
 # the children of a process, into $kids (without /proc/PID/task/TID/children here: from every PPid)
@@ -595,6 +650,8 @@ end_sandbox() {
     else kill -KILL "$b" 2>/dev/null; fi
   done
 }
+# the mount table's descriptor (5, or 6 after the info descriptor) kept on 8 until START reads it
+case $MAYURA_MOUNT in 5) exec 8<&5 5<&- ;; 6) exec 8<&6 6<&- ;; '') ;; *) exit 125 ;; esac
 # with 'all', bubblewrap's info descriptor comes on 5: kept on 7 until START puts it on 4
 if [ -n "$MAYURA_INFO" ]; then exec 7<&5 5<&-; fi
 exec 5<&0 </dev/null
@@ -609,12 +666,12 @@ tm=$!
 (
   # as root, START runs in a mount namespace of its own, private: what MOUNT mounts there never shows
   ${MAYURA_MOUNT:+unshare --mount --propagation private} /bin/sh -c "$MAYURA_START" mayura-start "$@" &
-  exec 3<&- 5<&- 7<&-
+  exec 3<&- 5<&- 7<&- 8<&-
   wait $!
   kill -USR2 $$
 ) 4<&- &
 sb=$!
-exec 3<&- 5<&- 7<&-
+exec 3<&- 5<&- 7<&- 8<&-
 ( read -r _; kill -USR1 $$ ) <&4 &
 rd=$!
 exec 4<&-
@@ -661,12 +718,13 @@ local START = [=[
 for d in $MAYURA_CG; do echo $$ > "$d/cgroup.procs" || exit 125; done
 echo -17 > /proc/self/oom_adj 2>/dev/null
 # as root, in the launcher's own mount namespace: the sandbox's file systems under MAYURA_STAGE, in
-# one mount(8) from the provider's table (MAYURA_MOUNT; tmpfs owned by host root, capped in bytes and
-# inodes; a devpts instance of its own), the roots of the root and of the workspace given to the
-# sandbox's host uid
+# one mount(8) from the provider's table (on 8, a sealed file in memory; tmpfs owned by host root,
+# capped in bytes and inodes; a devpts instance of its own), the roots of the root and of the
+# workspace given to the sandbox's host uid
 if [ -n "$MAYURA_MOUNT" ]; then
-  mount -a -T "$MAYURA_MOUNT" && chown "$MAYURA_UID:$MAYURA_UID" "$MAYURA_STAGE/root" "$MAYURA_STAGE/w" && cd / \
+  mount -a -T /proc/self/fd/8 && chown "$MAYURA_UID:$MAYURA_UID" "$MAYURA_STAGE/root" "$MAYURA_STAGE/w" && cd / \
     || exit 125
+  exec 8<&-
 fi
 if [ -n "$MAYURA_UID" ]; then set -- setpriv --reuid "$MAYURA_UID" --regid "$MAYURA_UID" --clear-groups -- "$@"; fi
 if [ -n "$MAYURA_INFO" ]; then exec 4<&7 7<&-; fi
@@ -693,16 +751,16 @@ local function online(spec)
   return spec.network == 'all' or type(spec.network) == 'table'
 end
 
--- The mount table from which mayura-launch builds the sandbox's whole root (built_lines),
--- bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here, no
--- mayura-launch, an image a table cannot name).
+-- The mount table (its text) from which mayura-launch builds the sandbox's whole root
+-- (built_lines), bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here,
+-- no mayura-launch, an image a table cannot name or hold).
 local function built_table(p, spec)
   if not p.root_table then return nil end
   local image = spec.image or p.image
   if not image then return p.root_table end
   local entries = image_entries(image)
   if not entries then return nil end
-  return write_table('image', built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
+  return table_text(built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
     image_tree(image, entries, spec.network == 'all')))
 end
 
@@ -807,10 +865,8 @@ local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set, built)
   end
   if online(spec) then env.MAYURA_INFO = '1' end
   if p.root then env.MAYURA_UID = tostring(host_uid) end
-  if p.staged then
-    env.MAYURA_MOUNT = built or p.fstab
-    env.MAYURA_STAGE = STAGE
-  end
+  -- MAYURA_MOUNT: the descriptor of the mount table (start)
+  if p.staged then env.MAYURA_STAGE = STAGE end
   return env
 end
 
@@ -834,10 +890,11 @@ local function oom_shield_works()
   return shield_works
 end
 
+-- Said once per process (core.report_once: a runner that reloads modules does not repeat it).
 local function warn_unshielded()
   if warned then return end
   warned = true
-  core.report('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
+  core.report_once('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
     '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ' ..
     '(provider.enforced.oom_protected is false)')
 end
@@ -848,36 +905,13 @@ end
 -- The network of a sandbox with 'all'
 -- =======================================================
 
---- The IPv4 destinations no sandbox reaches: the host's loopback, its own addresses (every local
--- route of the host's network namespace now, from /proc/net/fib_trie, broadcast ones too),
--- link-local, multicast, "this network", and the stack's own addresses (but DNS, see net_rules).
-local function blocked_ipv4()
-  local out = { '0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255', NET_STACK }
-  local seen, last = {}, nil
-  for line in (read_plain('/proc/net/fib_trie') or ''):gmatch('[^\n]+') do
-    local addr = line:match('^[%s|]*|%-%- (%d+%.%d+%.%d+%.%d+)%s*$')
-    if addr then
-      last = addr
-    elseif last then
-      local bits, kind = line:match('^%s*/(%d+) %a+ (%u+)')
-      if kind == 'LOCAL' or kind == 'BROADCAST' then
-        local cidr = bits == '32' and last or (last .. '/' .. bits)
-        if not seen[cidr] then
-          seen[cidr] = true
-          out[#out + 1] = cidr
-        end
-      end
-    end
-  end
-  return out
-end
-
 --- The sandbox's firewall, loaded into its network namespace from the host before anything in it
 -- runs: its own loopback is free, and so are the answers to connections made to it (a forwarded
 -- port's come from the stack's gateway), and DNS to the stack's resolver (port 53 alone: the stack
 -- sends any port of that address to the host's resolver, which may be on the host's loopback);
--- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to
--- `blocked` (a set that merges the overlapping entries).
+-- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to the
+-- special-purpose ranges (fw.SPECIAL4: the stack's own 10.0.2.0/24 among them). What the stack's
+-- sockets reach on the host's side is held by the host's table (fw.stack_rules).
 local function net_rules(blocked)
   return table.concat({
     'table inet mayura {',
@@ -1060,11 +1094,14 @@ local function connect_network(p, backend, spec, info)
     end
     return
   end
+  -- the host's table around the stacks' sockets (loaded again when 30 s have passed)
+  local fok, ferr = pcall(fw.ensure_stack, p.nft)
+  if not fok then uv.fs_close(ns_fd); fail(tostring(ferr)) end
   -- the firewall (root, in the namespace only), while bubblewrap sets the namespace up and the
   -- stack starts; bubblewrap goes on only once both are done
   local rules = start_process({
     argv = { p.nsenter, '--net=/proc/self/fd/3', '--', p.nft, '-f', '-' }, fds = { ns_fd },
-    stdin = net_rules(blocked_ipv4()), timeout_ms = 10000, max_output_bytes = 4096,
+    stdin = net_rules(fw.SPECIAL4), timeout_ms = 10000, max_output_bytes = 4096,
     env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
   })
   -- the stack brings the loopback up too: not before bubblewrap has set it up
@@ -1078,8 +1115,10 @@ local function connect_network(p, backend, spec, info)
   -- the stack: fd 3 ends it when our end closes, fd 4 says it is ready, fd 5 is the namespace
   local mine, its = core.socketpair()
   if not mine then uv.fs_close(ns_fd); fail('no socket pair') end
-  local argv = { p.slirp4netns, '--configure', '--mtu=65520', '--disable-host-loopback',
-    '--enable-sandbox', '--enable-seccomp', '--exit-fd=3', '--ready-fd=4', '--netns-type=path' }
+  -- with the group the host's table knows its sockets by, and no other
+  local argv = { p.setpriv, '--regid', tostring(fw.STACK_GID), '--clear-groups', '--', p.slirp4netns,
+    '--configure', '--mtu=65520', '--disable-host-loopback', '--enable-sandbox', '--enable-seccomp',
+    '--exit-fd=3', '--ready-fd=4', '--netns-type=path' }
   if api then argv[#argv + 1] = '--api-socket=' .. api end
   argv[#argv + 1] = '/proc/self/fd/5'
   argv[#argv + 1] = 'tap0'
@@ -1209,7 +1248,7 @@ local option_keys = {
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
--- system directory; the host's /usr by default), `workspace_mib` (1024),
+-- system directory, as check_image allows; the host's /usr by default), `workspace_mib` (1024),
 -- `tmp_mib` (256), `cpus` (1), `memory_mib` (1024), `pids` (256),
 -- `max_lifetime_ms` (24 hours), `bwrap` (path of bubblewrap), `agent` (path of
 -- the agent binary), `desktop` (the desktop of sandboxes created with
@@ -1217,9 +1256,11 @@ local option_keys = {
 -- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
 -- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
 -- "Warm sandboxes" above), `proxy_resolve` (tests only: the allow-list proxy's names, see
--- mayura.sandbox._egress).
-function M.local_sandboxes(options)
+-- mayura.sandbox._egress). With `mode = { check = true }` the options are only checked: nothing is
+-- run, made or started (a policy's check).
+function M.local_sandboxes(options, mode)
   options = options or {}
+  local checking = type(mode) == 'table' and mode.check == true
   check.keys(options, option_keys, 'local_sandboxes options', 'INVALID_CONFIG', 3)
   local C = 'INVALID_CONFIG'
   if options.workdir ~= nil and options.workdir ~= WORKDIR then
@@ -1240,25 +1281,28 @@ function M.local_sandboxes(options)
     errors.raise(C, 'cpus must be a number above 0', nil, 2)
   end
   p.cpus = cpus
-  if options.image ~= nil then
-    if type(options.image) ~= 'string' or options.image:sub(1, 1) ~= '/' or not is_dir(options.image) then
-      errors.raise(C, 'image must be the absolute path of a root file system directory', nil, 2)
-    end
-    p.image = options.image
+  if options.image ~= nil and (type(options.image) ~= 'string' or options.image:sub(1, 1) ~= '/') then
+    errors.raise(C, 'image must be the absolute path of a root file system directory', nil, 2)
   end
   p.bwrap = find_in_path(options.bwrap or 'bwrap')
   if not p.bwrap then errors.raise(C, 'bubblewrap (bwrap) is not installed', nil, 2) end
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
+  p.root = is_root()
+  -- mayura's own files (this module, the agents, the launcher), which no image may hold
+  p.own_files = { p.agent, find_agent(), (debug.getinfo(1, 'S').source:match('^@(.+)$')) }
+  if p.own_files[2] then p.own_files[4] = p.own_files[2]:gsub('mayura%-agent$', 'mayura-launch') end
+  if options.image ~= nil then p.image = check_image(p, options.image, 3) end
   p.cg_mode = cgroup_mode()
   p.cg_parts = cgroup_parts(p.cg_mode)
-  p.root = is_root()
   -- 'all' is a namespace of its own behind a user-mode stack; joining that namespace (for the stack
   -- and the firewall) needs root here, so run as another user, or without the programs, there is no 'all'
   p.slirp4netns = find_in_path('slirp4netns')
   p.nft = find_in_path('nft') or find_in_path('/usr/sbin/nft') or find_in_path('/sbin/nft')
   p.nsenter = find_in_path('nsenter') or find_in_path('/usr/bin/nsenter')
-  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
+  p.setpriv = find_in_path('setpriv') or find_in_path('/usr/bin/setpriv')
+  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and p.setpriv ~= nil
+    and make_net_dir()
   p.desktop = desktop.settings(options.desktop, p.image or '', 2)
   p.features = {
     stdin = true, ports = can_connect or p.root == true, desktop = p.desktop ~= nil,
@@ -1279,7 +1323,7 @@ function M.local_sandboxes(options)
   p.etc_host.resolv = exists('/etc/resolv.conf')
   -- as root, the launcher mounts the sandbox's tmpfs itself where it may (not in a container
   -- without CAP_SYS_ADMIN, say: then bubblewrap makes them, as for another user)
-  p.staged = p.root and make_stage() and stage_works()
+  p.staged = not checking and p.root and make_stage() and stage_works()
   -- the agent's bytes, read once: each launcher gets them on a pipe, so no sandbox ever reads
   -- them from a path (the checkout may be closed to the sandboxes' uids, a shared directory
   -- could be replaced by another user)
@@ -1298,29 +1342,29 @@ function M.local_sandboxes(options)
     local bytes = dyn ~= p.agent and exists(dyn) and read_plain(dyn)
     if bytes and #bytes > 0 then p.agent_host_bytes = bytes end
   end
-  -- prepared once: the launchers' mount table
+  -- prepared once: the launchers' mount tables (their texts; each launcher gets its own copy)
   if p.staged then
     local agent_size = #(p.agent_host_bytes or p.agent_bytes)
-    p.fstab = write_table('fstab', fstab_lines(agent_size, p.workspace_mib, p.tmp_mib))
+    p.fstab = table_text(fstab_lines(agent_size, p.workspace_mib, p.tmp_mib))
     p.staged = p.fstab ~= nil
     -- mayura-launch builds the whole root of a sandbox without an image
     if p.staged and p.launch_bin then
-      p.root_table = write_table('root', built_lines(agent_size, p.workspace_mib, p.tmp_mib, host_tree(p)))
+      p.root_table = table_text(built_lines(agent_size, p.workspace_mib, p.tmp_mib, host_tree(p)))
     end
   end
   -- what holds where: cgroups and the inode caps need root here; without them the host's limits apply
   p.enforced = {
     memory = p.cg_mode ~= nil, pids = p.cg_mode ~= nil, cpus = p.cg_mode ~= nil,
     workspace_mib = true, tmp_mib = true, lifetime = true, network = true,
-    inodes = p.staged, oom_protected = oom_shield_works(),
+    inodes = p.staged, oom_protected = not checking and oom_shield_works(),
   }
-  if not p.enforced.oom_protected then warn_unshielded() end
+  if not checking and not p.enforced.oom_protected then warn_unshielded() end
   local counter = 0
 
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
   local function start(self, spec)
     if spec.network == 'all' and not self.can_connect then
-      errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
+      errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft, nsenter and setpriv here', nil, 0)
     end
     if type(spec.network) == 'table' and not self.root then
       errors.raise('INVALID_INPUT', 'a network allow-list needs root here', nil, 0)
@@ -1328,9 +1372,7 @@ function M.local_sandboxes(options)
     if spec.ports and #spec.ports > 0 and not online(spec) then
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
-    if spec.image ~= nil and (spec.image:sub(1, 1) ~= '/' or not is_dir(spec.image)) then
-      errors.raise('INVALID_CONFIG', 'image must be the absolute path of a root file system directory', nil, 0)
-    end
+    if spec.image ~= nil then check_image(self, spec.image, 0) end
     counter = counter + 1
     local id = 'local-' .. random_hex(6)
     local limits = {
@@ -1354,13 +1396,18 @@ function M.local_sandboxes(options)
     local tree = built_table(self, spec)
     for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
-    local a, b = core.socketpair()
+    -- the mount table, this launcher's own: a sealed file in memory on a descriptor it inherits
+    local text = self.staged and (tree or self.fstab) or nil
+    local t = text and core.sealed_fd(text)
+    local a, b
+    if t or not text then a, b = core.socketpair() end
     local c, d
     if a then c, d = core.socketpair() end
     if not c then
       for _, fd in ipairs({ a, b }) do core.close_fd(fd) end
+      if t then core.close_fd(t) end
       remove_cgroups(cg_dirs)
-      error(errors.sandbox('unavailable', 'cannot make a socket pair'), 0)
+      error(errors.sandbox('unavailable', 'cannot make a socket pair or a mount table'), 0)
     end
     local backend = setmetatable({
       id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network,
@@ -1371,18 +1418,26 @@ function M.local_sandboxes(options)
     local fds_ok, net_fds = pcall(network_fds, spec)
     if not fds_ok then
       for _, fd in ipairs({ a, b, d }) do core.close_fd(fd) end
+      if t then core.close_fd(t) end
       backend:_close_control()
       remove_cgroups(cg_dirs)
       error(net_fds, 0)
     end
+    local fds = { b, d }
+    if net_fds then fds[#fds + 1] = net_fds.info_child end
+    local env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
+    if t then
+      fds[#fds + 1] = t
+      env.MAYURA_MOUNT = tostring(2 + #fds)
+    end
     local proc, err = core.spawn({
-      argv = argv, fds = { b, d, net_fds and net_fds.info_child or nil },
+      argv = argv, fds = fds,
       stdin = not (spec.image or self.image) and self.agent_host_bytes or self.agent_bytes,
-      max_output_bytes = 65536, env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree),
-      outlive = true,
+      max_output_bytes = 65536, env = env, outlive = true,
     }, function(res) backend:_exited(res) end)
     core.close_fd(b)
     core.close_fd(d)
+    if t then core.close_fd(t) end
     if net_fds then core.close_fd(net_fds.info_child) end
     if not proc then
       core.close_fd(a)
