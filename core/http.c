@@ -12,6 +12,10 @@
 ** Signature V4 (CURLOPT_AWS_SIGV4, the key pair as CURLOPT_USERNAME and
 ** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
 **
+** `http_version` picks the protocol: '1.1', or '2' (HTTP/2 with prior knowledge,
+** h2c, to an http:// URL; offered by ALPN over TLS to an https:// one). Without
+** it libcurl's default holds: HTTP/1.1 in the clear, HTTP/2 when TLS agrees.
+**
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
 ** (on_headers, on_data, then the final callback) after
@@ -777,7 +781,8 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
-    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", NULL
+    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret",
+    "http_version", NULL
 };
 
 /* An RFC 9110 token character (method and header names). */
@@ -880,6 +885,7 @@ typedef struct mc_http_opts {
     size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
     int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4;
+    long version; /* CURLOPT_HTTP_VERSION, or 0 for libcurl's default */
 } mc_http_opts;
 
 /*
@@ -964,6 +970,22 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     }
     lua_settop(L, 9);
 
+    lua_getfield(L, 1, "http_version"); /* 10 */
+    if (!lua_isnil(L, 10)) {
+        const char *v = lua_type(L, 10) == LUA_TSTRING ? lua_tostring(L, 10) : "";
+        if (strcmp(v, "1.1") == 0) {
+            o->version = (long)CURL_HTTP_VERSION_1_1;
+        } else if (strcmp(v, "2") == 0) {
+            if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2))
+                mc_raise(L, "INVALID_INPUT", "this libcurl has no HTTP/2");
+            o->version = strncmp(o->url, "http://", 7) == 0 ? (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+                                                             : (long)CURL_HTTP_VERSION_2TLS;
+        } else {
+            mc_raise(L, "INVALID_INPUT", "option 'http_version' must be '1.1' or '2'");
+        }
+    }
+    lua_settop(L, 9);
+
     o->timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
     o->ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
     o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
@@ -1001,6 +1023,13 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     MC_HTTP_SETOPT(r, CURLOPT_WRITEDATA, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERFUNCTION, mc_http_on_header);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERDATA, (void *)r);
+    if (o->version != 0) MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, o->version);
+    if (o->version == (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE) {
+        /* libcurl 7.88 breaks the next request on a reused h2c connection (a framing-layer
+        ** error): each such request has a connection of its own. */
+        MC_HTTP_SETOPT(r, CURLOPT_FRESH_CONNECT, 1L);
+        MC_HTTP_SETOPT(r, CURLOPT_FORBID_REUSE, 1L);
+    }
     if (o->timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)o->timeout);
     if (o->ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)o->ctimeout);
     if (o->sock != NULL) {

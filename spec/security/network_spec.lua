@@ -1,10 +1,14 @@
--- The network of a sandbox with network 'all', tried the way code in it would: on the local
--- provider, a namespace of its own behind a user-mode stack, so the host's loopback, its own
--- addresses on every interface, its abstract unix sockets, its /proc/net, its ports, link-local
--- addresses and the other sandboxes are out of reach, while a host elsewhere (a network namespace
--- this spec makes, standing in for the internet) is reached by IP; `url(port)` answers from the
--- host. On Docker: two sandboxes with 'all' do not reach each other. All traffic stays on this
--- machine: loopback, the host's own addresses and the spec's own namespace.
+-- The network of a sandbox with network 'all', tried the way code in it would. On the local
+-- provider, a namespace of its own behind a user-mode stack: the host's loopback, its abstract
+-- unix sockets, its /proc/net, its ports and the other sandboxes are out of reach, and `url(port)`
+-- answers from the host. On every provider (local, Docker cli and api): a public address is
+-- reached (a network namespace this spec makes on one, routed to it alone, stands in for the
+-- internet, which this machine cannot reach), names resolve, and nothing of the host is: none of
+-- its addresses (Docker's bridge gateways and docker0's among them, and addresses it gains after
+-- the sandbox started), no link-local or metadata address, no private, shared, benchmark or
+-- multicast address however it is routed; a local and a Docker sandbox, and a container on
+-- docker0, do not reach each other. All traffic stays on this machine: loopback, the host's own
+-- addresses, its bridges and the spec's own namespace.
 local providers = require('support.providers')
 local common = require('security.common')
 local util = require('support.util')
@@ -82,21 +86,39 @@ local function host_listeners()
 end
 
 -- A host elsewhere: a network namespace of this spec's, linked to the host's by a veth pair and
--- routed from it, serving HTTP on SERVER:8080 with `text`. Its link addresses are the host's own
--- while it exists (so a sandbox made after it must not reach them); `close()` removes it all.
+-- routed from it, serving HTTP on port 8080 with `text` at `server_ip`, a public address (in
+-- 11.0.0.0/8, the internet's stand-in: this machine cannot reach the internet, and the route of
+-- that one address goes to this namespace alone, so nothing of it leaves the machine), and at
+-- `special` addresses (private, shared and benchmark ranges) that 'all' must not reach however
+-- they are routed. Its link addresses are the host's own while it exists (so a sandbox must not
+-- reach them); `close()` removes it all.
 local function internet_host(text)
   local n = math.random(1, 250)
   local h = {
-    ns = 'mayura-inet-' .. NONCE,
     link_host = 'mynh' .. NONCE:sub(1, 6), link_peer = 'mynp' .. NONCE:sub(1, 6),
-    host_ip = '10.213.' .. n .. '.1', peer_ip = '10.213.' .. n .. '.2', server_ip = '10.214.' .. n .. '.1',
+    host_ip = '10.213.' .. n .. '.1', peer_ip = '10.213.' .. n .. '.2', server_ip = '11.213.' .. n .. '.1',
+    special = { '10.214.' .. n .. '.1', '100.64.' .. n .. '.1', '198.18.' .. n .. '.1' },
+    pids = {},
   }
+  h.served = { h.server_ip, h.special[1], h.special[2], h.special[3] }
   function h.close()
-    if h.server_pid then os.execute('kill -9 ' .. h.server_pid .. ' 2>/dev/null') end
-    os.execute('ip netns del ' .. h.ns .. ' 2>/dev/null; ip link del ' .. h.link_host .. ' 2>/dev/null')
+    for _, pid in ipairs(h.pids) do os.execute('kill -9 ' .. pid .. ' 2>/dev/null') end
+    for _, ip in ipairs(h.served) do
+      os.execute('ip route del ' .. ip .. '/32 via ' .. h.peer_ip .. ' 2>/dev/null')
+    end
+    if h.holder then os.execute('kill -9 ' .. h.holder .. ' 2>/dev/null') end
+    os.execute('ip link del ' .. h.link_host .. ' 2>/dev/null')
   end
   local ok, err = pcall(function()
-    local inside = { 'ip', 'netns', 'exec', h.ns }
+    -- the namespace is held by a process of its own (no name under /run/netns, which another
+    -- user of the machine could unmount or remove)
+    h.holder = tonumber(run({ 'sh', '-c', 'unshare --net sleep 900 >/dev/null 2>&1 & echo $!' }):match('%d+'))
+    assert(h.holder, 'cannot make a network namespace')
+    assert(common.eventually(function()
+      local link = uv.fs_readlink('/proc/' .. h.holder .. '/ns/net')
+      return link ~= nil and link ~= uv.fs_readlink('/proc/self/ns/net')
+    end, 5000), 'the namespace did not come')
+    local inside = { 'nsenter', '-t', tostring(h.holder), '-n', '--' }
     local function ns(...)
       local argv = {}
       for _, x in ipairs(inside) do argv[#argv + 1] = x end
@@ -104,24 +126,26 @@ local function internet_host(text)
       return run(argv)
     end
     -- one a run that was killed may have left under this name goes first
-    os.execute('ip netns del ' .. h.ns .. ' 2>/dev/null; ip link del ' .. h.link_host .. ' 2>/dev/null')
-    run({ 'ip', 'netns', 'add', h.ns })
+    os.execute('ip link del ' .. h.link_host .. ' 2>/dev/null')
     run({ 'ip', 'link', 'add', h.link_host, 'type', 'veth', 'peer', 'name', h.link_peer })
-    run({ 'ip', 'link', 'set', h.link_peer, 'netns', h.ns })
+    run({ 'ip', 'link', 'set', h.link_peer, 'netns', tostring(h.holder) })
     run({ 'ip', 'addr', 'add', h.host_ip .. '/30', 'dev', h.link_host })
     run({ 'ip', 'link', 'set', h.link_host, 'up' })
     ns('ip', 'link', 'set', 'lo', 'up')
-    ns('ip', 'addr', 'add', h.server_ip .. '/32', 'dev', 'lo')
     ns('ip', 'addr', 'add', h.peer_ip .. '/30', 'dev', h.link_peer)
     ns('ip', 'link', 'set', h.link_peer, 'up')
     ns('ip', 'route', 'add', 'default', 'via', h.host_ip)
-    run({ 'ip', 'route', 'add', h.server_ip .. '/32', 'via', h.peer_ip })
-    local out = ns(host_abuse_path(), 'serve', 'tcp:' .. h.server_ip .. ':8080', '600000', text)
-    h.server_pid = tonumber(out:match('pid=(%d+)'))
-    assert(h.server_pid, 'the server of the test host did not start: ' .. out)
-    -- the host itself reaches it
-    local got = common.kv(run({ host_abuse_path(), 'get', h.server_ip .. ':8080' }))
-    assert(got.body == text, 'the test host does not answer from the host: ' .. tostring(got.get))
+    for _, ip in ipairs(h.served) do
+      ns('ip', 'addr', 'add', ip .. '/32', 'dev', 'lo')
+      run({ 'ip', 'route', 'add', ip .. '/32', 'via', h.peer_ip })
+      local out = ns(host_abuse_path(), 'serve', 'tcp:' .. ip .. ':8080', '600000', text)
+      local pid = tonumber(out:match('pid=(%d+)'))
+      assert(pid, 'the server of the test host did not start: ' .. out)
+      h.pids[#h.pids + 1] = pid
+      -- the host itself reaches it
+      local got = common.kv(run({ host_abuse_path(), 'get', ip .. ':8080' }))
+      assert(got.body == text, 'the test host does not answer from the host at ' .. ip .. ': ' .. tostring(got.get))
+    end
   end)
   if not ok then
     h.close()
@@ -502,3 +526,310 @@ for _, prov in ipairs(providers.list()) do
     end)
   end
 end
+
+-- {======================================================
+-- Every provider: 'all' reaches the internet and nothing of the host
+-- =======================================================
+
+-- Every address of the host's interfaces, up or down (docker0 without containers is down), but
+-- IPv6 link-local ones (scoped to a link).
+local function host_addresses()
+  local out = {}
+  for ip in run({ 'ip', '-o', 'addr', 'show' }):gmatch('%sinet6? ([%x%.:]+)/%d+') do
+    if not ip:match('^fe80:') then out[#out + 1] = ip end
+  end
+  return out
+end
+
+-- `tcp:` and `udp:` targets for `abuse net` of the address `ip` (IPv6 too: the port is after the
+-- last colon) at `port`, added to `list`.
+local function targets_of(ip, port, list)
+  list[#list + 1] = 'tcp:' .. ip .. ':' .. port
+  list[#list + 1] = 'udp:' .. ip .. ':' .. port
+  return list
+end
+
+-- Tries `targets` from the sandbox `sb` (`abuse net`): asserts no TCP one connects (a UDP send may
+-- leave the sandbox and be dropped on the way: the listeners' counts say whether it arrived).
+local function assert_unreached(sb, targets)
+  local argv = { 'net', NONCE .. '.mayura-test.invalid' }
+  for _, t in ipairs(targets) do argv[#argv + 1] = t end
+  local r = common.abuse(sb, argv, { timeout_ms = 120000 })
+  assert.are.equal(0, r.exit_code, r.stderr)
+  local got = net_results(r.stdout)
+  for _, t in ipairs(targets) do
+    assert.is_not_nil(got[t], 'no answer for ' .. t .. ': ' .. r.stdout)
+    assert.are_not.equal('CONNECTED', got[t], t .. ' is reachable from the sandbox')
+  end
+  return got
+end
+
+-- The address of a Docker container on its network(s).
+local function container_ip(id)
+  return providers.host("docker inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' " .. id)
+    :match('%d+%.%d+%.%d+%.%d+')
+end
+
+-- A container of this spec's on Docker's default bridge (docker0), not a sandbox: the abuse program
+-- serving `text` on port 3000. Returns its id and address; remove it with `docker rm -f`.
+local function default_bridge_container(text)
+  local r = process.run({ 'docker', 'run', '-d', '--rm', '--network', 'bridge', '--label', 'mayura.spec=network-' .. NONCE,
+    '-v', host_abuse_path() .. ':/abuse:ro', '--entrypoint', '/bin/sh', providers.BUSYBOX,
+    '-c', '/abuse serve tcp:0.0.0.0:3000 300000 ' .. text .. '; sleep 300' }, { timeout_ms = 60000 })
+  local id = r.exit_code == 0 and r.stdout:match('%x+')
+  assert(id, 'cannot start a container on the default bridge: ' .. r.stderr)
+  local ip
+  assert(common.eventually(function()
+    ip = container_ip(id)
+    return ip ~= nil and common.kv(run({ host_abuse_path(), 'get', ip .. ':3000' })).body == text
+  end, 15000), 'the container on the default bridge does not serve')
+  return id, ip
+end
+
+local function offers_all(prov)
+  local ok, provider = pcall(prov.make_provider, {})
+  if not ok then return false end
+  for _, n in ipairs(provider.features.network) do if n == 'all' then return true end end
+  return false
+end
+
+for _, prov in ipairs(providers.list()) do
+  describe("a sandbox with 'all' (" .. prov.name .. ')', function()
+    if not offers_all(prov) then
+      it("cannot run here: network 'all' is not offered", function()
+        pending("network 'all' of " .. prov.name .. ' is not offered here (it takes root)')
+      end)
+      return
+    end
+    local TEXT = 'inet-all-' .. prov.name .. '-' .. NONCE
+    local pool, provider, a, inet, l
+
+    setup(function()
+      inet = internet_host(TEXT)
+      pool, provider = prov.make_pool({ max_sandboxes = 3, network = { 'none', 'all' } })
+      a = pool:create({ lifetime_ms = 300000, network = 'all' })
+      common.install(a)
+      -- after the create: Docker's bridge of 'all' exists by now, and its gateway is one of the host's
+      l = host_listeners()
+    end)
+    teardown(function()
+      if pool then pool:close() end
+      if l then l.close() end
+      if inet then inet.close() end
+      drop_host_abuse()
+    end)
+
+    it('says the host holds its network (enforced.network), with rules named mayura\'s, loaded once, ' ..
+      'that match its own traffic alone', function()
+      assert.is_true(provider.enforced.network)
+      -- a second sandbox loads them again: still one hook each
+      pool:create({ lifetime_ms = 60000, network = 'all' }):release()
+      if prov.kind == 'docker' then
+        local id = providers.host("docker network inspect --format '{{.Id}}' mayura-isolated"):match('%x+')
+        local bridge = 'br-' .. id:sub(1, 12)
+        for _, t in ipairs({ 'iptables', 'ip6tables' }) do
+          local all = run({ t, '-w', '-S' })
+          local _, hooks = all:gsub('\n%-A [%u%-]+ %-m comment %-%-comment "mayura: network all" %-j MAYURA%-ALL%-', '')
+          assert.are.equal(2, hooks, t .. ': ' .. all)
+          for _, chain in ipairs({ 'MAYURA-ALL-IN', 'MAYURA-ALL-FWD' }) do
+            for line in run({ t, '-w', '-S', chain }):gmatch('[^\n]+') do
+              if line:match('^%-A') then
+                assert.is_truthy(line:find('-i ' .. bridge .. ' ', 1, true), line)
+                assert.is_truthy(line:find('"mayura: network all"', 1, true), line)
+              end
+            end
+          end
+        end
+      else
+        local table_text = run({ 'nft', 'list', 'table', 'inet', 'mayura_all' })
+        assert.matches('meta skgid 1199999 jump stack', table_text, 1, true)
+        -- the stack's sockets carry that group, and it has no other
+        local status = io.open('/proc/' .. a._backend.net.pid .. '/status'):read('a')
+        assert.matches('\nGid:%s+1199999%s+1199999%s+1199999%s+1199999\n', status)
+        assert.matches('\nGroups:%s*\n', status)
+      end
+    end)
+
+    it('reaches a public address through the host (a namespace of the spec stands in for the internet, ' ..
+      'which this machine cannot reach)', function()
+      local _, kv = common.abuse(a, { 'get', inet.server_ip .. ':8080' }, { timeout_ms = 30000 })
+      assert.are.equal('CONNECTED', kv.get)
+      assert.are.equal(TEXT, kv.body)
+    end)
+
+    it("reaches none of the host's listeners on 0.0.0.0 and :: by any address of the host: " ..
+      "every interface's, Docker's bridge gateways and docker0's among them", function()
+      local targets, seen = {}, {}
+      for _, ip in ipairs(host_addresses()) do
+        if not ip:match('^127%.') and ip ~= '::1' then   -- the sandbox's own loopback has these
+          seen[ip] = true
+          targets_of(ip, l.tcp_port, targets)
+        end
+      end
+      assert.is_true(seen[inet.host_ip], 'the test link address is not among the host addresses')
+      local docker0 = run({ 'ip', '-o', '-4', 'addr', 'show' }):match('%sdocker0%s+inet ([%d%.]+)/')
+      if docker0 then assert.is_true(seen[docker0]) end
+      if prov.kind == 'docker' then
+        local gw = providers.host("docker network inspect --format '{{range .IPAM.Config}}{{.Gateway}}{{end}}' " ..
+          'mayura-isolated'):match('[%d%.]+')
+        assert.is_true(gw ~= nil and seen[gw] == true, 'the gateway of the bridge of all is not tried')
+      end
+      assert_unreached(a, targets)
+      common.sleep(500)
+      assert.are.equal(0, l.accepted, 'a connection from the sandbox reached a host listener')
+      assert.are.equal(0, l.received, 'a datagram from the sandbox reached a host listener')
+    end)
+
+    it('reaches none of the addresses the host gains after it started (public, test, private), ' ..
+      'nor the cloud metadata address 169.254.169.254 served on the host', function()
+      local dummy = 'mynd' .. NONCE:sub(1, 6)
+      local n = math.random(1, 250)
+      local late = { '11.214.' .. n .. '.7', '192.0.2.77', '10.215.' .. n .. '.7', '169.254.169.254' }
+      local meta = uv.new_tcp()
+      local meta_accepted = 0
+      local ok, err = pcall(function()
+        os.execute('ip link del ' .. dummy .. ' 2>/dev/null')
+        -- a link of the host's (a veth pair: a kernel without the dummy driver has one too)
+        run({ 'ip', 'link', 'add', dummy, 'type', 'veth', 'peer', 'name', 'mynq' .. NONCE:sub(1, 6) })
+        run({ 'ip', 'link', 'set', dummy, 'up' })
+        for _, ip in ipairs(late) do run({ 'ip', 'addr', 'add', ip .. '/32', 'dev', dummy }) end
+        -- the metadata service: a listener of that address alone, on port 80 (or any, when 80 is taken)
+        local meta_port = 80
+        if not meta:bind('169.254.169.254', 80) then
+          meta:close()
+          meta = uv.new_tcp()
+          assert(meta:bind('169.254.169.254', 0))
+          meta_port = meta:getsockname().port
+        end
+        assert(meta:listen(8, function()
+          meta_accepted = meta_accepted + 1
+          local c = uv.new_tcp()
+          meta:accept(c)
+          c:close()
+        end))
+        -- the host reaches them
+        assert.matches('=CONNECTED', run({ host_abuse_path(), 'net', 'x', 'tcp:' .. late[1] .. ':' .. l.tcp_port }))
+        common.sleep(100)
+        local before = l.accepted
+        l.accepted = 0
+        assert.is_true(before > 0)
+        local targets = { 'tcp:169.254.169.254:' .. meta_port }
+        for _, ip in ipairs(late) do targets_of(ip, l.tcp_port, targets) end
+        assert_unreached(a, targets)
+        local _, kv = common.abuse(a, { 'get', '169.254.169.254:' .. meta_port }, { timeout_ms = 30000 })
+        assert.are_not.equal('CONNECTED', kv.get)
+        common.sleep(500)
+        assert.are.equal(0, meta_accepted, 'the sandbox reached the metadata address')
+        assert.are.equal(0, l.accepted, 'a connection from the sandbox reached a host listener')
+        assert.are.equal(0, l.received, 'a datagram from the sandbox reached a host listener')
+      end)
+      if not meta:is_closing() then meta:close() end
+      os.execute('ip link del ' .. dummy .. ' 2>/dev/null')
+      if not ok then error(err, 0) end
+    end)
+
+    it('reaches no special-purpose range however it is routed (private, shared and benchmark addresses ' ..
+      'served by the test namespace), nor multicast', function()
+      local targets = {}
+      for _, ip in ipairs(inet.special) do targets[#targets + 1] = 'tcp:' .. ip .. ':8080' end
+      targets[#targets + 1] = 'udp:224.0.0.1:' .. l.tcp_port
+      targets[#targets + 1] = 'udp:239.255.0.1:' .. l.tcp_port
+      assert_unreached(a, targets)
+      for _, ip in ipairs(inet.special) do
+        local _, kv = common.abuse(a, { 'get', ip .. ':8080' }, { timeout_ms = 30000 })
+        assert.are_not.equal(TEXT, kv.body, 'the sandbox reached ' .. ip)
+      end
+      common.sleep(500)
+      assert.are.equal(0, l.received, 'a multicast datagram from the sandbox reached a host listener')
+    end)
+
+    it('resolves names: its own (Docker) and others through the host\'s resolver, when that one answers', function()
+      if prov.kind == 'docker' then
+        -- Docker's embedded resolver (127.0.0.11 in the container's namespace) knows the container
+        local r = common.sh(a, 'nslookup "$(hostname)" 127.0.0.11')
+        local ip = container_ip(a._backend.container)
+        assert.is_not_nil(ip)
+        assert.matches('Address:? ' .. ip:gsub('%.', '%%.'), r.stdout)
+      end
+      -- a name of the outside: the host's resolver is asked (through the stack, or Docker's embedded
+      -- resolver); where it answers the host, it answers the sandbox (an answer or NXDOMAIN, no time-out)
+      local name = NONCE .. '.example.com'
+      local py = "import socket,sys\ntry:\n socket.getaddrinfo(sys.argv[1], 80)\n print('answer=ADDR')\n" ..
+        "except socket.gaierror as e:\n print('answer=' + ('NONAME' if e.errno == socket.EAI_NONAME else 'FAIL'))\n"
+      local host_answer = common.kv(run({ 'python3', '-c', py, name })).answer
+      if host_answer == 'FAIL' then
+        return pending("the host's resolver does not answer here: nothing to relay")
+      end
+      local got
+      if prov.kind == 'docker' then
+        local r = common.sh(a, 'nslookup ' .. name .. ' 2>&1', { timeout_ms = 30000 })
+        got = (r.stdout:find('NXDOMAIN', 1, true) and 'NONAME') or (r.stdout:find('Address', 1, true) and 'ADDR')
+          or r.stdout
+      else
+        got = common.kv(a:exec({ 'python3', '-c', py, name }, { timeout_ms = 30000 }).stdout).answer
+      end
+      assert.are.equal(host_answer, got)
+    end)
+  end)
+end
+
+-- A local sandbox and a Docker sandbox, each with 'all', and a container on Docker's default bridge.
+local docker_entry
+for _, prov in ipairs(providers.list()) do
+  if prov.kind == 'docker' and not docker_entry then docker_entry = prov end
+end
+
+describe("a local sandbox and a Docker sandbox with 'all', and a container on Docker's default bridge", function()
+  if not (local_entry and docker_entry and offers_all(local_entry) and offers_all(docker_entry)) then
+    it('cannot run here', function() pending("needs the local and the Docker provider, both offering 'all'") end)
+    return
+  end
+  local lpool, dpool, la, da, other, other_ip, da_ip
+  local LA, DA, OTHER = 'local-a-' .. NONCE, 'docker-a-' .. NONCE, 'docker0-' .. NONCE
+
+  setup(function()
+    lpool = local_entry.make_pool({ max_sandboxes = 2, network = { 'none', 'all' } })
+    dpool = docker_entry.make_pool({ max_sandboxes = 2, network = { 'none', 'all' } })
+    la = lpool:create({ lifetime_ms = 300000, network = 'all', ports = { 3000 } })
+    da = dpool:create({ lifetime_ms = 300000, network = 'all', ports = { 3000 } })
+    common.install(la)
+    common.install(da)
+    assert.are.equal('LISTENING', select(2, common.abuse(la, { 'serve', 'tcp:0.0.0.0:3000', '280000', LA })).serve)
+    assert.are.equal('LISTENING', select(2, common.abuse(da, { 'serve', 'tcp:0.0.0.0:3000', '280000', DA })).serve)
+    da_ip = container_ip(da._backend.container)
+    other, other_ip = default_bridge_container(OTHER)
+  end)
+  teardown(function()
+    if other then providers.host('docker rm -f ' .. other) end
+    if lpool then lpool:close() end
+    if dpool then dpool:close() end
+    drop_host_abuse()
+  end)
+
+  it('both serve the host at url(3000)', function()
+    assert.are.equal(LA, common.kv(run({ host_abuse_path(), 'get', la:url(3000):match('//(.*)$') })).body)
+    assert.are.equal(DA, common.kv(run({ host_abuse_path(), 'get', da:url(3000):match('//(.*)$') })).body)
+  end)
+
+  it("the local one reaches neither the Docker one's listener nor the container on docker0", function()
+    assert.is_not_nil(da_ip)
+    for _, t in ipairs({ da_ip .. ':3000', other_ip .. ':3000' }) do
+      local _, kv = common.abuse(la, { 'get', t }, { timeout_ms = 30000 })
+      assert.are_not.equal('CONNECTED', kv.get, 'the local sandbox reached ' .. t)
+    end
+  end)
+
+  it("the Docker one reaches neither the local one's (its stack's address, every host address at its " ..
+    "url's port) nor the container on docker0", function()
+    local port = la:url(3000):match(':(%d+)$')
+    local targets = { '10.0.2.100:3000', other_ip .. ':3000' }
+    for _, ip in ipairs(host_addresses()) do
+      if ip:match('^%d+%.%d+%.%d+%.%d+$') then targets[#targets + 1] = ip .. ':' .. port end
+    end
+    for _, t in ipairs(targets) do
+      local _, kv = common.abuse(da, { 'get', t }, { timeout_ms = 30000 })
+      assert.are_not.equal(LA, kv.body, 'the Docker sandbox reached the local one at ' .. t)
+      assert.are_not.equal(OTHER, kv.body, 'the Docker sandbox reached the container on docker0 at ' .. t)
+    end
+  end)
+end)

@@ -1,9 +1,9 @@
 -- Snapshots of hostile sandboxes, on every provider here: a sparse file of a terabyte is cut at
 -- max_snapshot_bytes (tar ends at once, not after reading a terabyte of zeros within the call
 -- timeout), a sandbox whose disk is full is still snapshotted and forked (the archive is streamed
--- out and in through the agent, never written into a sandbox's /tmp), links to what the sandbox cannot read (the agent's environment, the
--- host's /proc) come back as links with nothing of their targets, and nothing is kept, left in
--- the sandbox, or leaked to a sibling.
+-- out and in through the agent, never written into a sandbox's /tmp), links to what the sandbox
+-- cannot read (the agent's environment, the host's /proc) come back as links with nothing of
+-- their targets, and nothing is kept, left in the sandbox, or leaked to a sibling.
 local providers = require('support.providers')
 
 local MIB = 1048576

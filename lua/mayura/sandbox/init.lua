@@ -8,9 +8,9 @@
 -- call on a sandbox fails with SANDBOX_ERROR reason `gone`.
 --
 -- Network: each kind other than 'none' must be listed in the pool's
--- `network` (asking for another fails with PERMISSION_DENIED); a create that
--- asks for none gets 'none', and fails with INVALID_INPUT when the pool does
--- not list 'none' or the provider cannot keep a sandbox offline.
+-- `network` (asking for another fails with PERMISSION_DENIED); 'none' needs no
+-- listing: a create that asks for none gets 'none' from any pool, and fails with
+-- INVALID_INPUT only when the provider cannot keep a sandbox offline.
 --
 -- Network events: a provider that filters the network (an allow-list) tells each refusal to
 -- `spec.on_event(event)`; the pool stamps it with the sandbox's id (`event.sandbox`), keeps the
@@ -1060,23 +1060,19 @@ function Pool:create(options)
   end
   local features = copy_features(self.provider.features)
   local kind, network = check_network_request(options.network)
-  if kind == nil then
-    -- Asking for nothing means 'none', the default, but only from a pool that lists 'none'. A pool
-    -- listing only online kinds (a Fly pool: { 'all' }) was set up to hand out online sandboxes, and
-    -- the reference says of exactly that setup that "the default fails with INVALID_INPUT": the
-    -- caller must name the kind. Not PERMISSION_DENIED: that is for asking for a kind other than
-    -- 'none' that the pool did not list, and this caller asked for nothing; nor the pool's other
-    -- kind, which would make a sandbox online that its creator expected offline.
-    if not self.network.none then
-      errors.raise('INVALID_INPUT', "this pool does not list network 'none': ask for one of its kinds", nil, 2)
-    end
-    kind, network = 'none', 'none'
-  end
+  -- Asking for nothing means 'none', from any pool: 'none' needs no listing. On a provider that
+  -- cannot keep a sandbox offline (no 'none' in its features.network) that fails with INVALID_INPUT
+  -- below, never a sandbox online that its creator expected offline.
+  if kind == nil then kind, network = 'none', 'none' end
   -- Each kind other than 'none' must be listed; 'none' needs no permission, only a provider that keeps it.
   if kind ~= 'none' and not self.network[kind] then
     errors.raise('PERMISSION_DENIED', "network '" .. kind .. "' is not allowed by this pool", nil, 2)
   end
   if not has(features.network, kind) then
+    if options.network == nil then
+      errors.raise('INVALID_INPUT', "this provider cannot keep a sandbox offline: ask for one of the pool's kinds",
+        nil, 2)
+    end
     errors.raise('INVALID_INPUT', "this provider cannot give network '" .. kind .. "'", nil, 2)
   end
   -- events the provider tells before the sandbox object exists wait in `events`

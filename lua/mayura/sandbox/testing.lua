@@ -50,7 +50,7 @@ end
 
 -- A small pool of its own over the same provider, for cases that end sandboxes. A provider that
 -- cannot keep a sandbox offline (network { 'all' } only) gets a pool of its first kind, whose
--- creates ask for that kind (asking for nothing means 'none', which such a pool refuses).
+-- creates ask for that kind (asking for nothing means 'none', which such a provider cannot give).
 local function own_pool(ctx, max, extra)
   local sandbox = require('mayura.sandbox')
   local provider = ctx.provider or ctx.sandbox._pool.provider

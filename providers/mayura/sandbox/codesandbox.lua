@@ -74,7 +74,7 @@ end
 local function connect(c, vm, signal)
   local url = vm.pitcher_url .. '/?token=' .. vm.pitcher_token
   local ok, conn = pcall(ws.connect, { url = url, timeout_ms = c.call_timeout_ms, signal = signal,
-    max_message_bytes = MAX_MESSAGE_BYTES })
+    max_message_bytes = MAX_MESSAGE_BYTES, headers = { ['User-Agent'] = hosted.USER_AGENT } })
   if not ok then
     local code = errors.is(conn) and conn.code
     if code == 'CANCELLED' then error(errors.new('CANCELLED', 'codesandbox: the command was cancelled'), 0) end

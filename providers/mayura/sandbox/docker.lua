@@ -5,12 +5,20 @@
 --
 --   * no network (`--network none`) unless 'all' was allowed and asked for;
 --     then the bridge network `mayura-isolated` (made on demand, labelled
---     ours, with inter-container traffic off: enable_icc=false), so two
---     sandboxes never reach each other, with the sandbox's `ports` published
---     on 127.0.0.1 only (`url(port)` gives http://127.0.0.1:<host port>). One
---     shared network rather than one per sandbox: a network costs about 0.3 s
---     to make and remove, and the daemon's address pools hold ~30 of them;
---     a bridge takes about 1,000 containers;
+--     ours, with inter-container traffic off: enable_icc=false), with the
+--     sandbox's `ports` published on 127.0.0.1 only (`url(port)` gives
+--     http://127.0.0.1:<host port>); as root the provider loads the host's
+--     rules around that bridge (mayura.sandbox._firewall, iptables: chains
+--     MAYURA-ALL-IN from INPUT and MAYURA-ALL-FWD from DOCKER-USER) so 'all'
+--     reaches the internet and nothing of the host (no address of it, those
+--     it gains later too), no other container, no loopback, link-local
+--     (cloud metadata), multicast or IANA special-purpose range, and no
+--     IPv6; Docker's embedded DNS (127.0.0.11) relays to the host's
+--     resolvers, which take port 53 alone; run as another user (the docker
+--     group) no rule is loaded: the bridge alone, `enforced.network` false.
+--     One shared network rather than one per sandbox: a network costs about
+--     0.3 s to make and remove, and the daemon's address pools hold ~30 of
+--     them; a bridge takes about 1,000 containers;
 --   * with a network allow-list (`{ allow = { ... } }`, offered when run as
 --     root: `features.network` lists 'allowlist'), `--network none` too, and
 --     an egress proxy of its own (mayura.sandbox._egress) listening on
@@ -101,6 +109,7 @@ local http = require('mayura.http')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
+local fw = require('mayura.sandbox._firewall')
 
 local M = {}
 
@@ -209,6 +218,20 @@ local function docker_error(reason, what)
   return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
 end
 
+-- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time,
+-- while the create's time allows (`c.start_by`, on the hrtime clock).
+local START_TRIES, START_PAUSE_MS = 4, 250
+
+-- runc's "can't get final child's PID from pipe" is how a refused OOM score ends here, and, without
+-- a score to refuse, how a runtime under load loses its child: a passing failure then.
+local function runc_lost_child(c, low_reason)
+  return not c.oom_score_adj and low_reason:find("final child's pid", 1, true) ~= nil
+end
+
+local function may_retry(c, tries)
+  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + START_PAUSE_MS * tries < c.start_by)
+end
+
 local function no_image(image)
   return errors.new('INVALID_CONFIG', 'the image ' .. image .. ' is not on this machine (images are never pulled)')
 end
@@ -235,7 +258,10 @@ function Cli:run(args, what, allow)
   if res.exit_code ~= 0 then
     local reason = cli_reason(res.stderr)
     if allow and allow[reason] then return nil, reason end
-    error(docker_error(reason == 'no_image' and 'not_found' or reason, what), 0)
+    local e = docker_error(reason == 'no_image' and 'not_found' or reason, what)
+    -- a runtime's refusal keeps its words as the cause (for logs, and for the create to tell a passing one)
+    if e.runtime then e.cause = res.stderr end
+    error(e, 0)
   end
   return res
 end
@@ -279,16 +305,25 @@ end
 
 --- Creates and starts the container; returns its id.
 function Cli:run_container(c)
-  local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
-  local id = ok and res and res.stdout:match('(%x+)%s*$')
-  if not id or #id < 12 then
+  local tries = 0
+  while true do
+    tries = tries + 1
+    local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
+    local id = ok and res and res.stdout:match('(%x+)%s*$')
+    if id and #id >= 12 then return id end
     -- a half-made container (created, not started) must not stay behind
     pcall(self.remove, self, c.name)
-    if not ok then error(res, 0) end
-    if reason == 'no_image' then error(no_image(c.image), 0) end
-    error(docker_error('failed', 'start a container'), 0)
+    if not ok then
+      -- runc losing its child with no score to refuse is a passing failure: again, a while
+      local passing = type(res) == 'table' and res.runtime and runc_lost_child(c, tostring(res.cause or ''):lower())
+      if passing and may_retry(c, tries) then
+        task.sleep(START_PAUSE_MS * tries)
+      else
+        error(res, 0)
+      end
+    elseif reason == 'no_image' then error(no_image(c.image), 0)
+    else error(docker_error('failed', 'start a container'), 0) end
   end
-  return id
 end
 
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
@@ -327,10 +362,10 @@ function Cli:list_ours()
   return out
 end
 
---- The network `name` as `{ driver, labels, options }`, or nil when there is none.
+--- The network `name` as `{ id, driver, labels, options }`, or nil when there is none.
 function Cli:network(name)
   local res = self:run({ 'network', 'inspect', '--format',
-    '{"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
+    '{"id":{{json .Id}},"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
     'inspect a network', { not_found = true })
   if not res then return nil end
   local ok, t = pcall(core.json.decode, res.stdout)
@@ -446,27 +481,72 @@ local function api_config(c)
   return config
 end
 
+-- The daemon's reason for a refused call: its message on one line, at most 300 characters.
+local function daemon_reason(body)
+  local m = type(body) == 'table' and type(body.message) == 'string' and body.message or ''
+  m = m:gsub('[%c]+', ' ')
+  if #m > 300 then m = m:sub(1, 297) .. '...' end
+  return m
+end
+
+-- Reasons a start fails for a while on a loaded machine (the runtime starved of time or of
+-- processes): such a start is tried again. Docker answers them 500, or 400 when the text holds a
+-- word it takes for bad configuration.
+local TRANSIENT = {
+  'resource temporarily unavailable', 'deadline exceeded', 'timed out', 'timeout', 'connection reset',
+  'device or resource busy', 'interrupted system call', 'broken pipe', 'cannot allocate memory',
+}
+
+local function transient(reason)
+  local low = reason:lower()
+  for _, w in ipairs(TRANSIENT) do
+    if low:find(w, 1, true) then return true end
+  end
+  return false
+end
+
+-- Creates and starts a container; returns its id. A start refused for a passing reason is tried
+-- again (a fresh container each time, START_TRIES in all, before `c.start_by` on the hrtime
+-- clock when given); one the runtime refused is an error marked `runtime` (the create then tries
+-- without what a runtime may refuse); any other refusal keeps the daemon's reason as its cause.
 function Api:run_container(c)
-  local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
-    'create a container')
-  if status == 404 then error(no_image(c.image), 0) end
-  if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
-  local id = type(body) == 'table' and body.Id
-  if type(id) ~= 'string' or not id:match('^%x+$') then
-    pcall(self.remove, self, c.name)
-    error(docker_error('failed', 'create a container'), 0)
-  end
-  status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
-  if status ~= 204 and status ~= 304 then
-    pcall(self.remove, self, id)
-    local message = type(body) == 'table' and type(body.message) == 'string' and body.message:lower() or ''
-    if status == 500 and message:find('oci runtime', 1, true) then
-      error(docker_error('runtime', 'start a container'), 0)
+  local tries = 0
+  while true do
+    tries = tries + 1
+    local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
+      'create a container')
+    if status == 404 then error(no_image(c.image), 0) end
+    if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
+    local id = type(body) == 'table' and body.Id
+    if type(id) ~= 'string' or not id:match('^%x+$') then
+      pcall(self.remove, self, c.name)
+      error(docker_error('failed', 'create a container'), 0)
     end
-    error(status == 404 and docker_error('unavailable', 'start a container') or
-      api_failure(status, 'start a container'), 0)
+    status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
+    if status == 204 or status == 304 then return id end
+    pcall(self.remove, self, id)
+    if status == 404 then error(docker_error('unavailable', 'start a container'), 0) end
+    local reason = daemon_reason(body)
+    local pause = START_PAUSE_MS * tries
+    local low = reason:lower()
+    local passing = (status == 400 or status >= 500) and (transient(reason) or runc_lost_child(c, low))
+    if passing and may_retry(c, tries) then
+      task.sleep(pause)
+    else
+      if not passing and (status == 400 or status == 500) and c.oom_score_adj
+        and (low:find('oci runtime', 1, true) or low:find('oom_score_adj', 1, true)) then
+        error(docker_error('runtime', 'start a container'), 0)
+      end
+      -- the daemon's words go in `cause` (for logs), never in the message
+      local e = api_failure(status, 'start a container')
+      if reason ~= '' then
+        e.message = 'docker could not start a container (HTTP ' .. status .. '; the daemon\'s reason is the '
+          .. 'error\'s cause)'
+        e.cause = reason
+      end
+      error(e, 0)
+    end
   end
-  return id
 end
 
 function Api:inspect(id)
@@ -508,7 +588,7 @@ function Api:network(name)
   local status, body = self:request('GET', '/networks/' .. url_escape(name), nil, 'inspect a network')
   if status == 404 then return nil end
   if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a network'), 0) end
-  return { driver = body.Driver, labels = body.Labels, options = body.Options }
+  return { id = body.Id, driver = body.Driver, labels = body.Labels, options = body.Options }
 end
 
 function Api:create_network(name, labels, options)
@@ -668,8 +748,21 @@ local function network_is_ours(info)
     and options['com.docker.network.bridge.enable_icc'] == 'false'
 end
 
--- Makes sure the network of 'all' sandboxes is there, ours and isolating; creates it when missing.
-local function ensure_network(engine)
+-- The name of the host interface of the bridge network `info`: the name it was given, else Docker's.
+local function bridge_name(info)
+  local options = type(info.options) == 'table' and info.options or {}
+  local name = options['com.docker.network.bridge.name']
+  if type(name) == 'string' and name ~= '' then return name end
+  if type(info.id) ~= 'string' or not info.id:match('^%x+$') or #info.id < 12 then
+    error(docker_error('failed', 'inspect a network (no id)'), 0)
+  end
+  return 'br-' .. info.id:sub(1, 12)
+end
+
+-- Makes sure the network of 'all' sandboxes is there, ours and isolating, creating it when missing;
+-- and, with `firewall` (the programs, as root), that the host's rules around its bridge are loaded
+-- (mayura.sandbox._firewall: nothing of the host, no other container, no special-purpose range).
+local function ensure_network(engine, firewall)
   local info = engine:network(NETWORK)
   if not info then
     engine:create_network(NETWORK, { [PROVIDER_LABEL] = 'docker', [NETWORK_LABEL] = 'isolated' }, NETWORK_OPTIONS)
@@ -680,6 +773,10 @@ local function ensure_network(engine)
   if not network_is_ours(info) then
     error(errors.sandbox('conflict', 'a Docker network named ' .. NETWORK .. ' exists that is not mayura\'s ' ..
       'isolated bridge (remove it)'), 0)
+  end
+  if firewall then
+    local ok, err = pcall(fw.ensure_docker, firewall, bridge_name(info))
+    if not ok then error(errors.sandbox('unavailable', tostring(err)), 0) end
   end
 end
 
@@ -983,6 +1080,14 @@ function M.docker_sandboxes(options, how)
   -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
   p.allowlist = me == 0
   if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
+  -- the host's rules around the bridge of 'all' take root; as root without the programs there is no
+  -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
+  p.firewall = me == 0 and fw.docker_tools() or nil
+  if me == 0 and not p.firewall then table.remove(p.features.network, 2) end
+  p.enforced = {
+    memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
+    network = p.firewall ~= nil,
+  }
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
@@ -1018,6 +1123,10 @@ function M.docker_sandboxes(options, how)
     if spec.ports and #spec.ports > 0 and network == 'none' then
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
+    if network == 'all' and self.my_uid == 0 and not self.firewall then
+      errors.raise('INVALID_INPUT', 'network all needs iptables and ip6tables here (the host\'s rules around it)',
+        nil, 0)
+    end
     if network == 'allowlist' and not self.allowlist then
       errors.raise('INVALID_INPUT', 'a network allow-list needs root and the daemon on this machine', nil, 0)
     end
@@ -1049,7 +1158,7 @@ function M.docker_sandboxes(options, how)
     end
     reap(self.engine, self.host, self.run_base, self.my_uid, false)
     if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
-      ensure_network(self.engine)
+      ensure_network(self.engine, self.firewall)
       network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
     end
     local sb_uid, sb_gid, own_uid = self.uid, self.gid, false
@@ -1113,6 +1222,8 @@ function M.docker_sandboxes(options, how)
     -- the pool counts the lifetime from the start of create: so does the container, near enough
     local remaining = math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started))
     c.cmd[4] = ('%d'):format(remaining)
+    -- a start the runtime refuses for a while is tried again within the create's time
+    if spec.call_timeout_ms then c.start_by = started + spec.call_timeout_ms end
     local eng = self.engine
     local rok, container = pcall(eng.run_container, eng, c)
     if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
@@ -1121,7 +1232,7 @@ function M.docker_sandboxes(options, how)
       rok, container = pcall(eng.run_container, eng, c)
       if rok and not oom_refused[self.host] then
         oom_refused[self.host] = true
-        core.report('the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ' ..
+        core.report_once('the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ' ..
           'sandbox agents run without that protection')
       end
     end

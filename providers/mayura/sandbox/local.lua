@@ -16,24 +16,28 @@
 --     1000 with no capabilities and no_new_privs;
 --   * every sandbox has a network namespace of its own: with 'none' it holds
 --     only a loopback; with 'all' (offered when run as root with slirp4netns,
---     nft and nsenter here) the host connects it before the agent gets its
---     setup (see "The network of a sandbox with 'all'"):
+--     nft, nsenter and setpriv here) the host connects it before the agent
+--     gets its setup (see "The network of a sandbox with 'all'"):
 --       - a firewall in the sandbox's namespace, loaded from the host (root
 --         entering that namespace alone, nft): nothing leaves but by its own
---         loopback or the stack, and nothing goes to the host's loopback
---         (127.0.0.0/8; ::1 and all IPv6: the stack carries IPv4 only), to
---         an address of any host interface (every local and broadcast route of
---         the host's namespace at create time: an address the host gets later
---         is not in a running sandbox's list), link-local (169.254.0.0/16,
---         fe80::/10), multicast, or the stack's own addresses (10.0.2.0/24, its
---         gateway and its resolver, which the stack maps to the host), but DNS
---         (port 53) to its resolver; the sandbox's processes hold no capability
---         in that namespace, so cannot lift it;
---       - slirp4netns (kept per sandbox, as root, in a sandbox of its own:
---         --enable-sandbox, --enable-seccomp) carries everything else to the
---         outside; --disable-host-loopback keeps its gateway off the host's
---         loopback; it ends when the host's end of its exit socket closes
---         (release, the sandbox's end, the host killed with SIGKILL);
+--         loopback or the stack, no IPv6 (the stack carries IPv4 only), and
+--         nothing to the IANA special-purpose ranges (mayura.sandbox._firewall:
+--         private, loopback, link-local with the cloud metadata address,
+--         multicast, ...; the stack's own 10.0.2.0/24 among them, its gateway
+--         and its resolver, which the stack maps to the host), but DNS (port
+--         53) to its resolver; the sandbox's processes hold no capability in
+--         that namespace, so cannot lift it;
+--       - slirp4netns (kept per sandbox, as root with a group of its own, in
+--         a sandbox of its own: --enable-sandbox, --enable-seccomp) carries
+--         everything else to the outside; the host's nft table `inet
+--         mayura_all` (loaded by the provider) holds that group's sockets to
+--         the internet: no address of the host (asked of the kernel per
+--         packet, so one the host gains after the sandbox started too), no
+--         special-purpose range (so no other sandbox or container), no IPv6,
+--         but DNS to the host's resolvers; --disable-host-loopback keeps its
+--         gateway off the host's loopback; it ends when the host's end of its
+--         exit socket closes (release, the sandbox's end, the host killed with
+--         SIGKILL);
 --       - /etc/resolv.conf names the stack's resolver (10.0.2.3, relaying to
 --         the host's resolvers), never the host's file;
 --       - each of `ports` is forwarded from a host port of 127.0.0.1 that the
@@ -135,6 +139,7 @@ local agent_backend = require('mayura.sandbox._agent_backend')
 local host = require('mayura.sandbox._host')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
+local fw = require('mayura.sandbox._firewall')
 
 local M = {}
 
@@ -144,10 +149,9 @@ local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
 local WORKDIR = '/workspace'
 local AGENT_PATH = '/.mayura/agent'
--- The stack's network (slirp4netns's defaults): the sandbox is 10.0.2.100; every other address of it
--- is the stack itself, which takes 10.0.2.3 to the host's resolver (whatever the port) and the rest
--- to the host's loopback unless --disable-host-loopback
-local NET_STACK = '10.0.2.0/24'
+-- The stack's network (slirp4netns's defaults, inside 10.0.0.0/8 of fw.SPECIAL4): the sandbox is
+-- 10.0.2.100; every other address of it is the stack itself, which takes 10.0.2.3 to the host's
+-- resolver (whatever the port) and the rest to the host's loopback unless --disable-host-loopback
 local NET_DNS = '10.0.2.3'
 local NET_RESOLV = 'nameserver ' .. NET_DNS .. '\n'
 -- descriptors bubblewrap gets for a sandbox with 'all' (3 is the agent's socket)
@@ -886,10 +890,11 @@ local function oom_shield_works()
   return shield_works
 end
 
+-- Said once per process (core.report_once: a runner that reloads modules does not repeat it).
 local function warn_unshielded()
   if warned then return end
   warned = true
-  core.report('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
+  core.report_once('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
     '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ' ..
     '(provider.enforced.oom_protected is false)')
 end
@@ -900,36 +905,13 @@ end
 -- The network of a sandbox with 'all'
 -- =======================================================
 
---- The IPv4 destinations no sandbox reaches: the host's loopback, its own addresses (every local
--- route of the host's network namespace now, from /proc/net/fib_trie, broadcast ones too),
--- link-local, multicast, "this network", and the stack's own addresses (but DNS, see net_rules).
-local function blocked_ipv4()
-  local out = { '0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255', NET_STACK }
-  local seen, last = {}, nil
-  for line in (read_plain('/proc/net/fib_trie') or ''):gmatch('[^\n]+') do
-    local addr = line:match('^[%s|]*|%-%- (%d+%.%d+%.%d+%.%d+)%s*$')
-    if addr then
-      last = addr
-    elseif last then
-      local bits, kind = line:match('^%s*/(%d+) %a+ (%u+)')
-      if kind == 'LOCAL' or kind == 'BROADCAST' then
-        local cidr = bits == '32' and last or (last .. '/' .. bits)
-        if not seen[cidr] then
-          seen[cidr] = true
-          out[#out + 1] = cidr
-        end
-      end
-    end
-  end
-  return out
-end
-
 --- The sandbox's firewall, loaded into its network namespace from the host before anything in it
 -- runs: its own loopback is free, and so are the answers to connections made to it (a forwarded
 -- port's come from the stack's gateway), and DNS to the stack's resolver (port 53 alone: the stack
 -- sends any port of that address to the host's resolver, which may be on the host's loopback);
--- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to
--- `blocked` (a set that merges the overlapping entries).
+-- otherwise IPv6 leaves by no other way (the stack carries IPv4 only), nor does anything to the
+-- special-purpose ranges (fw.SPECIAL4: the stack's own 10.0.2.0/24 among them). What the stack's
+-- sockets reach on the host's side is held by the host's table (fw.stack_rules).
 local function net_rules(blocked)
   return table.concat({
     'table inet mayura {',
@@ -1112,11 +1094,14 @@ local function connect_network(p, backend, spec, info)
     end
     return
   end
+  -- the host's table around the stacks' sockets (loaded again when 30 s have passed)
+  local fok, ferr = pcall(fw.ensure_stack, p.nft)
+  if not fok then uv.fs_close(ns_fd); fail(tostring(ferr)) end
   -- the firewall (root, in the namespace only), while bubblewrap sets the namespace up and the
   -- stack starts; bubblewrap goes on only once both are done
   local rules = start_process({
     argv = { p.nsenter, '--net=/proc/self/fd/3', '--', p.nft, '-f', '-' }, fds = { ns_fd },
-    stdin = net_rules(blocked_ipv4()), timeout_ms = 10000, max_output_bytes = 4096,
+    stdin = net_rules(fw.SPECIAL4), timeout_ms = 10000, max_output_bytes = 4096,
     env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' },
   })
   -- the stack brings the loopback up too: not before bubblewrap has set it up
@@ -1130,8 +1115,10 @@ local function connect_network(p, backend, spec, info)
   -- the stack: fd 3 ends it when our end closes, fd 4 says it is ready, fd 5 is the namespace
   local mine, its = core.socketpair()
   if not mine then uv.fs_close(ns_fd); fail('no socket pair') end
-  local argv = { p.slirp4netns, '--configure', '--mtu=65520', '--disable-host-loopback',
-    '--enable-sandbox', '--enable-seccomp', '--exit-fd=3', '--ready-fd=4', '--netns-type=path' }
+  -- with the group the host's table knows its sockets by, and no other
+  local argv = { p.setpriv, '--regid', tostring(fw.STACK_GID), '--clear-groups', '--', p.slirp4netns,
+    '--configure', '--mtu=65520', '--disable-host-loopback', '--enable-sandbox', '--enable-seccomp',
+    '--exit-fd=3', '--ready-fd=4', '--netns-type=path' }
   if api then argv[#argv + 1] = '--api-socket=' .. api end
   argv[#argv + 1] = '/proc/self/fd/5'
   argv[#argv + 1] = 'tap0'
@@ -1313,7 +1300,9 @@ function M.local_sandboxes(options, mode)
   p.slirp4netns = find_in_path('slirp4netns')
   p.nft = find_in_path('nft') or find_in_path('/usr/sbin/nft') or find_in_path('/sbin/nft')
   p.nsenter = find_in_path('nsenter') or find_in_path('/usr/bin/nsenter')
-  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and make_net_dir()
+  p.setpriv = find_in_path('setpriv') or find_in_path('/usr/bin/setpriv')
+  local can_connect = p.root and p.slirp4netns ~= nil and p.nft ~= nil and p.nsenter ~= nil and p.setpriv ~= nil
+    and make_net_dir()
   p.desktop = desktop.settings(options.desktop, p.image or '', 2)
   p.features = {
     stdin = true, ports = can_connect or p.root == true, desktop = p.desktop ~= nil,
@@ -1375,7 +1364,7 @@ function M.local_sandboxes(options, mode)
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
   local function start(self, spec)
     if spec.network == 'all' and not self.can_connect then
-      errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft and nsenter here', nil, 0)
+      errors.raise('INVALID_INPUT', 'network all needs root, slirp4netns, nft, nsenter and setpriv here', nil, 0)
     end
     if type(spec.network) == 'table' and not self.root then
       errors.raise('INVALID_INPUT', 'a network allow-list needs root here', nil, 0)
