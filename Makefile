@@ -32,15 +32,23 @@ BUSTED     ?= $(LUA) spec/runner.lua
 # The interpreters `make test` runs the whole suite under, one pass each.
 TEST_LUAS  ?= lua5.4 luajit
 
+# Where protoc-c puts the gRPC messages' C (see PROTO_SRC below).
+PROTO_GEN = build/gen/proto
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
-DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) $(LUV_CFLAGS)
-DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) -l$(LUV_LIB)
+DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack libprotobuf-c 2>/dev/null) \
+               $(LUV_CFLAGS) -I$(PROTO_GEN)
+DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack libprotobuf-c 2>/dev/null) \
+               -l$(LUV_LIB)
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden $(DEPS_CFLAGS) \
              -DMAYURA_LUADIR='"$(LUADIR)"' -DMAYURA_LIBDIR='"$(LIBDIR)"'
 
 CORE_SRC = core/mayura_core.c
-CORE_DEP = $(wildcard core/*.c core/*.h)
+# The gRPC messages (proto/, the project's own .proto files): protoc-c makes their descriptors,
+# which core/proto.c includes.
+PROTO_SRC = $(wildcard proto/*/*.proto)
+PROTO_STAMP = $(PROTO_GEN)/.made
+CORE_DEP = $(wildcard core/*.c core/*.h) $(PROTO_STAMP)
 
 SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
@@ -103,6 +111,11 @@ FORKEXEC = build/bench/forkexec
 $(FORKEXEC): bench/forkexec.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ bench/forkexec.c
+
+$(PROTO_STAMP): $(PROTO_SRC)
+	@mkdir -p $(PROTO_GEN)
+	protoc-c --c_out=$(PROTO_GEN) -Iproto $(PROTO_SRC)
+	@touch $@
 
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
@@ -181,7 +194,7 @@ fuzz: setup
 
 # luacheck over the Lua, and each piece of the core compiled on its own (each includes mc.h, so an
 # editor's language server reads any of them alone).
-lint:
+lint: $(PROTO_STAMP)
 	luacheck lua providers tools spec examples bench fuzz plugin
 	@for f in $(filter-out core/mayura_core.c core/host.c core/embed.c,$(wildcard core/*.c)); do \
 	    $(CC) -std=gnu11 $(WARN) $(DEPS_CFLAGS) -fsyntax-only $$f || exit 1; done
