@@ -12,6 +12,11 @@
 ** Signature V4 (CURLOPT_AWS_SIGV4, the key pair as CURLOPT_USERNAME and
 ** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
 **
+** A request with `http2 = true` speaks HTTP/2 only: with prior knowledge (h2c) to an http://
+** URL, by ALPN over TLS to an https:// one (a server that offers only HTTP/1.1 fails the
+** transfer). Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's `trailers`,
+** named as headers are; gRPC puts its status there.
+**
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
 ** (on_headers, on_data, then the final callback) after
@@ -82,7 +87,7 @@ struct mc_http_req {
     size_t max_body;
     long status;
     int head_done, head_pending;
-    mc_http_buf head, body, pend;
+    mc_http_buf head, body, pend, trail;
     /* a failure noticed inside a curl callback, acted upon after it */
     const char *fail_code;
     const char *fail_msg;
@@ -347,6 +352,7 @@ static void mc_http_unref(lua_State *L, int *ref) {
 /* Drops what a delivered request still holds, including its anchor. */
 static void mc_http_release(lua_State *L, mc_http_req *r) {
     mc_buf_free(&r->head);
+    mc_buf_free(&r->trail);
     mc_buf_free(&r->body);
     mc_buf_free(&r->pend);
     mc_http_unref(L, &r->cb_ref);
@@ -368,6 +374,8 @@ static void mc_http_final(lua_State *L, mc_http_req *r) {
         lua_setfield(L, -2, "status");
         mc_http_push_headers(L, &r->head);
         lua_setfield(L, -2, "headers");
+        mc_http_push_headers(L, &r->trail);
+        lua_setfield(L, -2, "trailers");
         lua_pushlstring(L, r->body.p != NULL ? r->body.p : "", r->body.len);
         lua_setfield(L, -2, "body");
         nargs = 1;
@@ -630,10 +638,19 @@ static size_t mc_http_on_header(char *p, size_t size, size_t nitems, void *ud) {
         while (i < n && p[i] >= '0' && p[i] <= '9' && st < 1000) st = st * 10 + (p[i++] - '0');
         r->status = st;
         r->head.len = 0;
+        r->trail.len = 0;
         r->head_done = 0;
         return n;
     }
-    if (r->head_done) return n; /* trailers */
+    if (r->head_done) {
+        /* trailers, after the body */
+        if (n == 0 || p[0] == '\r' || p[0] == '\n') return n;
+        if (mc_http_buf_add(&r->trail, p, n, MC_HTTP_MAX_HEAD) != 0) {
+            mc_http_note_fail(r, "LIMIT_EXCEEDED", "the response trailers are too large");
+            return 0;
+        }
+        return n;
+    }
     if (n == 0 || p[0] == '\r' || p[0] == '\n') {
         if (r->status >= 100 && r->status < 200) return n; /* interim: the real head follows */
         r->head_done = 1;
@@ -777,7 +794,7 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
-    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", NULL
+    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", "http2", NULL
 };
 
 /* An RFC 9110 token character (method and header names). */
@@ -879,7 +896,7 @@ typedef struct mc_http_opts {
     const char *url, *method, *body, *sock;
     size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
-    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4;
+    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, http2;
 } mc_http_opts;
 
 /*
@@ -967,6 +984,7 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     o->timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
     o->ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
     o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
+    o->http2 = mc_opt_bool(L, 1, "http2", 0);
 }
 
 /*
@@ -1001,6 +1019,12 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     MC_HTTP_SETOPT(r, CURLOPT_WRITEDATA, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERFUNCTION, mc_http_on_header);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERDATA, (void *)r);
+    if (o->http2) {
+        if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2))
+            mc_raise(L, "NETWORK_ERROR", "this libcurl has no HTTP/2");
+        MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, strncmp(o->url, "http://", 7) == 0 ?
+                       (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE : (long)CURL_HTTP_VERSION_2TLS);
+    }
     if (o->timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)o->timeout);
     if (o->ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)o->ctimeout);
     if (o->sock != NULL) {

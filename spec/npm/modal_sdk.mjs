@@ -1,0 +1,64 @@
+// The official `modal` SDK (0.11.1), unchanged, against the project's Modal stand-in
+// (spec/npm/modal_stand_in.mjs), run by spec/providers/modal_spec.lua.
+//
+// The SDK takes its server from MODAL_SERVER_URL (a plain http:// loopback address: gRPC over
+// h2c) and its credentials from MODAL_TOKEN_ID and MODAL_TOKEN_SECRET; STAND_IN_CONTROL is the
+// stand-in's control port. It looks an app up by name (made if missing), builds a registry image,
+// creates a sandbox with a timeout, workdir and env, runs commands with standard input and both
+// outputs streamed, waits for them, terminates the sandbox and waits for it, and tries a wrong
+// token. Prints `RESULT {json}`.
+import { ModalClient } from 'modal';
+
+const result = {};
+const modal = new ModalClient();
+let sb;
+try {
+  const app = await modal.apps.fromName('mayura-sdk-check', { createIfMissing: true });
+  result.app_id = app.appId;
+  const image = modal.images.fromRegistry('alpine:3.21');
+  sb = await modal.sandboxes.create(app, image, {
+    timeoutMs: 120000, workdir: '/work', command: ['sleep', '100'],
+  });
+  result.sandbox_id = sb.sandboxId;
+
+  const p = await sb.exec(['sh', '-c', 'read a; echo "out $a $PWD"; echo err >&2; exit 3'], {
+    stdout: 'pipe', stderr: 'pipe', env: { X: 'y' },
+  });
+  await p.stdin.writeText('hi\n');
+  await p.stdin.close();
+  const [out, err, code] = await Promise.all([p.stdout.readText(), p.stderr.readText(), p.wait()]);
+  result.stdout = out;
+  result.stderr = err;
+  result.exit_code = code;
+
+  const e = await sb.exec(['sh', '-c', 'echo "$X"; printf "%s|" "$@"', 'sh', 'a b', 'c'], { env: { X: 'from env' } });
+  result.argv_stdout = await e.stdout.readText();
+  result.argv_exit = await e.wait();
+
+  const files = await sb.exec(['sh', '-c', 'echo data > f.txt && cat /work/f.txt && id -u']);
+  result.file = await files.stdout.readText();
+
+  const slow = await sb.exec(['sleep', '30'], { timeoutMs: 1000 });
+  const t0 = Date.now();
+  result.timeout_exit = await slow.wait().catch((x) => `error: ${x.message}`);
+  result.timeout_took_ms = Date.now() - t0;
+
+  await sb.terminate();
+  result.terminated_exit = await sb.wait();
+  result.exec_after_terminate = await sb.exec(['true']).then(() => 'ran', (x) => x.constructor.name);
+} catch (e) {
+  result.error = String(e?.stack ?? e);
+} finally {
+  if (sb) await sb.terminate().catch(() => {});
+}
+
+try {
+  const wrong = new ModalClient({ tokenId: 'ak-wrong', tokenSecret: 'as-wrong' });
+  await wrong.apps.fromName('mayura-sdk-check', { createIfMissing: true });
+  result.wrong_token = 'accepted';
+} catch (e) {
+  result.wrong_token = `${e.constructor.name} ${e.code ?? ''}`.trim();
+}
+modal.close?.();
+console.log(`RESULT ${JSON.stringify(result)}`);
+process.exit(0);
