@@ -1022,8 +1022,15 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     if (o->http2) {
         if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2))
             mc_raise(L, "NETWORK_ERROR", "this libcurl has no HTTP/2");
-        MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, strncmp(o->url, "http://", 7) == 0 ?
-                       (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE : (long)CURL_HTTP_VERSION_2TLS);
+        if (strncmp(o->url, "http://", 7) == 0) {
+            MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
+            /* libcurl 7.88 fails a second request on a reused prior-knowledge connection ("Error in
+            ** the HTTP2 framing layer"): each h2c request gets a connection of its own. */
+            MC_HTTP_SETOPT(r, CURLOPT_FRESH_CONNECT, 1L);
+            MC_HTTP_SETOPT(r, CURLOPT_FORBID_REUSE, 1L);
+        } else {
+            MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+        }
     }
     if (o->timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)o->timeout);
     if (o->ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)o->ctimeout);

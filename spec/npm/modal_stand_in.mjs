@@ -229,7 +229,7 @@ export async function startStandIn(opts = {}) {
 
   function readStdio(call) {
     let ex;
-    try { ex = execOf(call.request); } catch (e) { call.destroy(e); return; }
+    try { ex = execOf(call.request); } catch (e) { call.emit('error', e); return; }
     const fd = call.request.file_descriptor === 1 ? 1 : 0;
     let at = Number(call.request.offset) || 0;
     let idx = 0;
@@ -300,7 +300,7 @@ export async function startStandIn(opts = {}) {
   function streaming(name, fn, router = false) {
     return (call) => {
       gate(name, call, router).then(() => fn(call), (e) => {
-        call.destroy(Object.assign(new Error(e.details), { code: e.code ?? S.INTERNAL, details: e.details }));
+        call.emit('error', { code: e.code ?? S.INTERNAL, details: e.details ?? String(e.message ?? e) });
       });
     };
   }
@@ -342,7 +342,7 @@ export async function startStandIn(opts = {}) {
       return { image_id: id, result: { status: STATUS.SUCCESS } };
     }),
     ImageJoinStreaming: streaming('ImageJoinStreaming', (call) => {
-      if (!images.has(call.request.image_id)) { call.destroy(fail(S.NOT_FOUND, 'image not found')); return; }
+      if (!images.has(call.request.image_id)) { call.emit('error', fail(S.NOT_FOUND, 'image not found')); return; }
       call.write({ result: { status: STATUS.SUCCESS }, entry_id: '1', eof: true });
       call.end();
     }),
