@@ -23,7 +23,8 @@
 //
 // The control port (HTTP/1.1 JSON on loopback) is for specs: POST /faults { method, code, count,
 // delay_ms, details } makes the next `count` calls of a method (its last name, or '*') answer that
-// gRPC status (code 0 with delay_ms: only the delay); GET /calls lists { method, request, metadata };
+// gRPC status (code 0 with delay_ms: only the delay); GET /calls lists { method, request, metadata,
+// deadline_ms (what was left of the caller's deadline when the call came, or null) };
 // GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }.
 import http from 'node:http';
 import fs from 'node:fs';
@@ -72,7 +73,8 @@ export async function startStandIn(opts = {}) {
     sb.result = result;
     sb.state = 'ended';
     clearTimeout(sb.timer);
-    if (sb.pid) { try { process.kill(sb.pid, 'SIGKILL'); } catch { /* gone already */ } }
+    // the namespace's first process: every process of the sandbox dies with it
+    if (sb.info) { try { process.kill(sb.info, 'SIGKILL'); } catch { /* gone already */ } }
     for (const ex of sb.execs.values()) ex.kill('SIGKILL');
     for (const w of sb.waiters.splice(0)) w();
     fs.rm(sb.dir, { recursive: true, force: true }, () => {});
@@ -104,7 +106,7 @@ export async function startStandIn(opts = {}) {
     const env = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp', ...baseEnv };
     const child = spawn('bwrap', [...args, ...entry], { stdio: ['ignore', 'ignore', 'ignore', 'pipe'], env });
     const sb = {
-      id, appId, taskId: rid('ta'), jwt: null, dir, baseEnv, workdir, open, definition: d, tags, state: 'starting',
+      id, appId, taskId: rid('ta'), jwt: null, dir, baseEnv, info: 0, workdir, open, definition: d, tags, state: 'starting',
       result: null, pid: 0, execs: new Map(), waiters: [], ready: null, child,
     };
     sb.ready = new Promise((resolve) => {
@@ -112,7 +114,18 @@ export async function startStandIn(opts = {}) {
       child.stdio[3].on('data', (c) => {
         info += c;
         const m = /"child-pid":\s*(\d+)/.exec(info);
-        if (m && !sb.pid) { sb.pid = Number(m[1]); if (!sb.result) sb.state = 'running'; resolve(); }
+        if (m && !sb.info) {
+          sb.info = Number(m[1]);
+          // bubblewrap says its pid before its mounts are made: the sandbox is ready once the main
+          // process (forked after them) is there; commands enter that process's namespaces
+          const poll = () => {
+            if (sb.result) { resolve(); return; }
+            let kids = '';
+            try { kids = fs.readFileSync(`/proc/${sb.info}/task/${sb.info}/children`, 'utf8').trim(); } catch { /* not yet */ }
+            if (kids) { sb.pid = Number(kids.split(/\s+/)[0]); sb.state = 'running'; resolve(); } else setTimeout(poll, 5);
+          };
+          poll();
+        }
       });
       child.on('exit', () => resolve());
     });
@@ -269,7 +282,9 @@ export async function startStandIn(opts = {}) {
 
   async function gate(name, call, router) {
     const md = metadataOf(call);
-    calls.push({ method: name, request: call.request, metadata: md });
+    const deadline = call.getDeadline();
+    const left = deadline instanceof Date ? deadline.getTime() - Date.now() : Number(deadline) - Date.now();
+    calls.push({ method: name, request: call.request, metadata: md, deadline_ms: Number.isFinite(left) ? Math.round(left) : null });
     const f = faults.find((x) => x.count > 0 && (x.method === name || x.method === '*'));
     if (f) {
       f.count--;
@@ -431,7 +446,7 @@ export async function startStandIn(opts = {}) {
         faults.push({ count: 1, ...f });
         send({ ok: true });
       } else if (req.url === '/calls') {
-        send(calls.map((c) => ({ method: c.method, request: c.request, metadata: c.metadata })));
+        send(calls);
       } else if (req.url === '/sandboxes') {
         send([...sandboxes.values()].map((sb) => ({ id: sb.id, state: sb.state, result: sb.result, pid: sb.pid,
           open: sb.open, definition: sb.definition, tags: sb.tags, execs: sb.execs.size })));
