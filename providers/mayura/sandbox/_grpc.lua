@@ -20,8 +20,9 @@
 --     `unavailable`, DEADLINE_EXCEEDED `timeout`, NOT_FOUND `gone` for a call with `gone = true`
 --     (else `not_found`), ALREADY_EXISTS `conflict`, anything else `failed`; `grpc_status` holds
 --     the code;
---   * every call ends within its `timeout_ms` (the client's `call_timeout_ms` by default), which is
---     also sent as `grpc-timeout`; UNAVAILABLE and a connection that could not be made are tried
+--   * every call ends within its `timeout_ms` (the client's `call_timeout_ms` by default), and by
+--     the client's `deadline_ms` (a time on core.hrtime_ms's clock) when it has one; what is left
+--     is sent as `grpc-timeout`; UNAVAILABLE and a connection that could not be made are tried
 --     again up to `retries` times (a connection cut midway only for `idempotent = true`);
 --   * an answer that is not gRPC (no status, a compressed or cut frame, bytes that are not the
 --     message) is SANDBOX_ERROR `failed`; a cancelled `signal` is CANCELLED.
@@ -89,7 +90,7 @@ Client.__index = Client
 
 local client_keys = {
   label = true, base_url = true, metadata = true, secrets = true, call_timeout_ms = true, retries = true,
-  retry_base_ms = true, max_response_bytes = true,
+  retry_base_ms = true, max_response_bytes = true, deadline_ms = true,
 }
 
 --- A client for one service: see the module's comment.
@@ -115,6 +116,7 @@ function M.client(options)
     retries = check.int(options.retries, 'retries', 0, 10, C, 3, 2),
     retry_base_ms = check.int(options.retry_base_ms, 'retry_base_ms', 0, 60000, C, 3, 250),
     max_response_bytes = check.int(options.max_response_bytes, 'max_response_bytes', 1024, nil, C, 3, 64 * MIB),
+    deadline_ms = options.deadline_ms,
   }, Client)
 end
 
@@ -195,6 +197,10 @@ function Client:call(method, req, o)
   local timeout = check.int(o.timeout_ms, 'timeout_ms', 1, nil, 'INVALID_INPUT', 3, self.call_timeout_ms)
   local retries = check.int(o.retries, 'retries', 0, 10, 'INVALID_INPUT', 3, self.retries)
   local deadline = core.hrtime_ms() + timeout
+  if self.deadline_ms and self.deadline_ms < deadline then
+    deadline = self.deadline_ms
+    timeout = math.max(0, math.ceil(deadline - core.hrtime_ms()))
+  end
   local n = 0
   while true do
     local remaining = math.ceil(deadline - core.hrtime_ms())

@@ -199,7 +199,9 @@ function M.modal_sandboxes(options)
   function provider.create(_, spec)
     local c = api
     if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    c = control(c)
+    -- the create's calls share one deadline; the sandbox's later calls each have the call timeout
+    local later = control(c)
+    c = later:with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
     local app = app_id(c)
     local img = image_id(c, image_option(spec.image, 'image') or image, app)
     local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
@@ -233,7 +235,7 @@ function M.modal_sandboxes(options)
       error(errors.sandbox('failed', 'modal: SandboxCreateV2 gave no sandbox'), 0)
     end
     local function destroy()
-      local ok, err = pcall(c.call, c, API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
+      local ok, err = pcall(later.call, later, API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
       if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
     end
 
@@ -252,7 +254,7 @@ function M.modal_sandboxes(options)
 
       local function connect()
         if not access or (access.url or '') == '' then
-          access = c:call(API .. 'SandboxGetCommandRouterAccess', { sandbox_id = id },
+          access = later:call(API .. 'SandboxGetCommandRouterAccess', { sandbox_id = id },
             { gone = true, idempotent = true })
         end
         local url = type(access.url) == 'string' and access.url:match('^https://([%w%.%-%[%]:]+)/*$')
@@ -269,7 +271,8 @@ function M.modal_sandboxes(options)
       connect()
 
       local function check_alive()
-        local ok, w = pcall(c.call, c, API .. 'SandboxWaitV2', { sandbox_id = id, timeout = 0 }, { gone = true })
+        local ok, w = pcall(later.call, later, API .. 'SandboxWaitV2', { sandbox_id = id, timeout = 0 },
+          { gone = true })
         if ok and type(w) == 'table' and w.result and (w.result.status or 0) ~= 0 then
           error(errors.sandbox('gone', 'modal: the sandbox has ended'), 0)
         end
