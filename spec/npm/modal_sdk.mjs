@@ -4,9 +4,10 @@
 // The SDK takes its server from MODAL_SERVER_URL (a plain http:// loopback address: gRPC over
 // h2c) and its credentials from MODAL_TOKEN_ID and MODAL_TOKEN_SECRET; STAND_IN_CONTROL is the
 // stand-in's control port. It looks an app up by name (made if missing), builds a registry image,
-// creates a sandbox with a timeout, workdir and env, runs commands with standard input and both
-// outputs streamed, waits for them, terminates the sandbox and waits for it, and tries a wrong
-// token. Prints `RESULT {json}`.
+// creates a sandbox with a timeout, workdir, a blocked network and a port, runs commands with env,
+// standard input and both outputs streamed, waits for them, fetches a page through the port's
+// tunnel (TLS: the stand-in's certificate comes in NODE_EXTRA_CA_CERTS), terminates the sandbox and
+// waits for it, and tries a wrong token. Prints `RESULT {json}`.
 import { ModalClient } from 'modal';
 
 const result = {};
@@ -17,7 +18,7 @@ try {
   result.app_id = app.appId;
   const image = modal.images.fromRegistry('alpine:3.21');
   sb = await modal.sandboxes.create(app, image, {
-    timeoutMs: 120000, workdir: '/work', command: ['sleep', '100'],
+    timeoutMs: 120000, workdir: '/work', command: ['sleep', '100'], encryptedPorts: [8000], blockNetwork: true,
   });
   result.sandbox_id = sb.sandboxId;
 
@@ -37,6 +38,16 @@ try {
 
   const files = await sb.exec(['sh', '-c', 'echo data > f.txt && cat /work/f.txt && id -u']);
   result.file = await files.stdout.readText();
+
+  // a port as its tunnel: a server in the sandbox (no network of its own) reached over TLS
+  await sb.exec(['sh', '-c', 'echo tunnel-ok > page.txt && exec busybox httpd -f -p 127.0.0.1:8000 -h /work']);
+  const tunnels = await sb.tunnels();
+  result.tunnel_url = tunnels[8000]?.url;
+  for (let i = 0; i < 50 && !result.tunnel_page; i++) {
+    try { result.tunnel_page = await (await fetch(`${tunnels[8000].url}/page.txt`)).text(); } catch {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
 
   const slow = await sb.exec(['sleep', '30'], { timeoutMs: 1000 });
   const t0 = Date.now();

@@ -14,6 +14,10 @@
 // nsenter, as nobody, with only the environment it was given. The sandbox ends at its timeout, when
 // its entrypoint exits, or at SandboxTerminate: the namespace's first process is killed, and every
 // process in the sandbox with it. Images are names only: every image runs on the host's /usr.
+// A port in `open_ports` is a tunnel: TLS (a self-signed certificate for 127.0.0.1, its file given
+// as `cert`) on a loopback port, passed on to the port in the sandbox. A network ALLOWLIST gets no
+// network at all (the allowed domains are recorded, not let through: never kinder than Modal).
+// Not enforced: `resources` (recorded only).
 //
 // What a caller must send, as Modal asks: `x-modal-token-id` and `x-modal-token-secret` on every
 // control-plane call (else UNAUTHENTICATED), `x-modal-auth-token` when sent must be one this
@@ -27,11 +31,13 @@
 // deadline_ms (what was left of the caller's deadline when the call came, or null) };
 // GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }.
 import http from 'node:http';
+import net from 'node:net';
+import tls from 'node:tls';
 import fs from 'node:fs';
 import path from 'node:path';
 import os from 'node:os';
 import crypto from 'node:crypto';
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
@@ -63,6 +69,48 @@ export async function startStandIn(opts = {}) {
   const calls = [];
   const faults = [];
   let port = 0;
+  // the tunnels' certificate: self-signed for 127.0.0.1, made once (its file is `cert` for clients)
+  const certFile = path.join(root, 'tunnel-cert.pem');
+  const keyFile = path.join(root, 'tunnel-key.pem');
+  execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+    '-keyout', keyFile, '-out', certFile, '-days', '2', '-subj', '/CN=127.0.0.1',
+    '-addext', 'subjectAltName=IP:127.0.0.1'], { stdio: 'ignore' });
+  const tlsOptions = { key: fs.readFileSync(keyFile), cert: fs.readFileSync(certFile) };
+
+  // A port of a sandbox as Modal serves it: TLS on a loopback port of the host, passed on to the
+  // port in the sandbox (through a relay in the sandbox's network namespace when it has its own).
+  async function openTunnels(sb) {
+    const ports = (sb.definition.open_ports?.ports ?? []).map((p) => p.port);
+    if (!ports.length) return;
+    let target = (p) => net.connect(p, '127.0.0.1');
+    if (!sb.open) {
+      const dir = fs.mkdtempSync(path.join(root, 'relay-'));
+      const relay = [
+        "const net = require('net'); const [dir, ...ports] = process.argv.slice(1);",
+        'for (const p of ports) net.createServer((c) => { const u = net.connect(Number(p), "127.0.0.1");',
+        "  c.pipe(u).pipe(c); u.on('error', () => c.destroy()); c.on('error', () => u.destroy());",
+        '}).listen(`${dir}/p-${p}.sock`);',
+      ].join('\n');
+      sb.relay = spawn('nsenter', ['-t', String(sb.pid), '-n', '--', process.execPath, '-e', relay, dir, ...ports.map(String)],
+        { stdio: 'ignore' });
+      target = (p) => net.connect(path.join(dir, `p-${p}.sock`));
+      const want = ports.map((p) => path.join(dir, `p-${p}.sock`));
+      for (let i = 0; i < 400 && !want.every((f) => fs.existsSync(f)); i++) await new Promise((r) => setTimeout(r, 5));
+    }
+    for (const p of ports) {
+      const server = tls.createServer(tlsOptions, (c) => {
+        const u = target(p);
+        c.pipe(u).pipe(c);
+        u.on('error', () => c.destroy());
+        c.on('error', () => u.destroy());
+      });
+      await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+      sb.tunnels.push({ host: '127.0.0.1', port: server.address().port, container_port: p, server });
+    }
+  }
+  function tunnelsOf(sb) {
+    return sb.tunnels.map((t) => ({ host: t.host, port: t.port, container_port: t.container_port }));
+  }
 
   // {======================================================
   // Sandboxes
@@ -76,6 +124,8 @@ export async function startStandIn(opts = {}) {
     // the namespace's first process: every process of the sandbox dies with it
     if (sb.info) { try { process.kill(sb.info, 'SIGKILL'); } catch { /* gone already */ } }
     for (const ex of sb.execs.values()) ex.kill('SIGKILL');
+    for (const t of sb.tunnels) t.server.close();
+    if (sb.relay) sb.relay.kill('SIGKILL');
     for (const w of sb.waiters.splice(0)) w();
     fs.rm(sb.dir, { recursive: true, force: true }, () => {});
   }
@@ -107,7 +157,7 @@ export async function startStandIn(opts = {}) {
     const child = spawn('bwrap', [...args, ...entry], { stdio: ['ignore', 'ignore', 'ignore', 'pipe'], env });
     const sb = {
       id, appId, taskId: rid('ta'), jwt: null, dir, baseEnv, info: 0, workdir, open, definition: d, tags, state: 'starting',
-      result: null, pid: 0, execs: new Map(), waiters: [], ready: null, child,
+      result: null, pid: 0, execs: new Map(), waiters: [], ready: null, child, tunnels: [],
     };
     sb.ready = new Promise((resolve) => {
       let info = '';
@@ -364,7 +414,9 @@ export async function startStandIn(opts = {}) {
     SandboxCreate: unary('SandboxCreate', (req) => {
       if (!req.definition) throw fail(S.INVALID_ARGUMENT, 'definition is missing');
       if (![...apps.values()].includes(req.app_id)) throw fail(S.NOT_FOUND, 'app not found');
-      return { sandbox_id: createSandbox(req.app_id, req.definition, req.tags).id };
+      const sb = createSandbox(req.app_id, req.definition, req.tags);
+      sb.ready.then(() => openTunnels(sb)).then(() => { sb.tunnelsReady = true; });
+      return { sandbox_id: sb.id };
     }),
     SandboxCreateV2: unary('SandboxCreateV2', async (req) => {
       if (!req.definition) throw fail(S.INVALID_ARGUMENT, 'definition is missing');
@@ -377,7 +429,8 @@ export async function startStandIn(opts = {}) {
       const sb = createSandbox(req.app_id, req.definition, req.tags, env);
       await sb.ready;
       if (sb.result) throw fail(S.INTERNAL, 'the sandbox did not start');
-      return { sandbox_id: sb.id, task_id: sb.taskId, command_router_access: routerAccess(sb), tunnels: [] };
+      await openTunnels(sb);
+      return { sandbox_id: sb.id, task_id: sb.taskId, command_router_access: routerAccess(sb), tunnels: tunnelsOf(sb) };
     }),
     SandboxGetCommandRouterAccess: unary('SandboxGetCommandRouterAccess', (req) => {
       const sb = req.target === 'task_id' ? tasks.get(req.task_id) : sandboxes.get(req.sandbox_id);
@@ -411,9 +464,13 @@ export async function startStandIn(opts = {}) {
       return existing ? { existing_result: existing } : {};
     });
     control[`SandboxTagsSet${v}`] = unary(`SandboxTagsSet${v}`, (req) => { sandboxOf(req.sandbox_id).tags = req.tags; return {}; });
-    control[`SandboxGetTunnels${v}`] = unary(`SandboxGetTunnels${v}`, (req) => {
-      sandboxOf(req.sandbox_id);
-      return { tunnels: [] };
+    control[`SandboxGetTunnels${v}`] = unary(`SandboxGetTunnels${v}`, async (req) => {
+      const sb = sandboxOf(req.sandbox_id);
+      await sb.ready;
+      for (let i = 0; i < 200 && sb.tunnels.length < (sb.definition.open_ports?.ports ?? []).length; i++) {
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      return { tunnels: tunnelsOf(sb) };
     });
   }
 
@@ -460,6 +517,7 @@ export async function startStandIn(opts = {}) {
   return {
     url: `http://127.0.0.1:${port}`,
     control: `http://127.0.0.1:${ctl.address().port}`,
+    cert: certFile,
     sandboxes,
     close: async () => {
       for (const sb of sandboxes.values()) finish(sb, { status: STATUS.TERMINATED, exitcode: 0, exception: '' });
@@ -476,7 +534,7 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.a
     tokenId: process.env.STAND_IN_TOKEN_ID, tokenSecret: process.env.STAND_IN_TOKEN_SECRET,
     root: process.env.STAND_IN_ROOT,
   });
-  const info = JSON.stringify({ url: s.url, control: s.control });
+  const info = JSON.stringify({ url: s.url, control: s.control, cert: s.cert });
   if (process.env.STAND_IN_INFO) {
     fs.writeFileSync(`${process.env.STAND_IN_INFO}.tmp`, info);
     fs.renameSync(`${process.env.STAND_IN_INFO}.tmp`, process.env.STAND_IN_INFO);

@@ -31,7 +31,8 @@ describe('modal_sandboxes options', function()
     local err = assert.raises_code('INVALID_CONFIG', f, { token_id = TOKEN_ID, token_secret = TOKEN_SECRET .. ' x' })
     assert.is_falsy(tostring(err):find(TOKEN_SECRET, 1, true))
     local p = f({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET })
-    assert.are.same({ stdin = true, ports = false, desktop = false, network = { 'none', 'all' } }, p.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+      p.features)
     assert.are.equal('/workspace', p.workdir)
     assert.are.equal(24 * 3600000, p.max_lifetime_ms)
   end)
@@ -131,7 +132,8 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
     if not needs_stand_in() then return end
     if not suite.npm_installed('modal', 'the modal SDK') then return end
     local r = suite.node(SDK_SCRIPT, { MODAL_SERVER_URL = stand.url, MODAL_TOKEN_ID = TOKEN_ID,
-      MODAL_TOKEN_SECRET = TOKEN_SECRET, MODAL_CONFIG_PATH = '/nonexistent/.modal.toml' }, 120000)
+      MODAL_TOKEN_SECRET = TOKEN_SECRET, MODAL_CONFIG_PATH = '/nonexistent/.modal.toml',
+      NODE_EXTRA_CA_CERTS = stand.cert }, 120000)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.is_nil(result.error, result.error)
@@ -141,6 +143,8 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
     assert.are.equal(3, result.exit_code)
     assert.are.equal('from env\na b|c|', result.argv_stdout)
     assert.are.equal('data\n65534\n', result.file)
+    assert.truthy(result.tunnel_url:match('^https://127%.0%.0%.1:%d+$'), result.tunnel_url)
+    assert.are.equal('tunnel-ok\n', result.tunnel_page)
     assert.are.equal(137, result.timeout_exit)        -- killed at its 1 s timeout
     assert.is_true(result.timeout_took_ms < 5000)
     assert.are.equal(137, result.terminated_exit)     -- Modal's code for a terminated sandbox
@@ -195,6 +199,44 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       for _, s in ipairs(stand:sandboxes()) do
         if s.id == id then assert.are.equal('ended', s.state) end
       end
+    end)
+
+    it('serves a port as its tunnel\'s https URL, with the network blocked or open', function()
+      if not needs_stand_in() then return end
+      for _, network in ipairs({ 'none', 'all' }) do
+        local other = pool:create({ lifetime_ms = 60000, network = network, ports = { 8000 } })
+        local url = other:url(8000)
+        assert.truthy(url:match('^https://127%.0%.0%.1:%d+$'), url)
+        other:write_file('page.txt', 'through ' .. network .. '\n')
+        other:exec({ 'sh', '-c', 'setsid busybox httpd -p 127.0.0.1:8000 -h /workspace' })
+        local page
+        for _ = 1, 50 do
+          local r = require('mayura.process').run({ 'curl', '-sS', '--cacert', stand.cert, url .. '/page.txt' },
+            { timeout_ms = 5000 })
+          if r.exit_code == 0 then page = r.stdout break end
+          require('mayura._task').sleep(100)
+        end
+        assert.are.equal('through ' .. network .. '\n', page)
+        assert.raises_code('INVALID_INPUT', other.url, other, 9000)
+        other:release()
+      end
+    end)
+
+    it('asks for a domain allow-list as ALLOWLIST; the stand-in lets nothing out', function()
+      if not needs_stand_in() then return end
+      local p = sandbox.create_sandboxes(modal.modal_sandboxes({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET,
+        server_url = stand.url }), { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'allowlist' } })
+      local other = p:create({ lifetime_ms = 60000, network = { allow = { 'example.com', '.modal.com' } } })
+      local creates = stand:calls('SandboxCreateV2')
+      local na = creates[#creates].request.definition.network_access
+      assert.are.equal(3, na.network_access_type)
+      assert.are.same({ 'example.com', '.modal.com' }, na.allowed_domains)
+      -- the stand-in's own port is not reachable from in there
+      local port = stand.url:match(':(%d+)$')
+      local r = other:exec({ 'sh', '-c', 'busybox nc -w 2 127.0.0.1 ' .. port .. ' </dev/null; echo $?' })
+      assert.are.equal('1\n', r.stdout)   -- refused: nothing of the host's is there
+      other:release()
+      p:close()
     end)
 
     it('says gone for a sandbox Modal ended, and never shows the token', function()

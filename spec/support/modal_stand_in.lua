@@ -5,6 +5,7 @@
 --   local modal_stand_in = require('support.modal_stand_in')
 --   local s = modal_stand_in.start({ token_id = 'ak-1', token_secret = 'as-1' })
 --   s.url                                    -- http://127.0.0.1:<port> (gRPC over h2c)
+--   s.cert                                   -- the file of the tunnels' self-signed certificate
 --   s:fault({ method = 'SandboxCreateV2', code = 14, count = 2 })
 --   s:calls('TaskExecStart')                 -- { { method, request, metadata }, ... }
 --   s:sandboxes()                            -- { { id, state, result, open, definition, ... } }
@@ -89,7 +90,7 @@ function M.start(opts)
       local text = f:read('a')
       f:close()
       local v = core.json.decode(text)
-      s.url, s.control = v.url, v.control
+      s.url, s.control, s.cert = v.url, v.control, v.cert
       return s
     end
     if finished or core.hrtime_ms() > deadline then

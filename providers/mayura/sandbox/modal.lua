@@ -22,8 +22,9 @@
 -- (the path Modal's SDK takes by default): the image, `timeout_secs` = the lifetime (rounded up to
 -- seconds; Modal ends the sandbox then), the workdir, `sleep <lifetime>` as the main process,
 -- `resources` (`cpus` as milli-CPUs, `memory_mib` as MiB), the labels as tags, `env` as an
--- ephemeral secret, and the network: 'none' is `block_network` with network access BLOCKED,
--- 'all' is OPEN.
+-- ephemeral secret, the `ports` as `open_ports` (each served as a tunnel: `url(port)` is its
+-- https:// URL), and the network: 'none' is `block_network` with network access BLOCKED, 'all' is
+-- OPEN, `{ allow = domains }` is ALLOWLIST with `allowed_domains`.
 --
 -- Commands go to the sandbox's command service (TaskCommandRouter, at the URL and with the JWT
 -- that SandboxCreateV2 or SandboxGetCommandRouterAccess gives; Modal's URL is https:, dialled in
@@ -39,8 +40,7 @@
 -- `gone`, ...), never with Modal's text; no token is in a message. A command that fails is
 -- checked with SandboxWaitV2 (timeout 0): a sandbox with a result has ended, and is `gone`.
 --
--- `features`: network { 'none', 'all' } (Modal's domain allow-lists are not offered yet), no ports,
--- stdin true, no desktop.
+-- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
@@ -57,7 +57,7 @@ local DEFAULT_APP = 'mayura-sandboxes'
 local DEFAULT_MAX_LIFETIME_MS = 24 * 3600000
 local MAX_COMMAND = 256 * 1024
 local STATUS_SUCCESS = 1
-local NETWORK_OPEN, NETWORK_BLOCKED = 1, 2
+local NETWORK_OPEN, NETWORK_BLOCKED, NETWORK_ALLOWLIST = 1, 2, 3
 local TOKEN_MARGIN_S = 300           -- an auth token is fetched again this long before its exp
 local EXEC_TIMEOUT_MS = 60000        -- one backend script (each is short: the commands run in the background)
 
@@ -191,7 +191,7 @@ function M.modal_sandboxes(options)
 
   local provider = {
     id = 'modal',
-    features = { stdin = true, ports = false, desktop = false, network = { 'none', 'all' } },
+    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
     workdir = workdir,
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
   }
@@ -212,8 +212,17 @@ function M.modal_sandboxes(options)
     if spec.network == 'none' then
       def.block_network = true
       def.network_access = { network_access_type = NETWORK_BLOCKED }
+    elseif type(spec.network) == 'table' then
+      local domains = {}
+      for i, d in ipairs(spec.network.allow) do domains[i] = d end
+      def.network_access = { network_access_type = NETWORK_ALLOWLIST, allowed_domains = domains }
     else
       def.network_access = { network_access_type = NETWORK_OPEN }
+    end
+    if spec.ports and #spec.ports > 0 then
+      local list = {}
+      for i, p in ipairs(spec.ports) do list[i] = { port = p } end
+      def.open_ports = { ports = list }
     end
     if spec.cpus or spec.memory_mib then
       def.resources = { milli_cpu = math.ceil((spec.cpus or 0.125) * 1000),
@@ -279,7 +288,29 @@ function M.modal_sandboxes(options)
         if not ok and errors.is(w, 'SANDBOX_ERROR') and w.reason == 'gone' then error(w, 0) end
       end
 
+      -- each port's tunnel: https://host[:port], from the create's answer or SandboxGetTunnelsV2
+      local urls = {}
+      local function add_tunnels(list)
+        for _, tn in ipairs(list or {}) do
+          if type(tn.host) == 'string' and tn.host:match('^[%w%.%-]+$') and check.is_int(tn.port)
+              and tn.port > 0 and tn.port < 65536 then
+            urls[tn.container_port] = 'https://' .. tn.host .. (tn.port ~= 443 and (':' .. tn.port) or '')
+          end
+        end
+      end
+      add_tunnels(resp.tunnels)
+      for _, p in ipairs(spec.ports or {}) do
+        if not urls[p] then
+          add_tunnels(c:call(API .. 'SandboxGetTunnelsV2', { sandbox_id = id, timeout = 50 },
+            { gone = true, idempotent = true }).tunnels)
+          if not urls[p] then
+            error(errors.sandbox('failed', 'modal: the service gave port ' .. p .. ' no tunnel'), 0)
+          end
+        end
+      end
+
       local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir }
+      function t.url(_, port) return urls[port] end
       function t.run(_, command, o)
         local exec_id = uuid()
         local call_opts = { gone = true, signal = o.signal, timeout_ms = math.min(EXEC_TIMEOUT_MS, c.call_timeout_ms) }
