@@ -224,6 +224,7 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/agentcore.lua
 	$(HOST) bench/apple_container.lua
 	$(HOST) bench/codesandbox.lua
+	$(HOST) bench/modal.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin
