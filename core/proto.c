@@ -23,6 +23,8 @@
 ** with protobuf-c's own free), so a raise at any point leaks nothing.
 */
 #include "mc.h"
+#include <float.h>
+#include <math.h>
 #include <protobuf-c/protobuf-c.h>
 
 #pragma GCC diagnostic push
@@ -133,8 +135,10 @@ static lua_Integer mc_proto_int(lua_State *L, int idx, const ProtobufCFieldDescr
         v = lua_tointegerx(L, idx, &ok);
 #else
         lua_Number n = lua_tonumber(L, idx);
-        v = (lua_Integer)n;
-        ok = n >= -9.2e18 && n <= 9.2e18 && (lua_Number)v == n;
+        if (n >= -9.2e18 && n <= 9.2e18) { /* in range before the cast: no UB, NaN fails here */
+            v = (lua_Integer)n;
+            ok = (lua_Number)v == n;
+        }
 #endif
     }
     if (!ok || v < lo || v > hi) mc_raise(L, "INVALID_INPUT", "field '%s' must be an integer in range", f->name);
@@ -159,8 +163,14 @@ static void mc_proto_set(lua_State *L, int idx, const ProtobufCFieldDescriptor *
         break;
     case PROTOBUF_C_TYPE_FLOAT: case PROTOBUF_C_TYPE_DOUBLE:
         if (lua_type(L, idx) != LUA_TNUMBER) mc_raise(L, "INVALID_INPUT", "field '%s' must be a number", f->name);
-        if (f->type == PROTOBUF_C_TYPE_FLOAT) *(float *)p = (float)lua_tonumber(L, idx);
-        else *(double *)p = (double)lua_tonumber(L, idx);
+        if (f->type == PROTOBUF_C_TYPE_FLOAT) {
+            lua_Number x = lua_tonumber(L, idx);
+            if (x == x && (x > FLT_MAX || x < -FLT_MAX) && x != HUGE_VAL && x != -HUGE_VAL)
+                mc_raise(L, "INVALID_INPUT", "field '%s' is out of a float's range", f->name);
+            *(float *)p = (float)x;
+        } else {
+            *(double *)p = (double)lua_tonumber(L, idx);
+        }
         break;
     case PROTOBUF_C_TYPE_BOOL:
         if (lua_type(L, idx) != LUA_TBOOLEAN) mc_raise(L, "INVALID_INPUT", "field '%s' must be a boolean", f->name);
@@ -214,7 +224,12 @@ static void mc_proto_set_repeated(lua_State *L, int idx, const ProtobufCFieldDes
         lua_pushnil(L);
         while (lua_next(L, idx) != 0) { n++; lua_pop(L, 1); }
     } else {
+        /* a list: keys 1..n and nothing else (a hole's length differs between Luas) */
+        size_t pairs = 0;
         n = (size_t)lua_rawlen(L, idx);
+        lua_pushnil(L);
+        while (lua_next(L, idx) != 0) { pairs++; lua_pop(L, 1); }
+        if (pairs != n) mc_raise(L, "INVALID_INPUT", "field '%s' must be a list", f->name);
     }
     if (n == 0) return;
     if (n > 16 * 1024 * 1024) mc_raise(L, "INVALID_INPUT", "field '%s' has too many items", f->name);
@@ -240,8 +255,8 @@ static void mc_proto_set_repeated(lua_State *L, int idx, const ProtobufCFieldDes
         for (i = 0; i < n; i++) {
             lua_rawgeti(L, idx, (lua_Integer)(i + 1));
             if (lua_isnil(L, -1)) mc_raise(L, "INVALID_INPUT", "field '%s' must be a list", f->name);
+            *count = i + 1;   /* counted first: a zeroed slot is freed alike, and what it gets is owned */
             mc_proto_set(L, lua_gettop(L), f, (char *)*arr + i * esz, depth);
-            *count = i + 1;
             lua_pop(L, 1);
         }
     }
@@ -273,10 +288,10 @@ static void mc_proto_fill(lua_State *L, int idx, ProtobufCMessage *msg, int dept
             if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
                 uint32_t *c = (uint32_t *)((char *)msg + f->quantifier_offset);
                 if (*c != 0) mc_raise(L, "INVALID_INPUT", "%s: two members of one oneof are set", d->name);
-                /* the slot is shared: clear the member's default before it is owned */
+                /* the slot is shared: cleared, then this member's (so that what it gets is freed) */
                 memset((char *)msg + f->offset, 0, mc_proto_size(f->type));
-                mc_proto_set(L, top, f, (char *)msg + f->offset, depth);
                 *c = f->id;
+                mc_proto_set(L, top, f, (char *)msg + f->offset, depth);
             } else {
                 mc_proto_set(L, top, f, (char *)msg + f->offset, depth);
                 if (f->label == PROTOBUF_C_LABEL_OPTIONAL && f->quantifier_offset != 0 &&
