@@ -31,8 +31,9 @@
 -- the clear only when the server is a loopback http:// one, as Modal's SDK does): one
 -- TaskExecStart of `sh -c <script>` per backend script, its standard input by TaskExecStdinWrite
 -- (with eof), its stdout read by TaskExecStdioRead to the stream's end, its exit by TaskExecWait
--- (a signal is 128 + n). command_sandbox_backend starts each command in the background, polls it,
--- moves files as base64 and kills a command's every process by a tag at its timeout or a cancel.
+-- (a signal is 128 + n); the last three at once, one failing cancels the others.
+-- command_sandbox_backend starts each command in the background, polls it, moves files as base64
+-- and kills a command's every process by a tag at its timeout or a cancel.
 -- Release is SandboxTerminateV2.
 --
 -- Failures: a gRPC status is SANDBOX_ERROR with its reason (UNAUTHENTICATED `authentication`,
@@ -44,6 +45,7 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
+local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local grpc = require('mayura.sandbox._grpc')
 
@@ -327,15 +329,39 @@ function M.modal_sandboxes(options)
           elseif not started then
             error(err, 0)
           end
-          router:call(ROUTER .. 'TaskExecStdinWrite', { task_id = task_id, exec_id = exec_id, offset = 0,
-            data = o.stdin or '', eof = true }, call_opts)
-          local parts = {}
-          for i, m in ipairs(router:call(ROUTER .. 'TaskExecStdioRead', { task_id = task_id, exec_id = exec_id,
-              offset = 0, file_descriptor = 0 }, { gone = true, signal = o.signal, stream = true,
-              timeout_ms = call_opts.timeout_ms })) do
-            parts[i] = m.data or ''
+          -- standard input, the stdout stream and the wait at once, each its own call; one that
+          -- fails cancels the others
+          local stop = task.cancel_token()
+          local unlink = o.signal and o.signal:on_cancel(function() stop:cancel() end)
+          local each = { gone = true, signal = stop, timeout_ms = call_opts.timeout_ms }
+          local function side(method, body)
+            return task.spawn(function()
+              local fine, r = pcall(router.call, router, ROUTER .. method, body, each)
+              if not fine then stop:cancel() end
+              return fine, r
+            end)
           end
-          local w = router:call(ROUTER .. 'TaskExecWait', { task_id = task_id, exec_id = exec_id }, call_opts)
+          local stdin = side('TaskExecStdinWrite', { task_id = task_id, exec_id = exec_id, offset = 0,
+            data = o.stdin or '', eof = true })
+          local waited = side('TaskExecWait', { task_id = task_id, exec_id = exec_id })
+          local read_ok, msgs = pcall(router.call, router, ROUTER .. 'TaskExecStdioRead', { task_id = task_id,
+            exec_id = exec_id, offset = 0, file_descriptor = 0 }, { gone = true, signal = stop, stream = true,
+            timeout_ms = call_opts.timeout_ms })
+          if not read_ok then stop:cancel() end
+          local in_ok, in_err = stdin:wait()
+          local w_ok, w = waited:wait()
+          if unlink then unlink() end
+          -- the first real failure (not a cancel this call made), or the caller's cancel
+          for _, r in ipairs({ { read_ok, msgs }, { in_ok, in_err }, { w_ok, w } }) do
+            if not r[1] and not (errors.is(r[2], 'CANCELLED') and not (o.signal and o.signal.cancelled)) then
+              error(r[2], 0)
+            end
+          end
+          for _, r in ipairs({ { read_ok, msgs }, { in_ok, in_err }, { w_ok, w } }) do
+            if not r[1] then error(r[2], 0) end
+          end
+          local parts = {}
+          for i, m in ipairs(msgs) do parts[i] = m.data or '' end
           local code = w.code
           if code == nil and w.signal then code = 128 + w.signal end
           if not check.is_int(code) then
