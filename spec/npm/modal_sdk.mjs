@@ -7,7 +7,8 @@
 // creates a sandbox with a timeout, workdir, a blocked network and a port, runs commands with env,
 // standard input and both outputs streamed, waits for them, fetches a page through the port's
 // tunnel (TLS: the stand-in's certificate comes in NODE_EXTRA_CA_CERTS), terminates the sandbox and
-// waits for it, and tries a wrong token. Prints `RESULT {json}`.
+// waits for it, reads, writes, lists, makes and removes files with its filesystem API, and tries a
+// wrong token. Prints `RESULT {json}`.
 import { ModalClient } from 'modal';
 
 const result = {};
@@ -48,6 +49,21 @@ try {
       await new Promise((r) => setTimeout(r, 100));
     }
   }
+
+  // files, as the SDK does them (commands of the sandbox's fs tool, standard input streamed)
+  const fsys = sb.filesystem;
+  await fsys.writeText('hello files\n', '/work/sub/a.txt');
+  await fsys.writeBytes(new Uint8Array([0, 1, 2, 255]), '/work/sub/b.bin');
+  result.fs_text = await fsys.readText('/work/sub/a.txt');
+  result.fs_bytes = Array.from(await fsys.readBytes('/work/sub/b.bin'));
+  result.fs_list = (await fsys.listFiles('/work/sub')).map((e) => `${e.name}:${e.type}:${e.size}`);
+  await fsys.makeDirectory('/work/made/deep');
+  result.fs_stat = (await fsys.stat('/work/made')).type;
+  await fsys.remove('/work/sub/a.txt');
+  result.fs_missing = await fsys.readText('/work/sub/a.txt').then(() => 'found', (x) => x.constructor.name);
+  result.fs_not_empty = await fsys.remove('/work/made').then(() => 'removed', (x) => x.constructor.name);
+  await fsys.remove('/work/made', { recursive: true });
+  result.fs_after = (await fsys.listFiles('/work')).map((e) => e.name).sort();
 
   const slow = await sb.exec(['sleep', '30'], { timeoutMs: 1000 });
   const t0 = Date.now();

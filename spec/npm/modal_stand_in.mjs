@@ -17,7 +17,8 @@
 // A port in `open_ports` is a tunnel: TLS (a self-signed certificate for 127.0.0.1, its file given
 // as `cert`) on a loopback port, passed on to the port in the sandbox. A network ALLOWLIST gets no
 // network at all (the allowed domains are recorded, not let through: never kinder than Modal).
-// Not enforced: `resources` (recorded only).
+// Not enforced: `resources` (recorded only). Modal's SDK does its file calls as commands of
+// /__modal/.bin/modal-sandbox-fs-tools, which here is spec/npm/modal_fs_tools.cjs, mounted read-only.
 //
 // What a caller must send, as Modal asks: `x-modal-token-id` and `x-modal-token-secret` on every
 // control-plane call (else UNAUTHENTICATED), `x-modal-auth-token` when sent must be one this
@@ -43,6 +44,7 @@ import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
 const PROTO_DIR = fileURLToPath(new URL('../../proto/', import.meta.url));
+const FS_TOOLS = fileURLToPath(new URL('./modal_fs_tools.cjs', import.meta.url));
 const NOBODY = 65534;
 const S = grpc.status;
 const STATUS = { SUCCESS: 1, FAILURE: 2, TERMINATED: 3, TIMEOUT: 4 };
@@ -150,6 +152,8 @@ export async function startStandIn(opts = {}) {
     args.push('--ro-bind', '/usr', '/usr', '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
       '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64', '--ro-bind', '/etc', '/etc',
       '--perms', '1777', '--tmpfs', '/tmp', '--bind', dir, mount, '--proc', '/proc', '--dev', '/dev',
+      '--perms', '0755', '--dir', '/__modal', '--perms', '0755', '--dir', '/__modal/.bin',
+      '--ro-bind', FS_TOOLS, '/__modal/.bin/modal-sandbox-fs-tools',
       '--chdir', workdir, 'setpriv', '--reuid', String(NOBODY), '--regid', String(NOBODY), '--clear-groups', '--');
     const entry = d.entrypoint_args.length ? d.entrypoint_args : ['sleep', String(timeout)];
     const baseEnv = { ...(d.environment_variables?.contents ?? {}), ...secretEnv };
@@ -312,6 +316,47 @@ export async function startStandIn(opts = {}) {
     pump();
   }
 
+  // A client stream: `start` (task, exec, offset), `data` chunks, then `end` (EOF). The stream is
+  // checked once its start names the task.
+  function writeStdinStream(call, callback) {
+    let ex = null;
+    let at = 0;
+    let failed = false;
+    const refuse = (e) => {
+      if (failed) return;
+      failed = true;
+      callback({ code: e.code ?? S.INTERNAL, details: e.details ?? String(e.message ?? e) });
+    };
+    const ready = new Promise((resolve) => {
+      call.once('data', (m) => {
+        if (!m.start) { refuse(fail(S.INVALID_ARGUMENT, 'a stream starts with start')); return; }
+        gate('TaskExecStdinWriteStream', call, true, m.start).then(() => {
+          ex = execOf(m.start);
+          at = Number(m.start.offset) || 0;
+          if (at > ex.stdinAt) throw fail(S.INVALID_ARGUMENT, 'stdin offset ahead of what was written');
+          resolve();
+        }).catch(refuse);
+      });
+    });
+    call.on('data', (m) => {
+      if (m.start) return;
+      ready.then(() => {
+        if (failed || !ex) return;
+        if (m.data) {
+          const data = Buffer.from(m.data);
+          const fresh = data.subarray(Math.min(data.length, ex.stdinAt - at));
+          at += data.length;
+          if (fresh.length && !ex.proc.stdin.writableEnded) ex.proc.stdin.write(fresh);
+          ex.stdinAt += fresh.length;
+        } else if (m.end && !ex.proc.stdin.writableEnded) {
+          ex.proc.stdin.end();
+        }
+      });
+    });
+    call.on('end', () => { ready.then(() => { if (!failed) callback(null, {}); }); });
+    call.on('error', () => {});
+  }
+
   async function waitExec(req, poll) {
     const ex = execOf(req);
     if (!ex.exit && !poll) await new Promise((resolve) => ex.exitWaiters.push(resolve));
@@ -330,11 +375,11 @@ export async function startStandIn(opts = {}) {
     return m;
   }
 
-  async function gate(name, call, router) {
+  async function gate(name, call, router, request = call.request) {
     const md = metadataOf(call);
     const deadline = call.getDeadline();
     const left = deadline instanceof Date ? deadline.getTime() - Date.now() : Number(deadline) - Date.now();
-    calls.push({ method: name, request: call.request, metadata: md, deadline_ms: Number.isFinite(left) ? Math.round(left) : null });
+    calls.push({ method: name, request, metadata: md, deadline_ms: Number.isFinite(left) ? Math.round(left) : null });
     const f = faults.find((x) => x.count > 0 && (x.method === name || x.method === '*'));
     if (f) {
       f.count--;
@@ -342,7 +387,7 @@ export async function startStandIn(opts = {}) {
       if (f.code) throw fail(f.code, f.details ?? 'fault');
     }
     if (router) {
-      const sb = tasks.get(call.request.task_id);
+      const sb = tasks.get(request.task_id);
       if (!sb || !sb.jwt || md.authorization !== `Bearer ${sb.jwt}`) throw fail(S.UNAUTHENTICATED, 'invalid router token');
       return;
     }
@@ -481,6 +526,11 @@ export async function startStandIn(opts = {}) {
   const router = {
     TaskExecStart: unary('TaskExecStart', startExec, true),
     TaskExecStdinWrite: unary('TaskExecStdinWrite', writeStdin, true),
+    TaskExecStdinWriteStream: writeStdinStream,
+    TaskExecStdinStatus: unary('TaskExecStdinStatus', (req) => {
+      const ex = execOf(req);
+      return { num_bytes_written: ex.stdinAt, closed: ex.proc.stdin.writableEnded };
+    }, true),
     TaskExecStdioRead: streaming('TaskExecStdioRead', readStdio, true),
     TaskExecWait: unary('TaskExecWait', (req) => waitExec(req, false), true),
     TaskExecPoll: unary('TaskExecPoll', (req) => waitExec(req, true), true),

@@ -145,6 +145,15 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
     assert.are.equal('data\n65534\n', result.file)
     assert.truthy(result.tunnel_url:match('^https://127%.0%.0%.1:%d+$'), result.tunnel_url)
     assert.are.equal('tunnel-ok\n', result.tunnel_page)
+    -- its filesystem API: commands of the sandbox's fs tool, standard input streamed
+    assert.are.equal('hello files\n', result.fs_text)
+    assert.are.same({ 0, 1, 2, 255 }, result.fs_bytes)
+    assert.are.same({ 'a.txt:file:12', 'b.bin:file:4' }, result.fs_list)
+    assert.are.equal('directory', result.fs_stat)
+    assert.are.equal('SandboxFilesystemNotFoundError', result.fs_missing)
+    assert.are.equal('SandboxFilesystemDirectoryNotEmptyError', result.fs_not_empty)
+    assert.are.same({ 'f.txt', 'page.txt', 'sub' }, result.fs_after)
+    assert.is_true(#stand:calls('TaskExecStdinWriteStream') >= 2)
     assert.are.equal(137, result.timeout_exit)        -- killed at its 1 s timeout
     assert.is_true(result.timeout_took_ms < 5000)
     assert.are.equal(137, result.terminated_exit)     -- Modal's code for a terminated sandbox
