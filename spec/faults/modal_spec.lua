@@ -1,7 +1,8 @@
 -- mayura.sandbox.modal when the service misbehaves, on the Modal stand-in (spec/npm/modal_stand_in.mjs,
 -- gRPC over bubblewrap containers, faults from its control port): a refused token (control plane
 -- and command service), a sandbox ended behind the pool's back, RESOURCE_EXHAUSTED and UNAVAILABLE,
--- a command that never answers, a create that never answers, a service that is not there. Each
+-- a command that never answers, a create that never answers, an auth token that ends, a service
+-- that is not there. Each
 -- ends as a SandboxError with the right reason and none of the service's text or the token.
 local core = require('mayura.core')
 local sandbox = require('mayura.sandbox')
@@ -129,6 +130,26 @@ describe('the Modal provider when the service misbehaves', function()
     sb:release()
     p2:close()
     assert.is_true(lost == nil or lost.definition.timeout_secs == 60)
+  end)
+
+  it('an auth token that ends is fetched again: a sandbox outlives its first one and is released', function()
+    if not ready() then return end
+    stand:config({ auth_token_ttl_s = 3 })
+    local pool, sb = open()
+    local fetched = #stand:calls('AuthTokenGet')
+    require('mayura._task').sleep(4000)   -- the first token has ended: the stand-in refuses it
+    assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+    local id = sb._backend.id:gsub('^modal%-', '')
+    sb:release()
+    stand:config({ auth_token_ttl_s = 3600 })
+    assert.is_true(#stand:calls('AuthTokenGet') > fetched)
+    for _, s in ipairs(stand:sandboxes()) do
+      if s.id == id then assert.are.equal('ended', s.state) end
+    end
+    local terms = stand:calls('SandboxTerminateV2')
+    assert.are_not.equal(stand:calls('SandboxCreateV2')[1].metadata['x-modal-auth-token'],
+      terms[#terms].metadata['x-modal-auth-token'])
+    pool:close()
   end)
 
   it('a service that is not there is unavailable, and no token shows', function()

@@ -30,7 +30,8 @@
 // delay_ms, details } makes the next `count` calls of a method (its last name, or '*') answer that
 // gRPC status (code 0 with delay_ms: only the delay); GET /calls lists { method, request, metadata,
 // deadline_ms (what was left of the caller's deadline when the call came, or null) };
-// GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }.
+// GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }; POST /config
+// { auth_token_ttl_s } sets the life of the auth tokens AuthTokenGet gives from then on (3600).
 import http from 'node:http';
 import net from 'node:net';
 import tls from 'node:tls';
@@ -67,7 +68,8 @@ export async function startStandIn(opts = {}) {
   const images = new Map();     // id -> tag
   const sandboxes = new Map();  // id -> sandbox
   const tasks = new Map();      // task id -> sandbox
-  const authTokens = new Set();
+  const authTokens = new Map();  // token -> exp (epoch seconds)
+  const config = { auth_token_ttl_s: 3600 };
   const calls = [];
   const faults = [];
   let port = 0;
@@ -394,8 +396,10 @@ export async function startStandIn(opts = {}) {
     if (md['x-modal-token-id'] !== tokenId || md['x-modal-token-secret'] !== tokenSecret) {
       throw fail(S.UNAUTHENTICATED, `Token ${md['x-modal-token-id']} is not valid`);
     }
-    if (name !== 'AuthTokenGet' && md['x-modal-auth-token'] !== undefined && !authTokens.has(md['x-modal-auth-token'])) {
-      throw fail(S.UNAUTHENTICATED, 'invalid auth token');
+    const auth = md['x-modal-auth-token'];
+    if (name !== 'AuthTokenGet' && auth !== undefined
+        && !(authTokens.has(auth) && authTokens.get(auth) > Date.now() / 1000)) {
+      throw fail(S.UNAUTHENTICATED, 'invalid or expired auth token');
     }
   }
 
@@ -420,8 +424,9 @@ export async function startStandIn(opts = {}) {
   const control = {
     AuthTokenGet: unary('AuthTokenGet', () => {
       const now = Math.floor(Date.now() / 1000);
-      const token = `${b64url({ alg: 'HS256', typ: 'JWT' })}.${b64url({ sub: tokenId, iat: now, exp: now + 3600 })}.${crypto.randomBytes(16).toString('base64url')}`;
-      authTokens.add(token);
+      const exp = now + config.auth_token_ttl_s;
+      const token = `${b64url({ alg: 'HS256', typ: 'JWT' })}.${b64url({ sub: tokenId, iat: now, exp })}.${crypto.randomBytes(16).toString('base64url')}`;
+      authTokens.set(token, exp);
       return { token };
     }),
     AppGetOrCreate: unary('AppGetOrCreate', (req) => {
@@ -548,7 +553,10 @@ export async function startStandIn(opts = {}) {
     req.on('data', (c) => { body += c; });
     req.on('end', () => {
       const send = (v) => { res.writeHead(200, { 'content-type': 'application/json' }); res.end(JSON.stringify(v)); };
-      if (req.method === 'POST' && req.url === '/faults') {
+      if (req.method === 'POST' && req.url === '/config') {
+        Object.assign(config, JSON.parse(body));
+        send(config);
+      } else if (req.method === 'POST' && req.url === '/faults') {
         const f = JSON.parse(body);
         faults.push({ count: 1, ...f });
         send({ ok: true });

@@ -55,6 +55,11 @@ function Stand:calls(method)
   return out
 end
 
+--- Sets the stand-in's `config` ({ auth_token_ttl_s }).
+function Stand:config(c)
+  return self:_control('POST', '/config', c)
+end
+
 function Stand:sandboxes()
   return self:_control('GET', '/sandboxes')
 end

@@ -134,17 +134,20 @@ function M.modal_sandboxes(options)
   })
   local loopback = is_loopback_http(server)
 
-  local state = { app_id = nil, builder = nil, images = {}, token = nil, token_exp = 0 }
+  local state = { app_id = nil, builder = nil, images = {}, token = nil, token_refresh = 0 }
 
-  -- The control client with a fresh auth token.
+  -- The control client with a fresh auth token: one is fetched again TOKEN_MARGIN_S before its
+  -- `exp`, or once three quarters of its life are gone, whichever comes first.
   local function control(c)
-    if not state.token or os.time() >= state.token_exp - TOKEN_MARGIN_S then
+    if not state.token or os.time() >= state.token_refresh then
       local resp = c:call(API .. 'AuthTokenGet', {}, { idempotent = true })
       if type(resp.token) ~= 'string' or resp.token == '' or resp.token:find('%c') then
         error(errors.sandbox('failed', 'modal: AuthTokenGet gave no token'), 0)
       end
+      local now = os.time()
+      local exp = jwt_exp(resp.token) or (now + 20 * 60)
       state.token = resp.token
-      state.token_exp = jwt_exp(resp.token) or (os.time() + 20 * 60)
+      state.token_refresh = math.min(exp - TOKEN_MARGIN_S, now + math.floor((exp - now) * 3 / 4))
     end
     return c:with({ metadata = { ['x-modal-auth-token'] = state.token }, secrets = { state.token,
       options.token_secret, options.token_id } })
@@ -201,9 +204,11 @@ function M.modal_sandboxes(options)
   function provider.create(_, spec)
     local c = api
     if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    -- the create's calls share one deadline; the sandbox's later calls each have the call timeout
-    local later = control(c)
-    c = later:with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
+    -- the create's calls share one deadline; the sandbox's later calls each have the call timeout,
+    -- and an auth token fetched again when it nears its end
+    local base = c
+    local function later() return control(base) end
+    c = later():with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
     local app = app_id(c)
     local img = image_id(c, image_option(spec.image, 'image') or image, app)
     local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
@@ -246,7 +251,9 @@ function M.modal_sandboxes(options)
       error(errors.sandbox('failed', 'modal: SandboxCreateV2 gave no sandbox'), 0)
     end
     local function destroy()
-      local ok, err = pcall(later.call, later, API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
+      local ok, err = pcall(function()
+        later():call(API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
+      end)
       if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
     end
 
@@ -265,7 +272,7 @@ function M.modal_sandboxes(options)
 
       local function connect()
         if not access or (access.url or '') == '' then
-          access = later:call(API .. 'SandboxGetCommandRouterAccess', { sandbox_id = id },
+          access = later():call(API .. 'SandboxGetCommandRouterAccess', { sandbox_id = id },
             { gone = true, idempotent = true })
         end
         local url = type(access.url) == 'string' and access.url:match('^https://([%w%.%-%[%]:]+)/*$')
@@ -282,8 +289,9 @@ function M.modal_sandboxes(options)
       connect()
 
       local function check_alive()
-        local ok, w = pcall(later.call, later, API .. 'SandboxWaitV2', { sandbox_id = id, timeout = 0 },
-          { gone = true })
+        local ok, w = pcall(function()
+          return later():call(API .. 'SandboxWaitV2', { sandbox_id = id, timeout = 0 }, { gone = true })
+        end)
         if ok and type(w) == 'table' and w.result and (w.result.status or 0) ~= 0 then
           error(errors.sandbox('gone', 'modal: the sandbox has ended'), 0)
         end
