@@ -60,6 +60,7 @@ export async function startStandIn(opts = {}) {
   const tokenId = opts.tokenId ?? 'ak-standin';
   const tokenSecret = opts.tokenSecret ?? 'as-standin';
   const root = fs.mkdtempSync(path.join(opts.root ?? os.tmpdir(), 'modal-stand-in-'));
+  fs.chmodSync(root, 0o711);   // the relays (as nobody) reach their own directory in it
   const def = protoLoader.loadSync(['modal/api.proto', 'modal/task_command_router.proto'], {
     includeDirs: [PROTO_DIR], keepCase: true, longs: Number, enums: Number, defaults: true, oneofs: true,
   });
@@ -95,8 +96,11 @@ export async function startStandIn(opts = {}) {
         "  c.pipe(u).pipe(c); u.on('error', () => c.destroy()); c.on('error', () => u.destroy());",
         '}).listen(`${dir}/p-${p}.sock`);',
       ].join('\n');
-      sb.relay = spawn('nsenter', ['-t', String(sb.pid), '-n', '--', process.execPath, '-e', relay, dir, ...ports.map(String)],
-        { stdio: 'ignore' });
+      fs.chownSync(dir, NOBODY, NOBODY);
+      // as nobody, in the sandbox's network namespace only, and killed with this process
+      sb.relay = spawn('setpriv', ['--pdeathsig', 'KILL', '--', 'nsenter', '-t', String(sb.pid), '-n',
+        '-S', String(NOBODY), '-G', String(NOBODY), '--', process.execPath, '-e', relay, dir, ...ports.map(String)],
+      { stdio: 'ignore' });
       target = (p) => net.connect(path.join(dir, `p-${p}.sock`));
       const want = ports.map((p) => path.join(dir, `p-${p}.sock`));
       for (let i = 0; i < 400 && !want.every((f) => fs.existsSync(f)); i++) await new Promise((r) => setTimeout(r, 5));
