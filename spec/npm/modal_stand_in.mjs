@@ -140,6 +140,14 @@ export async function startStandIn(opts = {}) {
 
   function createSandbox(appId, d, tags, secretEnv = {}) {
     if (!d.image_id || !images.has(d.image_id)) throw fail(S.NOT_FOUND, `Image ${d.image_id} not found`);
+    if (d.name) {
+      if (!/^[A-Za-z0-9._-]{1,64}$/.test(d.name)) throw fail(S.INVALID_ARGUMENT, 'invalid sandbox name');
+      for (const other of sandboxes.values()) {
+        if (other.appId === appId && other.definition.name === d.name && !other.result) {
+          throw fail(S.ALREADY_EXISTS, `A sandbox named ${d.name} is running`);
+        }
+      }
+    }
     const timeout = d.timeout_secs || DEFAULT_TIMEOUT_SECS;
     if (timeout > MAX_TIMEOUT_SECS) throw fail(S.INVALID_ARGUMENT, 'timeout_secs is above 24 hours');
     const workdir = d.workdir || '/';
@@ -500,6 +508,15 @@ export async function startStandIn(opts = {}) {
     }),
   };
   for (const v of ['', 'V2']) {
+    control[`SandboxGetFromName${v}`] = unary(`SandboxGetFromName${v}`, (req) => {
+      const appId = apps.get(req.app_name);
+      for (const sb of sandboxes.values()) {
+        if (sb.appId === appId && req.sandbox_name && sb.definition.name === req.sandbox_name && !sb.result) {
+          return { sandbox_id: sb.id };
+        }
+      }
+      throw fail(S.NOT_FOUND, `Sandbox ${req.sandbox_name} not found`);
+    });
     control[`SandboxGetTaskId${v}`] = unary(`SandboxGetTaskId${v}`, async (req) => {
       const sb = sandboxOf(req.sandbox_id);
       await sb.ready;

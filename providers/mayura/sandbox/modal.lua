@@ -22,9 +22,11 @@
 -- (the path Modal's SDK takes by default): the image, `timeout_secs` = the lifetime (rounded up to
 -- seconds; Modal ends the sandbox then), the workdir, `sleep <lifetime>` as the main process,
 -- `resources` (`cpus` as milli-CPUs, `memory_mib` as MiB), the labels as tags, `env` as an
--- ephemeral secret, the `ports` as `open_ports` (each served as a tunnel: `url(port)` is its
--- https:// URL), and the network: 'none' is `block_network` with network access BLOCKED, 'all' is
--- OPEN, `{ allow = domains }` is ALLOWLIST with `allowed_domains`.
+-- ephemeral secret, a name of its own (`mayura-<random>`: a sandbox whose create answer was lost
+-- is found by it, SandboxGetFromNameV2, and terminated), the `ports` as `open_ports` (each served
+-- as a tunnel: `url(port)` is its https:// URL), and the network: 'none' is `block_network` with
+-- network access BLOCKED, 'all' is OPEN, `{ allow = domains }` is ALLOWLIST with `allowed_domains`.
+-- A command service that refuses the JWT is asked for a new one, once.
 --
 -- Commands go to the sandbox's command service (TaskCommandRouter, at the URL and with the JWT
 -- that SandboxCreateV2 or SandboxGetCommandRouterAccess gives; Modal's URL is https:, dialled in
@@ -135,6 +137,7 @@ function M.modal_sandboxes(options)
   local loopback = is_loopback_http(server)
 
   local state = { app_id = nil, builder = nil, images = {}, token = nil, token_refresh = 0 }
+  local sweep
 
   -- The control client with a fresh auth token: one is fetched again TOKEN_MARGIN_S before its
   -- `exp`, or once three quarters of its life are gone, whichever comes first.
@@ -194,6 +197,24 @@ function M.modal_sandboxes(options)
     return id
   end
 
+  -- Ends, in the background, the sandbox named `name` whose create answer was lost (looked for now
+  -- and once more later, for a create Modal finishes late). Its own timeout ends it otherwise.
+  function sweep(client_of, name)
+    task.spawn(function()
+      for _, wait in ipairs({ 0, 3000 }) do
+        if wait > 0 then task.sleep(wait) end
+        pcall(function()
+          local c = client_of()
+          local found = c:call(API .. 'SandboxGetFromNameV2', { sandbox_name = name, app_name = app_name,
+            environment_name = environment }, { idempotent = true })
+          if type(found.sandbox_id) == 'string' and found.sandbox_id ~= '' then
+            c:call(API .. 'SandboxTerminateV2', { sandbox_id = found.sandbox_id }, { idempotent = true })
+          end
+        end)
+      end
+    end)
+  end
+
   local provider = {
     id = 'modal',
     features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
@@ -212,8 +233,9 @@ function M.modal_sandboxes(options)
     local app = app_id(c)
     local img = image_id(c, image_option(spec.image, 'image') or image, app)
     local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
+    local name = 'mayura-' .. random_hex(8)
     local def = {
-      image_id = img, timeout_secs = seconds, workdir = workdir,
+      image_id = img, timeout_secs = seconds, workdir = workdir, name = name,
       entrypoint_args = { 'sleep', tostring(seconds) },
     }
     if spec.network == 'none' then
@@ -245,9 +267,17 @@ function M.modal_sandboxes(options)
       for k, v in pairs(spec.env) do env[k] = v end
       req.secret_sources = { { env = { contents = env } } }
     end
-    local resp = c:call(API .. 'SandboxCreateV2', req)
+    local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
+    if not made then
+      if errors.is(resp, 'SANDBOX_ERROR') and (resp.reason == 'timeout' or resp.reason == 'unavailable'
+          or resp.reason == 'failed') then
+        sweep(later, name)
+      end
+      error(resp, 0)
+    end
     local id = resp.sandbox_id
     if type(id) ~= 'string' or not id:match('^[%w%-_]+$') or #id > 128 then
+      sweep(later, name)
       error(errors.sandbox('failed', 'modal: SandboxCreateV2 gave no sandbox'), 0)
     end
     local function destroy()
