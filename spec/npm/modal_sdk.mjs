@@ -13,6 +13,23 @@ import { ModalClient } from 'modal';
 
 const result = {};
 const modal = new ModalClient();
+
+// With MAYURA_SANDBOX_ID: only the sandbox mayura made, reached by its id as a user of the SDK
+// would: read the file mayura wrote (MAYURA_FILE), write one beside it for mayura to read.
+if (process.env.MAYURA_SANDBOX_ID) {
+  try {
+    const shared = await modal.sandboxes.fromId(process.env.MAYURA_SANDBOX_ID);
+    const p = await shared.exec(['cat', process.env.MAYURA_FILE]);
+    result.read = await p.stdout.readText();
+    result.read_exit = await p.wait();
+    await shared.filesystem.writeText('from the SDK\n', `${process.env.MAYURA_FILE}.sdk`);
+  } catch (e) {
+    result.error = String(e?.stack ?? e);
+  }
+  console.log(`RESULT ${JSON.stringify(result)}`);
+  process.exit(0);
+}
+
 let sb;
 try {
   const app = await modal.apps.fromName('mayura-sdk-check', { createIfMissing: true });

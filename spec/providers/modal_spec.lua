@@ -248,6 +248,22 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       p:close()
     end)
 
+    it('makes sandboxes the official SDK reaches by their id, and the other way round', function()
+      if not needs_stand_in() then return end
+      if not suite.npm_installed('modal', 'the modal SDK') then return end
+      local other = pool:create({ lifetime_ms = 60000, network = 'none' })
+      other:write_file('shared.txt', 'from mayura\n')
+      local r = suite.node(SDK_SCRIPT, { MODAL_SERVER_URL = stand.url, MODAL_TOKEN_ID = TOKEN_ID,
+        MODAL_TOKEN_SECRET = TOKEN_SECRET, MODAL_CONFIG_PATH = '/nonexistent/.modal.toml',
+        MAYURA_SANDBOX_ID = (other._backend.id:gsub('^modal%-', '')), MAYURA_FILE = '/workspace/shared.txt' })
+      local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+      assert.is_nil(result.error, result.error)
+      assert.are.equal('from mayura\n', result.read)
+      assert.are.equal(0, result.read_exit)
+      assert.are.equal('from the SDK\n', other:read_file('shared.txt.sdk'))
+      other:release()
+    end)
+
     it('says gone for a sandbox Modal ended, and never shows the token', function()
       if not needs_stand_in() then return end
       local other = pool:create({ lifetime_ms = 60000, network = 'none' })
