@@ -53,6 +53,12 @@ const MAX_TIMEOUT_SECS = 24 * 3600;
 const DEFAULT_TIMEOUT_SECS = 300;
 
 function rid(prefix) { return `${prefix}-${crypto.randomBytes(10).toString('hex')}`; }
+// A sandbox of the first API (SandboxCreate) has an id of 22 letters and digits, which the SDK
+// tells from the second's (SandboxCreateV2) to choose the calls it makes about it.
+function v1Id() {
+  const abc = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
+  return `sb-${[...crypto.randomBytes(22)].map((b) => abc[b % abc.length]).join('')}`;
+}
 function b64url(o) { return Buffer.from(JSON.stringify(o)).toString('base64url'); }
 function fail(code, details) { const e = new Error(details); e.code = code; e.details = details; return e; }
 
@@ -138,7 +144,7 @@ export async function startStandIn(opts = {}) {
     fs.rm(sb.dir, { recursive: true, force: true }, () => {});
   }
 
-  function createSandbox(appId, d, tags, secretEnv = {}) {
+  function createSandbox(appId, d, tags, secretEnv = {}, v1 = false) {
     if (!d.image_id || !images.has(d.image_id)) throw fail(S.NOT_FOUND, `Image ${d.image_id} not found`);
     if (d.name) {
       if (!/^[A-Za-z0-9._-]{1,64}$/.test(d.name)) throw fail(S.INVALID_ARGUMENT, 'invalid sandbox name');
@@ -156,7 +162,7 @@ export async function startStandIn(opts = {}) {
     }
     const na = d.network_access;
     const open = !d.block_network && (!na || na.network_access_type === 0 || na.network_access_type === 1);
-    const id = rid('sb');
+    const id = v1 ? v1Id() : rid('sb');
     const dir = path.join(root, id);
     fs.mkdirSync(dir, { mode: 0o755 });
     fs.chownSync(dir, NOBODY, NOBODY);
@@ -476,7 +482,7 @@ export async function startStandIn(opts = {}) {
     SandboxCreate: unary('SandboxCreate', (req) => {
       if (!req.definition) throw fail(S.INVALID_ARGUMENT, 'definition is missing');
       if (![...apps.values()].includes(req.app_id)) throw fail(S.NOT_FOUND, 'app not found');
-      const sb = createSandbox(req.app_id, req.definition, req.tags);
+      const sb = createSandbox(req.app_id, req.definition, req.tags, {}, true);
       sb.ready.then(() => openTunnels(sb)).then(() => { sb.tunnelsReady = true; });
       return { sandbox_id: sb.id };
     }),

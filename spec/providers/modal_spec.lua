@@ -128,45 +128,52 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
     assert.is_true(last[#last].deadline_ms ~= core.json.null and last[#last].deadline_ms <= 500)
   end)
 
-  it('is what the official SDK (modal 0.11.1) drives unchanged', function()
-    if not needs_stand_in() then return end
-    if not suite.npm_installed('modal', 'the modal SDK') then return end
-    local r = suite.node(SDK_SCRIPT, { MODAL_SERVER_URL = stand.url, MODAL_TOKEN_ID = TOKEN_ID,
-      MODAL_TOKEN_SECRET = TOKEN_SECRET, MODAL_CONFIG_PATH = '/nonexistent/.modal.toml',
-      NODE_EXTRA_CA_CERTS = stand.cert }, 120000)
-    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
-    local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
-    assert.is_nil(result.error, result.error)
-    assert.truthy(result.app_id:match('^ap%-'))
-    assert.are.equal('out hi /work\n', result.stdout)
-    assert.are.equal('err\n', result.stderr)
-    assert.are.equal(3, result.exit_code)
-    assert.are.equal('from env\na b|c|', result.argv_stdout)
-    assert.are.equal('data\n65534\n', result.file)
-    assert.truthy(result.tunnel_url:match('^https://127%.0%.0%.1:%d+$'), result.tunnel_url)
-    assert.are.equal('tunnel-ok\n', result.tunnel_page)
-    -- its filesystem API: commands of the sandbox's fs tool, standard input streamed
-    assert.are.equal('hello files\n', result.fs_text)
-    assert.are.same({ 0, 1, 2, 255 }, result.fs_bytes)
-    assert.are.same({ 'a.txt:file:12', 'b.bin:file:4' }, result.fs_list)
-    assert.are.equal('directory', result.fs_stat)
-    assert.are.equal('SandboxFilesystemNotFoundError', result.fs_missing)
-    assert.are.equal('SandboxFilesystemDirectoryNotEmptyError', result.fs_not_empty)
-    assert.are.same({ 'f.txt', 'page.txt', 'sub' }, result.fs_after)
-    assert.is_true(#stand:calls('TaskExecStdinWriteStream') >= 2)
-    assert.are.equal(137, result.timeout_exit)        -- killed at its 1 s timeout
-    assert.is_true(result.timeout_took_ms < 5000)
-    assert.are.equal(137, result.terminated_exit)     -- Modal's code for a terminated sandbox
-    assert.are.equal('ClientError', result.exec_after_terminate)
-    assert.are.equal('ClientError 16', result.wrong_token)
-    -- the SDK's own calls: the V2 create, the router's exec, the auth token on control calls
-    assert.is_true(#stand:calls('SandboxCreateV2') >= 1)
-    local starts = stand:calls('TaskExecStart')
-    assert.truthy(starts[#starts].metadata.authorization:match('^Bearer '))
-    for _, s in ipairs(stand:sandboxes()) do
-      if s.id == result.sandbox_id then assert.are.equal('ended', s.state) end
-    end
-  end)
+  -- The SDK's whole course, by the sandbox API it is told to take (`MODAL_SANDBOX_V2`: the second,
+  -- its default, or the first), each with the calls of that API.
+  for _, api in ipairs({ { v2 = 'true', create = 'SandboxCreateV2', access = 'SandboxGetCommandRouterAccess' },
+    { v2 = 'false', create = 'SandboxCreate', access = 'TaskGetCommandRouterAccess' } }) do
+    it('is what the official SDK (modal 0.11.1) drives unchanged, MODAL_SANDBOX_V2=' .. api.v2, function()
+      if not needs_stand_in() then return end
+      if not suite.npm_installed('modal', 'the modal SDK') then return end
+      local creates, accesses = #stand:calls(api.create), #stand:calls(api.access)
+      local r = suite.node(SDK_SCRIPT, { MODAL_SERVER_URL = stand.url, MODAL_TOKEN_ID = TOKEN_ID,
+        MODAL_TOKEN_SECRET = TOKEN_SECRET, MODAL_CONFIG_PATH = '/nonexistent/.modal.toml',
+        NODE_EXTRA_CA_CERTS = stand.cert, MODAL_SANDBOX_V2 = api.v2 }, 120000)
+      assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+      local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+      assert.is_nil(result.error, result.error)
+      assert.truthy(result.app_id:match('^ap%-'))
+      assert.are.equal('out hi /work\n', result.stdout)
+      assert.are.equal('err\n', result.stderr)
+      assert.are.equal(3, result.exit_code)
+      assert.are.equal('from env\na b|c|', result.argv_stdout)
+      assert.are.equal('data\n65534\n', result.file)
+      assert.truthy(result.tunnel_url:match('^https://127%.0%.0%.1:%d+$'), result.tunnel_url)
+      assert.are.equal('tunnel-ok\n', result.tunnel_page)
+      -- its filesystem API: commands of the sandbox's fs tool, standard input streamed
+      assert.are.equal('hello files\n', result.fs_text)
+      assert.are.same({ 0, 1, 2, 255 }, result.fs_bytes)
+      assert.are.same({ 'a.txt:file:12', 'b.bin:file:4' }, result.fs_list)
+      assert.are.equal('directory', result.fs_stat)
+      assert.are.equal('SandboxFilesystemNotFoundError', result.fs_missing)
+      assert.are.equal('SandboxFilesystemDirectoryNotEmptyError', result.fs_not_empty)
+      assert.are.same({ 'f.txt', 'page.txt', 'sub' }, result.fs_after)
+      assert.is_true(#stand:calls('TaskExecStdinWriteStream') >= 2)
+      assert.are.equal(137, result.timeout_exit)        -- killed at its 1 s timeout
+      assert.is_true(result.timeout_took_ms < 5000)
+      assert.are.equal(137, result.terminated_exit)     -- Modal's code for a terminated sandbox
+      assert.are.equal('ClientError', result.exec_after_terminate)
+      assert.are.equal('ClientError 16', result.wrong_token)
+      -- the SDK's own calls: the create of that API, the router's exec, the auth token on control calls
+      assert.are.equal(creates + 1, #stand:calls(api.create))
+      if api.v2 == 'false' then assert.are.equal(accesses + 1, #stand:calls(api.access)) end
+      local starts = stand:calls('TaskExecStart')
+      assert.truthy(starts[#starts].metadata.authorization:match('^Bearer '))
+      for _, s in ipairs(stand:sandboxes()) do
+        if s.id == result.sandbox_id then assert.are.equal('ended', s.state) end
+      end
+    end)
+  end
 
   describe('through the mayura provider', function()
     setup(function()
