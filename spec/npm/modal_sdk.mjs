@@ -37,7 +37,10 @@ try {
   const image = modal.images.fromRegistry('alpine:3.21');
   sb = await modal.sandboxes.create(app, image, {
     timeoutMs: 120000, workdir: '/work', command: ['sleep', '100'], encryptedPorts: [8000], blockNetwork: true,
+    env: { AT_CREATE: 'made with it' },
   });
+  const envp = await sb.exec(['sh', '-c', 'echo "$AT_CREATE"']);
+  result.create_env = await envp.stdout.readText();
   result.sandbox_id = sb.sandboxId;
 
   const p = await sb.exec(['sh', '-c', 'read a; echo "out $a $PWD"; echo err >&2; exit 3'], {

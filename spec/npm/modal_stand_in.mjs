@@ -74,6 +74,7 @@ export async function startStandIn(opts = {}) {
   const apps = new Map();       // name -> id
   const images = new Map();     // id -> tag
   const sandboxes = new Map();  // id -> sandbox
+  const secrets = new Map();    // id -> { name, env }
   const tasks = new Map();      // task id -> sandbox
   const authTokens = new Map();  // token -> exp (epoch seconds)
   const config = { auth_token_ttl_s: 3600 };
@@ -176,7 +177,7 @@ export async function startStandIn(opts = {}) {
       '--ro-bind', FS_TOOLS, '/__modal/.bin/modal-sandbox-fs-tools',
       '--chdir', workdir, 'setpriv', '--reuid', String(NOBODY), '--regid', String(NOBODY), '--clear-groups', '--');
     const entry = d.entrypoint_args.length ? d.entrypoint_args : ['sleep', String(timeout)];
-    const baseEnv = { ...(d.environment_variables?.contents ?? {}), ...secretEnv };
+    const baseEnv = { ...(d.environment_variables?.contents ?? {}), ...envOfSecrets(d.secret_ids), ...secretEnv };
     const env = { PATH: '/usr/local/bin:/usr/bin:/bin', HOME: '/tmp', ...baseEnv };
     const child = spawn('bwrap', [...args, ...entry], { stdio: ['ignore', 'ignore', 'ignore', 'pipe'], env });
     const sb = {
@@ -212,6 +213,23 @@ export async function startStandIn(opts = {}) {
     sandboxes.set(id, sb);
     tasks.set(sb.taskId, sb);
     return sb;
+  }
+
+  function envOfSecrets(ids) {
+    const env = {};
+    for (const id of ids ?? []) {
+      if (!secrets.has(id)) throw fail(S.NOT_FOUND, `Secret ${id} not found`);
+      Object.assign(env, secrets.get(id).env);
+    }
+    return env;
+  }
+  function envOfSources(sources) {
+    const env = {};
+    for (const src of sources ?? []) {
+      if (src.secret_id) Object.assign(env, envOfSecrets([src.secret_id]));
+      else Object.assign(env, src.env?.contents ?? {});
+    }
+    return env;
   }
 
   function sandboxOf(id) {
@@ -254,11 +272,7 @@ export async function startStandIn(opts = {}) {
     await sb.ready;
     if (sb.result || !sb.pid) throw fail(S.NOT_FOUND, `Task ${req.task_id} not found`);
     const envArgs = [];
-    const given = {};
-    for (const src of req.secret_sources ?? []) {
-      if (src.secret_id) throw fail(S.NOT_FOUND, `Secret ${src.secret_id} not found`);
-      Object.assign(given, src.env?.contents ?? {});
-    }
+    const given = envOfSources(req.secret_sources);
     for (const [k, v] of Object.entries({ ...given, ...(req.env ?? {}) })) {
       if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw fail(S.INVALID_ARGUMENT, 'bad environment name');
       envArgs.push(`${k}=${v}`);
@@ -479,6 +493,18 @@ export async function startStandIn(opts = {}) {
       call.write({ result: { status: STATUS.SUCCESS }, entry_id: '1', eof: true });
       call.end();
     }),
+    SecretGetOrCreate: unary('SecretGetOrCreate', (req) => {
+      for (const k of Object.keys(req.env_dict ?? {})) {
+        if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw fail(S.INVALID_ARGUMENT, 'bad environment name');
+      }
+      if (req.deployment_name) {
+        for (const [id, sec] of secrets) if (sec.name === req.deployment_name) return { secret_id: id };
+        if (req.object_creation_type !== 1) throw fail(S.NOT_FOUND, `Secret ${req.deployment_name} not found`);
+      }
+      const id = rid('st');
+      secrets.set(id, { name: req.deployment_name, env: { ...(req.env_dict ?? {}) } });
+      return { secret_id: id };
+    }),
     SandboxCreate: unary('SandboxCreate', (req) => {
       if (!req.definition) throw fail(S.INVALID_ARGUMENT, 'definition is missing');
       if (![...apps.values()].includes(req.app_id)) throw fail(S.NOT_FOUND, 'app not found');
@@ -490,10 +516,7 @@ export async function startStandIn(opts = {}) {
       if (!req.definition) throw fail(S.INVALID_ARGUMENT, 'definition is missing');
       if (![...apps.values()].includes(req.app_id)) throw fail(S.NOT_FOUND, 'app not found');
       const env = {};
-      for (const src of req.secret_sources ?? []) {
-        if (src.secret_id) throw fail(S.NOT_FOUND, `Secret ${src.secret_id} not found`);
-        Object.assign(env, src.env?.contents ?? {});
-      }
+      Object.assign(env, envOfSources(req.secret_sources));
       const sb = createSandbox(req.app_id, req.definition, req.tags, env);
       await sb.ready;
       if (sb.result) throw fail(S.INTERNAL, 'the sandbox did not start');
