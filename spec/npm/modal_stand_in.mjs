@@ -563,7 +563,6 @@ export async function startStandIn(opts = {}) {
       finish(sb, { status: STATUS.TERMINATED, exitcode: 0, exception: '' });
       return existing ? { existing_result: existing } : {};
     });
-    control[`SandboxTagsSet${v}`] = unary(`SandboxTagsSet${v}`, (req) => { sandboxOf(req.sandbox_id).tags = req.tags; return {}; });
     control[`SandboxGetTunnels${v}`] = unary(`SandboxGetTunnels${v}`, async (req) => {
       const sb = sandboxOf(req.sandbox_id);
       await sb.ready;

@@ -64,6 +64,17 @@ describe('core.proto', function()
   end)
 end)
 
+describe('proto/modal', function()
+  it('has every field of its messages as the official SDK\'s own encoders write it', function()
+    if not suite.npm_installed('modal', 'the modal SDK') then return end
+    local r = suite.node('spec/npm/modal_proto_check.mjs', {})
+    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
+    local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
+    assert.are.same({}, result.mismatches)
+    assert.is_true(result.messages >= 60 and result.fields >= 140, r.stdout)
+  end)
+end)
+
 suite.describe('the Modal stand-in, over bubblewrap containers', function()
   local stand, pool, sb
 
