@@ -3,8 +3,10 @@
 // the SDK's generated encoder for the message of that name must write the field of that name
 // (camelCase, as the SDK's generator names it) under the same number, wire type and kind (string,
 // bytes, bool, int32 or enum, uint32, uint64, int64, float, double, or the same message type).
-// The SDK's encoders are read from its built file (dist/index.js), nothing of it is copied.
-// Prints `RESULT {"messages":n,"fields":n,"mismatches":[...]}`.
+// Every method of our two services must be one of the SDK's service of that name, with the same
+// request and response messages and streaming. The SDK's encoders and service definitions are
+// read from its built file (dist/index.js), nothing of it is copied.
+// Prints `RESULT {"messages":n,"fields":n,"methods":n,"mismatches":[...]}`.
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
@@ -80,4 +82,27 @@ function visit(ns) {
   }
 }
 visit(root);
-console.log(`RESULT ${JSON.stringify({ messages, fields, mismatches })}`);
+
+// Every method of our services: in the SDK's definition of the service of that full name, with
+// the same request and response messages and the same streaming.
+let methods = 0;
+for (const svc of [root.lookupService('modal.client.ModalClient'),
+  root.lookupService('modal.task_command_router.TaskCommandRouter')]) {
+  const at = SDK.indexOf(`fullName: "${svc.fullName.slice(1)}"`);
+  const next = SDK.indexOf('fullName: "', at + 10);
+  const defs = SDK.slice(at, next < 0 ? undefined : next);
+  for (const m of svc.methodsArray) {
+    methods++;
+    const re = new RegExp(`name: "${m.name}",\\s*requestType: (\\w+),\\s*requestStream: (\\w+),\\s*`
+      + 'responseType: (\\w+),\\s*responseStream: (\\w+)');
+    const d = re.exec(defs);
+    const where = `${svc.fullName}/${m.name}`;
+    if (!d) { mismatches.push(`${where}: not a method of the SDK's service`); continue; }
+    const [, req, reqStream, resp, respStream] = d;
+    if (req !== m.resolvedRequestType.name) mismatches.push(`${where}: request ${m.resolvedRequestType.name}, the SDK's ${req}`);
+    if (resp !== m.resolvedResponseType.name) mismatches.push(`${where}: response ${m.resolvedResponseType.name}, the SDK's ${resp}`);
+    if ((reqStream === 'true') !== Boolean(m.requestStream)) mismatches.push(`${where}: request streaming differs`);
+    if ((respStream === 'true') !== Boolean(m.responseStream)) mismatches.push(`${where}: response streaming differs`);
+  }
+}
+console.log(`RESULT ${JSON.stringify({ messages, fields, methods, mismatches })}`);
