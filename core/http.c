@@ -13,8 +13,8 @@
 ** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
 **
 ** A request with `http2 = true` speaks HTTP/2 only: with prior knowledge (h2c) to an http://
-** URL, by ALPN over TLS to an https:// one (a server that offers only HTTP/1.1 fails the
-** transfer). Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's `trailers`,
+** URL, by ALPN over TLS to an https:// one; an answer in HTTP/1.x fails the transfer
+** (NETWORK_ERROR). Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's `trailers`,
 ** named as headers are; gRPC puts its status there.
 **
 ** Lua never runs inside a curl callback: those only fill C buffers and put
@@ -25,6 +25,7 @@
 */
 #include "mc.h"
 #include <sys/un.h>
+#include <strings.h>
 #include <curl/curl.h>
 
 #define MC_HTTP_MT "mayura.http_request"
@@ -87,6 +88,7 @@ struct mc_http_req {
     size_t max_body;
     long status;
     int head_done, head_pending;
+    int want_h2;               /* http2 = true: an answer in another version fails */
     mc_http_buf head, body, pend, trail;
     /* a failure noticed inside a curl callback, acted upon after it */
     const char *fail_code;
@@ -633,6 +635,10 @@ static size_t mc_http_on_header(char *p, size_t size, size_t nitems, void *ud) {
         /* A status line starts a new head (after a 100 Continue, say): forget the last one. */
         size_t i = 5;
         long st = 0;
+        if (r->want_h2 && !(n >= 6 && p[5] == '2')) {
+            mc_http_note_fail(r, "NETWORK_ERROR", "the server did not answer in HTTP/2");
+            return 0;
+        }
         while (i < n && p[i] != ' ') i++;
         while (i < n && p[i] == ' ') i++;
         while (i < n && p[i] >= '0' && p[i] <= '9' && st < 1000) st = st * 10 + (p[i++] - '0');
@@ -1022,7 +1028,8 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     if (o->http2) {
         if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2))
             mc_raise(L, "NETWORK_ERROR", "this libcurl has no HTTP/2");
-        if (strncmp(o->url, "http://", 7) == 0) {
+        r->want_h2 = 1;
+        if (strncasecmp(o->url, "http://", 7) == 0) {
             MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE);
             /* libcurl 7.88 fails a second request on a reused prior-knowledge connection ("Error in
             ** the HTTP2 framing layer"): each h2c request gets a connection of its own. */
