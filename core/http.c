@@ -15,7 +15,8 @@
 ** A request with `http2 = true` speaks HTTP/2 only: with prior knowledge (h2c) to an http://
 ** URL, by ALPN over TLS to an https:// one; an answer in HTTP/1.x fails the transfer
 ** (NETWORK_ERROR). Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's `trailers`,
-** named as headers are; gRPC puts its status there.
+** named as headers are; gRPC puts its status there. `ca_file` names a PEM file of the
+** authorities to trust in place of the system's (a server with a test authority).
 **
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
@@ -800,7 +801,7 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
-    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", "http2", NULL
+    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", "http2", "ca_file", NULL
 };
 
 /* An RFC 9110 token character (method and header names). */
@@ -902,7 +903,7 @@ typedef struct mc_http_opts {
     const char *url, *method, *body, *sock;
     size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
-    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, http2;
+    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, http2, has_ca;
 } mc_http_opts;
 
 /*
@@ -987,6 +988,19 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     }
     lua_settop(L, 9);
 
+    /* the authorities to trust instead of the system's (a server with a test authority) */
+    lua_getfield(L, 1, "ca_file");
+    if (!lua_isnil(L, -1)) {
+        size_t n;
+        const char *v;
+        if (lua_type(L, -1) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'ca_file' must be a string");
+        v = lua_tolstring(L, -1, &n);
+        if (n == 0 || n >= PATH_MAX || strlen(v) != n)
+            mc_raise(L, "INVALID_INPUT", "option 'ca_file' is empty, too long or holds a NUL byte");
+        o->has_ca = 1;
+    }
+    lua_pop(L, 1);
+
     o->timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
     o->ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
     o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
@@ -1069,6 +1083,11 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
         lua_getfield(L, 1, "aws_secret");
         MC_HTTP_SETOPT(r, CURLOPT_PASSWORD, lua_tostring(L, -1));
         lua_pop(L, 3);
+    }
+    if (o->has_ca) {
+        lua_getfield(L, 1, "ca_file");   /* copied by libcurl too */
+        MC_HTTP_SETOPT(r, CURLOPT_CAINFO, lua_tostring(L, -1));
+        lua_pop(L, 1);
     }
 }
 

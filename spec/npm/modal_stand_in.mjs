@@ -4,7 +4,9 @@
 // over real local processes. What mayura.sandbox.modal and the official `modal` SDK talk to.
 //
 //   node spec/npm/modal_stand_in.mjs     (env STAND_IN_TOKEN_ID, STAND_IN_TOKEN_SECRET, STAND_IN_ROOT,
-//                                        STAND_IN_INFO: a file that gets { url, control } once it listens)
+//                                        STAND_IN_INFO: a file that gets { url, control, cert } once it
+//                                        listens; STAND_IN_TLS=1: both services over TLS (HTTP/2 by
+//                                        ALPN) with the certificate `cert`, at an https:// url)
 //   import { startStandIn } from './modal_stand_in.mjs';   // the same in-process: { url, control, close }
 //
 // A sandbox is a bubblewrap container of its own (its own pid, IPC and UTS namespaces, and network
@@ -594,7 +596,10 @@ export async function startStandIn(opts = {}) {
   server.addService(pkg.modal.client.ModalClient.service, control);
   server.addService(pkg.modal.task_command_router.TaskCommandRouter.service, router);
   port = await new Promise((resolve, reject) => {
-    server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p)));
+    const creds = opts.tls
+      ? grpc.ServerCredentials.createSsl(null, [{ private_key: tlsOptions.key, cert_chain: tlsOptions.cert }], false)
+      : grpc.ServerCredentials.createInsecure();
+    server.bindAsync('127.0.0.1:0', creds, (err, p) => (err ? reject(err) : resolve(p)));
   });
 
   const ctl = http.createServer((req, res) => {
@@ -622,7 +627,7 @@ export async function startStandIn(opts = {}) {
   await new Promise((resolve) => ctl.listen(0, '127.0.0.1', resolve));
 
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `${opts.tls ? 'https' : 'http'}://127.0.0.1:${port}`,
     control: `http://127.0.0.1:${ctl.address().port}`,
     cert: certFile,
     sandboxes,
@@ -639,7 +644,7 @@ export async function startStandIn(opts = {}) {
 if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
   const s = await startStandIn({
     tokenId: process.env.STAND_IN_TOKEN_ID, tokenSecret: process.env.STAND_IN_TOKEN_SECRET,
-    root: process.env.STAND_IN_ROOT,
+    root: process.env.STAND_IN_ROOT, tls: process.env.STAND_IN_TLS === '1',
   });
   const info = JSON.stringify({ url: s.url, control: s.control, cert: s.cert });
   if (process.env.STAND_IN_INFO) {

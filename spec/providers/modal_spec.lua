@@ -283,6 +283,34 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       other:release()
     end)
 
+    it('speaks gRPC over TLS (HTTP/2 by ALPN) to a server of its own authority, and to no other', function()
+      if not needs_stand_in() then return end
+      local tls = modal_stand_in.start({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET, tls = true })
+      local ok, err = pcall(function()
+        assert.truthy(tls.url:match('^https://'))
+        local p = sandbox.create_sandboxes(modal.modal_sandboxes({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET,
+          server_url = tls.url, ca_file = tls.cert }), { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'none' } })
+        local other = p:create({ lifetime_ms = 60000, network = 'none' })
+        assert.are.equal('over tls\n', other:exec({ 'echo', 'over tls' }).stdout)
+        other:write_file('t.txt', 'tls file')
+        assert.are.equal('tls file', other:read_file('t.txt'))
+        other:release()
+        p:close()
+        -- the command service was reached over TLS too (the stand-in serves nothing in the clear)
+        assert.is_true(#tls:calls('TaskExecStart') > 0)
+        -- without its authority the server is not trusted: nothing is made, no token shows
+        local q = sandbox.create_sandboxes(modal.modal_sandboxes({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET,
+          server_url = tls.url, retries = 0 }), { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'none' } })
+        local e = assert.raises_code('SANDBOX_ERROR', q.create, q, { lifetime_ms = 60000, network = 'none' })
+        assert.are.equal('unavailable', e.reason)
+        assert.is_falsy(tostring(e):find(TOKEN_SECRET, 1, true))
+        assert.are.equal(1, #tls:calls('AuthTokenGet'))   -- the trusted pool's only
+        q:close()
+      end)
+      tls:stop()
+      if not ok then error(err, 0) end
+    end)
+
     it('says gone for a sandbox Modal ended, and never shows the token', function()
       if not needs_stand_in() then return end
       local other = pool:create({ lifetime_ms = 60000, network = 'none' })

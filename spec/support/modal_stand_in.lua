@@ -73,7 +73,7 @@ function Stand:stop()
   os.remove(self.info)
 end
 
---- Starts a stand-in: `opts` = { token_id, token_secret }.
+--- Starts a stand-in: `opts` = { token_id, token_secret, tls (both services over TLS) }.
 function M.start(opts)
   local info = os.tmpname()
   os.remove(info)
@@ -82,7 +82,8 @@ function M.start(opts)
   s.proc = assert(core.spawn({
     argv = { 'node', SCRIPT },
     env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_INFO = info,
-      STAND_IN_TOKEN_ID = opts.token_id, STAND_IN_TOKEN_SECRET = opts.token_secret },
+      STAND_IN_TOKEN_ID = opts.token_id, STAND_IN_TOKEN_SECRET = opts.token_secret,
+      STAND_IN_TLS = opts.tls and '1' or nil },
     timeout_ms = opts.timeout_ms or 1800000,
   }, function(res)
     finished = res

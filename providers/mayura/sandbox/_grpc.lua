@@ -8,7 +8,8 @@
 --   local grpc = require('mayura.sandbox._grpc')
 --   local c = grpc.client({ label = 'modal', base_url = 'https://api.modal.com',
 --     metadata = { ['x-modal-token-id'] = id, ['x-modal-token-secret'] = secret },
---     secrets = { secret }, call_timeout_ms = 120000, retries = 2 })
+--     secrets = { secret }, call_timeout_ms = 120000, retries = 2,
+--     ca_file = nil })                      -- a PEM file of authorities to trust instead of the system's
 --   local resp = c:call('/modal.client.ModalClient/AppGetOrCreate', { app_name = 'a' })
 --   local list = c:call(method, req, { stream = true })  -- a server stream, read to its end
 --
@@ -90,7 +91,7 @@ Client.__index = Client
 
 local client_keys = {
   label = true, base_url = true, metadata = true, secrets = true, call_timeout_ms = true, retries = true,
-  retry_base_ms = true, max_response_bytes = true, deadline_ms = true,
+  retry_base_ms = true, max_response_bytes = true, deadline_ms = true, ca_file = true,
 }
 
 --- A client for one service: see the module's comment.
@@ -117,6 +118,7 @@ function M.client(options)
     retry_base_ms = check.int(options.retry_base_ms, 'retry_base_ms', 0, 60000, C, 3, 250),
     max_response_bytes = check.int(options.max_response_bytes, 'max_response_bytes', 1024, nil, C, 3, 64 * MIB),
     deadline_ms = options.deadline_ms,
+    ca_file = options.ca_file,
   }, Client)
 end
 
@@ -157,6 +159,7 @@ function Client:_attempt(method, body, o, remaining)
   for k, v in pairs(self.metadata) do headers[k] = v end
   local ok, res = pcall(http.request, {
     url = self.base_url .. method, method = 'POST', headers = headers, body = body, http2 = true,
+    ca_file = self.ca_file,
     timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
     max_body_bytes = self.max_response_bytes, signal = o.signal,
   })

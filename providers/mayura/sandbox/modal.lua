@@ -10,7 +10,8 @@
 -- when missing: default 'mayura-sandboxes'), `environment` (Modal's environment, the workspace's
 -- default when nil), `image` (a registry image with sh and coreutils or BusyBox, or an image id
 -- `im-...`: default `debian:bookworm-slim`; a create's `image` names another), `server_url`
--- (https://api.modal.com:443), `workdir` (/workspace), `max_lifetime_ms` (24 h), `retries`,
+-- (https://api.modal.com:443), `ca_file` (a PEM file of the authorities to trust instead of the
+-- system's, for a server with its own), `workdir` (/workspace), `max_lifetime_ms` (24 h), `retries`,
 -- `retry_base_ms`.
 --
 -- Modal's API is gRPC (protobuf over HTTP/2): `mayura.sandbox._grpc` through libcurl, with the
@@ -98,7 +99,7 @@ end
 
 local option_keys = {
   token_id = true, token_secret = true, app_name = true, environment = true, image = true, server_url = true,
-  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true,
+  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, ca_file = true,
 }
 
 local function image_option(v, what)
@@ -128,11 +129,15 @@ function M.modal_sandboxes(options)
     errors.raise(C, 'modal: server_url must be an http:// or https:// URL of a host and port', nil, 2)
   end
   local workdir = hosted.workdir_option(options.workdir or '/workspace', 'modal')
+  local ca_file = options.ca_file
+  if ca_file ~= nil and (type(ca_file) ~= 'string' or ca_file:sub(1, 1) ~= '/' or ca_file:find('%z')) then
+    errors.raise(C, 'modal: ca_file must be an absolute path', nil, 2)
+  end
   local api = grpc.client({
     label = 'modal', base_url = server, secrets = { options.token_secret, options.token_id },
     metadata = { ['x-modal-token-id'] = options.token_id, ['x-modal-token-secret'] = options.token_secret,
       ['x-modal-client-type'] = '8', ['x-modal-client-version'] = '1.0.0' },
-    retries = options.retries, retry_base_ms = options.retry_base_ms,
+    retries = options.retries, retry_base_ms = options.retry_base_ms, ca_file = ca_file,
   })
   local loopback = is_loopback_http(server)
 
@@ -312,7 +317,7 @@ function M.modal_sandboxes(options)
         router = grpc.client({
           label = 'modal', base_url = (loopback and 'http://' or 'https://') .. url,
           metadata = { authorization = 'Bearer ' .. access.jwt },
-          secrets = { access.jwt, options.token_secret }, retries = options.retries,
+          secrets = { access.jwt, options.token_secret }, retries = options.retries, ca_file = ca_file,
           retry_base_ms = options.retry_base_ms, call_timeout_ms = c.call_timeout_ms,
         })
       end
