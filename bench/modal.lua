@@ -8,7 +8,9 @@
 --     timed), over N_FIRST runs;
 --   * exec round trip: `true` in one sandbox, over N_EXEC runs;
 -- through mayura.sandbox.modal (gRPC over HTTP/2 through libcurl, one connection per call, as
--- libcurl 7.88 cannot reuse a prior-knowledge one), and through the official `modal` SDK (a Node
+-- libcurl 7.88 cannot reuse a prior-knowledge one; and once more over TLS, where HTTP/2 comes by
+-- ALPN and connections are reused, against the stand-in served over TLS), and through the
+-- official `modal` SDK (a Node
 -- process, bench/modal_sdk.mjs, timing itself, so its start is not counted). The ratio is
 -- mayura's time over the SDK's. Not like for like: mayura's exec is the command backend (the
 -- command started in the background, then polled, each step a TaskExecStart, stdin, stdout read
@@ -59,6 +61,17 @@ local exec_calls = (#stand:calls('TaskExecStart') - before) / (N_EXEC + 2)   -- 
 sb:release()
 pool:close()
 
+-- mayura over TLS (HTTP/2 by ALPN, connections reused) against the same stand-in served over TLS
+local tls = modal_stand_in.start({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET, tls = true })
+local tls_pool = sandbox.create_sandboxes(modal.modal_sandboxes({
+  token_id = TOKEN_ID, token_secret = TOKEN_SECRET, server_url = tls.url, ca_file = tls.cert,
+}), { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'none' } })
+local tsb = tls_pool:create({ lifetime_ms = 600000, network = 'none' })
+local m_exec_tls = bench.measure(N_EXEC, function() assert(tsb:exec({ 'true' }).exit_code == 0) end)
+tsb:release()
+tls_pool:close()
+tls:stop()
+
 local r = process.run({ 'node', 'bench/modal_sdk.mjs' }, {
   timeout_ms = 600000,
   env = {
@@ -75,4 +88,5 @@ print(('%-40s %12s %12s %8s'):format('operation (median)', 'mayura ms', 'SDK ms'
 print(('%-40s %12.3f %12.3f %7.2fx'):format('first command (create + exec true)', m_first, sdk.first_ms,
   m_first / sdk.first_ms))
 print(('%-40s %12.3f %12.3f %7.2fx'):format('exec true (round trip)', m_exec, sdk.exec_ms, m_exec / sdk.exec_ms))
+print(('%-40s %12.3f %12s %7.2fx'):format('exec true over TLS (h2 reused)', m_exec_tls, '-', m_exec_tls / sdk.exec_ms))
 print(('command runs (TaskExecStart) per mayura exec: %.1f'):format(exec_calls))
