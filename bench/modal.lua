@@ -10,8 +10,8 @@
 -- through mayura.sandbox.modal (gRPC over HTTP/2 through libcurl, one connection per call, as
 -- libcurl 7.88 cannot reuse a prior-knowledge one; and once more over TLS, where HTTP/2 comes by
 -- ALPN and connections are reused, against the stand-in served over TLS), and through the
--- official `modal` SDK (a Node
--- process, bench/modal_sdk.mjs, timing itself, so its start is not counted). The ratio is
+-- official `modal` SDK (a Node process, bench/modal_sdk.mjs, timing itself, so its start is not
+-- counted; over h2c, where grpc-js keeps one connection). The ratio is
 -- mayura's time over the SDK's. Not like for like: mayura's exec is the command backend (the
 -- command started in the background, then polled, each step a TaskExecStart, stdin, stdout read
 -- and wait on the command service), the SDK's one exec and its wait. The command-service calls
