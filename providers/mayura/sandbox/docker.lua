@@ -135,6 +135,8 @@ local UID_BASE, UID_SPAN = 1300000, 1048576  -- per-sandbox uids and gids: [base
 local OOM_SCORE_ADJ = -500                 -- the agent's (PID 1's); its commands reset theirs to 0
 local INODE_BYTES = 8192                   -- a tmpfs gets one inode per this many bytes of its size
 local MIN_INODES = 1024
+local GVISOR_BASE_TASKS = 128              -- host tasks of an idle gVisor sandbox (about 40), with room
+local GVISOR_TASKS_PER_PID = 12            -- host tasks per process in a gVisor sandbox (9 to 11 measured)
 
 -- {======================================================
 -- Small helpers
@@ -286,6 +288,8 @@ local function run_args(c)
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   if c.read_only then add('--read-only') end
+  if c.runtime then add('--runtime', c.runtime) end
+  if c.nproc then add('--ulimit', ('nproc=%d:%d'):format(c.nproc, c.nproc)) end
   if c.oom_score_adj then add('--oom-score-adj', tostring(c.oom_score_adj)) end
   add('--shm-size', tostring(c.shm_bytes))
   for _, t in ipairs(c.tmpfs) do add('--tmpfs', t.path .. ':' .. t.options) end
@@ -324,6 +328,13 @@ function Cli:run_container(c)
     elseif reason == 'no_image' then error(no_image(c.image), 0)
     else error(docker_error('failed', 'start a container'), 0) end
   end
+end
+
+--- The names of the daemon's runtimes (`docker info`'s Runtimes), as a set.
+function Cli:runtimes()
+  local res = self:run({ 'info', '--format', '{{json .Runtimes}}' }, 'list its runtimes')
+  local ok, t = pcall(core.json.decode, res.stdout)
+  return ok and type(t) == 'table' and t or {}
 end
 
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
@@ -455,6 +466,8 @@ local function api_config(c)
     Init = false,
     ShmSize = c.shm_bytes,
     OomScoreAdj = c.oom_score_adj,
+    Runtime = c.runtime,
+    Ulimits = c.nproc and { { Name = 'nproc', Soft = c.nproc, Hard = c.nproc } } or nil,
     AutoRemove = true,
     LogConfig = { Type = 'none', Config = setmetatable({}, json.object_mt) },
   }
@@ -547,6 +560,12 @@ function Api:run_container(c)
       error(e, 0)
     end
   end
+end
+
+function Api:runtimes()
+  local status, body = self:request('GET', '/info', nil, 'list its runtimes')
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list its runtimes'), 0) end
+  return type(body.Runtimes) == 'table' and body.Runtimes or {}
 end
 
 function Api:inspect(id)
@@ -946,8 +965,32 @@ end
 local option_keys = {
   image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
   tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true,
+  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true, runtime = true,
 }
+
+-- Checks `runtime` (the name of a runtime the daemon lists) and sets it on the provider `p`; raises
+-- INVALID_CONFIG for one the daemon does not have. Under gVisor (runsc) sandboxes get network 'none'
+-- alone: the runtime is registered with gVisor's own network stack off (scripts/docker-setup.sh).
+local function check_runtime(p, runtime)
+  if type(runtime) ~= 'string' or #runtime > 64 or not runtime:match('^%w[%w._-]*$') then
+    errors.raise('INVALID_CONFIG', 'runtime must be the name of one of the Docker daemon\'s runtimes', nil, 0)
+  end
+  local known = p.engine:runtimes()
+  local info = known[runtime]
+  if type(info) ~= 'table' then
+    local names = {}
+    for name in pairs(known) do
+      if type(name) == 'string' and name:match('^%w[%w._-]*$') then names[#names + 1] = name end
+    end
+    table.sort(names)
+    errors.raise('INVALID_CONFIG', 'the Docker daemon has no runtime named ' .. runtime .. ' (it has: ' ..
+      table.concat(names, ', ') .. ')', nil, 0)
+  end
+  p.runtime = runtime
+  local path = type(info.path) == 'string' and info.path or ''
+  p.gvisor = runtime == 'runsc' or path:match('runsc$') ~= nil
+  if p.gvisor then p.features.network = { 'none' } end
+end
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
 local function socket_of(host)
@@ -1065,6 +1108,10 @@ function M.docker_sandboxes(options, how)
   else
     p.engine = setmetatable({ socket = socket }, Api)
   end
+  if options.runtime ~= nil then
+    local rok, rerr = pcall(check_runtime, p, options.runtime)
+    if not rok then error(rerr, 2) end
+  end
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
@@ -1076,9 +1123,13 @@ function M.docker_sandboxes(options, how)
     errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. '): ' ..
       'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
   end
+  if p.gvisor and not (read_plain(p.agent) or ''):find('--no-spawner', 1, true) then
+    errors.raise(C, 'this sandbox agent cannot run under gVisor (rebuild it with make)', nil, 2)
+  end
   p.my_uid = me
   -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
-  p.allowlist = me == 0
+  -- (under gVisor, commands reach no network of the host's: its own stack has a loopback alone)
+  p.allowlist = me == 0 and not p.gvisor
   if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
   -- the host's rules around the bridge of 'all' take root; as root without the programs there is no
   -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
@@ -1201,7 +1252,9 @@ function M.docker_sandboxes(options, how)
         tmpfs('/dev/shm', self.tmp_mib, '1777', 'noexec'),
       },
       shm_bytes = self.tmp_mib * MIB,
-      oom_score_adj = not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
+      -- gVisor's runsc cannot set a score on its sandbox (the host's OOM killer ends the sandbox whole)
+      oom_score_adj = not self.gvisor and not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
+      runtime = self.runtime,
       mounts = {
         { source = self.agent, target = AGENT_IN, read_only = true },
         { source = dir, target = RUN_IN, read_only = false },
@@ -1215,7 +1268,19 @@ function M.docker_sandboxes(options, how)
       entrypoint = { AGENT_IN },
       cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
     }
-    if self.peer_uid then
+    if self.gvisor then
+      -- gVisor's kernel holds the sandbox's processes to `pids` (RLIMIT_NPROC of its one uid); the host's
+      -- pids cgroup counts gVisor's own threads too, about ten host tasks per process of the sandbox
+      c.nproc = self.pids
+      c.pids = GVISOR_BASE_TASKS + self.pids * GVISOR_TASKS_PER_PID
+      -- gVisor gives a peer from the host the sandbox's own credentials: the check is the sandbox's uid
+      -- there, and what keeps others out is the socket's directory (ours, closed to other host users)
+      c.cmd[#c.cmd + 1] = '--peer-uid'
+      c.cmd[#c.cmd + 1] = tostring(sb_uid)
+      -- and a child made with CLONE_PARENT never reaches PID 1's wait: commands are forked by the agent
+      c.cmd[#c.cmd + 1] = '--no-spawner'
+      c.cmd[#c.cmd + 1] = '1'
+    elseif self.peer_uid then
       c.cmd[#c.cmd + 1] = '--peer-uid'
       c.cmd[#c.cmd + 1] = tostring(self.peer_uid)
     end
