@@ -662,6 +662,44 @@ local function prepare_base(base, uid)
   if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, MODE_0700) end
 end
 
+-- As root, the default base directory is a file system of its own (a tmpfs, mounted once under a
+-- lock, so two hosts starting at once never stack two): a bind of a directory or file in it shows in
+-- a container's mount table as its name inside that file system alone ('/<expires>-<id>',
+-- '/agent-<hash>'), never a path of the host. Returns whether the base is one.
+local BASE_FS_OPTIONS = 'mode=0700,size=64m,nr_inodes=262144,nosuid,nodev'
+local function own_fs(base)
+  local function mounted()
+    local st, up = uv_fs('fs_lstat', base), uv_fs('fs_lstat', base .. '/..')
+    return type(st) == 'table' and type(up) == 'table' and st.dev ~= up.dev
+  end
+  if mounted() then return true end
+  local flock, mount, mountpoint = find_in_path('flock'), find_in_path('mount'), find_in_path('mountpoint')
+  if not (flock and mount and mountpoint) then return false end
+  pcall(process.run, { flock, '-w', '10', base .. '.lock', mount, '--no-mtab', '-t', 'tmpfs', '-o',
+    BASE_FS_OPTIONS, 'mayura', base }, { timeout_ms = 15000 })
+  return mounted()
+end
+
+-- The agent as a file of the base directory, named by its SHA-256 (made by a rename, so a file of
+-- that name is always whole): what the container binds, instead of the agent's path on the host.
+local function stage_agent(base, agent)
+  local bytes = read_plain(agent)
+  if not bytes or bytes == '' then errors.raise('INVALID_CONFIG', 'the sandbox agent cannot be read', nil, 0) end
+  local hex = core.sha256(bytes):gsub('.', function(c) return ('%02x'):format(c:byte()) end)
+  local path = base .. '/agent-' .. hex:sub(1, 32)
+  local st = uv_fs('fs_lstat', path)
+  if type(st) == 'table' and st.type == 'file' and st.size == #bytes then return path end
+  local tmp = path .. '.' .. random_hex(6)
+  local f = io.open(tmp, 'wb')
+  local ok = f and f:write(bytes) and true
+  if f then ok = f:close() and ok end
+  if not ok or not uv_fs('fs_chmod', tmp, tonumber('555', 8)) or not uv_fs('fs_rename', tmp, path) then
+    os.remove(tmp)
+    error(errors.sandbox('unavailable', 'cannot place the sandbox agent in the socket directory'), 0)
+  end
+  return path
+end
+
 -- Removes the directories of sandboxes whose lifetime is over (left by a host killed before release).
 local function sweep(base)
   local entries = await(function(cb) core.fs.list(base, cb) end)
@@ -1140,6 +1178,7 @@ function M.docker_sandboxes(options, how)
     network = p.firewall ~= nil,
   }
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
+  p.own_fs = me == 0 and not options.run_dir
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
   end
@@ -1204,7 +1243,9 @@ function M.docker_sandboxes(options, how)
 
     if not prepared then
       prepare_base(self.run_base, self.my_uid)
+      if self.own_fs then own_fs(self.run_base) end
       sweep(self.run_base)
+      self.agent_in_base = stage_agent(self.run_base, self.agent)
       prepared = true
     end
     reap(self.engine, self.host, self.run_base, self.my_uid, false)
@@ -1256,7 +1297,7 @@ function M.docker_sandboxes(options, how)
       oom_score_adj = not self.gvisor and not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
       runtime = self.runtime,
       mounts = {
-        { source = self.agent, target = AGENT_IN, read_only = true },
+        { source = self.agent_in_base, target = AGENT_IN, read_only = true },
         { source = dir, target = RUN_IN, read_only = false },
       },
       memory_bytes = memory_mib * MIB,
