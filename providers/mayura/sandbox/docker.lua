@@ -1150,6 +1150,14 @@ function M.docker_sandboxes(options, how)
     local rok, rerr = pcall(check_runtime, p, options.runtime)
     if not rok then error(rerr, 2) end
   end
+  -- what holds where: under gVisor its tmpfs has no inode cap and its sandbox takes no OOM score (a
+  -- runtime that refuses one clears oom_protected at the first create); `kernel` is the kernel that
+  -- the sandbox's system calls meet
+  p.enforced = {
+    memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
+    network = true, inodes = not p.gvisor, oom_protected = not p.gvisor and not oom_refused[p.host],
+    kernel = p.gvisor and 'gvisor' or 'host',
+  }
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
@@ -1335,6 +1343,7 @@ function M.docker_sandboxes(options, how)
     if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
       -- a runtime without CAP_SYS_RESOURCE cannot lower a score: once more without it, and say so once
       c.oom_score_adj = nil
+      self.enforced.oom_protected = false
       rok, container = pcall(eng.run_container, eng, c)
       if rok and not oom_refused[self.host] then
         oom_refused[self.host] = true
