@@ -40,7 +40,9 @@
 --     kernel sizes a tmpfs by its RAM), so a flood of empty files ends with
 --     ENOSPC; their pages count toward the container's memory;
 --   * the in-sandbox agent (the static build/mayura-agent) bind-mounted
---     read-only as the container's entrypoint and PID 1 (no docker init),
+--     read-only as the container's entrypoint and PID 1 (no docker init), from
+--     a copy in the socket directories' base named by its SHA-256 (never from
+--     its path on the host),
 --     with an OOM score of -500 (its commands reset theirs to 0); a runtime
 --     that cannot lower a score (no CAP_SYS_RESOURCE, as in some nested
 --     setups) fails the start, and the provider then starts its containers
@@ -67,6 +69,24 @@
 -- SIGKILL left. Containers are created with auto-remove too. Release returns
 -- once the container is gone.
 --
+-- `runtime` names one of the daemon's runtimes (checked against `docker info`:
+-- INVALID_CONFIG otherwise); 'runsc' (gVisor, registered by
+-- scripts/docker-setup.sh with gVisor's network stack off and the agent's
+-- socket made as a host socket) is a stronger tier: the sandbox's system
+-- calls meet gVisor's kernel, not the host's (`enforced.kernel` is
+-- 'gvisor'). What differs there: network 'none' alone (`features.network`);
+-- processes held to `pids` by RLIMIT_NPROC in gVisor's kernel, the host's
+-- pids cgroup sized for gVisor's own threads (a bomb whose churn reaches it
+-- ends the sandbox whole, `gone`); no OOM score (the host's OOM killer ends
+-- the sandbox whole: `enforced.oom_protected` false); tmpfs capped in bytes
+-- but not inodes (`enforced.inodes` false); no child subreaper, so a process
+-- that leaves both its command's session and environment outlives the
+-- command until the release; PID 1 not shielded from its own namespace (code
+-- inside can end its agent, and so its sandbox); the agent's filter on every
+-- command (`--no-spawner`: gVisor's CLONE_PARENT children never reach PID
+-- 1's wait, so the agent forks each command itself); Docker's own seccomp
+-- profile is not applied by runsc (gVisor is the boundary).
+--
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
 -- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
 -- 'api'` speaks the Engine API over its unix socket through libcurl
@@ -77,7 +97,15 @@
 --
 -- The per-sandbox host directory lives in a base directory of ours (0700;
 -- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
--- when another user controls a directory above it). While the agent starts
+-- when another user controls a directory above it). As root the default base
+-- is a tmpfs of its own (mounted once, under a lock): a container's mount
+-- table shows a bind by its path inside the file system it comes from, so a
+-- sandbox sees '/agent-<hash>' and '/<expires>-<id>' there, never a path of
+-- the host (with another user, or a `run_dir`, it sees the path inside the
+-- file system that holds the base: XDG_RUNTIME_DIR is a tmpfs on most
+-- hosts). Docker's own storage still shows under runc (the root's overlay
+-- options and the binds of /etc/hosts, /etc/hostname and /etc/resolv.conf
+-- name /var/lib/docker); under gVisor the mount table is gVisor's own. While the agent starts
 -- it is 0703: the container's user may make its socket in it but not list
 -- it; once the host has connected and said hello it is 0700, so code in the
 -- sandbox cannot store files on the host through it. The agent serves that
@@ -1081,7 +1109,8 @@ end
 -- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
 -- `run_dir` (where the sockets' directories are made) for unusual setups;
 -- `desktop` (true, or `{ display = 0, width = 1024, height = 768 }`: the
--- image has a desktop's programs; none by default); `warm` (0: how many containers of the
+-- image has a desktop's programs; none by default); `runtime` (the daemon's
+-- default; 'runsc' for gVisor, see above); `warm` (0: how many containers of the
 -- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes");
 -- `proxy_resolve` (tests only: the allow-list proxy's names, see mayura.sandbox._egress).
 -- With `how = { check = true }` the options are only checked: nothing is run, made or started (a
