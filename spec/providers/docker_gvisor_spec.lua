@@ -18,9 +18,10 @@ if not daemon_answers then
 end
 local has_runsc = host("docker info --format '{{json .Runtimes}}'"):find('"runsc"', 1, true) ~= nil
 
-local function ours()
+-- The containers of the sandbox `id` (any state).
+local function containers_of(id)
   local n = 0
-  for _ in host('docker ps -aq --filter label=mayura.provider=docker'):gmatch('%x+') do n = n + 1 end
+  for _ in host('docker ps -aq --filter label=mayura.sandbox=' .. id):gmatch('%x+') do n = n + 1 end
   return n
 end
 
@@ -38,7 +39,6 @@ describe('the runtime option of docker_sandboxes', function()
   end)
 
   it('takes the default runtime by name, with the default tier\'s features', function()
-    local before = ours()
     local p = docker.docker_sandboxes({ image = BUSYBOX, engine = 'api', runtime = 'runc', memory_mib = 128 })
     assert.are.equal('host', p.enforced.kernel)
     assert.is_true(p.enforced.inodes)
@@ -46,9 +46,10 @@ describe('the runtime option of docker_sandboxes', function()
     local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000 })
     local sb = pool:create({ lifetime_ms = 60000 })
     assert.are.equal(0, sb:exec({ 'true' }).exit_code)
+    assert.are.equal(1, containers_of(sb.id))
     sb:release()
     pool:close()
-    assert.are.equal(before, ours())
+    assert.are.equal(0, containers_of(sb.id))
   end)
 end)
 
