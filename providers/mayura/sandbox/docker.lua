@@ -1038,9 +1038,15 @@ local option_keys = {
 -- Checks `runtime` (the name of a runtime the daemon lists) and sets it on the provider `p`; raises
 -- INVALID_CONFIG for one the daemon does not have. Under gVisor (runsc) sandboxes get network 'none'
 -- alone: the runtime is registered with gVisor's own network stack off (scripts/docker-setup.sh).
-local function check_runtime(p, runtime)
+-- Only checking (a policy's check: nothing is run), the name alone is checked.
+local function check_runtime(p, runtime, checking)
   if type(runtime) ~= 'string' or #runtime > 64 or not runtime:match('^%w[%w._-]*$') then
     errors.raise('INVALID_CONFIG', 'runtime must be the name of one of the Docker daemon\'s runtimes', nil, 0)
+  end
+  if checking then
+    p.runtime, p.gvisor = runtime, runtime == 'runsc'
+    if p.gvisor then p.features.network = { 'none' } end
+    return
   end
   local known = p.engine:runtimes()
   local info = known[runtime]
@@ -1177,17 +1183,9 @@ function M.docker_sandboxes(options, how)
     p.engine = setmetatable({ socket = socket }, Api)
   end
   if options.runtime ~= nil then
-    local rok, rerr = pcall(check_runtime, p, options.runtime)
+    local rok, rerr = pcall(check_runtime, p, options.runtime, checking)
     if not rok then error(rerr, 2) end
   end
-  -- what holds where: under gVisor its tmpfs has no inode cap and its sandbox takes no OOM score (a
-  -- runtime that refuses one clears oom_protected at the first create); `kernel` is the kernel that
-  -- the sandbox's system calls meet
-  p.enforced = {
-    memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
-    network = true, inodes = not p.gvisor, oom_protected = not p.gvisor and not oom_refused[p.host],
-    kernel = p.gvisor and 'gvisor' or 'host',
-  }
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
@@ -1211,9 +1209,13 @@ function M.docker_sandboxes(options, how)
   -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
   p.firewall = me == 0 and fw.docker_tools() or nil
   if me == 0 and not p.firewall then table.remove(p.features.network, 2) end
+  -- under gVisor (network 'none' alone) its tmpfs has no inode cap and its sandbox takes no OOM score
+  -- (a runtime that refuses one clears oom_protected at the first create); `kernel` is the kernel
+  -- that the sandbox's system calls meet
   p.enforced = {
     memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
-    network = p.firewall ~= nil,
+    network = p.gvisor or p.firewall ~= nil, inodes = not p.gvisor,
+    oom_protected = not p.gvisor and not oom_refused[p.host], kernel = p.gvisor and 'gvisor' or 'host',
   }
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
   p.own_fs = me == 0 and not options.run_dir
