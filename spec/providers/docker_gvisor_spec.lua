@@ -38,6 +38,16 @@ describe('the runtime option of docker_sandboxes', function()
     end
   end)
 
+  it('only checks the name when a policy is checked: the daemon is not asked', function()
+    -- a runtime this daemon does not have passes a check, which runs nothing; a malformed name does not
+    local p = docker.docker_sandboxes({ image = BUSYBOX, engine = 'cli', docker = '/bin/false',
+      runtime = 'not-asked' }, { check = true })
+    assert.are.equal('not-asked', p.runtime)
+    assert.raises_code('INVALID_CONFIG', docker.docker_sandboxes, { image = BUSYBOX, runtime = '--x' }, { check = true })
+    assert.are.same({ 'none' }, docker.docker_sandboxes({ image = BUSYBOX, runtime = 'runsc' }, { check = true })
+      .features.network)
+  end)
+
   it('takes the default runtime by name, with the default tier\'s features', function()
     local p = docker.docker_sandboxes({ image = BUSYBOX, engine = 'api', runtime = 'runc', memory_mib = 128 })
     assert.are.equal('host', p.enforced.kernel)
