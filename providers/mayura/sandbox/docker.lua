@@ -536,7 +536,6 @@ end
 local TRANSIENT = {
   'resource temporarily unavailable', 'deadline exceeded', 'timed out', 'timeout', 'connection reset',
   'device or resource busy', 'interrupted system call', 'broken pipe', 'cannot allocate memory',
-  "can't get final child's pid",   -- runc (or runsc through runc's shim) starved on a loaded machine
 }
 
 local function transient(reason)
@@ -1372,10 +1371,6 @@ function M.docker_sandboxes(options, how)
     if spec.call_timeout_ms then c.start_by = started + spec.call_timeout_ms end
     local eng = self.engine
     local rok, container = pcall(eng.run_container, eng, c)
-    if not rok and type(container) == 'table' and container.runtime then
-      -- a runtime under load fails a start now and then ("can't get final child's PID"): once more as is
-      rok, container = pcall(eng.run_container, eng, c)
-    end
     if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
       -- a runtime without CAP_SYS_RESOURCE cannot lower a score: once more without it, and say so once
       c.oom_score_adj = nil
