@@ -55,6 +55,8 @@ typedef struct mc_chan {
 
 typedef struct { mc_chan *ch; } chan_box;
 
+static const mc_class chan_class;   /* at the end of the file */
+
 typedef struct chan_write {
     uv_write_t req;
     mc_chan *ch;
@@ -644,9 +646,7 @@ static mc_chan *chan_new(lua_State *L, int opts) {
             mc_raise(L, "INVALID_INPUT", "option 'on_close' must be a function");
         lua_pop(L, 1);
     }
-    box = (chan_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->ch = NULL;
-    luaL_setmetatable(L, CHAN_MT);
+    box = (chan_box *)mc_handle_new(L, &chan_class);
     ch = (mc_chan *)calloc(1, sizeof *ch);
     if (ch == NULL) mc_raise_oom(L);
     ch->L = mc_main(L);
@@ -745,18 +745,10 @@ static const luaL_Reg chan_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class chan_class = { CHAN_MT, sizeof(chan_box), l_chan_gc, l_chan_tostring, chan_methods, NULL };
+
 static void mc_open_chan(lua_State *L) {
-    if (luaL_newmetatable(L, CHAN_MT)) {
-        luaL_newlib(L, chan_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_chan_tostring);
-        lua_setfield(L, -2, "__tostring");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &chan_class);
     lua_pushcfunction(L, l_channel);
     lua_setfield(L, -2, "channel");
     lua_pushcfunction(L, l_channel_connect);

@@ -133,6 +133,8 @@ typedef struct mc_relay {
 
 typedef struct { mc_relay *r; } relay_box;
 
+static const mc_class relay_class;   /* at the end of the file */
+
 static void relay_maybe_free(mc_relay *r) {
     int i, j;
     if (r->live[0] || r->live[1] || r->boxed) return;
@@ -350,6 +352,16 @@ static int l_relay_close(lua_State *L) {
     return 0;
 }
 
+static int l_relay_tostring(lua_State *L) {
+    relay_box *box = (relay_box *)luaL_checkudata(L, 1, RELAY_MT);
+    lua_pushfstring(L, RELAY_MT " (%s)", box->r == NULL || box->r->finished ? "finished" : "running");
+    return 1;
+}
+
+/*
+** __gc and __close. A running relay is anchored, so __gc runs for one only while the state closes:
+** it ends without a callback, and none may reach the closing state.
+*/
 static int l_relay_gc(lua_State *L) {
     relay_box *box = (relay_box *)luaL_checkudata(L, 1, RELAY_MT);
     mc_relay *r = box->r;
@@ -399,9 +411,7 @@ static int l_relay(lua_State *L) {
         max_a = mc_opt_int(L, 3, "max_from_a", -1, 0, LLONG_MAX);
     }
     luaL_checktype(L, 4, LUA_TFUNCTION);
-    box = (relay_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->r = NULL;
-    luaL_setmetatable(L, RELAY_MT);
+    box = (relay_box *)mc_handle_new(L, &relay_class);
     r = (mc_relay *)calloc(1, sizeof *r);
     if (r == NULL) return mc_raise_oom(L);
     r->fd[0] = r->fd[1] = -1;
@@ -452,16 +462,15 @@ static int l_relay(lua_State *L) {
     return 1;
 }
 
+static const luaL_Reg relay_methods[] = {
+    {"close", l_relay_close},
+    {NULL, NULL}
+};
+
+static const mc_class relay_class = { RELAY_MT, sizeof(relay_box), l_relay_gc, l_relay_tostring, relay_methods, NULL };
+
 static void mc_open_net(lua_State *L) {
-    if (luaL_newmetatable(L, RELAY_MT)) {
-        lua_newtable(L);
-        lua_pushcfunction(L, l_relay_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_relay_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &relay_class);
     lua_pushcfunction(L, l_netns_socket);
     lua_setfield(L, -2, "netns_socket");
     lua_pushcfunction(L, l_relay);

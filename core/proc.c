@@ -81,6 +81,8 @@ typedef struct mc_proc {
 
 typedef struct { mc_proc *p; } proc_box;
 
+static const mc_class proc_class;   /* at the end of the file */
+
 static void proc_finish(mc_proc *p);
 
 /* {======================================================
@@ -818,9 +820,7 @@ static int l_spawn(lua_State *L) {
     proc_read_opts(L, &so);
 
     /* The box first, born empty: from here on its __gc cleans up whatever a raise leaves. */
-    box = (proc_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->p = NULL;
-    luaL_setmetatable(L, PROC_MT);
+    box = (proc_box *)mc_handle_new(L, &proc_class);
     boxidx = lua_gettop(L);
     p = (mc_proc *)calloc(1, sizeof *p);
     if (p == NULL) return mc_raise_oom(L);
@@ -994,18 +994,10 @@ static const luaL_Reg proc_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class proc_class = { PROC_MT, sizeof(proc_box), l_proc_gc, l_proc_tostring, proc_methods, NULL };
+
 static void mc_open_proc(lua_State *L) {
-    if (luaL_newmetatable(L, PROC_MT)) {
-        luaL_newlib(L, proc_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_proc_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_proc_gc);
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_proc_tostring);
-        lua_setfield(L, -2, "__tostring");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &proc_class);
     /* A command that closes its stdin early must not end the host with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lua_pushcfunction(L, l_spawn);
