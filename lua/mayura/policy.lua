@@ -791,7 +791,7 @@ function Env:session(id, options)
   end
   local max = self.policy.serve and self.policy.serve.max_sessions or MAX_SESSIONS
   if #open >= max then
-    errors.raise('LIMIT_EXCEEDED', 'max_sessions (' .. max .. ') sessions are open')
+    errors.raise('LIMIT_EXCEEDED', 'max_sessions (' .. max .. ') sessions are open; try again once one ends')
   end
   local parts, name = agent_parts(self, options.agent, 2)
   local agent = make_agent(parts, function()
