@@ -316,6 +316,21 @@ MC_FN void mc_class_register(lua_State *L, const mc_class *c) {
     lua_pop(L, 1);
 }
 
+/*
+** The life of an object a handle points to (a process, a channel, a relay), whose C memory
+** outlives the handle until libuv has closed back every handle of its own: `uv` counts those
+** libuv handles (initialised, close callback not yet run), `holds` what else still needs the
+** object (its Lua handle, a callback into Lua under way, a command not yet finished). Its one
+** free function runs when mc_life_over says both are zero, and only then.
+*/
+typedef struct mc_life {
+    int uv, holds;
+} mc_life;
+
+MC_FN int mc_life_over(const mc_life *l) {
+    return l->uv == 0 && l->holds == 0;
+}
+
 /* Pushes a new, empty handle of class c (c->size zeroed bytes, with its metatable) and returns it. */
 MC_FN void *mc_handle_new(lua_State *L, const mc_class *c) {
     void *h = lua_newuserdatauv(L, c->size, 0);

@@ -120,7 +120,7 @@ typedef struct mc_relay {
     lua_State *L;         /* main thread; NULL once the state is closing */
     uv_poll_t poll[2];
     int fd[2];
-    int live[2];          /* poll handle initialised and not yet closed back */
+    int live[2];          /* poll handle initialised and not yet closed back (each counted in life.uv) */
     int events[2];
     int connecting;       /* side 1's connect is under way */
     int limited;          /* side 0 may send no more than `left` bytes */
@@ -128,7 +128,7 @@ typedef struct mc_relay {
     relay_dir dir[2];     /* dir[0]: side 0 -> side 1 */
     int cb_ref, self_ref;
     int finished;
-    int boxed;
+    mc_life life;         /* uv: the live poll handles; holds: the Lua userdata */
 } mc_relay;
 
 typedef struct { mc_relay *r; } relay_box;
@@ -137,7 +137,7 @@ static const mc_class relay_class;   /* at the end of the file */
 
 static void relay_maybe_free(mc_relay *r) {
     int i, j;
-    if (r->live[0] || r->live[1] || r->boxed) return;
+    if (!mc_life_over(&r->life)) return;
     for (i = 0; i < 2; i++)
         for (j = 0; j < 2; j++)
             if (r->dir[i].pipe[j] >= 0) close(r->dir[i].pipe[j]);
@@ -150,6 +150,7 @@ static void relay_on_close(uv_handle_t *h) {
     mc_relay *r = (mc_relay *)h->data;
     int i = h == (uv_handle_t *)&r->poll[0] ? 0 : 1;
     r->live[i] = 0;
+    r->life.uv--;
     close(r->fd[i]);
     r->fd[i] = -1;
     relay_maybe_free(r);
@@ -367,7 +368,7 @@ static int l_relay_gc(lua_State *L) {
     mc_relay *r = box->r;
     if (r == NULL) return 0;
     box->r = NULL;
-    r->boxed = 0;
+    r->life.holds--;   /* the userdata's */
     r->L = NULL;
     if (!r->finished) relay_finish(r, NULL, 0);
     relay_maybe_free(r);
@@ -423,7 +424,7 @@ static int l_relay(lua_State *L) {
             r->dir[i].pipe[0] = r->dir[i].pipe[1] = -1;
     }
     r->cb_ref = r->self_ref = LUA_NOREF;
-    r->boxed = 1;
+    r->life.holds++;   /* the userdata's */
     box->r = r;
     r->dir[0].buf = (char *)malloc(prefix_len > RELAY_BUF ? prefix_len : RELAY_BUF);
     r->dir[1].buf = (char *)malloc(RELAY_BUF);
@@ -452,6 +453,7 @@ static int l_relay(lua_State *L) {
         }
         r->poll[i].data = r;
         r->live[i] = 1;
+        r->life.uv++;
     }
     r->L = mc_main(L);
     lua_pushvalue(L, 4);
