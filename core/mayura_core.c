@@ -3,7 +3,7 @@
 **
 ** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
 ** processes, files, HTTP through libcurl, JSON through cJSON, MessagePack through
-** msgpack-c, base64, CRC-32 and
+** msgpack-c, protocol buffers through protobuf-c, base64, CRC-32 and
 ** incremental parsers for streamed HTTP answers (Connect, NDJSON, SSE).
 ** It has no opinion about limits, permissions or providers: it checks its
 ** arguments and returns results. Every piece is included here so that the
@@ -28,6 +28,7 @@
 #include "net.c"
 #include "ws.c"
 #include "msgpack.c"
+#include "proto.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -471,5 +472,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_net(L);
     mc_open_ws(L);
     mc_open_msgpack(L);
+    mc_open_proto(L);
     return 1;
 }

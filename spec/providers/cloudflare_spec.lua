@@ -6,6 +6,7 @@
 local cloudflare = require('mayura.sandbox.cloudflare')
 local suite = require('support.stand_in_suite')
 local cloudflare_service = require('support.cloudflare_service')
+local stop_cases = require('support.stop_cases')
 
 local KEY = 'cfsb_0123456789abcdefKEY'
 
@@ -35,6 +36,10 @@ suite.describe('the Cloudflare bridge stand-in, over real local sandboxes', func
     create = { lifetime_ms = 600000, network = 'all' },
     ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
   })
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
 
   suite.conformance(function() return sb end)
 

@@ -11,6 +11,7 @@ local codesandbox = require('mayura.sandbox.codesandbox')
 local stand_in = require('support.stand_in')
 local util = require('support.util')
 local codesandbox_service = require('support.codesandbox_service')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'csb_0123456789abcdefTOKEN'
 
@@ -100,6 +101,10 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
     local forks = svc:calls('POST', '/sandbox/{template}/fork')
     assert.are.same({ 'sdk' }, forks[#forks].json.tags)
     assert.is_nil(state.sandboxes[v.id])
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()

@@ -11,6 +11,7 @@ local process = require('mayura.process')
 local daytona = require('mayura.sandbox.daytona')
 local daytona_service = require('support.daytona_service')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local json = core.json
 
@@ -95,6 +96,10 @@ describe('mayura.sandbox.daytona', function()
     pool:close()
     svc:close()
     assert.are.same({}, svc.failures)
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite', function()

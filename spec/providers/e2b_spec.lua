@@ -10,6 +10,7 @@ local e2b_desktop = require('mayura.sandbox.e2b_desktop')
 local stand_in = require('support.stand_in')
 local e2b_service = require('support.e2b_service')
 local suite = require('support.stand_in_suite')
+local stop_cases = require('support.stop_cases')
 
 local json = core.json
 
@@ -160,6 +161,10 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     create = { lifetime_ms = 600000, labels = { case = 'conformance' } },
     ready = function(e) backing, service, pool, sb = e.backing, e.state, e.pool, e.sb end,
   })
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
 
   suite.conformance(function() return sb end, 'passes the conformance suite')
 

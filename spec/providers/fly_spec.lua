@@ -6,6 +6,7 @@
 local fly = require('mayura.sandbox.fly')
 local suite = require('support.stand_in_suite')
 local fly_service = require('support.fly_service')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN_WORD = 'fm2_0123456789abcdefTOKEN'
 local APP = 'mayura-sandboxes'
@@ -36,6 +37,10 @@ suite.describe('the Fly stand-in, over real local sandboxes', function()
     create = { lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } },
     ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
   })
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
 
   suite.conformance(function() return sb end)
 

@@ -11,6 +11,7 @@ local northflank = require('mayura.sandbox.northflank')
 local suite = require('support.stand_in_suite')
 local northflank_service = require('support.northflank_service')
 local http = require('mayura.http')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'nf_0123456789abcdefTOKEN'
 local PROJECT = 'sandboxes'
@@ -77,6 +78,10 @@ suite.describe('the Northflank stand-in, over real local sandboxes', function()
     assert.is_true(result.missing_is_404)
     assert.is_true(result.wrong_token_refused)
     assert.are.equal(before, backing.pool:count())
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   suite.conformance(function() return sb end)

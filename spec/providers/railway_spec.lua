@@ -10,6 +10,7 @@ local suite = require('support.stand_in_suite')
 local railway_service = require('support.railway_service')
 local util = require('support.util')
 local http = require('mayura.http')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'rw_0123456789abcdefTOKEN'
 local ENV = 'env-mayura-1'
@@ -91,6 +92,10 @@ suite.describe('the Railway stand-in, over real local sandboxes', function()
     assert.are.same({ environmentId = ENV, variables = { GREETING = 'hi' }, idleTimeoutMinutes = 7,
       region = 'us-east4' }, input)
     assert.are.equal(before, backing.pool:count())
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   suite.conformance(function() return sb end)

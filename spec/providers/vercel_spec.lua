@@ -12,6 +12,7 @@ local vercel = require('mayura.sandbox.vercel')
 local suite = require('support.stand_in_suite')
 local vercel_service = require('support.vercel_service')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'vcp_0123456789abcdefTOKEN'
 local TEAM, PROJECT = 'team_mayura', 'prj_mayura'
@@ -148,6 +149,10 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     child = assert(tonumber(sb:read_file('bg4.pid')))
     assert.is_false(signalled(child))
     assert.is_false(alive(child))
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()

@@ -27,6 +27,8 @@
 --   client:stream('POST', '/process.Process/Start', msg, { format = 'connect', on_event = fn })
 --
 -- What a call promises:
+--   * every request names mayura and its version (`User-Agent: mayura/<core.version>`,
+--     `M.USER_AGENT`; a WebSocket handshake of a provider sends it too);
 --   * the API key travels only in the auth header; no error message, field or
 --     log line carries it (messages are ours; any secret is scrubbed from
 --     them once more before they are raised);
@@ -76,6 +78,9 @@ local M = {}
 
 local json = core.json
 local MIB = 1048576
+
+--- What every request of a hosted provider says it is: mayura and its version.
+M.USER_AGENT = 'mayura/' .. tostring(core.version or '0')
 
 M.GONE_STATUSES = { 404, 410 }
 M.RETRY_STATUSES = { 429, 502, 503, 504 }
@@ -549,6 +554,10 @@ function Client:_headers(extra)
   local h = {}
   for k, v in pairs(self.headers) do h[k] = v end
   for k, v in pairs(check_headers(extra, self.label .. ': headers', 5)) do h[k] = v end
+  for k in pairs(h) do
+    if k:lower() == 'user-agent' then h[k] = nil end
+  end
+  h['User-Agent'] = M.USER_AGENT
   self._auth(h)
   return h
 end

@@ -249,7 +249,8 @@ end
 function WsTransport:_connect(signal)
   local c = self.client
   local ok, conn = pcall(ws.connect, { url = self.ws_url, protocols = 'railway-shell, ' .. self:_jwt(signal),
-    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes })
+    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes,
+    headers = { ['User-Agent'] = hosted.USER_AGENT } })
   if ok then return conn end
   local code = errors.is(conn) and conn.code
   if code == 'CANCELLED' then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
