@@ -264,7 +264,8 @@ MC_FN int mc_opt_func_ref(lua_State *L, int idx, const char *key) {
 ** A handle is made first, empty (mc_handle_new: zeroed, with its metatable), then the resource is
 ** made and owned by it, so a raise at any later point is cleaned up by __gc. The registry table
 ** MC_CLASSES_KEY maps each name to its class (core._handle(name) makes an empty one, for specs).
-** LuaJIT has no __close: the field is then only read by whoever calls it.
+** LuaJIT has no __close: the field is then only read by whoever calls it. (A plain scratch buffer
+** that owns nothing, such as spawn's argv or a URL copy, is a userdata without a metatable: Lua frees it.)
 */
 #define MC_CLASSES_KEY "mayura.core.classes"
 

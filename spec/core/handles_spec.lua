@@ -50,8 +50,8 @@ describe('the handles of the core', function()
     table.sort(names)
     -- not vacuous: the classes of the core are all there
     assert.are.same({ 'mayura.channel', 'mayura.http_multi', 'mayura.http_request', 'mayura.json.box',
-      'mayura.msgpack.box', 'mayura.process', 'mayura.relay', 'mayura.stream_parser', 'mayura.ws',
-      'mayura.ws_state' }, names)
+      'mayura.msgpack.box', 'mayura.process', 'mayura.proto_hold', 'mayura.relay', 'mayura.stream_parser',
+      'mayura.ws', 'mayura.ws_state' }, names)
   end)
 
   it('an empty handle of every class prints, closes twice and is collected', function()
