@@ -48,12 +48,12 @@ typedef struct mc_chan {
     unsigned char *in;    /* received bytes not yet handled */
     size_t in_len, in_size;
     int closed;           /* no more calls; the pending ones have been failed */
-    int handle_live;      /* the uv handle is initialised and its close callback has not run */
-    int boxed;            /* a Lua userdata points here */
-    int busy;             /* inside a callback into Lua: do not free */
+    mc_life life;         /* uv: the pipe (0 or 1); holds: the Lua userdata, each callback into Lua under way */
 } mc_chan;
 
 typedef struct { mc_chan *ch; } chan_box;
+
+static const mc_class chan_class;   /* at the end of the file */
 
 typedef struct chan_write {
     uv_write_t req;
@@ -66,7 +66,7 @@ typedef struct chan_write {
 ** =======================================================*/
 
 static void chan_maybe_free(mc_chan *ch) {
-    if (ch->handle_live || ch->boxed || ch->busy > 0) return;
+    if (!mc_life_over(&ch->life)) return;
     free(ch->limits);
     free(ch->in);
     free(ch);
@@ -74,12 +74,12 @@ static void chan_maybe_free(mc_chan *ch) {
 
 static void chan_on_handle_close(uv_handle_t *h) {
     mc_chan *ch = (mc_chan *)h->data;
-    ch->handle_live = 0;
+    ch->life.uv--;
     chan_maybe_free(ch);
 }
 
 static void chan_close_handle(mc_chan *ch) {
-    if (ch->handle_live && !uv_is_closing((uv_handle_t *)&ch->pipe))
+    if (ch->life.uv > 0 && !uv_is_closing((uv_handle_t *)&ch->pipe))
         uv_close((uv_handle_t *)&ch->pipe, chan_on_handle_close);
 }
 
@@ -104,7 +104,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     lua_Integer npending = ch->npending;
     if (ch->closed) return;
     ch->closed = 1;
-    if (ch->handle_live && !uv_is_closing((uv_handle_t *)&ch->pipe))
+    if (ch->life.uv > 0 && !uv_is_closing((uv_handle_t *)&ch->pipe))
         uv_read_stop((uv_stream_t *)&ch->pipe);
     chan_close_handle(ch);
     pending = ch->pending_ref;
@@ -115,7 +115,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     ch->npending = 0;
     ch->nlimits = 0;
     if (L == NULL) return;   /* the state is closing: nobody to tell */
-    ch->busy++;
+    ch->life.holds++;
     if (pending != LUA_NOREF) {
         /* in id order, so that callers see their calls fail in the order they made them */
         lua_Integer *ids = npending > 0 ? (lua_Integer *)malloc((size_t)npending * sizeof *ids) : NULL;
@@ -161,7 +161,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     }
     /* unanchored last: the userdata may be collected from here on */
     if (self != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, self);
-    ch->busy--;
+    ch->life.holds--;
 }
 
 /* }====================================================== */
@@ -325,7 +325,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
         return;
     }
     ch->in_len += (size_t)nread;
-    ch->busy++;
+    ch->life.holds++;
     while (!ch->closed && ch->in_len - off >= 4) {
         uint32_t flen = wire_get_u32(ch->in + off);
         if (flen < 4 || flen > ch->max_frame) {
@@ -356,7 +356,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             if (nb != NULL) { ch->in = nb; ch->in_size = 2 * CHAN_READ_CHUNK; }
         }
     }
-    ch->busy--;
+    ch->life.holds--;
     chan_maybe_free(ch);
 }
 
@@ -617,7 +617,7 @@ static int l_chan_gc(lua_State *L) {
     mc_chan *ch = box->ch;
     if (ch == NULL) return 0;
     box->ch = NULL;
-    ch->boxed = 0;
+    ch->life.holds--;   /* the userdata's */
     if (!ch->closed) chan_shutdown(ch, NULL, "gone", "", 0);
     ch->L = NULL;
     chan_maybe_free(ch);
@@ -644,16 +644,14 @@ static mc_chan *chan_new(lua_State *L, int opts) {
             mc_raise(L, "INVALID_INPUT", "option 'on_close' must be a function");
         lua_pop(L, 1);
     }
-    box = (chan_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->ch = NULL;
-    luaL_setmetatable(L, CHAN_MT);
+    box = (chan_box *)mc_handle_new(L, &chan_class);
     ch = (mc_chan *)calloc(1, sizeof *ch);
     if (ch == NULL) mc_raise_oom(L);
     ch->L = mc_main(L);
     ch->max_frame = (size_t)max;
     ch->next_id = 1;
     ch->on_close_ref = ch->connect_cb_ref = ch->pending_ref = ch->self_ref = LUA_NOREF;
-    ch->boxed = 1;
+    ch->life.holds++;   /* the userdata's */
     box->ch = ch;   /* owned by the box from here: a raise below is cleaned up by __gc */
     if (!lua_isnoneornil(L, opts)) on_close = mc_opt_func_ref(L, opts, "on_close");
     ch->on_close_ref = on_close;
@@ -678,7 +676,7 @@ static int l_channel(lua_State *L) {
     ch = chan_new(L, 2);
     uv_pipe_init(loop, &ch->pipe, 0);
     ch->pipe.data = ch;
-    ch->handle_live = 1;
+    ch->life.uv = 1;
     rc = uv_pipe_open(&ch->pipe, (uv_file)fd);
     if (rc == 0) rc = uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read);
     if (rc != 0) {
@@ -699,7 +697,7 @@ static void chan_on_connect(uv_connect_t *req, int status) {
     ch->connect_cb_ref = LUA_NOREF;
     if (L == NULL || ch->closed) return;   /* the state closed meanwhile: the handle is closing */
     if (status == 0) status = uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read);
-    ch->busy++;
+    ch->life.holds++;
     lua_rawgeti(L, LUA_REGISTRYINDEX, cb);
     luaL_unref(L, LUA_REGISTRYINDEX, cb);
     if (status == 0) {
@@ -712,7 +710,7 @@ static void chan_on_connect(uv_connect_t *req, int status) {
         mc_error_field(L, "reason", "unavailable");
         mc_call(L, 2);
     }
-    ch->busy--;
+    ch->life.holds--;
     chan_maybe_free(ch);
 }
 
@@ -731,7 +729,7 @@ static int l_channel_connect(lua_State *L) {
     ch->connect_cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     uv_pipe_init(loop, &ch->pipe, 0);
     ch->pipe.data = ch;
-    ch->handle_live = 1;
+    ch->life.uv = 1;
     ch->connect_req.data = ch;
     uv_pipe_connect(&ch->connect_req, &ch->pipe, path, chan_on_connect);
     return 0;
@@ -745,18 +743,10 @@ static const luaL_Reg chan_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class chan_class = { CHAN_MT, sizeof(chan_box), l_chan_gc, l_chan_tostring, chan_methods, NULL };
+
 static void mc_open_chan(lua_State *L) {
-    if (luaL_newmetatable(L, CHAN_MT)) {
-        luaL_newlib(L, chan_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_chan_tostring);
-        lua_setfield(L, -2, "__tostring");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &chan_class);
     lua_pushcfunction(L, l_channel);
     lua_setfield(L, -2, "channel");
     lua_pushcfunction(L, l_channel_connect);

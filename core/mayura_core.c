@@ -396,7 +396,27 @@ static int l_report_once(lua_State *L) {
     return 1;
 }
 
+/*
+** core._handle(name) -> a new, empty handle of the registered class `name` (its resource never
+** made): what a raise right after mc_handle_new leaves to __gc. For the specs of the handle recipe.
+*/
+static int l_handle(lua_State *L) {
+    const mc_class *c;
+    const char *name;
+    if (lua_type(L, 1) != LUA_TSTRING) return mc_raise(L, "INVALID_INPUT", "_handle expects a class name");
+    name = lua_tostring(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_CLASSES_KEY);
+    if (!lua_istable(L, -1)) return mc_raise(L, "INVALID_INPUT", "no class is registered");
+    lua_getfield(L, -1, name);
+    c = (const mc_class *)lua_touserdata(L, -1);
+    if (c == NULL) return mc_raise(L, "INVALID_INPUT", "no class is named '%s'", name);
+    lua_pop(L, 2);
+    mc_handle_new(L, c);
+    return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
+    {"_handle", l_handle},
     {"set_reporter", l_set_reporter},
     {"report", l_report},
     {"report_once", l_report_once},

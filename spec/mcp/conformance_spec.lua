@@ -9,7 +9,7 @@ local task = require('mayura._task')
 local process = require('mayura.process')
 local mcp = require('mayura.mcp')
 local http = require('mayura.mcp.http')
-local mcp_policy = require('mayura.mcp.policy')
+local policy = require('mayura.policy')
 
 local json = core.json
 local TOKEN = 'conformance-token-' .. string.format('%08x', math.random(0, 0x7fffffff))
@@ -43,9 +43,8 @@ describe('the MCP conformance suite\'s server scenarios', function()
       -- its client never ends a session: room for all of them
       local source = read('spec/mcp/policy.lua'):gsub('max_sessions = 4', 'max_sessions = 64')
         :gsub('max_sandboxes = 6', 'max_sandboxes = 64')
-      local env = mcp_policy.open({ { name = 'spec/mcp/policy.lua', source = source } })
-      local server = mcp.server({ open_session = function(id) return env:session(id) end,
-        max_sessions = env.max_sessions })
+      local env = policy.load_policy({ { name = 'spec/mcp/policy.lua', source = source } }):open()
+      local server = mcp.server({ open_session = function(id) return env:session(id) end })
       local listener = http.listen(server, { token = TOKEN })
       local dir = os.tmpname()
       os.remove(dir)
