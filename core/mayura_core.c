@@ -16,6 +16,33 @@
 #include <luv/luv.h>
 #pragma GCC diagnostic pop
 
+#include <time.h>
+
+/* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
+static int mc_run_depth = 0;
+/*
+** A step with a budget (core.step, mayura_step) counts the CPU time of the host's thread
+** (CLOCK_THREAD_CPUTIME_ID), not the wall clock: what the host's frame pays, whatever else the
+** machine runs. mc_step_deadline is where it stops starting work (0 when no step with a budget
+** runs), mc_step_start where it began, both in that clock's nanoseconds.
+*/
+static uint64_t mc_step_deadline = 0;
+static uint64_t mc_step_start = 0;
+/* How many steps have begun, which tells one step from the next. */
+static lua_Integer mc_step_count = 0;
+
+/* This thread's CPU time in nanoseconds. */
+static uint64_t mc_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return uv_hrtime();
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether a step with a budget is running and has spent it: work that can wait should (chan.c). */
+static int mc_step_over(void) {
+    return mc_step_deadline != 0 && mc_cpu_ns() >= mc_step_deadline;
+}
+
 #include "b64.c"
 #include "json.c"
 #include "proc.c"
@@ -31,14 +58,6 @@
 
 #define MAYURA_VERSION "0.1.0"
 
-/* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
-static int mc_run_depth = 0;
-/* The end of the running step's budget (uv_hrtime), 0 when no step with a budget runs. */
-static uint64_t mc_step_deadline = 0;
-/* When the running step with a budget began (uv_hrtime). */
-static uint64_t mc_step_start = 0;
-/* How many steps have begun, which tells one step from the next. */
-static lua_Integer mc_step_count = 0;
 
 /* {======================================================
 ** The shared loop
@@ -119,6 +138,7 @@ static int l_run_once(lua_State *L) {
     ** although one of them ended the wait: when something is due now, run
     ** without blocking, and the caller looks at its condition again.
     */
+    chan_resume_reads();
     uv_update_time(loop);
     mc_run_depth++;
     alive = uv_run(loop, uv_backend_timeout(loop) == 0 ? UV_RUN_NOWAIT : UV_RUN_ONCE);
@@ -133,6 +153,7 @@ static int l_run(lua_State *L) {
     mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running");
+    chan_resume_reads();
     mc_run_depth++;
     uv_run(loop, UV_RUN_DEFAULT);
     mc_run_depth--;
@@ -146,26 +167,29 @@ static int l_loop_running(lua_State *L) {
 }
 
 /*
-** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT,
-** then more passes while work is still due at once and the budget (µs, 0 for
-** one pass) is not spent (core.end_step spends it at once). Returns whether
-** anything is still pending, or -1 when the loop is already being run (the
-** caller says so).
+** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT, then more passes while
+** work is still due at once and the budget (µs of this thread's CPU time, 0 for one pass) is not
+** spent (core.end_step spends it at once). Work is started only within the first three quarters
+** of the budget: the last quarter is room for what a pass cannot cut (a channel's read, a task's
+** run up to its next wait), so that the step as a whole stays within it. Returns whether anything
+** is still pending, or -1 when the loop is already being run (the caller says so).
 */
 static int mc_step(lua_State *L, long budget_us) {
     uv_loop_t *loop = mc_loop(L);
     uint64_t start, limit;
     int alive;
     if (mc_loop_busy(L)) return -1;
-    start = uv_hrtime();
+    start = mc_cpu_ns();
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
+    limit -= limit / 4;
     mc_step_deadline = limit > 0 ? start + limit : 0;
     mc_step_start = start;
     mc_step_count++;
     mc_run_depth++;
+    chan_resume_reads();
     do {
         alive = uv_run(loop, UV_RUN_NOWAIT);
-    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() < mc_step_deadline);
+    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && mc_cpu_ns() < mc_step_deadline);
     mc_run_depth--;
     mc_step_deadline = 0;
     return alive != 0;
@@ -173,7 +197,8 @@ static int mc_step(lua_State *L, long budget_us) {
 
 /*
 ** core.over_budget([share]): whether a step with a budget (core.step, mayura_step) is running and
-** its time is spent (with share, a number in (0, 1]: that part of it), the number of that step
+** its time is spent (with share, a number in (0, 1]: that part of it; the time is this thread's
+** CPU time, of the part of the budget in which work starts, see mc_step), the number of that step
 ** (one step from the next), and whether a step with a budget is running. Work that can wait for
 ** the next step (a task's resumption, mayura._task) asks this before running, so completions
 ** that arrive together are spread over frames.
@@ -183,7 +208,7 @@ static int l_over_budget(lua_State *L) {
     uint64_t at = mc_step_deadline;
     if (!(share > 0 && share <= 1)) return mc_raise(L, "INVALID_INPUT", "over_budget's share must be in (0, 1]");
     if (at != 0 && share < 1) at = mc_step_start + (uint64_t)((lua_Number)(mc_step_deadline - mc_step_start) * share);
-    lua_pushboolean(L, at != 0 && uv_hrtime() >= at);
+    lua_pushboolean(L, at != 0 && mc_cpu_ns() >= at);
     lua_pushinteger(L, mc_step_count);
     lua_pushboolean(L, at != 0);
     return 3;
@@ -197,7 +222,7 @@ static int l_over_budget(lua_State *L) {
 */
 static int l_end_step(lua_State *L) {
     (void)L;
-    if (mc_step_deadline != 0) mc_step_deadline = uv_hrtime();
+    if (mc_step_deadline != 0) mc_step_deadline = mc_cpu_ns();
     return 0;
 }
 
@@ -215,6 +240,118 @@ static int l_expect_bytes(lua_State *L) {
     lua_pushinteger(L, n);
     lua_call(L, 1, 0);
     return 0;
+}
+
+/*
+** core.prepare_bytes(n) -> block | nil: readies the memory of a string of about n bytes that is
+** about to be made (a file read in parts) in a state of the host's own allocator (LÖVE's,
+** Neovim's, a plain interpreter's luaL_newstate), whose large blocks come fresh from the system
+** and cost their page faults in the frame that first writes them (~6 ms for 16 MiB). The block is
+** taken from the state's own allocator at once, untouched; block:touch(bytes) writes the next
+** `bytes` of it (a share of the faults in each frame that brings a part), and
+** block:make(fn, ...) returns fn(...), with the block handed to the first allocation of n to n +
+** PREP_SLACK bytes that fn makes (the string, sized exactly by the same allocator: afterwards it
+** is the allocator's block like any other). A block that was not handed out is given back by
+** block:free() (or when collected). nil under mayura_newstate (core.expect_bytes readies the
+** memory there, off the host's thread) and for n under 1 MiB.
+*/
+#define PREP_MT "mayura.core.prepared"
+#define PREP_SLACK ((size_t)64)   /* a string's header and its NUL, in 5.4 and LuaJIT */
+#define PREP_PAGE ((size_t)4096)
+
+typedef struct mc_prep {
+    lua_Alloc f;          /* the allocator the block came from */
+    void *ud;
+    char *p;              /* NULL once handed out or given back */
+    size_t want, size;    /* the string's length; the block's size (want + PREP_SLACK) */
+    size_t touched;       /* how much of it was written */
+} mc_prep;
+
+/* The state's allocator while block:make runs fn: the block goes to the string, the rest passes. */
+static void *prep_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    mc_prep *b = (mc_prep *)ud;
+    if (ptr == NULL && b->p != NULL && nsize >= b->want && nsize <= b->size) {
+        /* to its exact size, in place: later the allocator frees it with the size Lua says */
+        void *q = b->f(b->ud, b->p, b->size, nsize);
+        if (q != NULL) {
+            b->p = NULL;
+            return q;
+        }
+    }
+    return b->f(b->ud, ptr, osize, nsize);
+}
+
+static mc_prep *prep_check(lua_State *L) {
+    return (mc_prep *)luaL_checkudata(L, 1, PREP_MT);
+}
+
+static int l_prep_free(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    if (b->p != NULL) (void)b->f(b->ud, b->p, b->size, 0);
+    b->p = NULL;
+    return 0;
+}
+
+/* block:touch(bytes): writes the next `bytes` of the block, a byte a page. */
+static int l_prep_touch(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    size_t end;
+    if (b->p == NULL || n <= 0) return 0;
+    end = (size_t)n >= b->size - b->touched ? b->size : b->touched + (size_t)n;
+    for (; b->touched < end; b->touched += PREP_PAGE) ((volatile char *)b->p)[b->touched] = 0;
+    if (b->touched > b->size) b->touched = b->size;
+    return 0;
+}
+
+/* block:make(fn, ...) -> fn(...), the block handed to the string fn makes. */
+static int l_prep_make(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    void *ud;
+    lua_Alloc f = lua_getallocf(L, &ud);
+    int use, rc;
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    use = b->p != NULL && f == b->f && ud == b->ud;
+    if (use) lua_setallocf(L, prep_alloc, b);
+    rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+    if (use) lua_setallocf(L, f, ud);
+    if (rc != LUA_OK) return lua_error(L);
+    return lua_gettop(L) - 1;
+}
+
+static int l_prepare_bytes(lua_State *L) {
+    lua_Integer n = lua_isinteger(L, 1) ? lua_tointeger(L, 1) : -1;
+    mc_prep *b;
+    void *ud;
+    lua_Alloc f;
+    if (n < 0 || n > (lua_Integer)1 << 40) return mc_raise(L, "INVALID_INPUT", "prepare_bytes expects a byte count");
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    if (lua_type(L, -1) == LUA_TFUNCTION || n < (lua_Integer)1 << 20) return 0;
+    lua_pop(L, 1);
+    b = (mc_prep *)lua_newuserdatauv(L, sizeof *b, 0);
+    memset(b, 0, sizeof *b);
+    luaL_setmetatable(L, PREP_MT);
+    f = lua_getallocf(L, &ud);
+    b->f = f;
+    b->ud = ud;
+    b->want = (size_t)n;
+    b->size = (size_t)n + PREP_SLACK;
+    b->p = (char *)f(ud, NULL, 0, b->size);
+    if (b->p == NULL) return 0;   /* no memory now: the string is made without it */
+    return 1;
+}
+
+static void mc_open_prep(lua_State *L) {
+    static const luaL_Reg methods[] = {
+        {"touch", l_prep_touch}, {"make", l_prep_make}, {"free", l_prep_free}, {NULL, NULL}
+    };
+    if (luaL_newmetatable(L, PREP_MT)) {
+        luaL_newlib(L, methods);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, l_prep_free);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
 }
 
 /*
@@ -373,6 +510,7 @@ static const luaL_Reg core_funcs[] = {
     {"step", l_step},
     {"over_budget", l_over_budget},
     {"expect_bytes", l_expect_bytes},
+    {"prepare_bytes", l_prepare_bytes},
     {"end_step", l_end_step},
     {"backend_fd", l_backend_fd},
     {"backend_timeout", l_backend_timeout},
@@ -419,5 +557,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_net(L);
     mc_open_ws(L);
     mc_open_msgpack(L);
+    mc_open_prep(L);
     return 1;
 }

@@ -74,6 +74,7 @@ static int task_flag(lua_State *L, int ref, const char *name) {
 
 int main(int argc, char **argv) {
     long frames_max = -1, draw_us = 3000, budget_us = 4000;
+    int own_state = 0;
     const char *root = ".", *script;
     int i = 1, nargs = 0, ref, status = 1;
     long long *step_ns, *cpu_step_ns, max_frame = 0, late = 0, start, prev = 0, sum = 0;
@@ -81,6 +82,7 @@ int main(int argc, char **argv) {
     lua_State *L;
 
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        if (strcmp(argv[i], "--own-state") == 0) { own_state = 1; i--; continue; }
         if (i + 1 >= argc) break;
         if (strcmp(argv[i], "--frames") == 0) frames_max = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--draw-us") == 0) draw_us = atol(argv[i + 1]);
@@ -95,7 +97,7 @@ int main(int argc, char **argv) {
     script = argv[i++];
     step_ns = malloc(sizeof *step_ns * (size_t)cap);
     cpu_step_ns = malloc(sizeof *cpu_step_ns * (size_t)cap);
-    L = mayura_newstate();
+    L = own_state ? luaL_newstate() : mayura_newstate();
     if (step_ns == NULL || cpu_step_ns == NULL || L == NULL) { fprintf(stderr, "game: out of memory\n"); return 1; }
     luaL_openlibs(L);
     if (mayura_open(L, root) != 0) {
