@@ -257,8 +257,8 @@ local function read_pass(self, path, max)
         if string_buffer then
           local size = math.min(math.floor(reply.size), 64 * MIB)
           core.expect_bytes(size)
-          local ok, b = pcall(string_buffer.new, size)
-          buf = ok and b or nil
+          local made, b = pcall(string_buffer.new, size)
+          buf = made and b or nil
         end
       end
     elseif reply.size ~= first.size or reply.ino ~= first.ino or reply.mtime_ns ~= first.mtime_ns then
