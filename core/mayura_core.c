@@ -249,7 +249,7 @@ static int l_expect_bytes(lua_State *L) {
 ** and cost their page faults in the frame that first writes them (~6 ms for 16 MiB). The block is
 ** taken from the state's own allocator at once, untouched; block:touch(bytes) writes the next
 ** `bytes` of it (a share of the faults in each frame that brings a part), and
-** block:make(fn, ...) returns fn(...), with the block handed to the first allocation of n to n +
+** block:make(fn, ...) returns fn(...), with the block handed to the first allocation of n + 1 to n +
 ** PREP_SLACK bytes that fn makes (the string, sized exactly by the same allocator: afterwards it
 ** is the allocator's block like any other). A block that was not handed out is given back by
 ** block:free() (or when collected). nil under mayura_newstate (core.expect_bytes readies the
@@ -270,7 +270,8 @@ typedef struct mc_prep {
 /* The state's allocator while block:make runs fn: the block goes to the string, the rest passes. */
 static void *prep_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     mc_prep *b = (mc_prep *)ud;
-    if (ptr == NULL && b->p != NULL && nsize >= b->want && nsize <= b->size) {
+    /* a string of `want` bytes is more than that (its header, its NUL): a buffer of just that many is not it */
+    if (ptr == NULL && b->p != NULL && nsize > b->want && nsize <= b->size) {
         /* to its exact size, in place: later the allocator frees it with the size Lua says */
         void *q = b->f(b->ud, b->p, b->size, nsize);
         if (q != NULL) {
