@@ -59,11 +59,14 @@ typedef struct mc_chan {
     int boxed;            /* a Lua userdata points here */
     int busy;             /* inside a callback into Lua: do not free */
     int paused;           /* reading stopped until the next step; in chan_paused */
+    unsigned paused_gen;  /* chan_resume_gen when it stopped */
     struct mc_chan *paused_prev, *paused_next;
 } mc_chan;
 
 /* The channels that stopped reading for the rest of a step (a list through paused_prev/next). */
 static mc_chan *chan_paused = NULL;
+/* How many times chan_resume_reads has begun: one that stopped while it runs waits for the next. */
+static unsigned chan_resume_gen = 0;
 
 typedef struct { mc_chan *ch; } chan_box;
 
@@ -338,17 +341,24 @@ static void chan_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     if (buf->len > CHAN_READ_MAX) buf->len = CHAN_READ_MAX;
 }
 
-static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-    mc_chan *ch = (mc_chan *)s->data;
+/* Stops reading until the next step (chan_resume_reads). */
+static void chan_pause(mc_chan *ch) {
+    if (ch->paused || ch->closed || !ch->handle_live) return;
+    uv_read_stop((uv_stream_t *)&ch->pipe);
+    ch->paused = 1;
+    ch->paused_gen = chan_resume_gen;
+    ch->paused_prev = NULL;
+    ch->paused_next = chan_paused;
+    if (chan_paused != NULL) chan_paused->paused_prev = ch;
+    chan_paused = ch;
+}
+
+/*
+** Handles the complete frames received. Once the step's budget is spent, the frames left (and
+** what is still in the socket) wait for the next step: the channel stops reading until then.
+*/
+static void chan_handle_frames(mc_chan *ch) {
     size_t off = 0;
-    (void)buf;
-    if (ch->closed) return;
-    if (nread < 0) {
-        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
-        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
-        return;
-    }
-    ch->in_len += (size_t)nread;
     ch->busy++;
     while (!ch->closed && ch->in_len - off >= 4) {
         uint32_t flen = wire_get_u32(ch->in + off);
@@ -366,6 +376,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             }
         }
         if (ch->in_len - off - 4 < flen) break;
+        if (mc_step_over()) break;
         off += 4;
         /* the bytes stay put while Lua runs: ch->in is only moved or freed below */
         if (chan_handle_frame(ch, ch->in + off, flen) != 0) break;
@@ -380,27 +391,42 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             if (nb != NULL) { ch->in = nb; ch->in_size = 2 * CHAN_READ_CHUNK; }
         }
     }
-    if (!ch->closed && !ch->paused && ch->handle_live && mc_step_over()) {
-        /* the step's budget is spent: the rest waits in the socket for the next step */
-        uv_read_stop((uv_stream_t *)&ch->pipe);
-        ch->paused = 1;
-        ch->paused_prev = NULL;
-        ch->paused_next = chan_paused;
-        if (chan_paused != NULL) chan_paused->paused_prev = ch;
-        chan_paused = ch;
-    }
+    if (mc_step_over()) chan_pause(ch);
     ch->busy--;
     chan_maybe_free(ch);
 }
 
-/* Reading again on the channels that stopped for the rest of a step: at the next step, or when the loop is run otherwise. */
+static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    mc_chan *ch = (mc_chan *)s->data;
+    (void)buf;
+    if (ch->closed) return;
+    if (nread < 0) {
+        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
+        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
+        return;
+    }
+    ch->in_len += (size_t)nread;
+    chan_handle_frames(ch);
+}
+
+/*
+** The channels that stopped for the rest of a step read again, and handle the frames they had
+** received: at the next step, or when the loop is run otherwise.
+*/
 static void chan_resume_reads(void) {
-    while (chan_paused != NULL) {
+    unsigned gen = ++chan_resume_gen;
+    for (;;) {
         mc_chan *ch = chan_paused;
+        /* the list may change under each channel's callbacks: look for the next from its head */
+        while (ch != NULL && ch->paused_gen == gen) ch = ch->paused_next;
+        if (ch == NULL) break;
         chan_unpause(ch);
-        if (!ch->closed && ch->handle_live && !uv_is_closing((uv_handle_t *)&ch->pipe)
-            && uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read) != 0)
+        if (ch->closed || !ch->handle_live || uv_is_closing((uv_handle_t *)&ch->pipe)) continue;
+        if (uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read) != 0) {
             chan_shutdown(ch, ch->L, "gone", "cannot read from the agent", 1);
+            continue;
+        }
+        chan_handle_frames(ch);   /* may free ch */
     }
 }
 

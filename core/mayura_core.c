@@ -138,9 +138,9 @@ static int l_run_once(lua_State *L) {
     ** although one of them ended the wait: when something is due now, run
     ** without blocking, and the caller looks at its condition again.
     */
-    chan_resume_reads();
     uv_update_time(loop);
     mc_run_depth++;
+    chan_resume_reads();
     alive = uv_run(loop, uv_backend_timeout(loop) == 0 ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     mc_run_depth--;
     lua_pushboolean(L, alive != 0);
@@ -153,8 +153,8 @@ static int l_run(lua_State *L) {
     mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running");
-    chan_resume_reads();
     mc_run_depth++;
+    chan_resume_reads();
     uv_run(loop, UV_RUN_DEFAULT);
     mc_run_depth--;
     return 0;
@@ -179,9 +179,9 @@ static int mc_step(lua_State *L, long budget_us) {
     uint64_t start, limit;
     int alive;
     if (mc_loop_busy(L)) return -1;
-    start = mc_cpu_ns();
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
     limit -= limit / 4;
+    start = limit > 0 ? mc_cpu_ns() : 0;
     mc_step_deadline = limit > 0 ? start + limit : 0;
     mc_step_start = start;
     mc_step_count++;

@@ -65,6 +65,46 @@ describe('a step\'s budget', function()
   end)
 end)
 
+describe('a channel under a host\'s budget', function()
+  it('handles no more replies in a step once its budget is spent: the rest wait for the next steps', function()
+    local compat = require('support.compat')
+    local function frame(id, data)
+      local body = compat.pack('<I4', id) .. compat.pack('<s1Bs4', 'data', 1, data)
+      return compat.pack('<I4', #body) .. body
+    end
+    driven_by('step', function()
+      local a, b = core.socketpair()
+      local ch = core.channel(a)
+      local peer = uv.new_pipe(false)
+      peer:open(b)
+      local step, handled, per_step = 0, 0, {}
+      for i = 1, 8 do
+        ch:call({ op = 'x', n = i }, function(reply)
+          assert(reply and #reply.data == 8192)
+          handled = handled + 1
+          per_step[step] = (per_step[step] or 0) + 1
+          local t0 = os.clock()
+          while os.clock() - t0 < 0.003 do end      -- each reply takes 3 ms of CPU
+        end)
+      end
+      -- all eight replies (64 KiB) are in the socket before the first step
+      local replies = {}
+      for i = 1, 8 do replies[i] = frame(i, string.rep(string.char(64 + i), 8192)) end
+      peer:write(table.concat(replies))
+      while handled < 8 and step < 200 do
+        step = step + 1
+        mayura.step(2)
+      end
+      ch:close()
+      peer:close()
+      mayura.step()
+      assert.are.equal(8, handled)
+      -- a step's budget (2 ms) is spent by the first reply: one a step
+      for at, n in pairs(per_step) do assert.are.equal(1, n, 'step ' .. at .. ' handled ' .. n) end
+    end)
+  end)
+end)
+
 describe('core.prepare_bytes', function()
   it('readies a string\'s memory from the state\'s own allocator, a part at a time', function()
     local block = core.prepare_bytes(16 * MIB)
