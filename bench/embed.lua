@@ -88,9 +88,11 @@ for _, build in ipairs({ 'build', 'build/luajit' }) do
       local max_lo, max_hi = range(list, 'cpu_max')
       local worst_at = {}
       for i, s in ipairs(list) do worst_at[i] = s.worst_at end
+      local idle_us = math.max(idle.cpu_max, 1)
       print(string.format('    %-6s %-17s step CPU p99 %.0f-%.0f us, worst %.0f-%.0f us'
         .. ' (%.0f-%.0fx idle, at frames %s); frames over 4 ms: %s', c[1],
-        c[3] and 'host\'s own state' or 'mayura_newstate', p99_lo, p99_hi, max_lo, max_hi, max_lo / math.max(idle.cpu_max, 1), max_hi / math.max(idle.cpu_max, 1), table.concat(worst_at, ','),
+        c[3] and 'host\'s own state' or 'mayura_newstate', p99_lo, p99_hi, max_lo, max_hi, max_lo / idle_us,
+        max_hi / idle_us, table.concat(worst_at, ','),
         over == 0 and 'none' or over .. ' in ' .. #list .. ' runs (over target)'))
     end
   end
