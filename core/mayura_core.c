@@ -358,7 +358,8 @@ static void mc_open_prep(lua_State *L) {
 /*
 ** core.step([budget_ms]): for a host that drives the loop from its own (a game's frame, an
 ** editor's poll of backend_fd()): runs the work that is due and returns at once, never waiting;
-** with a budget, goes on while more is due at once, up to that many milliseconds. Makes the host
+** with a budget, goes on while more is due at once, up to that many milliseconds of this thread's
+** CPU time (see mc_step). Makes the host
 ** the loop's driver ('step'). Returns whether anything is still pending.
 */
 static int l_step(lua_State *L) {

@@ -24,6 +24,11 @@
 -- between parts (an embedding host's frame stays short): read_file asks for
 -- ranges until `eof`, write_file uploads to a temporary file that the last
 -- part renames over the path, all or nothing (core/wire.h, agent/fileops.c).
+-- The memory of a large file's string is readied while its parts come: off
+-- the host's thread under mayura_newstate (core.expect_bytes), else taken from
+-- the state's own allocator at once and written a part at a time
+-- (core.prepare_bytes), so the step that makes the string pays for its copy
+-- alone.
 --
 -- A backend object needs `ch` (the channel) and `closed` (true once the
 -- channel is closed: every call then fails with SANDBOX_ERROR `gone`). It
