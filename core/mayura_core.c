@@ -16,6 +16,7 @@
 #include <luv/luv.h>
 #pragma GCC diagnostic pop
 
+#include <sys/mman.h>
 #include <time.h>
 
 /* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
@@ -41,6 +42,136 @@ static uint64_t mc_cpu_ns(void) {
 /* Whether a step with a budget is running and has spent it: work that can wait should (chan.c). */
 static int mc_step_over(void) {
     return mc_step_deadline != 0 && mc_cpu_ns() >= mc_step_deadline;
+}
+
+/*
+** Frees put off to the next step, in a state of the host's own allocator (LÖVE's, Neovim's, a
+** plain interpreter's): giving a block of many MiB back to the system costs the thread its
+** unmapping (~1.5 ms for 16 MiB), and the collector may free several in one of its steps, in
+** whatever frame it runs. When a host first steps with a budget, the state's allocator is wrapped
+** by one that keeps the frees of blocks of DEFER_MIN bytes and more (at most DEFER_SLOTS of them,
+** DEFER_MAX bytes in all) and makes them at the start of the next step, the first at once and the
+** others within the first quarter of its budget (all at once in a step without a budget, or when
+** the loop is run otherwise): a block's pages are given back a few MiB a step before it is freed,
+** so that its free costs little whatever the allocator does then (glibc may give back a heap's
+** whole top with it: tens of MiB at once). Blocks are freed by the allocator that made them, on the same
+** thread; nothing else changes. When the state closes, the wrapper lets go (defer_gc).
+*/
+#define DEFER_MIN ((size_t)1 << 20)
+#define DEFER_MAX ((size_t)256 << 20)
+#define DEFER_SLOTS 64
+#define DEFER_KEY "mayura.core.defer"
+
+typedef struct mc_defer {
+    lua_Alloc f;              /* the host's allocator */
+    void *ud;
+    struct { void *p; size_t n, zapped; } q[DEFER_SLOTS];   /* the frees put off, oldest first */
+    int nq;
+    size_t bytes;
+    int closing;              /* the state is closing: frees happen at once */
+} mc_defer;
+
+/*
+** Gives back up to DEFER_ZAP bytes more of the pages inside the block put off (MADV_DONTNEED),
+** those of its first and last page excepted, where the allocator keeps what it needs of a freed
+** block. Returns whether none are left: its free is then cheap, whatever the allocator does with
+** it (unmaps it, or gives a heap's top back to the system with it).
+*/
+#define DEFER_ZAP ((size_t)4 << 20)
+#define DEFER_PAGE ((size_t)4096)
+static int defer_zap(mc_defer *d, int i) {
+    uintptr_t lo = ((uintptr_t)d->q[i].p + 2 * DEFER_PAGE - 1) & ~(uintptr_t)(DEFER_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)d->q[i].p + d->q[i].n - DEFER_PAGE) & ~(uintptr_t)(DEFER_PAGE - 1);
+    uintptr_t from = lo + d->q[i].zapped, to;
+    if (hi <= from) return 1;
+    to = hi - from > DEFER_ZAP ? from + DEFER_ZAP : hi;
+    if (madvise((void *)from, to - from, MADV_DONTNEED) != 0) return 1;
+    d->q[i].zapped += to - from;
+    return to == hi;
+}
+
+/*
+** Makes the frees put off: all at once when until is 0; else, oldest first, a block's pages given
+** back a few MiB at a time and then its free, while this thread's CPU clock is before `until`
+** (something is always done).
+*/
+static void defer_flush(mc_defer *d, uint64_t until) {
+    int i = 0, k, first = 1;
+    while (i < d->nq && (first || until == 0 || mc_cpu_ns() < until)) {
+        first = 0;
+        if (until != 0 && !defer_zap(d, i)) continue;
+        (void)d->f(d->ud, d->q[i].p, d->q[i].n, 0);
+        d->bytes -= d->q[i].n;
+        i++;
+    }
+    for (k = 0; k + i < d->nq; k++) d->q[k] = d->q[k + i];
+    d->nq -= i;
+}
+
+static void *defer_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    mc_defer *d = (mc_defer *)ud;
+    void *q;
+    if (ptr != NULL && nsize == 0 && osize >= DEFER_MIN && !d->closing && d->nq < DEFER_SLOTS
+        && d->bytes + osize <= DEFER_MAX) {
+        d->q[d->nq].p = ptr;
+        d->q[d->nq].n = osize;
+        d->q[d->nq].zapped = 0;
+        d->nq++;
+        d->bytes += osize;
+        return NULL;
+    }
+    q = d->f(d->ud, ptr, osize, nsize);
+    if (q == NULL && nsize > 0 && d->nq > 0) {
+        /* no memory: what is put off goes back first, then once more */
+        defer_flush(d, 0);
+        q = d->f(d->ud, ptr, osize, nsize);
+    }
+    return q;
+}
+
+/* The state's defer wrapper, or NULL. */
+static mc_defer *defer_of(lua_State *L) {
+    void *ud;
+    return lua_getallocf(L, &ud) == defer_alloc ? (mc_defer *)ud : NULL;
+}
+
+/* At the state's close (the registry's sentinel is finalized before the state's blocks are freed). */
+static int defer_gc(lua_State *L) {
+    mc_defer **box = (mc_defer **)lua_touserdata(L, 1);
+    mc_defer *d = box != NULL ? *box : NULL;
+    if (d == NULL) return 0;
+    *box = NULL;
+    defer_flush(d, 0);
+    d->closing = 1;
+    if (defer_of(L) == d) {
+        lua_setallocf(L, d->f, d->ud);
+        free(d);
+    }
+    /* else something wrapped the allocator over this one and may still call it: it stays, and frees at once */
+    return 0;
+}
+
+/* Wraps the state's allocator (once; not mayura_newstate's, which keeps its own blocks). */
+static void defer_install(lua_State *L) {
+    mc_defer *d, **box;
+    if (defer_of(L) != NULL) return;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    if (lua_type(L, -1) == LUA_TFUNCTION) { lua_pop(L, 1); return; }
+    lua_getfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    if (!lua_isnil(L, -1)) { lua_pop(L, 2); return; }   /* let go once already (closing) */
+    lua_pop(L, 2);
+    d = (mc_defer *)calloc(1, sizeof *d);
+    if (d == NULL) return;   /* no memory: frees happen at once, as before */
+    box = (mc_defer **)lua_newuserdatauv(L, sizeof *box, 0);
+    *box = NULL;
+    lua_newtable(L);
+    lua_pushcfunction(L, defer_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    d->f = lua_getallocf(L, &d->ud);
+    *box = d;
+    lua_setallocf(L, defer_alloc, d);
 }
 
 #include "b64.c"
@@ -138,6 +269,7 @@ static int l_run_once(lua_State *L) {
     ** although one of them ended the wait: when something is due now, run
     ** without blocking, and the caller looks at its condition again.
     */
+    if (defer_of(L) != NULL) defer_flush(defer_of(L), 0);
     uv_update_time(loop);
     mc_run_depth++;
     chan_resume_reads();
@@ -153,6 +285,7 @@ static int l_run(lua_State *L) {
     mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running");
+    if (defer_of(L) != NULL) defer_flush(defer_of(L), 0);
     mc_run_depth++;
     chan_resume_reads();
     uv_run(loop, UV_RUN_DEFAULT);
@@ -177,11 +310,15 @@ static int l_loop_running(lua_State *L) {
 static int mc_step(lua_State *L, long budget_us) {
     uv_loop_t *loop = mc_loop(L);
     uint64_t start, limit;
+    mc_defer *d;
     int alive;
     if (mc_loop_busy(L)) return -1;
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
     limit -= limit / 4;
     start = limit > 0 ? mc_cpu_ns() : 0;
+    if (limit > 0) defer_install(L);
+    d = defer_of(L);
+    if (d != NULL && d->nq > 0) defer_flush(d, limit > 0 ? start + limit / 4 : 0);
     mc_step_deadline = limit > 0 ? start + limit : 0;
     mc_step_start = start;
     mc_step_count++;
@@ -260,8 +397,10 @@ static int l_expect_bytes(lua_State *L) {
 #define PREP_PAGE ((size_t)4096)
 
 typedef struct mc_prep {
-    lua_Alloc f;          /* the allocator the block came from */
+    lua_Alloc f;          /* the allocator the block came from (the host's, under defer_alloc) */
     void *ud;
+    lua_Alloc pf;         /* while make runs: the state's allocator, to which the rest passes */
+    void *pud;
     char *p;              /* NULL once handed out or given back */
     size_t want, size;    /* the string's length; the block's size (want + PREP_SLACK) */
     size_t touched;       /* how much of it was written */
@@ -279,7 +418,17 @@ static void *prep_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
             return q;
         }
     }
-    return b->f(b->ud, ptr, osize, nsize);
+    return b->pf(b->pud, ptr, osize, nsize);
+}
+
+/* The allocator a state's blocks come from: the host's under defer_alloc. */
+static lua_Alloc prep_owner(lua_State *L, void **ud) {
+    mc_defer *d = defer_of(L);
+    if (d != NULL) {
+        *ud = d->ud;
+        return d->f;
+    }
+    return lua_getallocf(L, ud);
 }
 
 static mc_prep *prep_check(lua_State *L) {
@@ -308,11 +457,13 @@ static int l_prep_touch(lua_State *L) {
 /* block:make(fn, ...) -> fn(...), the block handed to the string fn makes. */
 static int l_prep_make(lua_State *L) {
     mc_prep *b = prep_check(L);
-    void *ud;
-    lua_Alloc f = lua_getallocf(L, &ud);
+    void *ud, *oud;
+    lua_Alloc f = lua_getallocf(L, &ud), owner = prep_owner(L, &oud);
     int use, rc;
     luaL_checktype(L, 2, LUA_TFUNCTION);
-    use = b->p != NULL && f == b->f && ud == b->ud;
+    use = b->p != NULL && owner == b->f && oud == b->ud;
+    b->pf = f;
+    b->pud = ud;
     if (use) lua_setallocf(L, prep_alloc, b);
     rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
     if (use) lua_setallocf(L, f, ud);
@@ -332,7 +483,7 @@ static int l_prepare_bytes(lua_State *L) {
     b = (mc_prep *)lua_newuserdatauv(L, sizeof *b, 0);
     memset(b, 0, sizeof *b);
     luaL_setmetatable(L, PREP_MT);
-    f = lua_getallocf(L, &ud);
+    f = prep_owner(L, &ud);
     b->f = f;
     b->ud = ud;
     b->want = (size_t)n;
