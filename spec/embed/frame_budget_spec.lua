@@ -1,8 +1,9 @@
 -- A host's frame and what mayura may spend of it: a step's budget counts the CPU time of the host's
--- thread, and a large file read under a host that brought its own Lua state (its own allocator:
--- LÖVE, a plain interpreter, this spec runner) readies the memory of its string a part at a time,
--- so that no single step takes the page faults of many MiB. Page faults are counted, not timed
--- (bench/embed.lua measures the time).
+-- thread; a channel handles no more replies once it is spent; and under a host that brought its
+-- own Lua state (its own allocator: LÖVE, a plain interpreter, this spec runner) a large file read
+-- readies the memory of its string a part at a time, and a large block freed is given back at the
+-- next steps, so that no single step takes the page faults or the unmapping of many MiB. Page
+-- faults and resident memory are counted, not timed (bench/embed.lua measures the time).
 local mayura = require('mayura')
 local core = require('mayura.core')
 local uv = require('luv')
@@ -142,6 +143,56 @@ describe('core.prepare_bytes', function()
     assert.is_nil(core.prepare_bytes(1000))            -- small strings are not worth it
     assert.raises_code('INVALID_INPUT', core.prepare_bytes, -1)
     assert.raises_code('INVALID_INPUT', core.prepare_bytes, 'many')
+  end)
+end)
+
+-- This process's resident memory in MiB (/proc/self/statm, in pages).
+local function resident_mib()
+  local f = assert(io.open('/proc/self/statm'))
+  local pages = tonumber(f:read('*a'):match('^%d+ (%d+)'))
+  f:close()
+  return pages * 4096 / MIB
+end
+
+describe('a large block freed under a host\'s budget, in a state of the host\'s own allocator', function()
+  it('is given back at the next steps, a few MiB at a time, not in the collector\'s step', function()
+    driven_by('step', function()
+      local held, freed_in_step
+      local t = mayura.run(function()
+        mayura.sleep(0)                               -- from here on, inside the host's steps
+        -- (under LuaJIT from a string buffer: string.rep would leave a buffer of LuaJIT's own that
+        -- its collector shrinks, which is not a free)
+        local ok, buffer = pcall(require, 'string.buffer')
+        local big   -- luacheck: ignore 241
+        if rawget(_G, 'jit') and ok then
+          local buf = buffer.new(24 * MIB)
+          local piece = string.rep('z', MIB)
+          for _ = 1, 24 do buf:put(piece) end
+          big = buf:tostring()
+          buf:free()
+        else
+          big = string.rep('z', 24 * MIB)
+        end
+        held = resident_mib()
+        big = nil   -- luacheck: ignore 311
+        collectgarbage()
+        collectgarbage()
+        freed_in_step = resident_mib()
+      end)
+      while not t.done do mayura.step(4) end
+      t:wait()
+      local after
+      for _ = 1, 40 do
+        mayura.step(4)
+        after = resident_mib()
+        if held - after >= 20 then break end
+      end
+      -- the collector's step let go of the string: its memory stays until the next steps ...
+      assert.is_true(held - freed_in_step < 8,
+        ('held %.0f MiB, then %.0f MiB in the step'):format(held, freed_in_step))
+      -- ... which give it back
+      assert.is_true(held - after >= 20, ('held %.0f MiB, %.0f MiB after the steps'):format(held, after))
+    end)
   end)
 end)
 
