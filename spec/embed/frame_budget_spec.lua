@@ -163,7 +163,7 @@ describe('a large block freed under a host\'s budget, in a state of the host\'s 
         -- (under LuaJIT from a string buffer: string.rep would leave a buffer of LuaJIT's own that
         -- its collector shrinks, which is not a free)
         local ok, buffer = pcall(require, 'string.buffer')
-        local big   -- luacheck: ignore 241
+        local big
         if rawget(_G, 'jit') and ok then
           local buf = buffer.new(24 * MIB)
           local piece = string.rep('z', MIB)
@@ -173,6 +173,7 @@ describe('a large block freed under a host\'s budget, in a state of the host\'s 
         else
           big = string.rep('z', 24 * MIB)
         end
+        assert(#big == 24 * MIB)
         held = resident_mib()
         big = nil   -- luacheck: ignore 311
         collectgarbage()
