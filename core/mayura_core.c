@@ -17,33 +17,9 @@
 #pragma GCC diagnostic pop
 
 #include <sys/mman.h>
-#include <time.h>
 
 /* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
 static int mc_run_depth = 0;
-/*
-** A step with a budget (core.step, mayura_step) counts the CPU time of the host's thread
-** (CLOCK_THREAD_CPUTIME_ID), not the wall clock: what the host's frame pays, whatever else the
-** machine runs. mc_step_deadline is where it stops starting work (0 when no step with a budget
-** runs), mc_step_start where it began, both in that clock's nanoseconds.
-*/
-static uint64_t mc_step_deadline = 0;
-static uint64_t mc_step_start = 0;
-/* How many steps have begun, which tells one step from the next. */
-static lua_Integer mc_step_count = 0;
-
-/* This thread's CPU time in nanoseconds. */
-static uint64_t mc_cpu_ns(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return uv_hrtime();
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* Whether a step with a budget is running and has spent it: work that can wait should (chan.c). */
-static int mc_step_over(void) {
-    return mc_step_deadline != 0 && mc_cpu_ns() >= mc_step_deadline;
-}
-
 /*
 ** Frees put off to the next step, in a state of the host's own allocator (LÖVE's, Neovim's, a
 ** plain interpreter's): giving a block of many MiB back to the system costs the thread its
