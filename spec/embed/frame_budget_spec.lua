@@ -18,6 +18,10 @@ local function faults()
   return tonumber(stat:match('%) %S+ ' .. string.rep('%S+ ', 6) .. '(%d+)'))
 end
 
+-- Under AddressSanitizer (make asan) the allocator is the sanitizer's: it reallocates by copying
+-- and has shadow memory of its own, so page faults tell nothing there (its run checks the memory).
+local sanitized = (os.getenv('MAYURA_CPATH') or ''):find('/asan/', 1, true) ~= nil
+
 local function driven_by(who, fn)
   local before = core.set_driver(who)
   local ok, err = pcall(fn)
@@ -121,7 +125,7 @@ describe('core.prepare_bytes', function()
     assert.is_true(s:sub(1, 1) == parts[1]:sub(1, 1) and s:sub(-1) == parts[16]:sub(-1))
     assert.are.equal(s, join16(parts))
     -- 16 MiB made fresh takes a fault a page (4096); in the readied block next to none
-    assert.is_true(made < 1024, tostring(made))
+    assert.is_true(made < 1024 or sanitized, tostring(made))
     block:free()                                      -- handed out already: nothing to give back
     block:free()
   end)
@@ -229,7 +233,7 @@ describe('a 16 MiB file read under a host\'s budget', function()
       assert.is_true(steps >= 16, tostring(steps))
       -- made in one step, its 16 MiB would fault 4096 pages there; a part's step readies 1 MiB of
       -- it (256 pages) beside the part's own copies
-      assert.is_true(worst < 1536, 'the worst step took ' .. worst .. ' page faults')
+      assert.is_true(worst < 1536 or sanitized, 'the worst step took ' .. worst .. ' page faults')
     end)
   end)
 end)
