@@ -127,27 +127,38 @@ static int defer_gc(lua_State *L) {
     return 0;
 }
 
-/* Wraps the state's allocator (once; not mayura_newstate's, which keeps its own blocks). */
-static void defer_install(lua_State *L) {
-    mc_defer *d, **box;
-    if (defer_of(L) != NULL) return;
-    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
-    if (lua_type(L, -1) == LUA_TFUNCTION) { lua_pop(L, 1); return; }
-    lua_getfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
-    if (!lua_isnil(L, -1)) { lua_pop(L, 2); return; }   /* let go once already (closing) */
-    lua_pop(L, 2);
-    d = (mc_defer *)calloc(1, sizeof *d);
-    if (d == NULL) return;   /* no memory: frees happen at once, as before */
-    box = (mc_defer **)lua_newuserdatauv(L, sizeof *box, 0);
+/* defer_install's work, in protected mode: the sentinel (its box empty until d is made), then d. */
+static int defer_install_p(lua_State *L) {
+    mc_defer *d, **box = (mc_defer **)lua_newuserdatauv(L, sizeof *box, 0);
     *box = NULL;
     lua_newtable(L);
     lua_pushcfunction(L, defer_gc);
     lua_setfield(L, -2, "__gc");
     lua_setmetatable(L, -2);
     lua_setfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    d = (mc_defer *)calloc(1, sizeof *d);
+    if (d == NULL) return 0;   /* no memory: frees happen at once, as before */
     d->f = lua_getallocf(L, &d->ud);
     *box = d;
     lua_setallocf(L, defer_alloc, d);
+    return 0;
+}
+
+/*
+** Wraps the state's allocator, once (not mayura_newstate's, which keeps its own blocks). Called
+** from mayura_step too, outside any protected call: what can raise runs in one.
+*/
+static void defer_install(lua_State *L) {
+    int skip;
+    if (defer_of(L) != NULL || !lua_checkstack(L, 4)) return;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    lua_getfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    /* mayura_newstate's; or let go of once already (the state is closing) */
+    skip = lua_type(L, -2) == LUA_TFUNCTION || !lua_isnil(L, -1);
+    lua_pop(L, 2);
+    if (skip) return;
+    lua_pushcfunction(L, defer_install_p);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) lua_pop(L, 1);
 }
 
 #include "b64.c"
