@@ -37,15 +37,23 @@ BUSTED     ?= $(LUA) spec/runner.lua
 # The interpreters `make test` runs the whole suite under, one pass each.
 TEST_LUAS  ?= lua5.4 luajit
 
+# Where protoc-c puts the gRPC messages' C (see PROTO_SRC below).
+PROTO_GEN = build/gen/proto
 WARN     = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wpointer-arith
 CFLAGS  ?= -O2 -g
-DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) $(LUV_CFLAGS)
-DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack 2>/dev/null) -l$(LUV_LIB)
+DEPS_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(LUA_PC) libuv libcurl libcjson libwebsockets msgpack libprotobuf-c 2>/dev/null) \
+               $(LUV_CFLAGS) -I$(PROTO_GEN)
+DEPS_LIBS   := $(shell $(PKG_CONFIG) --libs libuv libcurl libcjson libwebsockets msgpack libprotobuf-c 2>/dev/null) \
+               -l$(LUV_LIB)
 ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden $(DEPS_CFLAGS) \
              -DMAYURA_LUADIR='"$(LUADIR)"' -DMAYURA_LIBDIR='"$(LIBDIR)"'
 
 CORE_SRC = core/mayura_core.c
-CORE_DEP = $(wildcard core/*.c core/*.h)
+# The gRPC messages (proto/, the project's own .proto files): protoc-c makes their descriptors,
+# which core/proto.c includes.
+PROTO_SRC = $(wildcard proto/*/*.proto)
+PROTO_STAMP = $(PROTO_GEN)/.made
+CORE_DEP = $(wildcard core/*.c core/*.h) $(PROTO_STAMP)
 
 SO      = $(BUILD)/lib/mayura/core.so
 AGENT   = build/mayura-agent
@@ -109,6 +117,11 @@ $(FORKEXEC): bench/forkexec.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(CFLAGS) -static -o $@ bench/forkexec.c
 
+$(PROTO_STAMP): $(PROTO_SRC)
+	@mkdir -p $(PROTO_GEN)
+	protoc-c --c_out=$(PROTO_GEN) -Iproto $(PROTO_SRC)
+	@touch $@
+
 $(SO): $(CORE_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $(CORE_SRC) $(DEPS_LIBS)
@@ -158,12 +171,12 @@ demo: setup
 # The specs against an AddressSanitizer+UBSan build of the core: under Lua 5.4 the specs that
 # drive the core hardest (ASAN_SPECS: every piece of the core on its own, the Lua layer, the abuse
 # suite's hostile agents and proxies, the MCP server's JSON, a host's loop, the local provider,
-# WebSocket, SigV4 and event-stream through two hosted providers, the agent's and HTTP's faults),
+# WebSocket, SigV4, event-stream and gRPC through three hosted providers, the agent's and HTTP's faults),
 # then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
 # compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec` for the whole suite.
 ASAN_SPECS ?= spec/core spec/lua spec/security spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
-    spec/providers/local_spec.lua \
-    spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua spec/faults/agent_spec.lua spec/faults/http_spec.lua
+    spec/providers/local_spec.lua spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua \
+    spec/providers/modal_spec.lua spec/faults/agent_spec.lua spec/faults/http_spec.lua
 ASAN_LUAJIT_SPECS ?= spec/core spec/lua
 asan: setup
 	@rc=0; $(MAKE) --no-print-directory asan-pass LUA=lua5.4 ASAN_SPECS="$(ASAN_SPECS)" || rc=1; \
@@ -187,7 +200,7 @@ fuzz: setup
 
 # luacheck over the Lua, and each piece of the core compiled on its own (each includes mc.h, so an
 # editor's language server reads any of them alone).
-lint:
+lint: $(PROTO_STAMP)
 	luacheck lua providers tools spec examples bench fuzz plugin
 	@for f in $(filter-out core/mayura_core.c core/host.c core/embed.c,$(wildcard core/*.c)); do \
 	    $(CC) -std=gnu11 $(WARN) $(DEPS_CFLAGS) -fsyntax-only $$f || exit 1; done
@@ -217,6 +230,7 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/agentcore.lua
 	$(HOST) bench/apple_container.lua
 	$(HOST) bench/codesandbox.lua
+	$(HOST) bench/modal.lua
 
 install: all
 	install -d $(DESTDIR)$(LUADIR)/mayura $(DESTDIR)$(LIBDIR)/mayura $(DESTDIR)$(PREFIX)/bin

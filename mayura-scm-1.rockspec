@@ -17,6 +17,7 @@ external_dependencies = {
   UV = { header = 'uv.h' },
   CJSON = { header = 'cjson/cJSON.h' },
   MSGPACK = { header = 'msgpack.h' },
+  PROTOBUFC = { header = 'protobuf-c/protobuf-c.h' },
   WEBSOCKETS = { header = 'libwebsockets.h' },
   SECCOMP = { header = 'seccomp.h' },
 }

@@ -10,8 +10,9 @@
 -- through mayura.sandbox.northflank, and through the official @northflank/js-client (a Node
 -- process, bench/northflank_sdk.mjs, timing itself, so its start is not counted). The ratio is
 -- mayura's time over the client's. Not like for like: mayura's exec is the command backend (the
--- command started in the background, then polled, each step an NDJSON exec call straight to
--- the stand-in), the client's one WebSocket exec through the stand-in's front (a hop in Node).
+-- command started in the background, then polled, each step an NDJSON exec call over HTTP/2 to
+-- the stand-in's exec host, a hop in Node on a connection of its own), the client's one
+-- WebSocket exec through the stand-in's front (a hop in Node).
 -- The exec calls per mayura exec are counted too. The stand-in answers every request on its own
 -- connection and shares this process's loop with mayura's client.
 local sandbox = require('mayura.sandbox')
@@ -34,10 +35,10 @@ sdk_package:close()
 
 local svc = stand_in.new()
 local backing = stand_in.local_backing({ max_sandboxes = 4 })
-northflank_service.install(svc, backing, { token = TOKEN, project_id = PROJECT })
+local state = northflank_service.install_with_exec_host(svc, backing, { token = TOKEN, project_id = PROJECT })
 
 local pool = sandbox.create_sandboxes(northflank.northflank_sandboxes({
-  token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = svc:url(''),
+  token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = state.exec_url,
 }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
 
 local function first_command()
@@ -70,6 +71,7 @@ local r = process.run({ 'node', 'bench/northflank_sdk.mjs' }, {
 if r.exit_code ~= 0 then error('the client run failed: ' .. r.stderr, 0) end
 local sdk = core.json.decode(r.stdout:match('RESULT (%b{})'))
 
+state.close_all()
 backing:close()
 svc:close()
 

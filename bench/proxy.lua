@@ -15,6 +15,15 @@
 -- Printed as ratios proxied / direct (the target for the download is at most 1.2x), as the
 -- milliseconds the proxy adds to each request, and as the CPU time the proxy's process spends on
 -- one download (which no load elsewhere on the machine changes).
+--
+-- Then, where this process may run the allow-list (root), two local sandboxes of one pool, and one
+-- floods the proxy with spec/security/abuse.c's `send` while the other runs `true` again and again:
+--   * 48 connections each sending a CONNECT and a ClientHello of 16000 one-byte records, anew
+--     for 5 seconds;
+--   * 64 connections each asking for a 64 MiB body and never reading it.
+-- Printed as the median and the worst exec of `true` during each, as ratios to the idle median
+-- (the target: at most 2x), and the host memory the proxy's sockets hold per relayed connection
+-- (their queues, from /proc/net/tcp of both namespaces; its pipes add at most 128 KiB each).
 local core = require('mayura.core')
 local task = require('mayura._task')
 local process = require('mayura.process')
@@ -26,6 +35,7 @@ package.path = 'bench/?.lua;' .. package.path
 local bench = require('_util')
 
 local MIB = 1048576
+local unpack_list = table.unpack or unpack -- luacheck: ignore 143
 local NAME = 'files.example.com'
 
 local function sh(cmd)
@@ -41,6 +51,116 @@ local function free_port()
   t:close()
   return port
 end
+
+-- {======================================================
+-- One sandbox floods, another runs true
+-- =======================================================
+
+local function flood_bench()
+  package.path = 'spec/?.lua;' .. package.path
+  local sandbox = require('mayura.sandbox')
+  local common = require('security.common')
+  local http_server = require('support.http_server')
+  -- the server of the 64 MiB body, a process of its own as above
+  local dir = sh('mktemp -d'):match('%S+')
+  sh('head -c ' .. 64 * MIB .. ' /dev/zero > ' .. dir .. '/big')
+  local port = free_port()
+  local server = core.spawn({ argv = { 'busybox', 'httpd', '-f', '-p', '127.0.0.1:' .. port, '-h', dir },
+    max_output_bytes = 4096 }, function() end)
+  local stall = { port = port, close = function()
+    server:cancel()
+    sh('rm -rf ' .. dir)
+  end }
+  -- a server that takes connections and waits (for a request head, which TLS never sends)
+  local quiet = http_server.tcp(function() end)
+  local provider = require('mayura.sandbox.local').local_sandboxes({ proxy_resolve = {
+    ['stall.example.com'] = '127.0.0.1:' .. stall.port, ['tls.example.com'] = '127.0.0.1:' .. quiet.port } })
+  local has = false
+  for _, n in ipairs(provider.features.network) do has = has or n == 'allowlist' end
+  if not has then
+    stall.close()
+    quiet:close()
+    print('egress proxy flood: skipped (the allow-list needs root here)')
+    return
+  end
+  local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 2, max_lifetime_ms = 600000,
+    network = { 'none', 'allowlist' } })
+  local allow = { allow = { 'stall.example.com', 'tls.example.com' } }
+  local a = pool:create({ lifetime_ms = 600000, network = allow })
+  local b = pool:create({ lifetime_ms = 600000, network = allow })
+  local ok, err = pcall(function()
+    common.install(a)
+    local function u16(n) return string.char(math.floor(n / 256), n % 256) end
+    local name = 'tls.example.com'
+    local entry = '\0' .. u16(#name) .. name
+    local ext = u16(0) .. u16(#entry + 2) .. u16(#entry) .. entry .. u16(21) .. u16(16000) .. ('\0'):rep(16000)
+    local body = '\3\3' .. ('\7'):rep(32) .. '\0' .. u16(2) .. '\0\47' .. '\1\0' .. u16(#ext) .. ext
+    local hs = '\1\0' .. u16(#body) .. body
+    local records = {}
+    for i = 1, #hs do records[i] = '\22\3\1\0\1' .. hs:sub(i, i) end
+    a:write_file('/tmp/hello', 'CONNECT tls.example.com:443 HTTP/1.1\r\n\r\n' .. table.concat(records))
+    a:write_file('/tmp/get', 'GET http://stall.example.com/big HTTP/1.1\r\n\r\n')
+    local function exec_ms()
+      local t0 = uv.hrtime()
+      assert(b:exec({ 'true' }).exit_code == 0)
+      return (uv.hrtime() - t0) / 1e6
+    end
+    local idle = bench.measure(30, exec_ms)
+    -- b's execs while a's command runs (again and again for `again_ms`), and the most `probe()` saw
+    local function during(args, probe, again_ms)
+      local done, most, xs = false, 0, {}
+      local t0 = uv.hrtime()
+      local t = task.spawn(function()
+        repeat
+          common.abuse(a, args, { timeout_ms = 120000 })
+        until (uv.hrtime() - t0) / 1e6 > (again_ms or 0)
+        done = true
+      end)
+      while not done do
+        xs[#xs + 1] = exec_ms()
+        if probe and (uv.hrtime() - t0) / 1e6 > 1000 then most = math.max(most, probe()) end
+        task.sleep(20)
+      end
+      t:wait()
+      local worst = math.max(0, unpack_list(xs))
+      return bench.median(xs), worst, #xs, most
+    end
+    local med, worst, n = during({ 'send', '127.0.0.1:3128', '/tmp/hello', '48', '6', '200', '0' }, nil, 5000)
+    print(string.format('egress proxy, exec true of one sandbox while another sends ClientHellos of one-byte '
+      .. 'records (48 connections): median %.2f ms (%.2fx idle %.2f ms), worst %.1f ms (%.1fx), %d execs',
+      med, med / idle, idle, worst, worst / idle, n))
+    local function read_all(path)
+      local f = assert(io.open(path, 'rb'))
+      local text = f:read('a')
+      f:close()
+      return text
+    end
+    local function held()
+      local total = 0
+      local function add(text, pick)
+        for l, r, tx, rx in text:gmatch('%d+: %x+:(%x+) %x+:(%x+) %x+ (%x+):(%x+)') do
+          if pick(tonumber(l, 16), tonumber(r, 16)) then total = total + tonumber(tx, 16) + tonumber(rx, 16) end
+        end
+      end
+      add(common.sh(a, 'cat /proc/net/tcp').stdout, function(l) return l == 3128 end)
+      add(read_all('/proc/net/tcp'), function(_, r) return r == stall.port end)
+      return total
+    end
+    local most
+    med, worst, n, most = during({ 'send', '127.0.0.1:3128', '/tmp/get', '64', '4096', '0', '6000' }, held)
+    print(string.format('egress proxy, exec true of one sandbox while another holds 64 relayed connections it '
+      .. 'never reads: median %.2f ms (%.2fx idle), worst %.1f ms (%.1fx), %d execs', med, med / idle, worst,
+      worst / idle, n))
+    print(string.format('egress proxy, host memory per relayed connection never read: %.0f KiB in its sockets\' '
+      .. 'queues (64 connections: %.1f MiB)', most / 64 / 1024, most / MIB))
+  end)
+  pool:close()
+  stall.close()
+  quiet:close()
+  if not ok then error(err, 0) end
+end
+
+-- }======================================================
 
 task.run(function()
   local dir = sh('mktemp -d'):match('%S+')
@@ -72,7 +192,6 @@ task.run(function()
     end
   end
 
-  local unpack_list = table.unpack or unpack -- luacheck: ignore 143
   -- the two alternate, so that a burst of load elsewhere on the machine weighs on both alike
   local function pair(reps, a, b)
     local xa, xb = {}, {}
@@ -111,4 +230,5 @@ task.run(function()
   server:cancel()
   sh('rm -rf ' .. dir)
   if not ok then error(err, 0) end
+  flood_bench()
 end)

@@ -12,6 +12,13 @@
 ** Signature V4 (CURLOPT_AWS_SIGV4, the key pair as CURLOPT_USERNAME and
 ** CURLOPT_PASSWORD, which libcurl copies): never sent as Basic credentials.
 **
+** `http_version` picks the protocol: '1.1', or '2', HTTP/2 only: with prior knowledge (h2c) to
+** an http:// URL, by ALPN over TLS to an https:// one; an answer in HTTP/1.x then fails the
+** transfer (NETWORK_ERROR). Without it libcurl's default holds: HTTP/1.1 in the clear, HTTP/2
+** when TLS agrees. Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's
+** `trailers`, named as headers are; gRPC puts its status there. `ca_file` names a PEM file of the
+** authorities to trust in place of the system's (a server with a test authority).
+**
 ** Lua never runs inside a curl callback: those only fill C buffers and put
 ** the request on a queue of "news". The queue is delivered to Lua
 ** (on_headers, on_data, then the final callback) after
@@ -20,6 +27,7 @@
 */
 #include "mc.h"
 #include <sys/un.h>
+#include <strings.h>
 #include <curl/curl.h>
 
 #define MC_HTTP_MT "mayura.http_request"
@@ -82,7 +90,8 @@ struct mc_http_req {
     size_t max_body;
     long status;
     int head_done, head_pending;
-    mc_http_buf head, body, pend;
+    int want_h2;               /* http_version '2': an answer in another version fails */
+    mc_http_buf head, body, pend, trail;
     /* a failure noticed inside a curl callback, acted upon after it */
     const char *fail_code;
     const char *fail_msg;
@@ -347,6 +356,7 @@ static void mc_http_unref(lua_State *L, int *ref) {
 /* Drops what a delivered request still holds, including its anchor. */
 static void mc_http_release(lua_State *L, mc_http_req *r) {
     mc_buf_free(&r->head);
+    mc_buf_free(&r->trail);
     mc_buf_free(&r->body);
     mc_buf_free(&r->pend);
     mc_http_unref(L, &r->cb_ref);
@@ -368,6 +378,8 @@ static void mc_http_final(lua_State *L, mc_http_req *r) {
         lua_setfield(L, -2, "status");
         mc_http_push_headers(L, &r->head);
         lua_setfield(L, -2, "headers");
+        mc_http_push_headers(L, &r->trail);
+        lua_setfield(L, -2, "trailers");
         lua_pushlstring(L, r->body.p != NULL ? r->body.p : "", r->body.len);
         lua_setfield(L, -2, "body");
         nargs = 1;
@@ -625,15 +637,28 @@ static size_t mc_http_on_header(char *p, size_t size, size_t nitems, void *ud) {
         /* A status line starts a new head (after a 100 Continue, say): forget the last one. */
         size_t i = 5;
         long st = 0;
+        if (r->want_h2 && !(n >= 6 && p[5] == '2')) {
+            mc_http_note_fail(r, "NETWORK_ERROR", "the server did not answer in HTTP/2");
+            return 0;
+        }
         while (i < n && p[i] != ' ') i++;
         while (i < n && p[i] == ' ') i++;
         while (i < n && p[i] >= '0' && p[i] <= '9' && st < 1000) st = st * 10 + (p[i++] - '0');
         r->status = st;
         r->head.len = 0;
+        r->trail.len = 0;
         r->head_done = 0;
         return n;
     }
-    if (r->head_done) return n; /* trailers */
+    if (r->head_done) {
+        /* trailers, after the body */
+        if (n == 0 || p[0] == '\r' || p[0] == '\n') return n;
+        if (mc_http_buf_add(&r->trail, p, n, MC_HTTP_MAX_HEAD) != 0) {
+            mc_http_note_fail(r, "LIMIT_EXCEEDED", "the response trailers are too large");
+            return 0;
+        }
+        return n;
+    }
     if (n == 0 || p[0] == '\r' || p[0] == '\n') {
         if (r->status >= 100 && r->status < 200) return n; /* interim: the real head follows */
         r->head_done = 1;
@@ -777,7 +802,8 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
-    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret", NULL
+    "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret",
+    "http_version", "ca_file", NULL
 };
 
 /* An RFC 9110 token character (method and header names). */
@@ -879,7 +905,8 @@ typedef struct mc_http_opts {
     const char *url, *method, *body, *sock;
     size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
-    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4;
+    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, has_ca;
+    long version; /* CURLOPT_HTTP_VERSION, or 0 for libcurl's default */
 } mc_http_opts;
 
 /*
@@ -964,6 +991,35 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     }
     lua_settop(L, 9);
 
+    lua_getfield(L, 1, "http_version"); /* 10 */
+    if (!lua_isnil(L, 10)) {
+        const char *v = lua_type(L, 10) == LUA_TSTRING ? lua_tostring(L, 10) : "";
+        if (strcmp(v, "1.1") == 0) {
+            o->version = (long)CURL_HTTP_VERSION_1_1;
+        } else if (strcmp(v, "2") == 0) {
+            if (!(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2))
+                mc_raise(L, "INVALID_INPUT", "this libcurl has no HTTP/2");
+            o->version = strncmp(o->url, "http://", 7) == 0 ? (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+                                                             : (long)CURL_HTTP_VERSION_2TLS;
+        } else {
+            mc_raise(L, "INVALID_INPUT", "option 'http_version' must be '1.1' or '2'");
+        }
+    }
+    lua_settop(L, 9);
+
+    /* the authorities to trust instead of the system's (a server with a test authority) */
+    lua_getfield(L, 1, "ca_file");
+    if (!lua_isnil(L, -1)) {
+        size_t n;
+        const char *v;
+        if (lua_type(L, -1) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'ca_file' must be a string");
+        v = lua_tolstring(L, -1, &n);
+        if (n == 0 || n >= PATH_MAX || strlen(v) != n)
+            mc_raise(L, "INVALID_INPUT", "option 'ca_file' is empty, too long or holds a NUL byte");
+        o->has_ca = 1;
+    }
+    lua_pop(L, 1);
+
     o->timeout = mc_opt_int(L, 1, "timeout_ms", 0, 0, LONG_MAX);
     o->ctimeout = mc_opt_int(L, 1, "connect_timeout_ms", 0, 0, LONG_MAX);
     o->max_body = mc_opt_int(L, 1, "max_body_bytes", MC_HTTP_DEFAULT_MAX_BODY, 0, MC_MAX_SAFE_INT);
@@ -1001,6 +1057,15 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     MC_HTTP_SETOPT(r, CURLOPT_WRITEDATA, (void *)r);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERFUNCTION, mc_http_on_header);
     MC_HTTP_SETOPT(r, CURLOPT_HEADERDATA, (void *)r);
+    if (o->version != 0) MC_HTTP_SETOPT(r, CURLOPT_HTTP_VERSION, o->version);
+    if (o->version == (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE || o->version == (long)CURL_HTTP_VERSION_2TLS)
+        r->want_h2 = 1;
+    if (o->version == (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE) {
+        /* libcurl 7.88 breaks the next request on a reused h2c connection ("Error in the HTTP2
+        ** framing layer"): each such request has a connection of its own. */
+        MC_HTTP_SETOPT(r, CURLOPT_FRESH_CONNECT, 1L);
+        MC_HTTP_SETOPT(r, CURLOPT_FORBID_REUSE, 1L);
+    }
     if (o->timeout > 0) MC_HTTP_SETOPT(r, CURLOPT_TIMEOUT_MS, (long)o->timeout);
     if (o->ctimeout > 0) MC_HTTP_SETOPT(r, CURLOPT_CONNECTTIMEOUT_MS, (long)o->ctimeout);
     if (o->sock != NULL) {
@@ -1031,6 +1096,11 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
         lua_getfield(L, 1, "aws_secret");
         MC_HTTP_SETOPT(r, CURLOPT_PASSWORD, lua_tostring(L, -1));
         lua_pop(L, 3);
+    }
+    if (o->has_ca) {
+        lua_getfield(L, 1, "ca_file");   /* copied by libcurl too */
+        MC_HTTP_SETOPT(r, CURLOPT_CAINFO, lua_tostring(L, -1));
+        lua_pop(L, 1);
     }
 }
 

@@ -3,7 +3,7 @@
 **
 ** The mechanism under the mayura Lua layer: the libuv loop shared with luv,
 ** processes, files, HTTP through libcurl, JSON through cJSON, MessagePack through
-** msgpack-c, base64, CRC-32 and
+** msgpack-c, protocol buffers through protobuf-c, base64, CRC-32 and
 ** incremental parsers for streamed HTTP answers (Connect, NDJSON, SSE).
 ** It has no opinion about limits, permissions or providers: it checks its
 ** arguments and returns results. Every piece is included here so that the
@@ -173,6 +173,7 @@ static void defer_install(lua_State *L) {
 #include "net.c"
 #include "ws.c"
 #include "msgpack.c"
+#include "proto.c"
 
 #define MAYURA_VERSION "0.1.0"
 
@@ -641,9 +642,41 @@ static int l_report(lua_State *L) {
     return 0;
 }
 
+/*
+** core.report_once(message): reports `message` unless this Lua state reported the same text
+** before; returns whether it did. The texts said are kept in the registry, so a test runner
+** that unloads modules between files still hears a warning about this machine once.
+*/
+static int l_report_once(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, "mayura.core.reported");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "mayura.core.reported");
+    }
+    lua_pushvalue(L, 1);
+    lua_rawget(L, 2);
+    if (!lua_isnil(L, -1)) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    lua_pop(L, 1);
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, 2);
+    lua_settop(L, 1);
+    mc_report(L);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
     {"set_reporter", l_set_reporter},
     {"report", l_report},
+    {"report_once", l_report_once},
     {"run_once", l_run_once},
     {"run", l_run},
     {"loop_running", l_loop_running},
@@ -697,6 +730,7 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_net(L);
     mc_open_ws(L);
     mc_open_msgpack(L);
+    mc_open_proto(L);
     mc_open_prep(L);
     return 1;
 }

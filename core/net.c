@@ -16,11 +16,23 @@
 ** two connected stream sockets on the loop (splice(2) through a pipe per
 ** direction, so the bytes never enter this process; a buffer of its own
 ** where splice cannot serve; never a Lua string per chunk), passing on each
-** side's end of stream as a shutdown of the other. Both descriptors are duplicated: the caller keeps and closes
-** its own. opts: `to_b` (bytes sent to b before anything read from a),
-** `connecting_b` (b's connect is under way: its result is awaited first).
+** side's end of stream as a shutdown of the other. Both descriptors are
+** duplicated: the caller keeps and closes its own. opts: `to_b` (bytes sent
+** to b before anything read from a), `connecting_b` (b's connect is under
+** way: its result is awaited first), `max_from_a` (the bytes a may send after
+** to_b: one byte more ends the relay with err 'excess', that byte unread).
 ** cb(a_to_b_bytes, b_to_a_bytes, err) once both directions are over or one
 ** failed (err a message); relay:close() ends it early (no callback).
+**
+** What one relay holds is bounded, whatever its peers do: a side that does
+** not read makes the relay stop reading the other (one pipe or buffer of
+** RELAY_PIPE bytes per direction in flight), and each socket's kernel
+** buffers are fixed at RELAY_SOCKBUF (the kernel doubles it for its own
+** bookkeeping) instead of growing to the system's maxima (megabytes each):
+** four socket buffers of 2 * RELAY_SOCKBUF and two pipes of RELAY_PIPE,
+** 1.5 MiB at most, where the kernel's own sizing let one relay whose sandbox
+** never read hold about 18 MiB. (Smaller sizes cost throughput: with 64 KiB
+** of each a download through the proxy took twice as long.)
 */
 #include "mc.h"
 #include <fcntl.h>
@@ -31,8 +43,9 @@
 #include <unistd.h>
 
 #define RELAY_MT "mayura.relay"
-#define RELAY_BUF ((size_t)256 * 1024)     /* the buffer of each direction without splice */
-#define RELAY_PIPE ((size_t)1024 * 1024)    /* the pipe of each direction with it */
+#define RELAY_BUF ((size_t)64 * 1024)      /* the buffer of each direction without splice */
+#define RELAY_PIPE ((size_t)256 * 1024)    /* the pipe of each direction with it */
+#define RELAY_SOCKBUF (128 * 1024)         /* SO_SNDBUF and SO_RCVBUF of both sockets */
 
 /* {======================================================
 ** Sockets in another network namespace
@@ -110,6 +123,8 @@ typedef struct mc_relay {
     int live[2];          /* poll handle initialised and not yet closed back */
     int events[2];
     int connecting;       /* side 1's connect is under way */
+    int limited;          /* side 0 may send no more than `left` bytes */
+    uint64_t left;
     relay_dir dir[2];     /* dir[0]: side 0 -> side 1 */
     int cb_ref, self_ref;
     int finished;
@@ -224,17 +239,36 @@ static int relay_flush(mc_relay *r, int d) {
     return 0;
 }
 
-/* Reads from side `s` into its direction's buffer. 0, or -1 with errno. */
+/* Reads from side `s` into its direction's buffer. 0, -1 with errno, or -2 when side 0 sent more
+** than it may. */
 static int relay_read(mc_relay *r, int s) {
     relay_dir *x = &r->dir[s];
     int rounds;
     /* a bounded number of rounds, so a fast stream cannot hold the loop */
     for (rounds = 0; rounds < 16; rounds++) {
         ssize_t n;
+        size_t want = x->pipe[0] >= 0 ? RELAY_PIPE : RELAY_BUF;
         if (x->eof || x->len > 0 || x->inpipe > 0) return 0;
+        if (s == 0 && r->limited) {
+            if (r->left == 0) {
+                /* nothing more may come: an end of stream is fine, a byte is not */
+                char c;
+                n = recv(r->fd[0], &c, 1, MSG_PEEK);
+                if (n < 0) {
+                    if (errno == EINTR) continue;
+                    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+                    return -1;
+                }
+                if (n > 0) return -2;
+                x->eof = 1;
+                if (relay_flush(r, s) != 0) return -1;
+                return 0;
+            }
+            if (r->left < (uint64_t)want) want = (size_t)r->left;
+        }
         if (x->pipe[0] >= 0) {
             /* in the kernel: socket to pipe to socket, no copy through this process */
-            n = splice(r->fd[s], NULL, x->pipe[1], NULL, RELAY_PIPE, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+            n = splice(r->fd[s], NULL, x->pipe[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
             if (n < 0 && errno == EINVAL) {
                 close(x->pipe[0]);
                 close(x->pipe[1]);
@@ -242,13 +276,14 @@ static int relay_read(mc_relay *r, int s) {
                 continue;
             }
         } else {
-            n = recv(r->fd[s], x->buf, RELAY_BUF, 0);
+            n = recv(r->fd[s], x->buf, want, 0);
         }
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             return -1;
         }
+        if (n > 0 && s == 0 && r->limited) r->left -= (uint64_t)n;
         if (n == 0) x->eof = 1;
         else if (x->pipe[0] >= 0) x->inpipe = (size_t)n;
         else { x->len = (size_t)n; x->off = 0; }
@@ -289,7 +324,12 @@ static void relay_on_poll(uv_poll_t *h, int status, int events) {
         if (relay_flush(r, 1 - s) != 0) goto fail;
     }
     if (events & (UV_READABLE | UV_DISCONNECT)) {
-        if (relay_read(r, s) != 0) goto fail;
+        int rc = relay_read(r, s);
+        if (rc == -2) {
+            relay_finish(r, "excess", 1);
+            return;
+        }
+        if (rc != 0) goto fail;
     }
     /* the other side may have become writable meanwhile: keep reading whatever it can take */
     if (relay_flush(r, 0) != 0 || relay_flush(r, 1) != 0) goto fail;
@@ -322,15 +362,23 @@ static int l_relay_gc(lua_State *L) {
     return 0;
 }
 
-static const char *const relay_keys[] = { "to_b", "connecting_b", NULL };
+static const char *const relay_keys[] = { "to_b", "connecting_b", "max_from_a", NULL };
 
 static int relay_dup(lua_State *L, int idx) {
     lua_Integer fd = luaL_checkinteger(L, idx);
-    int d;
+    int d, size = RELAY_SOCKBUF;
     if (fd < 0 || fd > INT_MAX) mc_raise(L, "INVALID_INPUT", "not a descriptor");
     d = fcntl((int)fd, F_DUPFD_CLOEXEC, 3);
     if (d < 0) return -1;
     if (fcntl(d, F_SETFL, fcntl(d, F_GETFL) | O_NONBLOCK) != 0) { close(d); return -1; }
+    /* fixed buffers: what a peer that never reads can make the kernel hold for this relay */
+    if (setsockopt(d, SOL_SOCKET, SO_SNDBUF, &size, sizeof size) != 0 ||
+        setsockopt(d, SOL_SOCKET, SO_RCVBUF, &size, sizeof size) != 0) {
+        int e = errno;
+        close(d);
+        errno = e;
+        return -1;
+    }
     return d;
 }
 
@@ -340,6 +388,7 @@ static int l_relay(lua_State *L) {
     size_t prefix_len = 0;
     const char *prefix = NULL;
     int connecting = 0, i, rc;
+    lua_Integer max_a = -1;
     relay_box *box;
     mc_relay *r;
     if (!lua_isnoneornil(L, 3)) {
@@ -347,6 +396,7 @@ static int l_relay(lua_State *L) {
         mc_check_keys(L, 3, relay_keys);
         prefix = mc_opt_lstr(L, 3, "to_b", &prefix_len);
         connecting = mc_opt_bool(L, 3, "connecting_b", 0);
+        max_a = mc_opt_int(L, 3, "max_from_a", -1, 0, LLONG_MAX);
     }
     luaL_checktype(L, 4, LUA_TFUNCTION);
     box = (relay_box *)lua_newuserdatauv(L, sizeof *box, 0);
@@ -373,6 +423,10 @@ static int l_relay(lua_State *L) {
         r->dir[0].len = prefix_len;
     }
     r->connecting = connecting;
+    if (max_a >= 0) {
+        r->limited = 1;
+        r->left = (uint64_t)max_a;
+    }
     r->fd[0] = relay_dup(L, 1);
     if (r->fd[0] >= 0) r->fd[1] = relay_dup(L, 2);
     if (r->fd[0] < 0 || r->fd[1] < 0) {

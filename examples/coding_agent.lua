@@ -2,7 +2,7 @@
 --
 --   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
 --   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore,
---         apple-container, railway, northflank or codesandbox
+--         apple-container, railway, northflank, codesandbox or modal
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -58,6 +58,10 @@
 -- template with the token in CSB_API_KEY (read here); CSB_BASE_URL and
 -- CSB_WORKDIR for a service speaking the same API elsewhere. Online as well
 -- (CodeSandbox has no egress policy).
+-- `--provider modal` uses Modal sandboxes with the token in MODAL_TOKEN_ID and
+-- MODAL_TOKEN_SECRET (read here); MODAL_IMAGE (an image with Node.js,
+-- node:22-bookworm-slim by default) and MODAL_SERVER_URL for a service speaking
+-- the same gRPC API elsewhere. Modal keeps sandboxes offline: network 'none'.
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -87,7 +91,7 @@ local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
     'usage: build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]\n',
     '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, apple-container, railway,'
-      .. ' northflank or codesandbox\n')
+      .. ' northflank, codesandbox or modal\n')
   os.exit(2)
 end
 
@@ -118,10 +122,10 @@ do
       provider_name = arg[i + 1]
       local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
         cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true,
-        codesandbox = true }
+        codesandbox = true, modal = true }
       if not known[provider_name] then
         usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, '
-          .. 'apple-container, railway, northflank or codesandbox')
+          .. 'apple-container, railway, northflank, codesandbox or modal')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -270,6 +274,11 @@ elseif provider_name == 'codesandbox' then
   if not token then usage_error('--provider codesandbox needs CSB_API_KEY') end
   provider = require('mayura.sandbox.codesandbox').codesandbox_sandboxes({
     token = token, base_url = setting('CSB_BASE_URL'), workdir = setting('CSB_WORKDIR'),
+  })
+elseif provider_name == 'modal' then
+  provider = require('mayura.sandbox.modal').modal_sandboxes({
+    token_id = env('MODAL_TOKEN_ID', true), token_secret = env('MODAL_TOKEN_SECRET', true),
+    image = env('MODAL_IMAGE') or 'node:22-bookworm-slim', server_url = env('MODAL_SERVER_URL'),
   })
 else
   provider = require('mayura.sandbox.local').local_sandboxes()

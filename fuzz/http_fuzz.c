@@ -78,7 +78,19 @@ static void mode_response(lua_State *L, int flags, const uint8_t *data, size_t s
         check_table(L, lua_gettop(L));
         free(exact.p);
     }
+    /* the trailers (lines after the head's blank line) make a table by the same rules */
+    exact.len = exact.cap = r->trail.len;
+    exact.p = r->trail.len > 0 ? (char *)malloc(exact.len) : NULL;
+    if (exact.p != NULL) {
+        memcpy(exact.p, r->trail.p, exact.len);
+        lua_pushcfunction(L, push_head);
+        lua_pushlightuserdata(L, &exact);
+        if (lua_pcall(L, 1, 1, 0) != LUA_OK) fz_fail("mc_http_push_headers raised on trailers: %s", fz_describe(L, -1));
+        check_table(L, lua_gettop(L));
+        free(exact.p);
+    }
     mc_buf_free(&r->head);
+    mc_buf_free(&r->trail);
     free(r);
 }
 

@@ -20,7 +20,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 PKG_CONFIG=${PKG_CONFIG:-pkg-config}
 LUA_PC=${LUA_PC:-lua5.4}
 OUT=build/fuzz
-ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse eventstream listing msgpack"
+ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse eventstream listing msgpack proto"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 # The largest input each format needs: JSON up to the 1000-deep nesting limit,
@@ -75,9 +75,11 @@ if ! "$CC" -fsanitize=fuzzer,address,undefined -o "$probe" "$probe.c" >/dev/null
 fi
 rm -f "$probe" "$probe.c"
 
-# The Makefile's include and link flags (pkg-config), with the fuzzing sanitizers.
-DEPS_CFLAGS=$($PKG_CONFIG --cflags "$LUA_PC" libuv libcurl libcjson libwebsockets msgpack) || exit 2
-DEPS_LIBS="$($PKG_CONFIG --libs "$LUA_PC") $($PKG_CONFIG --libs libuv libcurl libcjson libwebsockets msgpack) -l$LUA_PC-luv -lm"
+# The Makefile's include and link flags (pkg-config), with the fuzzing sanitizers; the core includes
+# the C that protoc-c makes of proto/ (the Makefile's rule makes it).
+make --no-print-directory build/gen/proto/.made >/dev/null || exit 2
+DEPS_CFLAGS="$($PKG_CONFIG --cflags "$LUA_PC" libuv libcurl libcjson libwebsockets msgpack libprotobuf-c) -Ibuild/gen/proto" || exit 2
+DEPS_LIBS="$($PKG_CONFIG --libs "$LUA_PC") $($PKG_CONFIG --libs libuv libcurl libcjson libwebsockets msgpack libprotobuf-c) -l$LUA_PC-luv -lm"
 CFLAGS="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 -fno-sanitize-recover=all -Wall -Wextra -Wno-unused-function $DEPS_CFLAGS -DMAYURA_FUZZ_ROOT=\"$ROOT\""
 

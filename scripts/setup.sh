@@ -4,7 +4,7 @@
 set -eu
 
 PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev luajit libluajit-5.1-dev lua-luv lua-luv-dev libuv1-dev \
-libcjson-dev libcurl4-openssl-dev libwebsockets-dev libmsgpack-dev libseccomp-dev lua-busted lua-check bubblewrap util-linux valgrind curl nodejs \
+libcjson-dev libcurl4-openssl-dev libwebsockets-dev libmsgpack-dev libseccomp-dev libprotobuf-c-dev protobuf-c-compiler lua-busted lua-check bubblewrap util-linux valgrind curl nodejs \
 slirp4netns nftables iproute2 busybox-static xvfb xdotool x11-apps netpbm libx11-dev zsh neovim love openssl luarocks"
 
 missing=""

@@ -1,7 +1,7 @@
 --- mayura.http: HTTP requests on the shared loop, for providers and model adapters.
 --
 -- `request(opts)` waits for `core.http.request` (libcurl's multi interface
--- driven by the loop) and returns `{ status, headers, body }`, or raises a
+-- driven by the loop) and returns `{ status, headers, trailers, body }`, or raises a
 -- coded error: TIMEOUT, CANCELLED, CONNECT_FAILED, NETWORK_ERROR,
 -- LIMIT_EXCEEDED or INVALID_INPUT. `opts.signal` takes a cancel token.
 --
@@ -18,7 +18,7 @@ local task = require('mayura._task')
 local M = {}
 
 --- Makes a request: `{ url, method, headers, body, timeout_ms, connect_timeout_ms,
--- unix_socket, on_data, on_headers, max_body_bytes, signal }`.
+-- unix_socket, on_data, on_headers, max_body_bytes, http_version ('1.1' or '2'), ca_file, signal }`.
 function M.request(opts)
   if type(opts) ~= 'table' then errors.raise('INVALID_INPUT', 'request expects an options table') end
   local token = opts.signal

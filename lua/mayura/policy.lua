@@ -17,13 +17,13 @@
 --     provider_options = { ... },      -- what that function takes (local: none needed)
 --     max_sandboxes = 4, max_lifetime_ms = 1800000,   -- required, as for create_sandboxes
 --     network = { 'none' }, exec_timeout_ms, max_exec_timeout_ms, max_output_bytes, max_file_bytes,
---     call_timeout_ms, labels,         -- the pool's other options
+--     call_timeout_ms, labels, max_snapshots, max_snapshot_bytes,   -- the pool's other options
 --     sandbox = { lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop },
 --   }                                  -- ^ create options of the sandbox each run or session gets
 --                                      --   (lifetime_ms: the pool's max_lifetime_ms by default)
 --   tools 'workspace' {                -- sandbox_tools over that sandbox: workspace.read, .list, ...
 --     pool = 'workspace',              -- the pool (by default the one of the same name)
---     exec = true, write = true, ports, desktop, exec_timeout_ms, exec_cost_micros,
+--     exec = true, write = true, ports, desktop, snapshots, exec_timeout_ms, exec_cost_micros,
 --     max_output_bytes, max_read_bytes, max_write_bytes,
 --   }
 --   tool 'clock' {                     -- a tool written in Lua, as the runtime defines them
@@ -137,7 +137,8 @@ local SHAPES = {
   pool = {
     provider = 'string', provider_options = 'table', max_sandboxes = 'int', max_lifetime_ms = 'int',
     network = 'strings', exec_timeout_ms = 'int', max_exec_timeout_ms = 'int', max_output_bytes = 'int',
-    max_file_bytes = 'int', call_timeout_ms = 'int', labels = 'table', sandbox = 'table',
+    max_file_bytes = 'int', call_timeout_ms = 'int', labels = 'table', sandbox = 'table', max_snapshots = 'int',
+    max_snapshot_bytes = 'int',
   },
   sandbox = {
     lifetime_ms = 'int', network = 'network', env = 'table', ports = 'table', cpus = 'number',
@@ -145,8 +146,8 @@ local SHAPES = {
   },
   tools = {
     pool = 'string', exec = 'boolean', write = 'boolean', ports = 'boolean', desktop = 'boolean',
-    exec_timeout_ms = 'int', exec_cost_micros = 'int', max_output_bytes = 'int', max_read_bytes = 'int',
-    max_write_bytes = 'int',
+    snapshots = 'boolean', exec_timeout_ms = 'int', exec_cost_micros = 'int', max_output_bytes = 'int',
+    max_read_bytes = 'int', max_write_bytes = 'int',
   },
   tool = {
     description = 'string', input = 'schema', effect = 'string', capabilities = 'strings', run = 'function',
@@ -410,7 +411,9 @@ local function as_problem(d, fn, ...)
   fail(d, tostring(msg), nil)
 end
 
-local POWERS = { read = true, exec = true, write = true, ports = true, desktop = true }
+-- A sandbox grant's power, and the tools option that gives it.
+local POWERS = { read = 'read', exec = 'exec', write = 'write', ports = 'ports', desktop = 'desktop',
+  snapshot = 'snapshots' }
 
 -- Provider options that name a host program mayura runs, or a host path it runs, binds, creates
 -- or changes (as root, when the host runs as root): a policy file declares and cannot name them;
@@ -451,10 +454,10 @@ end
 
 local pool_options = {
   'max_sandboxes', 'max_lifetime_ms', 'network', 'exec_timeout_ms', 'max_exec_timeout_ms', 'max_output_bytes',
-  'max_file_bytes', 'call_timeout_ms', 'labels',
+  'max_file_bytes', 'call_timeout_ms', 'labels', 'max_snapshots', 'max_snapshot_bytes',
 }
 local tools_options = {
-  'exec', 'write', 'ports', 'desktop', 'exec_timeout_ms', 'exec_cost_micros', 'max_output_bytes',
+  'exec', 'write', 'ports', 'desktop', 'snapshots', 'exec_timeout_ms', 'exec_cost_micros', 'max_output_bytes',
   'max_read_bytes', 'max_write_bytes',
 }
 
@@ -614,7 +617,7 @@ local function check_all(policy)
       elseif kind == 'sandbox' then
         local group, power = rest:match('^([%w_%-]+):(%a+)$')
         local def = group and groups[group] and groups[group].def
-        if not def or not POWERS[power] or (power ~= 'read' and def[power] ~= true) then
+        if not def or not POWERS[power] or (power ~= 'read' and def[POWERS[power]] ~= true) then
           fail(d, "grant for unknown sandbox tools '" .. g .. "'", 'allow')
         end
       elseif kind == 'effect' then

@@ -71,6 +71,10 @@ describe('core.http', function()
             raises_invalid({ url = srv:url('/echo'), methd = 'GET' })
             raises_invalid({ url = srv:url('/echo'), method = 'GE T' })
             raises_invalid({ url = srv:url('/echo'), method = 7 })
+            raises_invalid({ url = srv:url('/echo'), http_version = 'yes' })
+            raises_invalid({ url = srv:url('/echo'), ca_file = 1 })
+            raises_invalid({ url = srv:url('/echo'), ca_file = '' })
+            raises_invalid({ url = srv:url('/echo'), ca_file = '/a\0b' })
             raises_invalid({ url = srv:url('/echo'), headers = 'x' })
             raises_invalid({ url = srv:url('/echo'), headers = { ['X-A'] = 'a\r\nX-B: b' } })
             raises_invalid({ url = srv:url('/echo'), headers = { ['X-A'] = 'a\nb' } })
@@ -78,6 +82,8 @@ describe('core.http', function()
             raises_invalid({ url = srv:url('/echo'), headers = { ['X-A'] = 5 } })
             raises_invalid({ url = srv:url('/echo'), headers = { ['Bad Name'] = 'v' } })
             raises_invalid({ url = srv:url('/echo'), headers = { 'no colon here' } })
+            raises_invalid({ url = srv:url('/echo'), http_version = '3' })
+            raises_invalid({ url = srv:url('/echo'), http_version = 2 })
             raises_invalid({ url = srv:url('/echo'), body = {} })
             raises_invalid({ url = srv:url('/echo'), timeout_ms = -1 })
             raises_invalid({ url = srv:url('/echo'), timeout_ms = 1.5 })
@@ -263,6 +269,16 @@ describe('core.http', function()
             assert.equal('two', got.headers['x-line2'])
         end)
 
+        it('speaks the HTTP version asked for: 1.1, or 2 with prior knowledge in the clear', function()
+            local res = request({ url = srv:url('/echo'), http_version = '1.1' })
+            assert.equal(200, res.status)
+            assert.equal('GET', server.parse_echo(res.body).method)
+            -- an HTTP/1.1 server cannot answer HTTP/2's connection preface (it fails or waits)
+            local none, err = request({ url = srv:url('/echo'), http_version = '2', timeout_ms = 1500 })
+            assert.is_nil(none)
+            assert.is_truthy(err.code == 'NETWORK_ERROR' or err.code == 'TIMEOUT', err.code)
+        end)
+
         it('sends a POST body with NUL bytes exactly', function()
             local body = 'a\0b\0\0c\r\n\0' .. string.rep('\0', 10) .. 'end'
             local res = request({
@@ -341,6 +357,44 @@ describe('core.http', function()
             assert.equal(200, res.status)
             assert.equal('chunked', res.headers['transfer-encoding'])
             assert.equal(server.CHUNKED_BODY, res.body)
+        end)
+
+        it('gives the trailers after a chunked body apart from the head', function()
+            local res = request({ url = srv:url('/trailers') })
+            assert.equal(server.CHUNKED_BODY, res.body)
+            assert.are.same({ ['grpc-status'] = '7', ['x-trail'] = 'yes' }, res.trailers)
+            assert.is_nil(res.headers['grpc-status'])
+            assert.are.same({}, request({ url = srv:url('/chunked') }).trailers)
+        end)
+
+        it('speaks HTTP/2 with prior knowledge to an h2c server, with its trailers, request after request', function()
+            -- a node:http2 server without TLS, which refuses HTTP/1.1
+            local port_file = os.tmpname()
+            local src = "const h = require('node:http2'); const fs = require('node:fs');"
+                .. "const s = h.createServer((q, r) => { let n = 0; q.on('data', (d) => { n += d.length; });"
+                .. " q.on('end', () => { r.addTrailers({ 'grpc-status': '0', 'x-n': String(n) });"
+                .. " r.setHeader('content-type', 'application/grpc'); r.end('v' + q.httpVersion); }); });"
+                .. "s.listen(0, '127.0.0.1', () => fs.writeFileSync(process.argv[1], String(s.address().port)));"
+                .. "setTimeout(() => process.exit(0), 20000);"
+            local node = core.spawn({ argv = { 'node', '-e', src, port_file }, timeout_ms = 30000 }, function() end)
+            if not node then pending('node is not installed'); return end
+            local port
+            for _ = 1, 200 do
+                local f = io.open(port_file)
+                port = f and f:read('a')
+                if f then f:close() end
+                if port and port ~= '' then break end
+                sleep(20)
+            end
+            for i = 1, 3 do
+                local res = request({ url = 'http://127.0.0.1:' .. port .. '/x', method = 'POST',
+                    body = string.rep('b', i), http_version = '2', timeout_ms = 5000 })
+                assert.equal(200, res.status)
+                assert.equal('v2.0', res.body)
+                assert.are.same({ ['grpc-status'] = '0', ['x-n'] = tostring(i) }, res.trailers)
+            end
+            node:kill(9)
+            os.remove(port_file)
         end)
 
         it('streams to on_data in order, after on_headers', function()

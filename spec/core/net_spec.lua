@@ -3,6 +3,7 @@
 local core = require('mayura.core')
 local task = require('mayura._task')
 local uv = require('luv')
+local util = require('support.util')
 
 -- A luv pipe over one end of a socket pair, and the other end's descriptor.
 local function pair()
@@ -55,6 +56,32 @@ describe('core.relay', function()
     assert.is_nil(counts[3])
     left:close()
     right:close()
+  end)
+
+  it('passes at most max_from_a bytes of a: its end there is fine, one byte more ends the relay', function()
+    local function run(send_more)
+      local left, l_fd = pair()
+      local right, r_fd = pair()
+      local result
+      local got = task.await(function(done)
+        core.relay(l_fd, r_fd, { to_b = 'HEAD:', max_from_a = 5 }, function(_, _, err) result = err end)
+        core.close_fd(l_fd)
+        core.close_fd(r_fd)
+        left:write('hello')
+        task.spawn(function() done(read_all(right, 10)) end)
+      end)
+      assert.are.equal('HEAD:hello', got)
+      if send_more then left:write('X') else left:shutdown() end
+      -- the far side sees the relay end (an excess) or the end passed on
+      local rest = read_all(right)
+      if not send_more then right:shutdown() end
+      assert.is_true(util.eventually(function() return result ~= nil or not send_more end, 2000))
+      left:close()
+      right:close()
+      return rest, result
+    end
+    assert.are.same({ '', 'excess' }, { run(true) })
+    assert.are.same({ '' }, { run(false) })
   end)
 
   it('ends at close() without a callback, closing its copies', function()

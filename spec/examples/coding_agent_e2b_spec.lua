@@ -52,7 +52,7 @@ describe('examples/coding_agent.lua --provider e2b', function()
     assert.truthy(last:find('^Verdict: the re%-check passed'), last)
     assert.is_falsy(all:find(KEY, 1, true))
     -- two sandboxes on the service: the run's, with its run label, and the re-check's; both ended
-    local creates = svc:calls('POST', '/sandboxes')
+    local creates = svc:calls('POST', '/v2/sandboxes')
     assert.are.equal(2, #creates)
     assert.truthy(creates[1].json.metadata.run)
     assert.are.equal('base', creates[1].json.templateID)

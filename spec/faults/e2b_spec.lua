@@ -62,7 +62,7 @@ describe('mayura.sandbox.e2b when E2B misbehaves', function()
     local wrong = 'e2b_wrong_0123456789abcdef'
     local p = sandbox.create_sandboxes(provider({ api_key = wrong }), { max_sandboxes = 1, max_lifetime_ms = 60000 })
     sandbox_error('authentication', { wrong, KEY }, p.create, p, { lifetime_ms = 60000 })
-    assert.truthy(svc:calls('POST', '/sandboxes')[1].headers['x-api-key'] == wrong)
+    assert.truthy(svc:calls('POST', '/v2/sandboxes')[1].headers['x-api-key'] == wrong)
     assert.are.equal(0, p:count())
     p:close()
     -- envd refusing the access token (and saying it back)
@@ -103,16 +103,16 @@ describe('mayura.sandbox.e2b when E2B misbehaves', function()
   end)
 
   it('429 with Retry-After: the create waits what the service asked, then succeeds', function()
-    svc:fault('POST', '/sandboxes', stand_in.rate_limited(1), 1)
+    svc:fault('POST', '/v2/sandboxes', stand_in.rate_limited(1), 1)
     local sb = pool:create({ lifetime_ms = 60000 })
-    local calls = svc:calls('POST', '/sandboxes')
+    local calls = svc:calls('POST', '/v2/sandboxes')
     assert.are.equal(2, #calls)
     assert.is_true(calls[2].at_ms - calls[1].at_ms >= 1000)
     -- envd's resource_exhausted on a command is retried too
     svc:fault('POST', '/process.Process/Start', stand_in.rate_limited(0), 1)
     assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
     -- a wait longer than the kit takes (max_retry_after_ms, 30 s) is raised at once, with the wait
-    svc:fault('POST', '/sandboxes', stand_in.rate_limited(120), 1)
+    svc:fault('POST', '/v2/sandboxes', stand_in.rate_limited(120), 1)
     local err = sandbox_error('rate_limited', { KEY }, pool.create, pool, { lifetime_ms = 60000 })
     assert.are.equal(120000, err.retry_after_ms)
   end)
@@ -157,7 +157,7 @@ describe('mayura.sandbox.e2b when E2B misbehaves', function()
     local p = sandbox.create_sandboxes(provider(), { max_sandboxes = 1, max_lifetime_ms = 60000, call_timeout_ms = 500 })
     sandbox_error('timeout', { KEY }, p.create, p, { lifetime_ms = 60000, labels = { who = 'slow' } })
     -- the create did make one; the provider looks it up by its label and kills it
-    local made = svc:calls('POST', '/sandboxes')[1]
+    local made = svc:calls('POST', '/v2/sandboxes')[1]
     local tag = made.json.metadata['mayura.create']
     assert.truthy(util.eventually(function() return #svc:calls('DELETE', '/sandboxes/{id}') == 1 end, 10000))
     local listed = svc:calls('GET', '/v2/sandboxes')[1]

@@ -169,6 +169,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
         return { 200, '{"Config":{"Env":["PATH=/bin"]}}' }
       end
       if method == 'DELETE' then return { 404, '{}' } end
+      if type(behaviour.how) == 'function' then return behaviour.how(path, method) end
       return behaviour.how
     end)
   end)
@@ -231,6 +232,52 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
       pool:close()
     end)
   end
+
+  it('tries a start again when the runtime fails for a passing reason, and gives a start refused for '
+    .. 'good as an error whose cause is the daemon\'s reason (not in its message)', function()
+    local starts = 0
+    local function daemon(answers)
+      starts = 0
+      behaviour.how = function(path, method)
+        if method == 'POST' and path:match('/containers/create') then return { 201, '{"Id":"abc123"}' } end
+        if method == 'POST' and path:match('/containers/abc123/start$') then
+          starts = starts + 1
+          return answers[math.min(starts, #answers)]
+        end
+        return { 404, '{}' }
+      end
+    end
+    local busy = { 500, '{"message":"failed to create shim task: OCI runtime create failed: runc create failed: '
+      .. 'unable to start container process: fork/exec /proc/self/exe: resource temporarily unavailable: unknown"}' }
+    local refused = { 400, '{"message":"failed to create shim task: OCI runtime create failed: runc create failed: '
+      .. 'unable to start container process: exec: \\"/.mayura/agent\\": permission denied: unknown"}' }
+    -- busy twice, then refused for good (and once more without the OOM score, which a runtime may
+    -- refuse): four starts, and the refusal's reason kept as the cause
+    daemon({ busy, busy, refused })
+    local pool = pool_for(10000)
+    local err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+    assert.are.equal(4, starts)
+    assert.truthy(err.message:find('HTTP 400', 1, true), err.message)
+    assert.is_nil(err.message:find('permission denied', 1, true))
+    assert.truthy(tostring(err.cause):find('permission denied', 1, true))
+    -- always busy: tried a bounded number of times, then the error says so
+    daemon({ busy })
+    err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+    assert.are.equal(4, starts)
+    assert.truthy(tostring(err.cause):find('resource temporarily unavailable', 1, true))
+    assert.are.equal(0, pool:count())
+    assert.is_true(util.eventually(function() return #left_dirs() == 0 end, 5000))
+    -- runc losing its child: with the OOM score that is the runtime refusing it (once more without);
+    -- without a score it is runc under load, tried again like any passing failure
+    local lost = { 400, '{"message":"failed to create shim task: OCI runtime create failed: runc create failed: '
+      .. 'unable to start container process: can\'t get final child\'s PID from pipe: EOF: unknown"}' }
+    daemon({ lost })
+    err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
+    assert.are.equal(5, starts)
+    assert.truthy(tostring(err.cause):find('final child', 1, true))
+    assert.are.equal(0, pool:count())
+    pool:close()
+  end)
 
   it('maps a daemon that is not there to SANDBOX_ERROR unavailable', function()
     local p = docker.docker_sandboxes({ image = 'mayura-test/fake:1', engine = 'api',

@@ -14,14 +14,20 @@ local TOKEN = 'nf_fault0123456789abcdefTOKEN'
 local PROJECT = 'faults'
 local CREATE_PATH, GET, EXEC = '/v1/projects/{p}/services/deployment', '/v1/projects/{p}/services/{s}', '/exec'
 local service_opts = { token = TOKEN, project_id = PROJECT }
+local exec_url   -- the stand-in's HTTP/2 exec host (spec/npm/northflank_exec.mjs)
 
 faults.hosted_suite({
   title = 'the Northflank provider when the service misbehaves',
   provider = northflank.northflank_sandboxes,
   options = function(svc)
-    return { token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = svc:url(''), retry_base_ms = 20 }
+    return { token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = exec_url, retry_base_ms = 20 }
   end,
-  install = function(svc, backing) return northflank_service.install(svc, backing, service_opts) end,
+  install = function(svc, backing)
+    local state = northflank_service.install_with_exec_host(svc, backing, service_opts)
+    exec_url = state.exec_url
+    return state
+  end,
+  teardown = function(env) env.state.close_all() end,
   reset = function(env)
     env.state.pending_polls, env.state.cut_exec = 0, 0
     service_opts.token = TOKEN

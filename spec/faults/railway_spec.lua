@@ -4,7 +4,8 @@
 -- Retry-After and a GraphQL rate-limit error, a command whose answer stalls, a create that never
 -- answers or never leaves CREATING (these through the GraphQL sandboxExec, exec = 'graphql');
 -- then over the WebSocket exec bridge: a shell token the bridge refuses, a sandbox gone under a
--- command's connection, a command whose answer stalls. Each ends as a SandboxError with the
+-- command's connection, a command whose answer stalls; a port's domain never published, or its
+-- sandbox gone, and domains the service refuses. Each ends as a SandboxError with the
 -- right reason and none of the service's text or the token; and a command past its timeout is
 -- killed by its tag.
 local railway = require('mayura.sandbox.railway')
@@ -117,6 +118,22 @@ faults.hosted_suite({
       local ps = sb:exec({ 'sh', '-c', 'ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline | tr "\\0" " "' })
       assert.is_falsy(ps.stdout:find('sleep 6[67]'), ps.stdout)
       sb:release()
+      pool:close()
+    end)
+
+    it('a port\'s domain never published ends url at the call timeout; a sandbox gone is gone there too', function()
+      local pool = make_pool({ network_isolation = 'PRIVATE' }, { call_timeout_ms = 800 })
+      env.state.domain_polls = 1000
+      local sb = pool:create({ lifetime_ms = 60000, network = 'all', ports = { 8080 } })
+      env.state.domain_polls = 0
+      check('timeout', sb.url, sb, 8080)
+      env.state:vanish(sb._backend.id)
+      check('gone', sb.url, sb, 8080)
+      sb:release()
+      -- the service refusing the domains it was asked for: failed, without its words
+      env.state:fault('sandboxCreate', { json = { errors = { { message = 'Sandbox not found: publicDomains ' .. TOKEN,
+        extensions = { code = 'BAD_USER_INPUT' } } }, data = railway_service.NULL } })
+      check('failed', pool.create, pool, { lifetime_ms = 60000, network = 'all', ports = { 8080 } })
       pool:close()
     end)
 

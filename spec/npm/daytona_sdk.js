@@ -32,6 +32,16 @@ async function check(apiUrl) {
   out.state = sandbox.state;
   const r = await sandbox.process.executeCommand('echo "$GREETING from the sdk"; echo oops >&2; exit 3');
   out.exec = { exitCode: r.exitCode, result: r.result };
+  // a timeout kills the command's process group: a setsid'd child lives on, one of the group does not
+  try {
+    await sandbox.process.executeCommand('setsid sleep 47 >/dev/null 2>&1 & echo $! > s.pid; '
+      + 'sleep 48 >/dev/null 2>&1 & echo $! > g.pid; sleep 49', undefined, undefined, 1);
+    out.timeout = 'no error';
+  } catch (e) {
+    out.timeout = e.statusCode || String(e.message).slice(0, 80);
+  }
+  out.after_timeout = (await sandbox.process.executeCommand('kill -0 $(cat s.pid) && echo s-alive; '
+    + 'kill -0 $(cat g.pid) 2>/dev/null && echo g-alive; kill $(cat s.pid)')).result;
   const bytes = Buffer.from([0, 1, 2, 250, 255, 10, 104, 105]);
   await sandbox.fs.uploadFile(bytes, 'sdk/dir/file.bin');
   const back = await sandbox.fs.downloadFile('sdk/dir/file.bin');

@@ -1,9 +1,10 @@
 // The official `e2b` SDK against the E2B stand-in (spec/support/e2b_service.lua), run by
 // spec/providers/e2b_spec.lua: create, a command's exit code and output, a file written and read,
-// a listing, the sandbox list, kill. Prints one JSON line with what it saw; exits 1 on a failure.
+// a listing, the sandbox list, a command's timeout and its kill (each reaching the command's own
+// process only, as envd's do: a background child lives on), kill. Prints one JSON line with what it saw; exits 1 on a failure.
 // The stand-in comes from the environment: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL (the
 // SDK's own variables, passed here as options).
-import { Sandbox, CommandExitError } from 'e2b';
+import { Sandbox, CommandExitError, TimeoutError } from 'e2b';
 
 const opts = {
   apiKey: process.env.E2B_API_KEY,
@@ -41,6 +42,24 @@ try {
   const listed = await Sandbox.list({ ...opts, query: { metadata: { suite: 'sdk', run: process.env.RUN_ID ?? 'x' } } })
     .nextItems();
   out.listed = listed.map((s) => s.sandboxId);
+  // the command's deadline kills bash, not the child it left in the background
+  try {
+    await sbx.commands.run('sleep 41 >/dev/null 2>&1 & echo $! > bg1.pid; sleep 42', { timeoutMs: 1000 });
+    out.timeout = { threw: false };
+  } catch (e) {
+    out.timeout = { threw: e instanceof TimeoutError };
+  }
+  out.timeoutChild = (await sbx.commands.run('kill -0 $(cat bg1.pid) && echo alive')).stdout;
+  // as does the SDK's kill (SendSignal)
+  const h = await sbx.commands.run('sleep 43 >/dev/null 2>&1 & echo $! > bg2.pid; sleep 44', { background: true });
+  for (let i = 0; i < 100; i++) {
+    if ((await sbx.commands.run('cat bg2.pid 2>/dev/null || true')).stdout) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  out.handleKilled = await h.kill();
+  const waited = await h.wait().then(() => 'exited', (e) => (e instanceof CommandExitError ? e.exitCode : String(e)));
+  out.killedWait = waited;
+  out.killChild = (await sbx.commands.run('kill -0 $(cat bg2.pid) && echo alive')).stdout;
   out.infoTemplate = (await Sandbox.getInfo(sbx.sandboxId, opts)).templateId;
   out.killed = await sbx.kill();
   out.killedAgain = await Sandbox.kill(sbx.sandboxId, opts);

@@ -6,7 +6,7 @@
 // WebSocket on the API's host; STAND_IN_URL is the stand-in, STAND_IN_TOKEN and
 // STAND_IN_PROJECT the credentials. Create a deployment service (polled until its deployment
 // is COMPLETED), run a command through a shell and one as argv, delete the service, read it
-// again (404), and try a wrong token. Prints `RESULT {json}`.
+// again (404), and try a wrong token; a session whose standard input comes in several messages. Prints `RESULT {json}`.
 import { ApiClient, ApiClientInMemoryContextProvider } from '@northflank/js-client';
 import { startFront } from './northflank_front.mjs';
 
@@ -53,6 +53,20 @@ try {
   result.stderr = run.stdErr;
   const argv = await api.exec.execServiceCommand({ projectId, serviceId }, { command: ['echo', 'a b'] });
   result.argv_stdout = argv.stdOut;
+  // standard input over the WebSocket: several payload messages, then the end of input
+  const session = await api.exec.execServiceSession({ projectId, serviceId },
+    { command: 'cat; echo done', shell: 'bash -c' });
+  let catOut = '';
+  session.stdOut.on('data', (d) => { catOut += d.toString(); });
+  const finished = new Promise((r) => session.once('command-result', r));
+  session.stdIn.write('first\n');
+  await new Promise((r) => setTimeout(r, 50));
+  session.stdIn.write('second\n');
+  session.stdIn.end();
+  const catResult = await finished;
+  result.stdin_exit_code = catResult.exitCode;
+  result.stdin_stdout = catOut;
+  result.late_input = front.late;
   const deleted = await api.delete.service({ parameters: { projectId, serviceId } });
   result.deleted = !deleted.error;
   const missing = await api.get.service({ parameters: { projectId, serviceId } });

@@ -11,7 +11,9 @@
 // the stand-in (`POST /_bridge/exec`), and its answer comes back as the bridge sends it: a
 // `durable_session` text frame, binary frames `0x01` + stdout and `0x03` + stderr, the text frame
 // `exit` ({ exit_code }), and a close (1000). A sandbox gone meanwhile closes with 1011 and no exit.
-// `signal` frames are not passed on. `GET /quit` ends the process.
+// A `signal` frame ({ signal }) goes to the running command (`POST /_bridge/signal`, with the
+// exec's id; one that comes before stdin_close is sent once the command starts). `GET /quit` ends
+// the process.
 import { writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { WebSocketServer } from 'ws';
@@ -57,10 +59,16 @@ server.on('upgrade', async (req, socket, head) => {
   wss.handleUpgrade(req, socket, head, (ws) => session(ws, token));
 });
 
+let execs = 0;
+
 function session(ws, token) {
   let init = null;
   const stdin = [];
   let started = false;
+  const execId = `e${++execs}`;
+  const pending = [];
+  const signal = (name) => call('POST', '/_bridge/signal', { 'content-type': 'application/json' },
+    JSON.stringify({ token, exec_id: execId, signal: name }));
   ws.on('message', async (data, binary) => {
     if (binary) {
       if (data[0] === 2) stdin.push(data.subarray(1));
@@ -68,12 +76,18 @@ function session(ws, token) {
     }
     let msg;
     try { msg = JSON.parse(data.toString()); } catch { return; }
+    if (msg.type === 'signal' && typeof msg.data?.signal === 'string') {
+      if (started) signal(msg.data.signal); else pending.push(msg.data.signal);
+      return;
+    }
     if (msg.type === 'init_exec') init = msg.data ?? {};
     if (msg.type !== 'stdin_close' || !init || started) return;
     started = true;
-    const body = JSON.stringify({ token, command: init.command, cwd: init.cwd, env: init.env,
+    const body = JSON.stringify({ token, exec_id: execId, command: init.command, cwd: init.cwd, env: init.env,
       stdin: Buffer.concat(stdin).toString('base64') });
-    const answer = await call('POST', '/_bridge/exec', { 'content-type': 'application/json' }, body);
+    const running = call('POST', '/_bridge/exec', { 'content-type': 'application/json' }, body);
+    for (const name of pending) signal(name);
+    const answer = await running;
     if (ws.readyState !== ws.OPEN) return;
     if (answer.status !== 200) { ws.close(1011); return; }
     const r = JSON.parse(answer.body);

@@ -44,6 +44,17 @@ try {
   const sleeper = await sandbox.runCommand({ cmd: 'sleep', args: ['30'], detached: true });
   await sleeper.kill();
   result.killed_exit = (await sleeper.wait()).exitCode;
+  // the kill reaches the command's own process: a child it left in the background lives on
+  const parent = await sandbox.runCommand({ cmd: 'sh',
+    args: ['-c', 'sleep 45 >/dev/null 2>&1 & echo $! > bg.pid; sleep 46'], detached: true });
+  for (let i = 0; i < 100; i++) {
+    if ((await (await sandbox.runCommand('sh', ['-c', 'cat bg.pid 2>/dev/null || true'])).stdout())) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  await parent.kill('SIGKILL');
+  result.parent_exit = (await parent.wait()).exitCode;
+  result.child_after_kill = await (await sandbox.runCommand('sh',
+    ['-c', 'kill -0 $(cat bg.pid) && echo alive; kill $(cat bg.pid)'])).stdout();
 
   const later = await sandbox.runCommand({ cmd: 'sh', args: ['-c', 'sleep 0.2; echo later'], detached: true });
   await later.wait();

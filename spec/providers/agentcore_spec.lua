@@ -13,6 +13,7 @@ local suite = require('support.stand_in_suite')
 local agentcore_service = require('support.agentcore_service')
 local sigv4 = require('support.sigv4')
 local eventstream = require('support.eventstream')
+local stop_cases = require('support.stop_cases')
 
 local KEY_ID, SECRET = 'AKIAMAYURASPEC0KEYID', 'mayura/Spec+Secret0123456789abcdefSECRET'
 local TOKEN = 'IQoJb3JpZ2luX2VjEMayuraSessionTOKEN0123'
@@ -160,6 +161,10 @@ suite.describe('the AgentCore stand-in, over real local sandboxes', function()
     assert.are.same({ name = 'ResourceNotFoundException', status = 404 }, v.after)
     assert.are.equal('TERMINATED', state.sessions[id].status)
     assert.is_true(state.verified - before >= 7)
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   suite.conformance(function() return sb end)

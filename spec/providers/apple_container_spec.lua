@@ -9,6 +9,7 @@ local apple = require('mayura.sandbox.apple_container')
 local process = require('mayura.process')
 local util = require('support.util')
 local faults = require('support.fault_checks')
+local stop_cases = require('support.stop_cases')
 
 local FAKE = 'spec/support/fake_container/container'
 local check = faults.checker({ 'SECRET-VALUE' }, { 'Error:', 'not found', 'notFound' })
@@ -58,6 +59,10 @@ describe('Apple container sandboxes, through the fake container CLI', function()
     pool:close()
     process.run({ 'sh', '-c', 'docker ps -aq --filter label=mayura.fake-container=1 | xargs -r docker rm -f' })
     util.rmdir(dir)
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()

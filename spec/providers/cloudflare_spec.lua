@@ -6,6 +6,7 @@
 local cloudflare = require('mayura.sandbox.cloudflare')
 local suite = require('support.stand_in_suite')
 local cloudflare_service = require('support.cloudflare_service')
+local stop_cases = require('support.stop_cases')
 
 local KEY = 'cfsb_0123456789abcdefKEY'
 
@@ -36,6 +37,10 @@ suite.describe('the Cloudflare bridge stand-in, over real local sandboxes', func
     ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
   })
 
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
+
   suite.conformance(function() return sb end)
 
   it('mints an id, runs sh -c through the exec stream, and deletes at release', function()
@@ -53,6 +58,30 @@ suite.describe('the Cloudflare bridge stand-in, over real local sandboxes', func
     local deletes = svc:calls('DELETE', '/v1/sandbox/{id}')
     assert.are.equal(id, deletes[#deletes].params.id)
     assert.is_nil(state.containers[id])
+  end)
+
+  it('resolves a cwd as the bridge does: a relative one under /workspace, `..` by name; one that '
+    .. 'leaves /workspace is 403 invalid_request', function()
+    local http = require('mayura.http')
+    local json = require('mayura.core').json
+    local headers = { Authorization = 'Bearer ' .. KEY, ['Content-Type'] = 'application/json' }
+    local r = http.request({ url = svc:url('/v1/sandbox'), method = 'POST', headers = headers, body = '{}' })
+    local id = json.decode(r.body).id
+    local function exec(cwd)
+      return http.request({ url = svc:url('/v1/sandbox/' .. id .. '/exec'), method = 'POST', headers = headers,
+        body = json.encode({ argv = { 'sh', '-c', 'mkdir -p /workspace/sub && pwd' }, cwd = cwd }), timeout_ms = 20000 })
+    end
+    assert.are.equal(200, exec('.').status)
+    local out = exec('sub/../sub')
+    assert.are.equal(200, out.status)
+    assert.truthy(out.body:find('data: ' .. require('mayura.core').base64.encode('/workspace/sub\n'), 1, true))
+    for _, bad in ipairs({ '..', '/etc', '/workspace/../etc', 'sub/../../tmp' }) do
+      r = exec(bad)
+      assert.are.equal(403, r.status, bad)
+      assert.are.same({ error = 'cwd must resolve to a location within /workspace', code = 'invalid_request' },
+        json.decode(r.body))
+    end
+    http.request({ url = svc:url('/v1/sandbox/' .. id), method = 'DELETE', headers = headers })
   end)
 
   it('refuses network none, ports, a size and an image, before any call', function()

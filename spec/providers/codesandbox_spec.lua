@@ -11,6 +11,7 @@ local codesandbox = require('mayura.sandbox.codesandbox')
 local stand_in = require('support.stand_in')
 local util = require('support.util')
 local codesandbox_service = require('support.codesandbox_service')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'csb_0123456789abcdefTOKEN'
 
@@ -83,6 +84,7 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
       id = v.id, bootup = 'CLEAN', echo = 'hello from the sdk\n/workspace\n',
       failed = { message = 'Command failed with exit code 3', exitCode = 3 },
       note = 'a note\n', raw = '000102ff0a', listing = { 'file:note.txt', 'file:raw.bin' }, cat = 'a note\n',
+      kept = { 'hibernate:RESUME:a note\n', 'shutdown:CLEAN:a note\n' },
       title = 'sdk check', gone = 'Failed to get sandbox ' .. v.id .. ': Sandbox not found',
       wrong = 'Failed to fork sandbox pcz35m: Unauthorized: the token was not accepted',
     }, v)
@@ -92,13 +94,17 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
       local m = state.messages[i].method
       methods[m] = (methods[m] or 0) + 1
     end
-    assert.are.equal(1, methods['client/join'])
+    assert.are.equal(3, methods['client/join'])   -- the first connect, and one after each resume
     assert.are.equal(3, methods['shell/create'])
     local starts = svc:calls('POST', '/vm/{id}/start')
-    assert.are.equal(120, starts[#starts].json.hibernation_timeout_seconds)
+    assert.are.equal(120, starts[#starts - 2].json.hibernation_timeout_seconds)   -- the create's start
     local forks = svc:calls('POST', '/sandbox/{template}/fork')
     assert.are.same({ 'sdk' }, forks[#forks].json.tags)
     assert.is_nil(state.sandboxes[v.id])
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()
@@ -130,6 +136,24 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
       if m.method == 'client/join' and m.params.clientInfo.appId == 'mayura' then joins = joins + 1 end
     end
     assert.is_true(joins >= 2)
+  end)
+
+  it('keeps a sandbox\'s files when the VM hibernates behind its back: the next command starts it '
+    .. 'again and reconnects', function()
+    local other = pool:create({ lifetime_ms = 90500, network = 'all' })
+    other:write_file('kept/note.txt', 'still here')
+    local http = require('mayura.http')
+    local r = http.request({ url = svc:url('/vm/' .. other._backend.id .. '/hibernate'), method = 'POST',
+      headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' }, body = '{}' })
+    assert.are.equal(200, r.status)
+    local got
+    for _ = 1, 3 do   -- the command that finds the connection closed is `unavailable`
+      local ok, v = pcall(other.read_file, other, 'kept/note.txt')
+      if ok then got = v break end
+      assert.are.equal('unavailable', v.reason)
+    end
+    assert.are.equal('still here', got)
+    other:release()
   end)
 
   it('refuses network none and ports before any call', function()

@@ -11,16 +11,29 @@ local process = require('mayura.process')
 local transports = require('support.command_transports')
 local providers = require('support.providers')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local scripts = sandbox.sandbox_scripts
 local MIB = 1048576
 
 local BUSYBOX = '/usr/bin/busybox'
 
+-- A directory with a grep that refuses -z (as a BusyBox built without it does), before the real one.
+local NO_Z_GREP = os.tmpname()
+os.remove(NO_Z_GREP)
+assert(os.execute('mkdir -p ' .. NO_Z_GREP))
+do
+  local f = assert(io.open(NO_Z_GREP .. '/grep', 'w'))
+  f:write('#!/bin/sh\nfor a in "$@";do case $a in -*z*) echo "grep: no -z" >&2;exit 2;;esac;done\nexec /bin/grep "$@"\n')
+  f:close()
+  assert(os.execute('chmod 755 ' .. NO_Z_GREP .. '/grep'))
+end
+
 -- The shells the scripts must work with; BusyBox with no PATH, so only its applets run.
 local SHELLS = {
   { name = 'dash', argv = { 'dash' }, env = { PATH = '/usr/bin:/bin' } },
   { name = 'BusyBox sh', argv = { BUSYBOX, 'sh' }, env = { PATH = '/nonexistent' } },
+  { name = 'dash, with a grep that has no -z', argv = { 'dash' }, env = { PATH = NO_Z_GREP .. ':/usr/bin:/bin' } },
 }
 
 local function run_sh(shell, script, stdin)
@@ -52,6 +65,7 @@ local NASTY = {
 }
 
 describe('sandbox_scripts', function()
+  teardown(function() os.execute('rm -rf ' .. NO_Z_GREP) end)
   it('quote refuses NUL bytes and kill refuses tags it could not match exactly', function()
     assert.raises_code('INVALID_INPUT', scripts.quote, 'a\0b')
     assert.raises_code('INVALID_INPUT', scripts.kill, 'a b')
@@ -326,6 +340,13 @@ local KINDS = {
   { name = 'with standard input (dash)', opts = { stdin = true, max_command_bytes = 65536 }, conformance = true },
   { name = 'without standard input, 4096-byte commands (BusyBox sh)', conformance = true,
     opts = { stdin = false, max_command_bytes = 4096, shell = { BUSYBOX, 'sh' } } },
+  -- over local sandboxes with the pool's default caps: every answer within 1 MiB (the default)
+  { name = 'with standard input, over sandboxes that give at most 1 MiB of output', conformance = true,
+    opts = { stdin = true, max_command_bytes = 65536, pool_options = {} } },
+  { name = 'without standard input, over sandboxes that give at most 1 MiB of output', conformance = true,
+    opts = { stdin = false, max_command_bytes = 65536, pool_options = {} } },
+  -- a transport that says it answers at most 16 KiB (and cuts there)
+  { name = 'with answers of at most 16 KiB', opts = { stdin = true, max_output_bytes = 16384, cut_at = 16384 } },
   -- the conformance suite runs on it in spec/examples/docker_exec_spec.lua
   { name = 'over docker exec in the BusyBox image (only BusyBox sh and applets)', docker = true },
 }
@@ -360,6 +381,16 @@ for _, kind in ipairs(KINDS) do
         local transport = provider.transports[1]
         assert.is_true(transport.longest <= kind.opts.max_command_bytes)
         assert.is_true(transport.calls > 0)
+      end)
+    end
+
+    if not kind.docker then
+      teardown(function()
+        -- every answer the backend asked for fit in what the transport said it gives (1 MiB if unsaid)
+        local cap = kind.opts.max_output_bytes or MIB
+        for _, t in ipairs(provider.transports) do
+          if not t.mangle then assert.is_true(t.longest_answer <= cap, t.longest_answer .. ' > ' .. cap) end
+        end
       end)
     end
 
@@ -462,6 +493,8 @@ for _, kind in ipairs(KINDS) do
       assert.is_true(gone_soon(sb, 'sleep 85'))
     end)
 
+    stop_cases.describe(function() return sb end)
+
     it('ends what a command left in its group after it ends; setsid processes stay', function()
       local r = sb:exec({ 'sh', '-c', 'sleep 86 & setsid sleep 87 </dev/null >/dev/null 2>&1 & echo ok' })
       assert.are.equal('ok\n', r.stdout)
@@ -540,6 +573,38 @@ for _, kind in ipairs(KINDS) do
       p2:close()
     end)
 
+    it('lists a directory whose listing is longer than one answer (16 KiB)', function()
+      sb:exec({ 'sh', '-c', 'mkdir -p many && cd many && i=0; while [ $i -lt 400 ]; do ' ..
+        ': > "a-file-with-a-rather-long-name-$i"; i=$((i+1)); done' })
+      local entries = sb:list_files('many')
+      assert.are.equal(400, #entries)
+      local seen = {}
+      for _, e in ipairs(entries) do seen[e.name] = e.type end
+      assert.are.equal('file', seen['a-file-with-a-rather-long-name-399'])
+      -- no listing file is left in the backend's state directory
+      assert.are.equal('0\n', sb:exec({ 'sh', '-c', 'ls /tmp/.mayura-*/ | grep -c "^l"' }).stdout)
+      sb:remove_file('many', { recursive = true })
+    end)
+
+    it('tells an answer the transport cut short as SANDBOX_ERROR truncated, never as nonsense', function()
+      -- a transport that says nothing of its cap and cuts at 200000 bytes, as some exec APIs do
+      local cutting = transports.command_provider({ stdin = kind.opts.stdin, max_command_bytes = kind.opts.max_command_bytes,
+        shell = kind.opts.shell, cut_at = 200000 })
+      local p2 = sandbox.create_sandboxes(cutting, { max_sandboxes = 1, max_lifetime_ms = 600000, max_output_bytes = 2 * MIB })
+      local s2 = p2:create({ lifetime_ms = 600000 })
+      s2:write_file('big.bin', bytes(MIB, 5))
+      local err = assert.raises_code('SANDBOX_ERROR', s2.read_file, s2, 'big.bin')
+      assert.are.same({ 'truncated', false }, { err.reason, err.message:find('nonsense', 1, true) ~= nil })
+      err = assert.raises_code('SANDBOX_ERROR', s2.exec, s2, { 'sh', '-c', 'head -c 1000000 /dev/zero' })
+      assert.are.equal('truncated', err.reason)
+      -- what fits still works
+      assert.are.equal('small\n', s2:exec({ 'echo', 'small' }).stdout)
+      s2:write_file('small.txt', 'fits')
+      assert.are.equal('fits', s2:read_file('small.txt'))
+      p2:close()
+      cutting.pool:close()
+    end)
+
     it('fails with gone once the sandbox under it is gone', function()
       local p2 = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
       local s2 = p2:create({ lifetime_ms = 600000 })
@@ -565,7 +630,7 @@ describe('command_sandbox_backend options', function()
   end)
 
   it('fails with SANDBOX_ERROR when the sandbox lacks a tool, naming only the tool', function()
-    local run = function() return { exit_code = 0, stdout = 'M setsid\nM /etc/secret\nOK\n' } end
+    local run = function() return { exit_code = 0, stdout = 'M setsid\nM /etc/secret\nOK\n:end\n' } end
     local err = assert.raises_code('SANDBOX_ERROR', sandbox.command_sandbox_backend, 'x', { run = run })
     assert.are.equal('failed', err.reason)
     assert.truthy(err.message:find('setsid', 1, true))

@@ -11,6 +11,7 @@ local process = require('mayura.process')
 local daytona = require('mayura.sandbox.daytona')
 local daytona_service = require('support.daytona_service')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local json = core.json
 
@@ -65,6 +66,9 @@ describe('the Daytona stand-in', function()
     assert.are.equal(3, out.exec.exitCode)
     assert.truthy(out.exec.result:find('hi from the sdk\n', 1, true), out.exec.result)
     assert.truthy(out.exec.result:find('oops\n', 1, true), out.exec.result)
+    -- a timeout (408) killed the command's process group only: its setsid'd child lived on
+    assert.are.equal(408, out.timeout)
+    assert.are.equal('s-alive\n', out.after_timeout)
     -- bytes up (a chunked multipart upload) and down (a multipart answer) unchanged
     assert.are.same({ same = true, length = 8 }, out.file)
     assert.are.equal(1, #calls)
@@ -92,6 +96,10 @@ describe('mayura.sandbox.daytona', function()
     pool:close()
     svc:close()
     assert.are.same({}, svc.failures)
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite', function()

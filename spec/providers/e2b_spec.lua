@@ -10,6 +10,7 @@ local e2b_desktop = require('mayura.sandbox.e2b_desktop')
 local stand_in = require('support.stand_in')
 local e2b_service = require('support.e2b_service')
 local suite = require('support.stand_in_suite')
+local stop_cases = require('support.stop_cases')
 
 local json = core.json
 
@@ -87,6 +88,12 @@ describe('the E2B stand-in, as the official SDKs see it', function()
     assert.are.equal(2, #out.list)
     assert.are.same({ out.id }, out.listed)
     assert.are.equal('base', out.infoTemplate)
+    -- envd's deadline and SendSignal end the command's own process: its background child lives on
+    assert.are.same({ threw = true }, out.timeout)
+    assert.are.equal('alive\n', out.timeoutChild)
+    assert.is_true(out.handleKilled)
+    assert.are.equal(-1, out.killedWait)
+    assert.are.equal('alive\n', out.killChild)
     assert.is_true(out.killed)
     assert.is_false(out.killedAgain)
     assert.are.same({}, out.listedAfter)
@@ -155,6 +162,10 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     ready = function(e) backing, service, pool, sb = e.backing, e.state, e.pool, e.sb end,
   })
 
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
+
   suite.conformance(function() return sb end, 'passes the conformance suite')
 
   local function last(method, pattern)
@@ -164,14 +175,15 @@ describe('mayura.sandbox.e2b against the stand-in', function()
 
   it('creates with the lifetime in seconds, the labels as metadata, the env and the network asked for', function()
     local other = pool:create({ lifetime_ms = 90500, labels = { owner = 'spec' }, env = { A = 'b' } })
-    local body = last('POST', '/sandboxes').json
+    local body = last('POST', '/v2/sandboxes').json
     assert.are.equal('base', body.templateID)
     assert.are.equal(91, body.timeout)
     assert.are.equal('c', body.metadata.suite)
     assert.are.equal('spec', body.metadata.owner)
     assert.truthy(body.metadata['mayura.create']:match('^%x+$'))
     assert.are.same({ A = 'b' }, body.envVars)
-    assert.is_true(body.secure)
+    assert.is_nil(body.secure)   -- the current route secures every sandbox
+    assert.are.equal(0, #svc:calls('POST', '/sandboxes'))
     assert.is_false(body.allow_internet_access)
     assert.is_nil(body.network)
     assert.are.equal('b\n', other:exec({ 'sh', '-c', 'echo $A' }).stdout)
@@ -179,20 +191,20 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     assert.are.equal('/sandboxes/' .. other.id, last('DELETE', '/sandboxes/{id}').path)
     assert.is_nil(backing:get(other.id))
     local allow = pool:create({ lifetime_ms = 60000, network = { allow = { 'packages.example.com' } } })
-    body = last('POST', '/sandboxes').json
+    body = last('POST', '/v2/sandboxes').json
     assert.are.same({ allowOut = { 'packages.example.com' }, denyOut = { '0.0.0.0/0' } }, body.network)
     assert.is_nil(body.allow_internet_access)
     allow:release()
   end)
 
   it('takes another template as image, and refuses cpus and memory before anything is made', function()
-    local n = #svc:calls('POST', '/sandboxes')
+    local n = #svc:calls('POST', '/v2/sandboxes')
     local err = assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, cpus = 2 })
     assert.truthy(err.message:find('template', 1, true))
     assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, memory_mib = 512 })
-    assert.are.equal(n, #svc:calls('POST', '/sandboxes'))
+    assert.are.equal(n, #svc:calls('POST', '/v2/sandboxes'))
     local d = pool:create({ lifetime_ms = 60000, image = 'desktop' })
-    assert.are.equal('desktop', last('POST', '/sandboxes').json.templateID)
+    assert.are.equal('desktop', last('POST', '/v2/sandboxes').json.templateID)
     d:release()
     -- a template the service does not know
     assert.raises_code('INVALID_CONFIG', pool.create, pool, { lifetime_ms = 60000, image = 'no-such-template' })
@@ -218,9 +230,25 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     end
   end)
 
-  it('at a timeout (envd\'s deadline_exceeded) and a cancel, kills the command\'s tree by its tag', function()
+  -- Whether process `pid` of the sandbox still runs (a zombie is not running).
+  local function alive(pid)
+    local r = sb:exec({ 'sh', '-c', 'grep -q "^State:.*Z" /proc/' .. pid .. '/status 2>/dev/null && exit 1; ' ..
+      'kill -0 ' .. pid .. ' 2>/dev/null' })
+    return r.exit_code == 0
+  end
+
+  -- The pids of the sandbox that the stand-in signalled (as envd does: the command's own process).
+  local function signalled_by_stand_in()
+    local out = {}
+    for _, s in ipairs(service.signalled) do out[s.os_pid] = true end
+    return out
+  end
+
+  it('at a timeout (envd\'s deadline_exceeded) and a cancel, kills the command\'s tree by its tag '
+    .. '(the stand-in, as envd, kills the command\'s own process only)', function()
     local starts = #svc:calls('POST', '/process.Process/Start')
-    local r = sb:exec({ 'sh', '-c', 'echo before; sleep 30' }, { timeout_ms = 300 })
+    local r = sb:exec({ 'sh', '-c', 'echo before; sleep 51 >/dev/null 2>&1 & echo $! > bg1.pid; sleep 30' },
+      { timeout_ms = 300 })
     assert.is_true(r.timed_out)
     assert.is_nil(r.exit_code)
     assert.are.equal('before\n', r.stdout)
@@ -231,14 +259,22 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     assert.are.same({ '/bin/sh', '-c' }, { kill.cmd, kill.args[1] })
     assert.truthy(kill.args[2]:find("MAYURA_EXEC=" .. cmd.envs.MAYURA_EXEC, 1, true))
     assert.is_nil(kill.envs)
+    -- the background child is gone, and not by the stand-in's hand
+    local child = assert(tonumber(sb:read_file('bg1.pid')))
+    assert.is_nil(signalled_by_stand_in()[child])
+    assert.is_false(alive(child))
     local token = require('mayura._task').cancel_token()
-    require('mayura._task').after(200, function() token:cancel() end)
-    assert.raises_code('CANCELLED', sb.exec, sb, { 'sleep', '30' }, { signal = token })
+    require('mayura._task').after(300, function() token:cancel() end)
+    assert.raises_code('CANCELLED', sb.exec, sb, { 'sh', '-c', 'sleep 52 >/dev/null 2>&1 & echo $! > bg2.pid; sleep 30' },
+      { signal = token })
     calls = svc:calls('POST', '/process.Process/Start')
     kill = e2b_service_message(calls[#calls].body).process
     assert.are.equal('/bin/sh', kill.cmd)
     local signal = last('POST', '/process.Process/SendSignal').json
     assert.are.equal('SIGNAL_SIGKILL', signal.signal)
+    child = assert(tonumber(sb:read_file('bg2.pid')))
+    assert.is_nil(signalled_by_stand_in()[child])
+    assert.is_false(alive(child))
   end)
 
   it('sends standard input with SendInput in chunks, then CloseStdin', function()
@@ -354,7 +390,7 @@ describe('mayura.sandbox.e2b_desktop against the stand-in '
   end
 
   it('starts the display and Xfce at create, as the SDK does, with DISPLAY=:0', function()
-    local create = svc:calls('POST', '/sandboxes')[1].json
+    local create = svc:calls('POST', '/v2/sandboxes')[1].json
     assert.are.equal('desktop', create.templateID)
     assert.are.same({ DISPLAY = ':0' }, create.envVars)
     local d = service.seen_desktops[sb.id]

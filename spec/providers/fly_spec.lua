@@ -6,6 +6,7 @@
 local fly = require('mayura.sandbox.fly')
 local suite = require('support.stand_in_suite')
 local fly_service = require('support.fly_service')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN_WORD = 'fm2_0123456789abcdefTOKEN'
 local APP = 'mayura-sandboxes'
@@ -36,6 +37,10 @@ suite.describe('the Fly stand-in, over real local sandboxes', function()
     create = { lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } },
     ready = function(e) svc, state, pool, sb = e.svc, e.state, e.pool, e.sb end,
   })
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
+  end)
 
   suite.conformance(function() return sb end)
 
@@ -74,8 +79,37 @@ suite.describe('the Fly stand-in, over real local sandboxes', function()
     other:release()
     local deletes = svc:calls('DELETE', '/v1/apps/{app}/machines/{id}')
     assert.are.equal(id, deletes[#deletes].params.id)
-    assert.are.equal('true', deletes[#deletes].query.force)
+    assert.are.equal('true', deletes[#deletes].query.kill)   -- fly-go's flag
+    assert.is_nil(deletes[#deletes].query.force)
     assert.are.equal('destroyed', state.machines[id].state)
+  end)
+
+  it('takes what fly-go sends: exec with `cmd`, DELETE ?kill=true of a started machine; an exec '
+    .. 'past its timeout is 408 and its command runs on', function()
+    local http = require('mayura.http')
+    local json = require('mayura.core').json
+    local other = pool:create({ lifetime_ms = 60000, network = 'all' })
+    local base = svc:url('/v1/apps/' .. APP .. '/machines/' .. other._backend.machine_id)
+    local headers = { Authorization = 'Bearer ' .. TOKEN_WORD, ['Content-Type'] = 'application/json' }
+    local function call(method, path, body)
+      local r = http.request({ url = base .. path, method = method, headers = headers,
+        body = body and json.encode(body) or nil, timeout_ms = 20000 })
+      return r.status, r.body ~= '' and json.decode(r.body) or nil
+    end
+    -- MachineExecRequest's deprecated one-string form
+    local status, out = call('POST', '/exec', { cmd = "printf '%s|' 'a b' c", timeout = 5 })
+    assert.are.equal(200, status)
+    assert.are.equal('a b|c|', out.stdout)
+    -- past its timeout: 408, and the command is not stopped by Fly (its documents do not say so)
+    status = call('POST', '/exec', { command = { 'sh', '-c', 'sleep 2; echo late > /workspace/late' }, timeout = 1 })
+    assert.are.equal(408, status)
+    require('mayura._task').sleep(2500)
+    assert.are.equal('late\n', other:read_file('late'))
+    -- flyctl's `machine destroy --force`: DELETE ?kill=true, on a started machine
+    status = call('DELETE', '?kill=true')
+    assert.are.equal(200, status)
+    assert.are.equal('destroyed', state.machines[other._backend.machine_id].state)
+    pcall(other.release, other)
   end)
 
   it('refuses network none (asking for nothing too) and ports, before any call', function()

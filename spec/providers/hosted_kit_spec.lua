@@ -77,6 +77,23 @@ describe('the hosted kit', function()
       assert.is_falsy(req.target:find(KEY, 1, true))
     end)
 
+    it('names mayura and its version in User-Agent on every call, whatever headers it was given', function()
+      local want = 'mayura/' .. core.version
+      assert.matches('^mayura/%d+%.%d+%.%d+', want)
+      svc:route('GET', '/api/ua', function(req) return { json = { ua = req.headers['user-agent'] } } end)
+      svc:route('POST', '/api/ua', function() return { status = 200, headers = { ['Content-Type'] = 'application/x-ndjson' },
+        body = '{"n":1}\n' } end)
+      assert.are.equal(want, (client:json('GET', '/ua')).ua)
+      client:call('GET', '/ua')
+      client:stream('POST', '/ua', { x = 1 }, { format = 'ndjson', on_event = function() end })
+      -- a header of the caller's cannot take the name away, in any case of its letters
+      local other = client:with({ headers = { ['user-agent'] = 'someone-else/1' } })
+      other:json('GET', '/ua', nil, { headers = { ['USER-AGENT'] = 'x' } })
+      assert.are.equal(4, #svc.requests)
+      for _, req in ipairs(svc.requests) do assert.are.equal(want, req.headers['user-agent']) end
+      assert.are.equal(want, hosted.USER_AGENT)
+    end)
+
     it('uses Authorization: Bearer by default, and nothing without a key', function()
       svc:route('GET', '/api/who', function(req) return { json = { auth = req.headers['authorization'] or '' } } end)
       local bearer = hosted.client({ base_url = svc:url('/api'), api_key = KEY })
@@ -93,6 +110,8 @@ describe('the hosted kit', function()
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://user:' .. KEY .. '@x.test' })
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'ftp://x.test' })
       assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', nope = 1 })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', http_version = '3' })
+      assert.raises_code('INVALID_CONFIG', hosted.client, { base_url = 'https://x.test', http_version = 2 })
       assert.is_false(shows(client, KEY))
     end)
 
@@ -508,6 +527,13 @@ suite.describe('a sample provider on the kit, over real local sandboxes', functi
   })
 
   suite.conformance(function() return sb end, 'passes the conformance suite')
+
+  it('sent User-Agent mayura/<version> with every request of the suite', function()
+    assert.is_true(#svc.requests > 0)
+    for _, req in ipairs(svc.requests) do
+      assert.are.equal('mayura/' .. core.version, req.headers['user-agent'], req.method .. ' ' .. req.path)
+    end
+  end)
 
   it('sends the lifetime in seconds, rounded up, and the labels as metadata', function()
     local other = pool:create({ lifetime_ms = 90500, labels = { owner = 'spec' } })

@@ -107,7 +107,8 @@ describe('mayura-launch', function()
   local function table_case(lines)
     local dir = '/tmp/mayura-spec-root-' .. require('mayura.sandbox._host').random_hex(4)
     assert(uv.fs_mkdir(dir, tonumber('700', 8)))
-    return dir, assert(core.sealed_fd((table.concat(lines, '\n'):gsub('R', dir)) .. '\n'))
+    -- R alone as a word (an image's random directory name may hold the letter too)
+    return dir, assert(core.sealed_fd((table.concat(lines, '\n'):gsub('%f[%w]R%f[%W]', dir)) .. '\n'))
   end
 
   local function clean(dir)
@@ -178,7 +179,7 @@ describe('mayura-launch', function()
     local dir, fd = table_case({ 'mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0' })
     local path = dir .. '.table'
     local f = assert(io.open(path, 'wb'))
-    f:write((('mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0\n'):gsub('R', dir)))
+    f:write((('mayura R tmpfs size=65536,nr_inodes=64,mode=0755 0 0\n'):gsub('%f[%w]R%f[%W]', dir)))
     f:close()
     local a, b = core.socketpair()
     -- a file's path (anyone who can write it, or its directory, could change it before the

@@ -12,6 +12,7 @@ local vercel = require('mayura.sandbox.vercel')
 local suite = require('support.stand_in_suite')
 local vercel_service = require('support.vercel_service')
 local util = require('support.util')
+local stop_cases = require('support.stop_cases')
 
 local TOKEN = 'vcp_0123456789abcdefTOKEN'
 local TEAM, PROJECT = 'team_mayura', 'prj_mayura'
@@ -114,6 +115,8 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     assert.is_true(result.missing_is_null)
     assert.is_true(result.listed)
     assert.are.equal(143, result.killed_exit)   -- SIGTERM, the SDK's default
+    assert.are.equal(137, result.parent_exit)
+    assert.are.equal('alive\n', result.child_after_kill)   -- the kill reached the command's process only
     assert.are.equal('later\n', result.detached_stdout)
     assert.are.equal('stopped', result.status)
     -- what the SDK sent: a gzip'd tar of the file, the team on every call
@@ -122,6 +125,34 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     for _, req in ipairs(svc.requests) do assert.are.equal(TEAM, req.query.teamId) end
     -- the stop ended the local sandbox behind it
     assert.are.equal(before, backing.pool:count())
+  end)
+
+  it('stops a command\'s tree at its timeout and a cancel by mayura\'s own kill: the stand-in, as the '
+    .. 'service, signals the command\'s own process only', function()
+    local function alive(pid)
+      return sb:exec({ 'sh', '-c', 'grep -q "^State:.*Z" /proc/' .. pid .. '/status 2>/dev/null && exit 1; kill -0 '
+        .. pid .. ' 2>/dev/null' }).exit_code == 0
+    end
+    local function signalled(pid)
+      for _, x in ipairs(state.signalled) do if x.pid == pid then return true end end
+      return false
+    end
+    local r = sb:exec({ 'sh', '-c', 'sleep 53 >/dev/null 2>&1 & echo $! > bg3.pid; sleep 30' }, { timeout_ms = 500 })
+    assert.is_true(r.timed_out)
+    local child = assert(tonumber(sb:read_file('bg3.pid')))
+    assert.is_false(signalled(child))
+    assert.is_false(alive(child))
+    local token = require('mayura._task').cancel_token()
+    require('mayura._task').after(300, function() token:cancel() end)
+    assert.raises_code('CANCELLED', sb.exec, sb, { 'sh', '-c', 'sleep 54 >/dev/null 2>&1 & echo $! > bg4.pid; sleep 30' },
+      { signal = token })
+    child = assert(tonumber(sb:read_file('bg4.pid')))
+    assert.is_false(signalled(child))
+    assert.is_false(alive(child))
+  end)
+
+  describe('stops a command whole', function()
+    stop_cases.describe(function() return sb end)
   end)
 
   describe('passes the conformance suite through the mayura provider', function()

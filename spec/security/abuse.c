@@ -25,6 +25,12 @@
 **                            with an HTTP response whose body is TEXT, for MS ms, from a child in a
 **                            session of its own; serve=LISTENING pid=<child> or serve=<errno>
 **   abuse get ADDR:PORT      an HTTP GET of /; get=CONNECTED|<errno> body=<the body's first line>
+**   abuse send ADDR:PORT FILE CONNS CHUNK GAP_US MS
+**                            open CONNS connections, send each FILE's bytes in writes of CHUNK bytes
+**                            (no Nagle), taking turns, GAP_US µs between turns, then hold them MS ms
+**                            without reading a byte;
+**                            conns=<opened> sent=<bytes, all connections> ended=<connections the
+**                            peer closed before all was sent>
 **   abuse syscalls           every system call class the agent's filter refuses, one line each,
 **                            deny.<name>=<errno name>; what must still work, allow.<name>=OK|<errno>;
 **                            filters=<seccomp filters on this process> subreaper=<0|1>
@@ -46,6 +52,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -586,6 +593,66 @@ static int cmd_get(const char *target) {
     return 0;
 }
 
+static int cmd_send(const char *target, const char *path, long conns, long chunk, long gap_us, long ms) {
+    struct sockaddr_storage ss;
+    socklen_t sl = inet_addr_port(&ss, target);
+    static int fds[1024];
+    static size_t off[1024];
+    char *data = NULL;
+    size_t len = 0, cap = 0;
+    long long sent = 0, until;
+    long i, opened = 0, ended = 0, busy;
+    FILE *f = fopen(path, "rb");
+    if (sl == 0 || f == NULL || conns < 1 || conns > 1024 || chunk < 1) { printf("send=BADARGS\n"); return 1; }
+    for (;;) {
+        size_t n;
+        if (len == cap) {
+            char *more = realloc(data, cap = cap * 2 + 65536);
+            if (more == NULL) { printf("send=ENOMEM\n"); return 1; }
+            data = more;
+        }
+        n = fread(data + len, 1, cap - len, f);
+        if (n == 0) break;
+        len += n;
+    }
+    fclose(f);
+    for (i = 0; i < conns; i++) {
+        int one = 1;
+        fds[i] = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        off[i] = 0;
+        if (fds[i] < 0) break;
+        if (connect_wait(fds[i], &ss, sl, 1500) != 0) { close(fds[i]); break; }
+        setsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        opened++;
+    }
+    /* each connection a chunk in turn, so the peer has every connection's bytes trickling at once */
+    until = now_ms() + 60000;
+    do {
+        long long before = sent;
+        busy = 0;
+        for (i = 0; i < opened; i++) {
+            size_t n = len - off[i] < (size_t)chunk ? len - off[i] : (size_t)chunk;
+            ssize_t w;
+            if (fds[i] < 0 || n == 0) continue;
+            busy++;
+            w = send(fds[i], data + off[i], n, MSG_NOSIGNAL);
+            if (w > 0) { off[i] += (size_t)w; sent += w; }
+            else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                close(fds[i]);
+                fds[i] = -1;
+                ended++;
+            }
+        }
+        if (busy > 0 && sent == before) usleep(1000);
+        else if (busy > 0 && gap_us > 0) usleep((useconds_t)gap_us);
+    } while (busy > 0 && now_ms() < until);
+    printf("conns=%ld sent=%lld ended=%ld\n", opened, sent, ended);
+    until = now_ms() + ms;
+    while (now_ms() < until) usleep(10000);
+    for (i = 0; i < opened; i++) if (fds[i] >= 0) close(fds[i]);
+    free(data);
+    return 0;
+}
 
 /* {------------------------------------------------------ syscalls: what the agent's filter refuses */
 
@@ -890,6 +957,8 @@ int main(int argc, char **argv) {
     if (strcmp(c, "sysctl") == 0) return cmd_sysctl();
     if (strcmp(c, "serve") == 0 && argc > 4) return cmd_serve(argv[2], atol(argv[3]), argv[4]);
     if (strcmp(c, "get") == 0 && argc > 2) return cmd_get(argv[2]);
+    if (strcmp(c, "send") == 0 && argc > 7)
+        return cmd_send(argv[2], argv[3], atol(argv[4]), atol(argv[5]), atol(argv[6]), atol(argv[7]));
     if (strcmp(c, "syscalls") == 0) return cmd_syscalls();
     if (strcmp(c, "agent") == 0 && argc > 2) return cmd_agent(argv[2]);
     if (strcmp(c, "names") == 0 && argc > 4) return cmd_names(argv[2], atol(argv[3]), atol(argv[4]));
@@ -900,6 +969,6 @@ int main(int argc, char **argv) {
         return 0;
     }
     fprintf(stderr, "usage: abuse threads|forks|bomb|mem|spin|inodes|tiocsti|ptrace|swap|flood|sysctl|net|"
-            "serve|get|syscalls|agent|names|seccomp-fill ...\n");
+            "serve|get|send|syscalls|agent|names|seccomp-fill ...\n");
     return 2;
 }

@@ -11,7 +11,9 @@
 --
 --   GET    /health                        { ok = true } (no key)
 --   POST   /v1/sandbox                    { id } (26 characters of a-z2-7): only mints the id
---   POST   /v1/sandbox/{id}/exec          { argv, timeout_ms, cwd } -> text/event-stream: events
+--   POST   /v1/sandbox/{id}/exec          { argv, timeout_ms, cwd (a relative one is under /workspace;
+--                                         one that resolves outside is 403 invalid_request, as the
+--                                         bridge answers) } -> text/event-stream: events
 --                                         stdout and stderr (data: base64 of a chunk), then exit
 --                                         (data: { exit_code }) or error (data: { error, code })
 --   GET    /v1/sandbox/{id}/running       { running = bool }
@@ -53,6 +55,23 @@ end
 local function quote(s)
   if s:match('^[%w@%%+=:,./-]+$') then return s end
   return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+-- The bridge's resolveWorkspacePath: a relative path is under /workspace, `.` and `..` are
+-- resolved by name; nil when the result is not /workspace or under it.
+local function resolve_workspace_path(path)
+  local abs = path:sub(1, 1) == '/' and path or ('/workspace/' .. path)
+  local parts = {}
+  for seg in abs:gmatch('[^/]+') do
+    if seg == '..' then
+      parts[#parts] = nil
+    elseif seg ~= '.' then
+      parts[#parts + 1] = seg
+    end
+  end
+  local resolved = '/' .. table.concat(parts, '/')
+  if resolved == '/workspace' or resolved:sub(1, 11) == '/workspace/' then return resolved end
+  return nil
 end
 
 --- Installs the API on `svc` over `backing`: `opts` = { api_key }. Returns the state:
@@ -109,10 +128,12 @@ function M.install(svc, backing, opts)
       if type(a) ~= 'string' then return fail(400, 'invalid_request', 'argv must hold strings') end
       words[i] = quote(a)
     end
-    local cwd = body.cwd or '/workspace'
-    if cwd:find('/%.%.?/') or cwd:find('/%.%.?$') or not (cwd == '/workspace' or cwd:sub(1, 11) == '/workspace/') then
-      return fail(403, 'forbidden', 'cwd outside /workspace')
+    local cwd = '/workspace'
+    if type(body.cwd) == 'string' then
+      cwd = resolve_workspace_path(body.cwd)
+      if not cwd then return fail(403, 'invalid_request', 'cwd must resolve to a location within /workspace') end
     end
+    local timeout_ms = type(body.timeout_ms) == 'number' and body.timeout_ms or nil
     local sb = container(req.params.id)
     local stall = state.stall_streams > 0
     if stall then state.stall_streams = state.stall_streams - 1 end
@@ -120,7 +141,7 @@ function M.install(svc, backing, opts)
       headers = { ['Content-Type'] = 'text/event-stream' },
       stream = function(send)
         local ok, r = pcall(sb.exec, sb, { 'sh', '-c', table.concat(words, ' ') },
-          { cwd = cwd, timeout_ms = body.timeout_ms or 600000 })
+          { cwd = cwd, timeout_ms = timeout_ms or 600000 })
         if not ok then
           send('event: error\ndata: ' .. json.encode({ error = 'exec failed', code = 'exec_transport_error' }) .. '\n\n')
           return

@@ -14,7 +14,11 @@
 --                                     VM (booted as a local sandbox if it was not running):
 --                                     { bootup_type, cluster, id, pitcher_url, pitcher_token,
 --                                     workspace_path, user_workspace_path, pitcher_version, ... }
---   POST   /vm/{id}/hibernate, /vm/{id}/shutdown   the VM stops (its connections close)
+--   POST   /vm/{id}/hibernate, /vm/{id}/shutdown   the VM stops (its connections close and its
+--                                     processes end); its files are kept, as CodeSandbox keeps
+--                                     them, and are there again at the next start (bootup_type
+--                                     RESUME after a hibernate, CLEAN after a shutdown); a fork
+--                                     of a sandbox made here starts with its files
 --   DELETE /vm/{id}                   the sandbox is gone for good
 --   GET    /sandbox/{id}              { id, title, tags, privacy }
 -- An unknown or deleted sandbox is 404.
@@ -84,7 +88,19 @@ function M.install(svc, backing, opts)
     end
   end
 
-  local function stop_vm(s)
+  -- The sandbox's files as a gzipped tar of the workspace (its disk, which CodeSandbox keeps
+  -- across hibernate and shutdown), or nil when it has no VM.
+  local function save_disk(s)
+    local sb = s.backing_id and backing:get(s.backing_id)
+    if not sb then return nil end
+    local ok, r = pcall(sb.exec, sb, { 'tar', '-czf', '-', '-C', M.WORKSPACE, '.' }, { timeout_ms = 120000 })
+    if ok and r.exit_code == 0 then return r.stdout end
+    svc.failures[#svc.failures + 1] = 'codesandbox stand-in: the disk could not be saved'
+    return nil
+  end
+
+  local function stop_vm(s, keep_disk)
+    if keep_disk then s.disk = save_disk(s) or s.disk end
     if s.backing_id then backing:release(s.backing_id) end
     s.backing_id = nil
     for t, id in pairs(state.tokens) do
@@ -101,6 +117,8 @@ function M.install(svc, backing, opts)
     end
     local body = type(req.json) == 'table' and req.json or {}
     local s = { id = new_id(6), title = body.title, tags = body.tags, privacy = body.privacy, body = body }
+    local parent = state.sandboxes[req.params.template]
+    if parent then s.disk = save_disk(parent) or parent.disk end   -- a fork starts from its parent's files
     state.sandboxes[s.id] = s
     return envelope(201, { id = s.id, alias = s.id, title = s.title or json.null })
   end)
@@ -118,9 +136,15 @@ function M.install(svc, backing, opts)
     s.start = body
     local bootup = 'RUNNING'
     if not s.backing_id or not backing:get(s.backing_id) then
-      s.backing_id = backing:create({ lifetime_ms = 3600000 })
-      bootup = 'CLEAN'
+      local sb
+      s.backing_id, sb = backing:create({ lifetime_ms = 3600000 })
+      bootup = s.hibernated and 'RESUME' or 'CLEAN'
+      if s.disk then
+        local r = sb:exec({ 'tar', '-xzf', '-', '-C', M.WORKSPACE }, { stdin = s.disk, timeout_ms = 120000 })
+        if r.exit_code ~= 0 then svc.failures[#svc.failures + 1] = 'codesandbox stand-in: the disk was not restored' end
+      end
     end
+    s.hibernated = nil
     local pt = 'pt_' .. new_id() .. new_id()
     state.tokens[pt] = s.id
     return envelope(200, {
@@ -137,7 +161,8 @@ function M.install(svc, backing, opts)
       if no then return no end
       local s = state.sandboxes[req.params.id]
       if not s then return envelope(404, nil, 'Sandbox not found') end
-      stop_vm(s)
+      stop_vm(s, true)
+      s.hibernated = action == 'hibernate'
       return envelope(200, { id = s.id })
     end)
   end

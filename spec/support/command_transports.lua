@@ -7,7 +7,12 @@
 --     shell = { '/usr/bin/busybox', 'sh' } })       -- BusyBox sh and its applets
 --   local provider = transports.command_provider({ stdin = false, max_command_bytes = 4096 })
 --
--- A transport keeps `calls` and `longest` (the longest command it was given), and
+-- `opts.max_output_bytes` is declared to the backend (as transport.max_output_bytes); with
+-- `opts.cut_at` every answer is cut at that many bytes, whatever was declared (a transport that
+-- cuts silently). `opts.pool_options` are the options of the pool of local sandboxes under it
+-- (default: max_output_bytes 4 MiB; `{}` gives the pool's defaults, 1 MiB of output).
+--
+-- A transport keeps `calls`, `longest` (the longest command it was given) and `longest_answer`, and
 -- refuses a command longer than it declared or standard input it does not take
 -- (with a plain error, which the backend turns into SANDBOX_ERROR `failed`). Setting
 -- `transport.mangle = function(command) return result end` makes it answer that
@@ -23,7 +28,7 @@ local MIB = 1048576
 function M.local_exec(sb, opts)
   local shell = opts.shell or { 'sh' }
   local t = { stdin = opts.stdin == true, max_command_bytes = opts.max_command_bytes or 65536, calls = 0,
-    longest = 0 }
+    longest = 0, longest_answer = 0, max_output_bytes = opts.max_output_bytes }
   function t.run(self, command, o)
     self.calls = self.calls + 1
     if #command > self.longest then self.longest = #command end
@@ -36,7 +41,10 @@ function M.local_exec(sb, opts)
     argv[#argv + 1] = command
     local r = sb:exec(argv, { stdin = o.stdin, signal = o.signal, timeout_ms = 30000 })
     if r.timed_out then error(errors.sandbox('timeout', 'the transport\'s command timed out')) end
-    return { exit_code = r.exit_code, stdout = r.stdout }
+    local out = r.stdout
+    if opts.cut_at and #out > opts.cut_at then out = out:sub(1, opts.cut_at) end
+    if #out > self.longest_answer then self.longest_answer = #out end
+    return { exit_code = r.exit_code, stdout = out }
   end
   return t
 end
@@ -46,8 +54,12 @@ end
 -- transports made, in order.
 function M.command_provider(opts)
   local inner = local_provider.local_sandboxes(opts.local_options or { memory_mib = 256, pids = 128 })
-  local pool = sandbox.create_sandboxes(inner, { max_sandboxes = 16, max_lifetime_ms = 3600000,
-    max_output_bytes = 4 * MIB })
+  local po = { max_sandboxes = 16, max_lifetime_ms = 3600000, max_output_bytes = 4 * MIB }
+  if opts.pool_options then
+    po.max_output_bytes = nil
+    for k, v in pairs(opts.pool_options) do po[k] = v end
+  end
+  local pool = sandbox.create_sandboxes(inner, po)
   local provider = {
     id = 'command-local',
     features = { stdin = true, ports = false, desktop = false, network = { 'none' } },

@@ -41,8 +41,9 @@
 --                                 command is the standard input of the shell (`shell`) in the
 --                                 sandbox, as the daemon pipes it to its own, stdout and stderr merged;
 --                                 what is left in the command's process group when it ends
---                                 is killed, setsid'd processes live on (the local agent's
---                                 behaviour, and Daytona's); a timeout is 408 REQUEST_TIMEOUT
+--                                 is killed, setsid'd processes live on (Daytona's daemon's
+--                                 behaviour); a timeout is 408 REQUEST_TIMEOUT after SIGKILL to
+--                                 the process group only (recorded in `signalled`)
 --   GET  /work-dir, /user-home-dir -> { dir = '/workspace' }
 --   GET  /files/info, /files/download, GET /files (list), DELETE /files, POST
 --        /files/bulk-upload (multipart files[i].path + files[i].file; parents made, the file
@@ -242,7 +243,7 @@ function M.new(opts)
   local state = {
     api_key = key, minute_ms = opts.minute_ms or 60000, create_delay_ms = opts.create_delay_ms or 0,
     starting_polls = opts.starting_polls or 0, starting_state = 'starting', desktop = opts.desktop == true,
-    cut_executes = 0, shell = opts.shell or 'sh',
+    cut_executes = 0, shell = opts.shell or 'sh', signalled = {},
     proxy_domain = opts.proxy_domain or 'proxy.daytona.test',
     sandboxes = {}, destroyed = {}, backing = backing, created = 0,
   }
@@ -493,8 +494,11 @@ function M.new(opts)
       env = {}
       for k, v in pairs(b.envs) do env[k] = v end
     end
-    local ok, r = pcall(rec.sb.exec, rec.sb, { state.shell }, { stdin = b.command, cwd = b.cwd, env = env,
-      timeout_ms = timeout_ms })
+    -- the timeout's SIGKILL reaches the command's process group, setsid'd processes live on
+    local cmd = stand_in.command(rec.sb, { state.shell }, { stdin = b.command, cwd = b.cwd, env = env,
+      timeout_ms = timeout_ms, reach = 'group', end_kills_group = true,
+      on_signal = function(sent) state.signalled[#state.signalled + 1] = sent end })
+    local ok, r = pcall(cmd.wait, cmd)
     if not ok then
       if errors.is(r, 'INVALID_INPUT') then return { json = { exitCode = -1, result = 'failed to start' } } end
       error(r, 0)

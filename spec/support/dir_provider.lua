@@ -19,7 +19,9 @@ function M.dir_sandboxes(opts)
   opts = opts or {}
   local provider = {
     id = 'dir',
-    features = opts.features or { stdin = true, ports = true, desktop = false, network = { 'none', 'all' } },
+    -- no snapshots: its commands see the host's own /tmp and /
+    features = opts.features or { stdin = true, ports = true, desktop = false, network = { 'none', 'all' },
+      snapshots = false },
     workdir = '/workspace',
     max_lifetime_ms = opts.max_lifetime_ms or 3600000,
     created = {},

@@ -8,9 +8,9 @@
 --   -- control plane and envd both on svc:url(''): apiUrl = sandboxUrl = svc:url('')
 --
 -- Control plane (X-API-Key; a wrong key is 401 with a body that echoes the key it got):
---   POST /sandboxes, POST /v2/sandboxes   NewSandbox { templateID, timeout (s, 15 when left out),
---        envVars, metadata, secure (true when left out), allow_internet_access, network { allowOut,
---        denyOut } }
+--   POST /v2/sandboxes, POST /sandboxes (deprecated)   NewSandbox { templateID, timeout (s, 15
+--        when left out), envVars, metadata, allow_internet_access, network { allowOut, denyOut } };
+--        every sandbox of /v2 is secured, one of /sandboxes only when `secure` is not false
 --        -> 201 Sandbox { sandboxID, templateID, alias, clientID, envdVersion, envdAccessToken,
 --        trafficAccessToken, domain }; 404 for a template it does not know, 400 for a bad body
 --   GET /sandboxes/{id}                   -> SandboxDetail, 404 once it ended
@@ -35,11 +35,13 @@
 --                                         Connect-Timeout-Ms, invalid_argument for a bad cwd)
 --   POST /process.Process/{SendInput,CloseStdin,SendSignal,List}  Connect unary
 -- Relative paths and cwds are against the backing's home (/workspace: the E2B provider is told
--- so with its `workdir` option). How the stand-in differs from envd: a command runs to its end
--- in the local sandbox and its output is sent then (not as it comes); a command started with
+-- so with its `workdir` option). How the stand-in differs from envd: a command started with
 -- stdin waits for CloseStdin before it runs; closing the stream does not stop a command, as in
--- envd. A sandbox asked for a domain allow-list is kept offline (the backing cannot filter by
--- domain); one asked for the internet gets the backing's 'all'.
+-- envd. The Connect deadline (SIGKILL) and SendSignal reach the command's own process only, as
+-- envd's do (`e2b.signalled` records each: { sandbox, pid, os_pid, signal, why }); unlike envd, the
+-- stream ends when that process ends even while a child still holds its output. A sandbox asked
+-- for a domain allow-list is kept offline (the backing cannot filter by domain); one asked for
+-- the internet gets the backing's 'all'.
 --
 -- The desktop (template `desktop`): local sandboxes have no X server yet, so the stand-in
 -- answers the desktop's commands itself (Xvfb, xdpyinfo, startxfce4, pgrep of Xfce, scrot,
@@ -54,6 +56,7 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
+local stand_in = require('support.stand_in')
 
 local json, b64 = core.json, core.base64
 
@@ -64,7 +67,6 @@ M.HOME = '/workspace'
 M.MAX_TIMEOUT_S = 86400
 M.CUT = 'e2b stand-in: the stream was cut'
 local CHUNK = 32 * 1024
-local NO_TIMEOUT_MS = 1800000   -- the backing pool's longest command
 
 M.PNG = b64.decode('iVBORw0KGgoAAAANSUhEUgAAAKAAAAB4CAIAAAD6wG44AAABO0lEQVR42u3csQ0AEBRFUeMYwmBG1KhtoLGEFUQhwkl+/' ..
   '5J7WhFiyu7hCxIAdoAdYAfYAXaAHWDADrAD7AA7wA6wA/wtcO9j+0pt22f3zC5gwEIDFvpeYLHe3gUMWGjAQgMGDNguYLuA7QIGLDRgoQELDdguY' ..
@@ -380,6 +382,14 @@ local function wait_for_stdin(proc, req)
   end)
 end
 
+-- envd runs a command as a child of its own (Go's exec.CommandContext) and signals that child
+-- alone, at the Connect deadline (SIGKILL) and at SendSignal: stand_in.command with reach
+-- 'process'; each signal is recorded in `self.signalled`.
+
+-- Go's os.ProcessState names of the signals a command may end by.
+local SIGNAL_NAMES = { [1] = 'hangup', [2] = 'interrupt', [3] = 'quit', [6] = 'aborted', [9] = 'killed',
+  [11] = 'segmentation fault', [13] = 'broken pipe', [14] = 'alarm clock', [15] = 'terminated' }
+
 function Service:_start(req, rec, sb)
   local ct = (req.headers['content-type'] or ''):lower()
   if ct ~= 'application/connect+json' then return connect_error('invalid_argument', 'not a Connect stream') end
@@ -388,14 +398,14 @@ function Service:_start(req, rec, sb)
   if type(p) ~= 'table' or type(p.cmd) ~= 'string' or p.cmd == '' then
     return connect_error('invalid_argument', 'bad start request')
   end
-  local argv = { p.cmd }
-  for _, x in ipairs(type(p.args) == 'table' and p.args or {}) do argv[#argv + 1] = tostring(x) end
   local env = {}
   for k, v in pairs(type(p.envs) == 'table' and p.envs or {}) do env[k] = tostring(v) end
   local timeout = tonumber(req.headers['connect-timeout-ms'] or '')
   if timeout and (timeout < 1 or timeout ~= math.floor(timeout)) then timeout = nil end
   self.pid_seq = self.pid_seq + 1
   local pid = self.pid_seq
+  local argv = { p.cmd }
+  for _, x in ipairs(type(p.args) == 'table' and p.args or {}) do argv[#argv + 1] = tostring(x) end
   local proc = { pid = pid, tag = msg.tag, config = p, token = task.cancel_token(), stdin = {},
     stdin_open = msg.stdin ~= false, stdin_closed = msg.stdin == false }
   rec.processes[pid] = proc
@@ -420,9 +430,11 @@ function Service:_start(req, rec, sb)
     end
     local r
     local streamed = { stdout = 0, stderr = 0 }
+    local timed_out = false
     if fake then
       r = { exit_code = fake.exit_code, stdout = fake.stdout, stderr = fake.stderr }
     else
+      local started = now_ms()
       wait_for_stdin(proc, req)
       if not proc.stdin_closed and not proc.token.cancelled then
         rec.processes[pid] = nil   -- the client left before it closed stdin
@@ -443,8 +455,17 @@ function Service:_start(req, rec, sb)
             for i = 1, #chunk, CHUNK do send(event({ data = { [name] = b64.encode(chunk:sub(i, i + CHUNK - 1)) } })) end
           end
         end
-        ok, res = pcall(sb.exec, sb, argv, { cwd = cwd, env = env, stdin = stdin,
-          timeout_ms = timeout or NO_TIMEOUT_MS, signal = proc.token, on_stdout = pass('stdout'), on_stderr = pass('stderr') })
+        -- the deadline and SendSignal reach the command's own process, nothing else
+        local cmd = stand_in.command(sb, argv, { cwd = cwd, env = env, stdin = stdin, reach = 'process',
+          timeout_ms = timeout and math.max(1, timeout - (now_ms() - started)) or nil,
+          on_stdout = pass('stdout'), on_stderr = pass('stderr'),
+          on_signal = function(sent)
+            self.signalled[#self.signalled + 1] = { sandbox = rec.id, pid = pid, os_pid = sent.pid,
+              signal = sent.signal, why = sent.why }
+          end })
+        proc.kill = function(sig, why) cmd:kill(sig, why) end
+        ok, res = pcall(cmd.wait, cmd)
+        if ok then timed_out = res.timed_out end
       end
       rec.processes[pid] = nil
       if not ok then
@@ -470,16 +491,18 @@ function Service:_start(req, rec, sb)
         if not send(event({ data = { [name] = b64.encode(out:sub(i, i + CHUNK - 1)) } })) then return end
       end
     end
-    if r.timed_out then
+    if timed_out or r.timed_out then
       send(envelope(2, json.encode({ error = { code = 'deadline_exceeded', message = 'context deadline exceeded' } })))
       return
     end
     local ended
-    if r.exit_code == nil then
-      ended = { exitCode = -1, status = 'signal: killed' }
+    local code = r.exit_code
+    if code == nil then
+      local n = tonumber(r.signal) or 9
+      ended = { exitCode = -1, status = 'signal: ' .. (SIGNAL_NAMES[n] or ('signal ' .. n)) }
     else
-      ended = { exited = true, status = 'exit status ' .. r.exit_code }
-      if r.exit_code ~= 0 then ended.exitCode = r.exit_code end
+      ended = { exited = true, status = 'exit status ' .. code }
+      if code ~= 0 then ended.exitCode = code end
     end
     send(event({ ['end'] = ended }))
     send(envelope(2, '{}'))
@@ -613,7 +636,7 @@ function M.install(svc, backing, opts)
   local self = setmetatable({
     svc = svc, backing = backing, key = key, domain = opts.domain, envd_version = opts.envd_version or M.ENVD_VERSION,
     templates = opts.templates or { base = {}, desktop = { desktop = true } },
-    sandboxes = {}, seen_desktops = {}, pid_seq = 1000, create_delay_ms = 0, uploads = {},
+    sandboxes = {}, seen_desktops = {}, pid_seq = 1000, create_delay_ms = 0, uploads = {}, signalled = {},
   }, Service)
 
   local function api(fn)
@@ -656,7 +679,7 @@ function M.install(svc, backing, opts)
 
   -- {------------------------------------------------------ control plane
 
-  local function create(req)
+  local function create(req, v2)
     local b = req.json
     if type(b) ~= 'table' or type(b.templateID) ~= 'string' then
       return { status = 400, json = { code = 400, message = 'templateID is required' } }
@@ -681,7 +704,7 @@ function M.install(svc, backing, opts)
     local rec = {
       id = id, template = b.templateID, alias = b.templateID, metadata = {}, env = env, network = net,
       allow_internet = b.allow_internet_access, kind = kind, started_ms = started, end_ms = started + timeout * 1000,
-      token = b.secure ~= false and ('ea_' .. random_token(16)) or nil, processes = {},
+      token = (v2 or b.secure ~= false) and ('ea_' .. random_token(16)) or nil, processes = {},
       desktop = t.desktop and desktop_state() or nil, body = b,
     }
     for k, v in pairs(type(b.metadata) == 'table' and b.metadata or {}) do
@@ -697,7 +720,7 @@ function M.install(svc, backing, opts)
     } }
   end
   svc:route('POST', '/sandboxes', api(create))
-  svc:route('POST', '/v2/sandboxes', api(create))
+  svc:route('POST', '/v2/sandboxes', api(function(req) return create(req, true) end))
 
   svc:route('GET', '/sandboxes/{id}', api(function(req)
     local rec = self:_live(req.params.id)
@@ -838,7 +861,8 @@ function M.install(svc, backing, opts)
     if s ~= 'SIGNAL_SIGKILL' and s ~= 'SIGNAL_SIGTERM' and s ~= 9 and s ~= 15 then
       return connect_error('unimplemented', 'signal not supported')
     end
-    proc.token:cancel('signal')
+    local sig = (s == 'SIGNAL_SIGKILL' or s == 9) and 9 or 15
+    if proc.kill then proc.kill(sig, 'SendSignal') else proc.token:cancel('signal') end
     return { json = object() }
   end))
 

@@ -18,10 +18,17 @@
 --   GET    /v1/apps/{app}/machines/{id}            Machine (404 once destroyed)
 --   GET    /v1/apps/{app}/machines/{id}/wait       ?state=started&timeout=<1..60 s>: the
 --                                                  machine's state (400 outside 1..60; 408 past it)
---   POST   /v1/apps/{app}/machines/{id}/exec       { command = argv, stdin, timeout (s) } ->
---                                                  { stdout, stderr, exit_code } (200 whatever the
---                                                  exit code; 408 deadline_exceeded past timeout)
---   DELETE /v1/apps/{app}/machines/{id}?force=true destroys it
+--   POST   /v1/apps/{app}/machines/{id}/exec       { command = argv | cmd = 'words' (fly-go's
+--                                                  deprecated form, split at blanks, quotes kept
+--                                                  together), stdin, timeout (s) } -> { stdout,
+--                                                  stderr, exit_code } (200 whatever the exit code;
+--                                                  408 deadline_exceeded past timeout)
+--   DELETE /v1/apps/{app}/machines/{id}?kill=true  destroys it (`kill`, as fly-go sends it, or
+--                                                  `force`, as the OpenAPI names it; without
+--                                                  either a started machine is 412)
+--
+-- An exec past its timeout answers 408 and the command runs on: Fly's documents do not say
+-- that the deadline stops the command, so the stand-in does not (a caller stops its own).
 --
 -- Where it differs from the service: the image is not pulled (every machine is a local
 -- sandbox with its /workspace, whatever `config.image` says) and `init` is not run (the local
@@ -39,6 +46,26 @@ local function array(t) return setmetatable(t or {}, json.array_mt) end
 
 local function fail(status, code, message)
   return { status = status, json = { error = message or code, status = code } }
+end
+
+-- fly-go's `cmd`: one string, split into words at blanks; '...' and "..." hold blanks.
+local function split_words(cmd)
+  local words, cur, quote, any = {}, {}, nil, false
+  for ch in cmd:gmatch('.') do
+    if quote then
+      if ch == quote then quote = nil else cur[#cur + 1] = ch end
+    elseif ch == '"' or ch == "'" then
+      quote, any = ch, true
+    elseif ch:match('%s') then
+      if #cur > 0 or any then words[#words + 1] = table.concat(cur) end
+      cur, any = {}, false
+    else
+      cur[#cur + 1] = ch
+    end
+  end
+  if quote then return nil end
+  if #cur > 0 or any then words[#words + 1] = table.concat(cur) end
+  return words
 end
 
 local seq = 0
@@ -159,16 +186,33 @@ function M.install(svc, backing, opts)
     if not m then return err end
     if m.state ~= 'started' then return fail(412, 'failed_precondition', 'machine is not started') end
     local body = req.json
-    if type(body) ~= 'table' or type(body.command) ~= 'table' or #body.command == 0 then
+    local argv = type(body) == 'table' and body.command
+    if type(body) == 'table' and argv == nil and type(body.cmd) == 'string' then argv = split_words(body.cmd) end
+    if type(argv) ~= 'table' or #argv == 0 then
       return fail(400, 'invalid_argument', 'command is required')
     end
     local sb = backing:get(m.backing_id)
     if not sb then return fail(404, 'not_found', 'machine not found (stand-in)') end
     state.execs = state.execs + 1
     local timeout = tonumber(body.timeout) or 30
-    local ok, r = pcall(sb.exec, sb, body.command, { stdin = body.stdin, timeout_ms = timeout * 1000 })
+    -- the command runs in a task of its own: past the deadline the answer is 408, and it runs on
+    local task = require('mayura._task')
+    local result
+    local wake
+    task.spawn(function()
+      local ok, r = pcall(sb.exec, sb, argv, { stdin = body.stdin, timeout_ms = 1800000 })   -- the backing's longest
+      result = { ok = ok, r = r }
+      if wake then wake() end
+    end)
+    if not result then
+      task.await(function(done)
+        local timer = task.after(timeout * 1000, function() if wake then wake = nil; done() end end)
+        wake = function() wake = nil; timer.cancel(); done() end
+      end)
+    end
+    if not result then return fail(408, 'deadline_exceeded', 'exec timed out') end
+    local ok, r = result.ok, result.r
     if not ok then return fail(500, 'internal', 'exec failed in the stand-in') end
-    if r.timed_out then return fail(408, 'deadline_exceeded', 'exec timed out') end
     local out = { stdout = r.stdout, stderr = r.stderr }
     if r.exit_code ~= 0 then out.exit_code = r.exit_code end   -- omitempty, as fly-go
     return { json = out }
@@ -179,7 +223,7 @@ function M.install(svc, backing, opts)
     if no then return no end
     local m, err = find(req)
     if not m then return err end
-    if req.query.force ~= 'true' and m.state == 'started' then
+    if req.query.kill ~= 'true' and req.query.force ~= 'true' and m.state == 'started' then
       return fail(412, 'failed_precondition', 'machine is running: stop it or force')
     end
     m.state = 'destroyed'

@@ -18,6 +18,7 @@
 --   /slow          five chunks, one every 30 ms (Content-Length known)
 --   /status/NNN    status NNN, Retry-After: 7, X-Multi twice (a, b)
 --   /chunked       Transfer-Encoding: chunked, body 'hello, chunked world'
+--   /trailers      the same body, chunked, then the trailers Grpc-Status: 7 and X-Trail: yes
 -- A request body may come with Content-Length or chunked. A request with Expect: 100-continue gets an interim
 -- "100 Continue" (with an X-Interim header) before its body is read.
 -- A request is { method, target, headers = { {name, value}..., name = value },
@@ -140,12 +141,12 @@ function Server:route(client, req)
         local status = tonumber(path:sub(-3))
         local body = (status == 204 or status == 304) and '' or ('status ' .. status)
         self:respond(client, status, { { 'Retry-After', '7' }, { 'X-Multi', 'a' }, { 'X-Multi', 'b' } }, body)
-    elseif path == '/chunked' then
+    elseif path == '/chunked' or path == '/trailers' then
         local b = M.CHUNKED_BODY
         local pieces = { b:sub(1, 5), b:sub(6, 13), b:sub(14) }
         local out = { 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n' }
         for _, p in ipairs(pieces) do out[#out + 1] = string.format('%x\r\n%s\r\n', #p, p) end
-        out[#out + 1] = '0\r\n\r\n'
+        out[#out + 1] = path == '/trailers' and '0\r\nGrpc-Status: 7\r\nX-Trail: yes\r\n\r\n' or '0\r\n\r\n'
         client:write(table.concat(out), function() self:forget(client) end)
     else
         self:respond(client, 404, {}, 'no route ' .. path)

@@ -4,6 +4,7 @@
 -- the specs (the client's WebSocket exec through spec/npm/northflank_front.mjs).
 --
 --   local state = northflank_service.install(svc, backing, { token = t, project_id = 'p' })
+--   local state = northflank_service.install_with_exec_host(svc, backing, opts)   -- state.exec_url
 --
 -- REST (`Authorization: Bearer <token>`; every success is HTTP 200 with `{ data }`,
 -- every failure `{ error = { status, message, id } }`):
@@ -14,13 +15,15 @@
 --          { status } } } }: IN_PROGRESS for the first `state.pending_polls` reads, then COMPLETED
 --   DELETE /v1/projects/{p}/services/{s}          -> { data = {} }
 --   (and the same under /v1/teams/{t}/projects/...)
--- Exec (`POST /exec`, the HTTP/2 exec host's API; here over HTTP/1.1): a body of NDJSON messages,
+-- Exec (`POST /exec`, the HTTP/2 exec host's API; here over HTTP/1.1, behind the HTTP/2 exec host
+-- of spec/npm/northflank_exec.mjs, which `install_with_exec_host` starts): a body of NDJSON messages,
 -- `init` ({ auth = { type = 'apiToken', apiToken }, context = { projectId, serviceId, command
 -- (argv with shell 'none', else a string run by `sh -c`), encoding } }), `payload` (standard
 -- input, base64 with encoding 'base64') and `stdInEnd`; the answer is NDJSON: `init` ({ auth =
 -- 'successful' } or a refusal with a message naming the token it got), `stdOut`/`stdErr`
 -- (base64 with that encoding, else text), `completion` ({ exitCode, status }), or `error` for a
--- service that is not there.
+-- service that is not there. With `X-Init-Only: 1` the answer is the init line alone and nothing
+-- runs (the WebSocket front's first step).
 --
 -- Faults: the stand-in's own per-route faults (svc:fault), `state.pending_polls`, and
 -- `state.cut_exec` (the next that many exec answers end after `init`, before any completion).
@@ -157,11 +160,13 @@ function M.install(svc, backing, opts)
         stdin[#stdin + 1] = base64 and b64.decode(msgs[i].data) or msgs[i].data
       end
     end
+    local welcome = line({ type = 'init', data = { auth = 'successful', context = { instanceName = rec.id .. '-0' } } })
+    -- the WebSocket front asks for the init answer first, as Northflank sends it at once
+    if req.headers['x-init-only'] then return { status = 200, headers = headers, body = welcome } end
     local cut = state.cut_exec > 0
     if cut then state.cut_exec = state.cut_exec - 1 end
     return { status = 200, headers = headers, stream = function(send)
-      if not send(line({ type = 'init', data = { auth = 'successful', context = { instanceName = rec.id .. '-0' } } }))
-        then return end
+      if not send(welcome) then return end
       if cut then return end
       local sb = backing:get(rec.backing_id)
       local ok, r = pcall(sb.exec, sb, argv, { stdin = #stdin > 0 and table.concat(stdin) or nil, signal = req.signal,
@@ -184,6 +189,44 @@ function M.install(svc, backing, opts)
     end }
   end)
 
+  return state
+end
+
+--- install, then the exec host (spec/npm/northflank_exec.mjs, a Node process speaking HTTP/2 alone)
+-- in front of the stand-in's `/exec`: `state.exec_url` is its h2c origin, `state.close_all()`
+-- ends it.
+function M.install_with_exec_host(svc, backing, opts)
+  local process = require('mayura.process')
+  local task = require('mayura._task')
+  local util = require('support.util')
+  local state = M.install(svc, backing, opts)
+  local dir = util.tmpdir()
+  local portfile = dir .. '/exec-host.port'
+  state.exec_host = task.spawn(function()
+    return process.run({ 'node', 'spec/npm/northflank_exec.mjs', svc:url(''), portfile }, { timeout_ms = 3600000 })
+  end)
+  local deadline = core.hrtime_ms() + 15000
+  while not state.exec_url do
+    local f = io.open(portfile)
+    local port = f and f:read('a')
+    if f then f:close() end
+    if port and port:match('^%d+$') then
+      state.exec_url = 'http://127.0.0.1:' .. port
+    elseif core.hrtime_ms() > deadline then
+      util.rmdir(dir)
+      error('the exec host did not start')
+    else
+      task.sleep(20)
+    end
+  end
+  function state.close_all()
+    if state.exec_host then
+      pcall(require('mayura.http').request, { url = state.exec_url .. '/quit', http_version = '2', timeout_ms = 5000 })
+      state.exec_host:wait()
+      state.exec_host = nil
+    end
+    util.rmdir(dir)
+  end
   return state
 end
 

@@ -33,7 +33,7 @@ M.BUSYBOX = 'mayura-test/busybox:1'
 local POOL_KEYS = {
   max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
   max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
-  labels = true, on_event = true,
+  labels = true, on_event = true, max_snapshots = true, max_snapshot_bytes = true,
 }
 
 local DEFAULTS = {

@@ -10,8 +10,16 @@
 -- the variables of the same names. Taken:
 --
 --   sandboxCreate(input)            { environmentId, idleTimeoutMinutes (1-120), networkIsolation,
---                                   region, variables } -> { id, status, ... } (CREATING when
---                                   `state.creating_polls` > 0: that many `sandbox` reads say so)
+--                                   region, variables, publicDomains } -> { id, status, ... }
+--                                   (CREATING when `state.creating_polls` > 0: that many `sandbox`
+--                                   reads say so)
+--
+-- Public domains: `publicDomains` ([{ port, prefix? }], at most 10, one per prefix and port, and
+-- only with networkIsolation PRIVATE asked for, as the service's schema says) become the
+-- sandbox's `domains` ([{ prefix, port, domain }], `<prefix>.` .. `state.domain_suffix`; a prefix
+-- left out is made up), published from the `state.domain_polls`-th read of the sandbox on
+-- (at once by default). `state.edge[domain]` is the loopback URL that serves that port of the sandbox behind
+-- it (the local sandbox's own forward): the spec's DNS and edge.
 --   sandbox(environmentId, id)      the sandbox, or null
 --   sandboxes(environmentId)        { edges = [{ node }], pageInfo }
 --   sandboxExec(command, environmentId, id, timeoutSec)
@@ -26,7 +34,10 @@
 -- connection's token with `GET /_bridge/check` (X-Shell-Token) and runs a command, once its
 -- standard input is closed, with `POST /_bridge/exec` ({ token, command, cwd, env, stdin (base64) }
 -- -> { exit_code, stdout, stderr } (base64), 404 for a sandbox that is gone, 401 for a token that
--- is not one); the command runs as `sh -c command`. Faults there: svc:fault on those routes.
+-- is not one); the command runs as `sh -c command`. A `signal` frame ({ signal = TERM, KILL, INT,
+-- QUIT or HUP }) goes to the running command's processes with `POST /_bridge/signal` ({ token,
+-- exec_id, signal }; recorded in `state.signals`), as Railway delivers it to the process group.
+-- Faults there: svc:fault on those routes.
 --
 -- Auth: `Authorization: Bearer <token>` or `Project-Access-Token: <token>`;
 -- another token is a `Not Authorized` error that names the token it got (a
@@ -40,6 +51,7 @@
 local core = require('mayura.core')
 local compat = require('support.compat')
 local task = require('mayura._task')
+local stand_in = require('support.stand_in')
 
 local json = core.json
 
@@ -66,11 +78,15 @@ end
 --- Installs the API on `svc` over `backing`; `opts` = { token, environment_id }. Returns its state:
 -- `sandboxes` (id -> record), `creating_polls`, `fault`, `vanish`, `ops` (the operations, in order).
 function M.install(svc, backing, opts)
-  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0, tokens = {} }
+  local state = { sandboxes = {}, creating_polls = 0, faults = {}, ops = {}, seq = 0, tokens = {}, running = {},
+    signals = {} }
 
   function state.fault(_, op, answer, times)
     state.faults[op] = { answer = answer, left = times or math.huge }
   end
+
+  -- public domains: their suffix, the reads before one is published, domain -> loopback URL
+  state.domain_suffix, state.domain_polls, state.edge = 'up.railway.test', 0, {}
 
   local function drop(rec)
     if rec.timer then rec.timer.cancel() end
@@ -97,9 +113,43 @@ function M.install(svc, backing, opts)
   end
 
   local function view(rec)
+    local domains = setmetatable({}, json.array_mt)
+    if (rec.domain_polls or 0) <= 0 then
+      for i, d in ipairs(rec.domains or {}) do domains[i] = { prefix = d.prefix, port = d.port, domain = d.domain } end
+    end
     return { id = rec.id, status = rec.status, networkIsolation = rec.networkIsolation,
       environmentId = rec.environmentId, region = rec.region, idleTimeoutMinutes = rec.idleTimeoutMinutes,
-      createdAt = rec.createdAt }
+      createdAt = rec.createdAt, domains = domains }
+  end
+
+  -- The public domains asked for at create: a list of { prefix, port }, or nil and a GraphQL error.
+  local function public_domains(input)
+    local list = input.publicDomains
+    if list == nil or list == json.null then return {} end
+    if type(list) ~= 'table' or #list > 10 then
+      return nil, gql_error('publicDomains supports up to 10 domains', 'BAD_USER_INPUT')
+    end
+    if input.networkIsolation ~= 'PRIVATE' then
+      return nil, gql_error('Public domains require PRIVATE network isolation', 'BAD_USER_INPUT')
+    end
+    local out, seen = {}, {}
+    for _, d in ipairs(list) do
+      local port, prefix = type(d) == 'table' and d.port, type(d) == 'table' and d.prefix
+      if compat.math_type(port) ~= 'integer' or port < 1 or port > 65535 then
+        return nil, gql_error('port must be from 1 through 65535', 'BAD_USER_INPUT')
+      end
+      if prefix == nil or prefix == json.null then
+        state.seq = state.seq + 1
+        prefix = string.format('project-%d%04x', state.seq, math.random(0, 0xffff))
+      elseif type(prefix) ~= 'string' or #prefix > 46 or not prefix:match('^[a-z0-9]$')
+        and not prefix:match('^[a-z0-9][a-z0-9%-]*[a-z0-9]$') then
+        return nil, gql_error('Invalid domain prefix', 'BAD_USER_INPUT')
+      end
+      if seen[prefix .. ':' .. port] then return nil, gql_error('Duplicate public domain', 'BAD_USER_INPUT') end
+      seen[prefix .. ':' .. port] = true
+      out[#out + 1] = { prefix = prefix, port = port }
+    end
+    return out
   end
 
   local function find(v)
@@ -131,13 +181,22 @@ function M.install(svc, backing, opts)
         env[k] = x
       end
     end
-    local bid = backing:create({ lifetime_ms = 3600000, env = env, network = 'all' })
+    local domains, derr = public_domains(input)
+    if not domains then return derr end
+    local ports = {}
+    for _, d in ipairs(domains) do ports[#ports + 1] = d.port end
+    local bid, bsb = backing:create({ lifetime_ms = 3600000, env = env, network = 'all', ports = ports })
+    for _, d in ipairs(domains) do
+      d.domain = d.prefix .. '.' .. state.domain_suffix
+      state.edge[d.domain] = bsb:url(d.port)
+    end
     state.seq = state.seq + 1
     local id = string.format('sbx_%d%06x', state.seq, math.random(0, 0xffffff))
     local rec = { id = id, backing_id = bid, status = state.creating_polls > 0 and 'CREATING' or 'RUNNING',
       polls = state.creating_polls, networkIsolation = input.networkIsolation or 'ISOLATED',
       environmentId = input.environmentId, region = input.region or 'us-west2', idleTimeoutMinutes = idle,
-      createdAt = '2026-11-30T12:00:00.000Z', input = input }
+      createdAt = '2026-11-30T12:00:00.000Z', input = input, domains = domains,
+      domain_polls = #domains > 0 and state.domain_polls or 0 }
     state.sandboxes[id] = rec
     record.id = id
     touch(rec)
@@ -147,6 +206,7 @@ function M.install(svc, backing, opts)
   function ops.sandbox(v)
     local rec = find(v)
     if not rec then return { json = { data = { sandbox = json.null } } } end
+    if rec.domain_polls > 0 then rec.domain_polls = rec.domain_polls - 1 end
     if rec.status == 'CREATING' then
       rec.polls = rec.polls - 1
       if rec.polls <= 0 then rec.status = 'RUNNING' end
@@ -232,8 +292,13 @@ function M.install(svc, backing, opts)
     if not sb then return { status = 404, json = {} } end
     if type(b.command) ~= 'string' then return { status = 400, json = {} } end
     touch(rec)
-    local ok, r = pcall(sb.exec, sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
-      stdin = b.stdin and core.base64.decode(b.stdin) or nil, timeout_ms = 600000, signal = req.signal })
+    local key = type(b.exec_id) == 'string' and (b.token .. ' ' .. b.exec_id) or nil
+    -- a signal frame reaches the command's process group, as Railway delivers it
+    local cmd = stand_in.command(sb, { 'sh', '-c', b.command }, { cwd = b.cwd, env = b.env,
+      stdin = b.stdin and core.base64.decode(b.stdin) or nil, reach = 'group' })
+    if key then state.running[key] = cmd end
+    local ok, r = pcall(cmd.wait, cmd)
+    if key then state.running[key] = nil end
     if not ok then
       if not backing:get(rec.backing_id) then return { status = 404, json = {} } end
       return { status = 500, json = {} }
@@ -241,6 +306,26 @@ function M.install(svc, backing, opts)
     touch(rec)
     return { json = { exit_code = r.exit_code or -1, stdout = core.base64.encode(r.stdout),
       stderr = core.base64.encode(r.stderr) } }
+  end)
+
+  -- A `signal` frame of the bridge: the signal goes to the running command's process group (not
+  -- to a process that left it with setsid), recorded in `state.signals`.
+  local SIGNALS = { TERM = 15, KILL = 9, INT = 2, QUIT = 3, HUP = 1 }
+  svc:route('POST', '/_bridge/signal', function(req)
+    local b = req.json
+    local id = type(b) == 'table' and state.tokens[b.token or ''] or nil
+    if not id then return { status = 401, json = { error = 'bad token' } } end
+    local n = SIGNALS[type(b.signal) == 'string' and b.signal or '']
+    if not n or type(b.exec_id) ~= 'string' then return { status = 400, json = {} } end
+    local key = b.token .. ' ' .. b.exec_id
+    for _ = 1, 200 do   -- a signal sent just after stdin_close may come before the command started
+      if state.running[key] then break end
+      task.sleep(10)
+    end
+    local p = state.running[key]
+    if not p then return { json = { delivered = false } } end
+    state.signals[#state.signals + 1] = { sandbox = id, signal = b.signal }
+    return { json = { delivered = p:kill(n, 'signal') } }
   end)
 
   svc:route('POST', M.PATH, function(req)

@@ -358,6 +358,99 @@ function Backing:close()
   self.by_id = {}
 end
 
+-- {======================================================
+-- A command as a service runs it
+-- =======================================================
+
+-- A keeper shell starts the command in a session of its own (so that no kill of the keeper's
+-- group reaches it), writes its pid to /tmp/.svc-<n>, waits for it and answers its status (128 +
+-- n for a signal n); the command gets its env through env(1), so the keeper carries none of it
+-- (a kill by the command's env, as mayura's, finds the command's processes only).
+-- With `end_kills_group` ($2 = 1) what is left of the command's group is killed once it ended.
+local KEEPER = 'f=/tmp/.svc-$1; g=$2; shift 2; exec 3<&0; setsid "$@" <&3 3<&- & echo $! > "$f"; exec 2>/dev/null; ' ..
+  'wait $!; st=$?; [ "$g" = 1 ] && kill -9 -$! 2>/dev/null; rm -f "$f"; exit $st'
+local command_seq = 0
+
+local Command = {}
+Command.__index = Command
+
+--- Runs `argv` in the local sandbox `sb` as a hosted service runs a command, so that a kill
+-- reaches what the service's kill reaches and nothing more: `opts` = { cwd, env, stdin,
+-- on_stdout, on_stderr, timeout_ms (the service's deadline: it signals with SIGKILL, then
+-- `timed_out` is set), reach ('process': the command's own process, as E2B's envd and Vercel
+-- signal it; 'group': its process group, as Daytona's timeout and Railway's signals do; a
+-- process that left the group with setsid is not reached), end_kills_group (what is left of the
+-- command's process group is killed once it ended, as Daytona's daemon does), on_signal(record)
+-- (each signal sent:
+-- { pid (in the sandbox), signal, why }) }. Returns a command: `kill(signal, why)` (false once it
+-- ended), `wait()` -> { exit_code (nil when a signal ended it), signal, stdout, stderr,
+-- timed_out } (raises what the backing's exec raised: INVALID_INPUT for a cwd, gone, ...).
+function M.command(sb, argv, opts)
+  opts = opts or {}
+  command_seq = command_seq + 1
+  local n = command_seq
+  local keeper = { 'sh', '-c', KEEPER, 'keeper', tostring(n), opts.end_kills_group and '1' or '0', 'env', '--' }
+  local names = {}
+  for k in pairs(opts.env or {}) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do keeper[#keeper + 1] = k .. '=' .. opts.env[k] end
+  for _, a in ipairs(argv) do keeper[#keeper + 1] = a end
+  local self = setmetatable({ sb = sb, n = n, reach = opts.reach or 'process', on_signal = opts.on_signal,
+    running = true, waiters = {} }, Command)
+  local timer
+  if opts.timeout_ms then
+    timer = task.after(opts.timeout_ms, function()
+      self.timed_out = true
+      self:kill(9, 'deadline')
+    end, true)
+  end
+  task.spawn(function()
+    -- the backing's own limit is a backstop only: the pool's longest command
+    local ok, r = pcall(sb.exec, sb, keeper, { cwd = opts.cwd, stdin = opts.stdin, timeout_ms = 1800000,
+      on_stdout = opts.on_stdout, on_stderr = opts.on_stderr })
+    self.running = false
+    if timer then timer.cancel() end
+    self.result = { ok = ok, r = r }
+    local waiters = self.waiters
+    self.waiters = {}
+    for _, w in ipairs(waiters) do w() end
+  end)
+  return self
+end
+
+--- Sends `sig` (a number) where the service's kill reaches; whether the command still ran.
+function Command:kill(sig, why)
+  if not self.running then return false end
+  task.spawn(function()
+    local f = '/tmp/.svc-' .. self.n
+    local target = self.reach == 'group' and '-"$p"' or '"$p"'   -- dash's kill takes no --
+    -- a kill at the very start waits (2 s at most) for the keeper to write the pid
+    local script = 'i=0; while [ ! -s ' .. f .. ' ] && [ $i -lt 200 ]; do sleep 0.01; i=$((i+1)); done; ' ..
+      '[ -s ' .. f .. ' ] || exit 3; p=$(cat ' .. f .. '); kill -' .. sig .. ' ' .. target .. ' && echo "$p"'
+    local ok, r = pcall(self.sb.exec, self.sb, { 'sh', '-c', script }, { timeout_ms = 10000 })
+    local pid = ok and r.exit_code == 0 and tonumber(r.stdout:match('%d+')) or nil
+    if pid and self.on_signal then self.on_signal({ pid = pid, signal = sig, why = why }) end
+  end)
+  return true
+end
+
+--- Waits for the command's end (see M.command).
+function Command:wait()
+  if not self.result then task.await(function(done) self.waiters[#self.waiters + 1] = done end) end
+  if not self.result.ok then error(self.result.r, 0) end
+  local r = self.result.r
+  local out = { stdout = r.stdout, stderr = r.stderr, timed_out = self.timed_out or false }
+  local code = r.exit_code
+  if code and code > 128 and code <= 128 + 64 then
+    out.signal = code - 128
+  elseif code then
+    out.exit_code = code
+  else
+    out.signal = tonumber(r.signal) or 9
+  end
+  return out
+end
+
 -- }======================================================
 
 return M

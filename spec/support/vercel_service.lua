@@ -42,7 +42,8 @@
 -- allow-list is enforced as no network at all (the local sandbox has none);
 -- ports are served (on 127.0.0.1, their routes' URLs) only with `allow-all`,
 -- and their subdomains resolve nowhere; `extend-timeout`, network-policy
--- changes, snapshots and resuming a stopped sandbox are not there.
+-- changes, snapshots and resuming a stopped sandbox are not there. A command's timeout (SIGKILL)
+-- and a kill reach its own process only, as the documents say (`state.signalled` records each).
 --
 -- `install` returns the service's state, for specs: `sandboxes` (name ->
 -- record), `sessions` (id -> record, each with `backing_id` and `policy`),
@@ -53,6 +54,7 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
+local stand_in = require('support.stand_in')
 
 local json = core.json
 
@@ -128,7 +130,7 @@ function M.install(svc, backing, opts)
   local token, team, project = opts.token, opts.team_id, opts.project_id
   local prefix = opts.prefix or '/api'
   local cwd = opts.cwd or '/workspace'
-  local state = { sandboxes = {}, sessions = {}, commands = {}, cut_streams = 0 }
+  local state = { sandboxes = {}, sessions = {}, commands = {}, cut_streams = 0, signalled = {} }
 
   -- {------------------------------------------------------ payloads
 
@@ -359,18 +361,22 @@ function M.install(svc, backing, opts)
     return out
   end
 
+  -- The command's timeout and a kill reach its own process, as the service documents (SIGKILL at
+  -- the timeout: exit code 137): stand_in.command with reach 'process'.
   local function run(s, c, argv, o)
     local started = core.hrtime_ms()
-    -- the output reaches the logs as the command writes it (all of it by the time exec returns)
+    -- the output reaches the logs as the command writes it (all of it by the time it ended)
     o.on_stdout, o.on_stderr = logger(c, 'stdout'), logger(c, 'stderr')
-    local ok, r = pcall(s.sb.exec, s.sb, argv, o)
+    o.reach = 'process'
+    o.on_signal = function(sent) state.signalled[#state.signalled + 1] = { command = c.id, pid = sent.pid,
+      signal = sent.signal, why = sent.why } end
+    c.process = stand_in.command(s.sb, argv, o)
+    if c.pending_kill then c.process:kill(c.pending_kill, 'kill') end
+    local ok, r = pcall(c.process.wait, c.process)
     c.durationMs = math.floor(core.hrtime_ms() - started)
     if ok then
-      if r.timed_out then c.exitCode = 137
-      elseif r.exit_code then c.exitCode = r.exit_code
-      else c.exitCode = 128 + (tonumber(r.signal) or 9) end
-    elseif c.kill_signal then
-      c.exitCode = 128 + c.kill_signal
+      if r.exit_code then c.exitCode = r.exit_code
+      else c.exitCode = 128 + r.signal end
     elseif errors.is(r, 'SANDBOX_ERROR') and r.reason == 'gone' then
       c.error = { code = 'sandbox_stopped', message = 'The sandbox stopped' }
     else
@@ -398,11 +404,11 @@ function M.install(svc, backing, opts)
     end
     local c = {
       id = new_id('cmd'), name = b.command, args = { check.unpack(argv, 2) }, cwd = b.cwd or cwd,
-      sessionId = s.id, startedAt = core.now_ms(), logs = {}, waiters = {}, token = task.cancel_token(),
+      sessionId = s.id, startedAt = core.now_ms(), logs = {}, waiters = {},
     }
     state.commands[c.id] = c
     -- the command runs on its own: a client that leaves does not end it
-    task.spawn(run, s, c, argv, { cwd = c.cwd, env = env, timeout_ms = b.timeout or 1800000, signal = c.token })
+    task.spawn(run, s, c, argv, { cwd = c.cwd, env = env, timeout_ms = b.timeout })
     if not b.wait then return { json = { command = command_json(c) } } end
     local cut = state.cut_streams > 0
     if cut then state.cut_streams = state.cut_streams - 1 end
@@ -463,8 +469,7 @@ function M.install(svc, backing, opts)
     local sig = type(req.json) == 'table' and req.json.signal or 15
     if not is_int(sig) or sig < 1 or sig > 64 then refuse(400, 'bad_request', '`signal` is not valid') end
     if not c.done then
-      c.kill_signal = sig
-      c.token:cancel()
+      if c.process then c.process:kill(sig, 'kill') else c.pending_kill = sig end
     end
     return { json = { command = command_json(c) } }
   end))

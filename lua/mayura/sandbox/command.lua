@@ -14,6 +14,12 @@
 --       A method (called with `:`), like every other backend call.
 --   transport.stdin              whether `run` takes standard input (default false)
 --   transport.max_command_bytes  the longest command `run` takes (default 65536, at least 1024)
+--   transport.max_output_bytes   the most standard output `run` gives back (default 1 MiB, at
+--                                least 8192): every answer the backend asks for fits in it (file
+--                                reads, outputs and listings come in parts that do); an answer
+--                                cut anyway (`run` returned `truncated = true`, or the answer
+--                                lacks the line every backend command ends with) is SANDBOX_ERROR
+--                                `truncated`
 --   transport.workdir            where commands run without a cwd (default /workspace)
 --   transport.state_dir          the backend's own directory in the sandbox (default
 --                                /tmp/.mayura-<random>; made with mode 0700)
@@ -33,7 +39,8 @@
 -- its environment and its stdout, stderr and exit code going to files in the
 -- state directory; it polls with a backoff (2 ms doubling to 250 ms) until the
 -- exit code is there, and reads the outputs (with the poll that saw the end
--- when they are small, else in chunks) up to the pool's `max_output_bytes`,
+-- when they are small, else in chunks within the transport's `max_output_bytes`)
+-- up to the pool's `max_output_bytes`,
 -- setting `truncated` past it. At the timeout or a cancel it runs
 -- `sandbox_scripts.kill(tag)`, which stops every process carrying the tag, also
 -- those that left the session; what a command leaves in its own process group
@@ -45,7 +52,8 @@
 -- target, renamed into place.
 --
 -- Streaming (`o.on_output`, as the agent backend's): while the command runs, each poll also
--- brings what its files grew by (at most 48 KiB of each per poll, polled every 20 ms at most
+-- brings what its files grew by (at most 48 KiB of each per poll, less where the transport's
+-- answers are smaller, polled every 20 ms at most
 -- while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
 -- gets `{ kill(signal) }` (no pid: the command's own is not known here): it signals every process
 -- carrying the command's tag but its own shell, which then records the exit code (128 + signal).
@@ -66,9 +74,13 @@ local scripts = require('mayura.sandbox.scripts')
 local M = {}
 
 local KIB, MIB = 1024, 1048576
-local READ_CHUNK = 768 * KIB      -- raw bytes per read (1 MiB of base64 out)
 local STDIN_CHUNK = 768 * KIB     -- raw bytes per write on standard input (1 MiB of base64)
 local INLINE = 48 * KIB           -- outputs up to this come back with the poll that sees the end
+local DEFAULT_OUTPUT_BYTES, MIN_OUTPUT_BYTES = MIB, 8192
+local HEAD_ROOM = 256             -- an answer's lines besides its base64 (headers, sizes, the end)
+local MAX_LISTING = 64 * MIB      -- the longest listing text read back
+local END = ':end'                -- the last line of every answer: without it, it was cut
+local TRAP = "trap 'echo " .. END .. "' EXIT\n"   -- starts every command (its room is kept)
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
 local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
@@ -85,6 +97,23 @@ end
 
 local function nonsense()
   return errors.sandbox('failed', 'the sandbox answered a backend command with nonsense')
+end
+
+local function cut()
+  return errors.sandbox('truncated', 'the transport cut the answer of a backend command short')
+end
+
+-- The bytes base64 prints for `n` bytes: 4 per 3, and a newline after each 76 and at the end.
+local function b64_bytes(n)
+  local b = 4 * math.ceil(n / 3)
+  return b + math.ceil(b / 76)
+end
+
+-- The most raw bytes, a multiple of `unit`, whose base64 fits in `room` (at least `unit`).
+local function fits(room, unit)
+  local n = math.floor(room * 57 / 77 / unit) * unit
+  while n > unit and b64_bytes(n) > room do n = n - unit end
+  return math.max(n, unit)
 end
 
 local function random_hex(n)
@@ -123,7 +152,8 @@ end
 -- Runs one script through the transport (raw: also after release); returns its stdout.
 function Backend:_raw(script, stdin, signal)
   local t = self._transport
-  local ok, res = pcall(t.run, t, script, { stdin = stdin, signal = signal })
+  -- the shell says it ended, whichever way it exits (a subshell does not inherit the trap)
+  local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal })
   if not ok then
     if errors.is(res) then
       if getmetatable(res) == nil then setmetatable(res, errors.mt) end
@@ -135,7 +165,16 @@ function Backend:_raw(script, stdin, signal)
     error(errors.sandbox('failed', 'the transport returned an invalid result'), 0)
   end
   if res.exit_code ~= 0 then error(errors.sandbox('failed', 'a backend command failed in the sandbox'), 0) end
-  return res.stdout
+  local out = res.stdout
+  -- the end line (a transport may drop the last newline); nothing may follow it
+  if out:sub(-#END - 1) == END .. '\n' then out = out:sub(1, -#END - 2)
+  elseif out:sub(-#END) == END and (#out == #END or out:sub(-#END - 1, -#END - 1) == '\n') then
+    out = out:sub(1, -#END - 1)
+  else
+    error(cut(), 0)
+  end
+  if res.truncated == true then error(cut(), 0) end
+  return out
 end
 
 -- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
@@ -232,15 +271,15 @@ function Backend:_read_part(path, offset, length)
   return size, decode(rest)
 end
 
--- Rounds up to whole 4 KiB pages (so that dd reads whole blocks), at most READ_CHUNK.
-local function read_len(n)
-  return math.min(READ_CHUNK, math.ceil(n / 4096) * 4096)
+-- Rounds up to whole 4 KiB pages (so that dd reads whole blocks), at most a read's chunk.
+function Backend:_read_len(n)
+  return math.min(self._read_chunk, math.ceil(n / 4096) * 4096)
 end
 
 -- The first `limit` bytes of a file (nil when there is none), and its size; with `refuse`, a file
 -- larger than `limit` is LIMIT_EXCEEDED as soon as its size is known.
 function Backend:_read_upto(path, limit, refuse)
-  local size, data = self:_read_part(path, 0, read_len(math.min(limit, READ_CHUNK)))
+  local size, data = self:_read_part(path, 0, self:_read_len(math.min(limit, self._read_chunk)))
   if not size then return nil end
   local function check_size(s)
     if refuse and s > limit then errors.raise('LIMIT_EXCEEDED', 'the file is larger than max_bytes', nil, 0) end
@@ -249,7 +288,7 @@ function Backend:_read_upto(path, limit, refuse)
   local parts, got = { data }, #data
   local want = math.min(size, limit)
   while got < want and #parts[#parts] > 0 do
-    local s, more = self:_read_part(path, got, read_len(want - got))
+    local s, more = self:_read_part(path, got, self:_read_len(want - got))
     if not s then break end
     check_size(s)
     if s > size then size = s end
@@ -270,7 +309,23 @@ function Backend:write_file(path, data)
 end
 
 function Backend:list_files(path)
-  local out = self:_run(scripts.list(path))
+  -- the listing goes to a file; it comes back with the answer when it fits, else read in parts
+  local name = self._state .. '/l' .. self:_id()
+  local f = q(name)
+  local out = self:_run('(' .. scripts.list(path) .. ') >' .. f .. '\n' ..
+    's=$(stat -c %s -- ' .. f .. ')||s=0\nif [ "$s" -le ' .. (self._out - HEAD_ROOM) .. ' ];then ' ..
+    'cat -- ' .. f .. ';rm -f -- ' .. f .. ';else echo "S $s";fi\n')
+  local big = int_of(out:match('^S (%d+)\n$'))
+  if big then
+    if big > MAX_LISTING then
+      pcall(self._run, self, 'rm -f -- ' .. f .. '\n')
+      errors.raise('LIMIT_EXCEEDED', 'the listing is too large', nil, 0)
+    end
+    local ok, text = pcall(self._read_upto, self, name, big)
+    pcall(self._run, self, 'rm -f -- ' .. f .. '\n')
+    if not ok then error(text, 0) end
+    out = text or ''
+  end
   local ok, res = pcall(scripts.parse_listing, out)
   if not ok then error(res, 0) end
   return res
@@ -330,8 +385,8 @@ end
 
 -- The sizes of out and err, then both as base64 when small (the files are then removed). Only
 -- what is not empty costs a process; `head -c` bounds what is read whatever the file became.
-local function report(base)
-  local inl = tostring(INLINE)
+local function report(base, inline)
+  local inl = tostring(inline)
   return 'b=' .. q(base) .. '\no=0;e=0\n' ..
     'if [ -s "$b.out" ];then o=$(stat -c %s -- "$b.out" 2>/dev/null)||o=0;fi\n' ..
     'if [ -s "$b.err" ];then e=$(stat -c %s -- "$b.err" 2>/dev/null)||e=0;fi\n' ..
@@ -342,26 +397,26 @@ local function report(base)
     remove_files(base) .. 'else echo .;fi\n'
 end
 
-local function poll_script(base)
+local function poll_script(base, inline)
   return 'b=' .. q(base) .. '\n' ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R;exit 0;fi\n' ..
     'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
     -- rc is one short line written in one write; read stops at its newline
-    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
+    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base, inline)
 end
 
 -- A streaming command's poll while it runs: 'R', then the bytes of out and err past the offsets
 -- given (at most INLINE of each) as base64, each followed by '-'.
-local function poll_stream_script(base, offsets, cap)
-  local lo = math.max(0, math.min(INLINE, cap - offsets.stdout))
-  local le = math.max(0, math.min(INLINE, cap - offsets.stderr))
+local function poll_stream_script(base, offsets, cap, inline)
+  local lo = math.max(0, math.min(inline, cap - offsets.stdout))
+  local le = math.max(0, math.min(inline, cap - offsets.stderr))
   return 'b=' .. q(base) .. '\n' ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R\n' ..
     'for f in out:' .. offsets.stdout .. ':' .. lo .. ' err:' .. offsets.stderr .. ':' .. le .. ';do\n' ..
     'k=${f#*:};n=${k#*:};k=${k%:*};[ "$n" -gt 0 ]&&tail -c +$((k+1)) "$b.${f%%:*}" 2>/dev/null|head -c "$n"|base64\n' ..
     'echo -;done;exit 0;fi\n' ..
     'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
-    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base)
+    'echo D;r=;read -r r 2>/dev/null <"$b.rc";echo "$r"\n' .. report(base, inline)
 end
 
 -- The chunks of a running streaming command's poll (lines from 2): out's and err's bytes.
@@ -496,7 +551,8 @@ function Backend:exec(argv, o)
       delay = math.min(delay * 2, POLL_MAX_MS)
       if self._closed then error(gone(), 0) end
       if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local poll = streaming and poll_stream_script(rec.base, offsets, cap) or poll_script(rec.base)
+      local poll = streaming and poll_stream_script(rec.base, offsets, cap, self._inline)
+        or poll_script(rec.base, self._inline)
       local lines = lines_of(self:_run(poll, nil, token))
       if streaming and lines[1] == 'R' then
         local o_new, e_new = parse_chunks(lines)
@@ -522,7 +578,7 @@ function Backend:exec(argv, o)
       end
     end
     -- the timeout: stop everything, then take what the command wrote
-    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base)))
+    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
     if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
     local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
     r.timed_out = true
@@ -571,6 +627,8 @@ function M.command_sandbox_backend(id, transport, release)
   end
   local max = check.int(transport.max_command_bytes, 'transport.max_command_bytes', MIN_COMMAND_BYTES, nil, C, 2,
     DEFAULT_COMMAND_BYTES)
+  local out_max = check.int(transport.max_output_bytes, 'transport.max_output_bytes', MIN_OUTPUT_BYTES, nil, C, 2,
+    DEFAULT_OUTPUT_BYTES)
   local workdir = transport.workdir or '/workspace'
   local prefix = random_hex(8)
   local state = transport.state_dir or ('/tmp/.mayura-' .. prefix)
@@ -581,7 +639,11 @@ function M.command_sandbox_backend(id, transport, release)
   end
   local self = setmetatable({
     streaming = true,   -- exec passes output on as its polls see it, and tells on_start (no pid)
-    id = id, _transport = transport, _release = release, _stdin = transport.stdin == true, _max = max,
+    id = id, _transport = transport, _release = release, _stdin = transport.stdin == true, _max = max - #TRAP,
+    _out = out_max,
+    -- a read's part and an output that comes inline (two of them in one answer) within _out
+    _read_chunk = fits(out_max - HEAD_ROOM, 4096),
+    _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
     _env = {},
   }, Backend)

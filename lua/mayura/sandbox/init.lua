@@ -8,9 +8,9 @@
 -- call on a sandbox fails with SANDBOX_ERROR reason `gone`.
 --
 -- Network: each kind other than 'none' must be listed in the pool's
--- `network` (asking for another fails with PERMISSION_DENIED); a create that
--- asks for none gets 'none', and fails with INVALID_INPUT when the pool does
--- not list 'none' or the provider cannot keep a sandbox offline.
+-- `network` (asking for another fails with PERMISSION_DENIED); 'none' needs no
+-- listing: a create that asks for none gets 'none' from any pool, and fails with
+-- INVALID_INPUT only when the provider cannot keep a sandbox offline.
 --
 -- Network events: a provider that filters the network (an allow-list) tells each refusal to
 -- `spec.on_event(event)`; the pool stamps it with the sandbox's id (`event.sandbox`), keeps the
@@ -38,6 +38,17 @@
 -- pool, a create of another shape finding no free slot has one destroyed
 -- first (`warm_evict`), and `close()` ends them all (`warm_detach`).
 --
+-- Snapshots: `sandbox:snapshot()` keeps the sandbox's files (its working directory, /tmp, a
+-- provider's `snapshot_paths`) as `{ id, size_bytes, provider }` with `release()`;
+-- `create{ snapshot = snap }` starts a sandbox with them, `sandbox:restore(snap)` puts them back in
+-- one (a snapshot made `{ until_release = true }` ends with its sandbox). The pool checks that the snapshot is its
+-- own and not released (INVALID_INPUT), bounds them by `max_snapshots` and `max_snapshot_bytes`
+-- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
+-- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
+-- snapshot of its own, `{ size_bytes, release }`, which its create gets as `spec.snapshot`),
+-- false (none), or by default 'generic' (mayura.sandbox._snapshot: an archive made in the
+-- sandbox, kept in this process's memory and unpacked in the new sandbox before it is handed out).
+--
 -- Streaming: `sandbox:exec(argv, { on_stdout = fn, on_stderr = fn })` and
 -- `sandbox:start(argv, opts)` (a handle: `pid`, `wait()`, `kill(signal)`,
 -- `output()`). The pool passes the backend's exec `o.on_output(name, chunk)`
@@ -62,6 +73,7 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
+local snapshots = require('mayura.sandbox._snapshot')
 
 local M = {}
 
@@ -186,11 +198,18 @@ local function check_argv(argv)
   return copy
 end
 
+-- How a provider's snapshots are made (see the top of this module): 'generic' unless it says.
+local function snapshot_kind(f)
+  if f.snapshots == false or f.snapshots == 'native' then return f.snapshots end
+  return 'generic'
+end
+
 local function copy_features(f)
   f = f or {}
   local net = {}
   for i, k in ipairs(f.network or {}) do net[i] = k end
-  return { stdin = f.stdin == true, ports = f.ports == true, desktop = f.desktop == true, network = net }
+  return { stdin = f.stdin == true, ports = f.ports == true, desktop = f.desktop == true, network = net,
+    snapshots = snapshot_kind(f) }
 end
 
 local function has(list, v)
@@ -595,6 +614,118 @@ function Sandbox:url(port)
   return url
 end
 
+-- A snapshot given to create or restore, checked: one of `pool`'s, not released.
+local function check_snapshot(pool, snap, level)
+  if not snapshots.is(snap) then
+    errors.raise('INVALID_INPUT', 'snapshot must be a snapshot (sandbox:snapshot())', nil, level)
+  end
+  if snap._pool ~= pool then errors.raise('INVALID_INPUT', 'the snapshot belongs to another pool', nil, level) end
+  if snap._released or not pool._snapshots[snap] then
+    errors.raise('INVALID_INPUT', 'the snapshot was released', nil, level)
+  end
+  return snap
+end
+
+--- Keeps the sandbox's files: `{ id, size_bytes, provider }` with `release()` (see the top of this
+-- module). Counted against the pool's max_snapshots and max_snapshot_bytes until released; with
+-- `{ until_release = true }` also released with this sandbox (the tools' checkpoints).
+function Sandbox:snapshot(options)
+  local pool = self._pool
+  local kind = self.features.snapshots
+  options = options == nil and {} or options
+  check.keys(options, { until_release = true }, 'snapshot options', 'INVALID_INPUT', 3)
+  if options.until_release ~= nil and type(options.until_release) ~= 'boolean' then
+    errors.raise('INVALID_INPUT', 'until_release must be a boolean', nil, 2)
+  end
+  if not kind then errors.raise('INVALID_INPUT', 'this provider makes no snapshots', nil, 2) end
+  alive(self)
+  if pool._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
+  if pool._snap_count >= pool.max_snapshots then
+    errors.raise('LIMIT_EXCEEDED', 'max_snapshots (' .. pool.max_snapshots .. ') are held', nil, 2)
+  end
+  local room = pool.max_snapshot_bytes - pool._snap_bytes
+  -- the slot is taken while the snapshot is made, so that snapshots made at once keep to the limit
+  pool._snap_count = pool._snap_count + 1
+  local ok, held, size = pcall(function()
+    local timeout = pool.call_timeout_ms
+    if kind == 'native' and type(self._backend.snapshot) == 'function' then
+      -- one made after the deadline is released as it comes
+      local backend = self._backend
+      local made, native = pcall(with_deadline, timeout, function()
+        return backend:snapshot({ max_bytes = room, timeout_ms = timeout })
+      end, function(late_ok, late)
+        if late_ok and type(late) == 'table' and type(late.release) == 'function' then pcall(late.release, late) end
+      end)
+      if not made then
+        if self._released or core.hrtime_ms() >= self._expires_at then error(gone(), 0) end
+        error(provider_error(native), 0)
+      end
+      if type(native) ~= 'table' or not check.is_int(native.size_bytes) or native.size_bytes < 0
+        or type(native.release) ~= 'function' then
+        if type(native) == 'table' and type(native.release) == 'function' then pcall(native.release, native) end
+        error(bad_reply('snapshot'), 0)
+      end
+      return { native = native }, native.size_bytes
+    end
+    local archive = snapshots.capture(function(name, ...)
+      return self:_call(2 * timeout, name, ...)
+    end, { paths = snapshots.paths(pool.provider, self._workdir), max_bytes = room, timeout_ms = timeout,
+      binary = self._backend.binary_streams == true })
+    return { archive = archive }, #archive
+  end)
+  pool._snap_count = pool._snap_count - 1
+  local function drop()
+    if ok and held.native then pcall(held.native.release, held.native) end
+  end
+  if not ok then error(held, 0) end
+  if pool._closed then
+    drop()
+    error(errors.sandbox('closed', 'the pool was closed'), 2)
+  end
+  if pool._snap_count >= pool.max_snapshots then
+    drop()
+    errors.raise('LIMIT_EXCEEDED', 'max_snapshots (' .. pool.max_snapshots .. ') are held', nil, 2)
+  end
+  if size > pool.max_snapshot_bytes - pool._snap_bytes then
+    drop()
+    errors.raise('LIMIT_EXCEEDED', 'the snapshot (' .. size .. ' bytes) is more than max_snapshot_bytes ('
+      .. pool.max_snapshot_bytes .. ') leaves room for', nil, 2)
+  end
+  local snap = snapshots.new(pool, 'snapshot-' .. snapshots.random_hex(8), size,
+    type(pool.provider.id) == 'string' and pool.provider.id or 'provider', held)
+  pool._snapshots[snap] = true
+  pool._snap_count = pool._snap_count + 1
+  pool._snap_bytes = pool._snap_bytes + size
+  if options.until_release then
+    if self._released then
+      pool:_release_snapshot(snap)
+      error(gone('the sandbox was released'), 2)
+    end
+    self._own_snapshots = self._own_snapshots or {}
+    self._own_snapshots[snap] = true
+  end
+  return snap
+end
+
+--- Puts the files of `snap` (one of this pool's) back in this sandbox: its working directory and
+-- /tmp (the snapshot's places) are emptied first, then hold exactly the snapshot's files. What runs
+-- in the sandbox goes on running. A provider's own (native) snapshots only start new sandboxes.
+function Sandbox:restore(snap)
+  local pool = self._pool
+  check_snapshot(pool, snap, 3)
+  local held = snap._held
+  if not held.archive then
+    errors.raise('INVALID_INPUT', 'this provider\'s snapshots start new sandboxes only', nil, 2)
+  end
+  alive(self)
+  local timeout = pool.call_timeout_ms
+  local ok, err = pcall(snapshots.restore, function(name, ...)
+    return self:_call(2 * timeout, name, ...)
+  end, held.archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
+    wipe = snapshots.paths(pool.provider, self._workdir) })
+  if not ok then error(err, 0) end
+end
+
 --- Ends the sandbox. Every call fails with `gone` from then on; the pool's slot is freed once
 -- the provider's release has returned (the sandbox is really over), even when that comes after
 -- the call timeout this waits at most. Releasing again waits for the same release.
@@ -605,6 +736,7 @@ function Sandbox:release()
     pool:_stop_timer(self)
     -- started processes stop with it (the provider's release ends them): their wait() says `gone`
     for p in pairs(self._started) do p._gone = true end
+    for snap in pairs(self._own_snapshots or {}) do pool:_release_snapshot(snap) end
     local backend = self._backend
     -- a task of its own: it goes on (and frees the slot) past a deadline the caller gave up at
     self._releasing = task.spawn(function()
@@ -797,7 +929,7 @@ Pool.__index = Pool
 local pool_keys = {
   max_sandboxes = true, max_lifetime_ms = true, network = true, exec_timeout_ms = true,
   max_exec_timeout_ms = true, max_output_bytes = true, max_file_bytes = true, call_timeout_ms = true,
-  labels = true, on_event = true, warm_start = true,
+  labels = true, on_event = true, warm_start = true, max_snapshots = true, max_snapshot_bytes = true,
 }
 
 --- Holds every sandbox from `provider` to the same limits.
@@ -840,6 +972,12 @@ function M.create_sandboxes(provider, options)
     call_timeout_ms = check.int(options.call_timeout_ms, 'call_timeout_ms', 1, nil, C, 3, 120000),
     labels = check_labels(options.labels, 3),
     on_event = options.on_event,
+    max_snapshots = check.int(options.max_snapshots, 'max_snapshots', 0, 100000, C, 3, 16),
+    max_snapshot_bytes = check.int(options.max_snapshot_bytes, 'max_snapshot_bytes', 0, 65536 * MIB, C, 3,
+      1024 * MIB),
+    _snapshots = {},
+    _snap_count = 0,   -- held, and being made
+    _snap_bytes = 0,   -- the sizes of those held
     workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
     _alive = {},
     _count = 0,
@@ -883,10 +1021,30 @@ end
 
 local create_keys = {
   lifetime_ms = true, network = true, env = true, ports = true, cpus = true, memory_mib = true,
-  image = true, labels = true, desktop = true,
+  image = true, labels = true, desktop = true, snapshot = true,
 }
 
---- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop }`.
+-- The pool forgets a snapshot and frees its room (snapshot:release(), close()).
+function Pool:_release_snapshot(snap)
+  if snap._released then return end
+  snap._released = true
+  if self._snapshots[snap] then
+    self._snapshots[snap] = nil
+    self._snap_count = self._snap_count - 1
+    self._snap_bytes = self._snap_bytes - snap.size_bytes
+  end
+  local held = snap._held
+  snap._held = nil
+  if held and held.native then pcall(held.native.release, held.native) end
+end
+
+--- How many snapshots the pool holds, and their bytes together.
+function Pool:snapshots()
+  return self._snap_count, self._snap_bytes
+end
+
+--- Creates a sandbox: `{ lifetime_ms, network, env, ports, cpus, memory_mib, image, labels, desktop,
+-- snapshot }`.
 function Pool:create(options)
   if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
   if self._warm_later then
@@ -902,23 +1060,19 @@ function Pool:create(options)
   end
   local features = copy_features(self.provider.features)
   local kind, network = check_network_request(options.network)
-  if kind == nil then
-    -- Asking for nothing means 'none', the default, but only from a pool that lists 'none'. A pool
-    -- listing only online kinds (a Fly pool: { 'all' }) was set up to hand out online sandboxes, and
-    -- the reference says of exactly that setup that "the default fails with INVALID_INPUT": the
-    -- caller must name the kind. Not PERMISSION_DENIED: that is for asking for a kind other than
-    -- 'none' that the pool did not list, and this caller asked for nothing; nor the pool's other
-    -- kind, which would make a sandbox online that its creator expected offline.
-    if not self.network.none then
-      errors.raise('INVALID_INPUT', "this pool does not list network 'none': ask for one of its kinds", nil, 2)
-    end
-    kind, network = 'none', 'none'
-  end
+  -- Asking for nothing means 'none', from any pool: 'none' needs no listing. On a provider that
+  -- cannot keep a sandbox offline (no 'none' in its features.network) that fails with INVALID_INPUT
+  -- below, never a sandbox online that its creator expected offline.
+  if kind == nil then kind, network = 'none', 'none' end
   -- Each kind other than 'none' must be listed; 'none' needs no permission, only a provider that keeps it.
   if kind ~= 'none' and not self.network[kind] then
     errors.raise('PERMISSION_DENIED', "network '" .. kind .. "' is not allowed by this pool", nil, 2)
   end
   if not has(features.network, kind) then
+    if options.network == nil then
+      errors.raise('INVALID_INPUT', "this provider cannot keep a sandbox offline: ask for one of the pool's kinds",
+        nil, 2)
+    end
     errors.raise('INVALID_INPUT', "this provider cannot give network '" .. kind .. "'", nil, 2)
   end
   -- events the provider tells before the sandbox object exists wait in `events`
@@ -985,6 +1139,11 @@ function Pool:create(options)
     end
     spec.desktop = options.desktop
   end
+  local snap = options.snapshot ~= nil and check_snapshot(self, options.snapshot, 3) or nil
+  -- what the new sandbox starts with: the provider's own snapshot goes to its create, an archive is
+  -- unpacked once the sandbox is made (a reference of its own: a release meanwhile does not take it)
+  local held = snap and snap._held
+  if held and held.native then spec.snapshot = held.native end
   local labels = check_labels(options.labels, 3)
   spec.labels = {}
   for k, v in pairs(self.labels) do spec.labels[k] = v end
@@ -993,7 +1152,7 @@ function Pool:create(options)
   local provider = self.provider
   -- a warm sandbox of exactly the asked shape moves from the provider's slots to the pool's; a
   -- create of another shape finding every slot taken makes room by destroying a warm one
-  local warm = self._warm and provider:warm_claim(self._warm, spec) or nil
+  local warm = self._warm and not spec.snapshot and provider:warm_claim(self._warm, spec) or nil
   if not warm and self._count + self:_warm_held() >= self.max_sandboxes then
     if self._warm then provider:warm_evict(self._warm) end
     if self._closed then error(errors.sandbox('closed', 'the pool is closed'), 2) end
@@ -1034,6 +1193,25 @@ function Pool:create(options)
     pcall(backend.release, backend)
     self._count = self._count - 1
     error(errors.sandbox('closed', 'the pool was closed'), 2)
+  end
+  if held and held.archive then
+    -- the snapshot's files, before the sandbox is anyone's; a failure ends it and frees its slot
+    local timeout = self.call_timeout_ms
+    local restored, err = pcall(snapshots.restore, function(name, ...)
+      local args, n = { ... }, select('#', ...)
+      return with_deadline(2 * timeout, function() return backend[name](backend, check.unpack(args, 1, n)) end)
+    end, held.archive, { timeout_ms = timeout, binary = backend.binary_streams == true })
+    if not restored or self._closed then
+      pcall(backend.release, backend)
+      self._count = self._count - 1
+      if restored then error(errors.sandbox('closed', 'the pool was closed'), 2) end
+      err = provider_error(err)
+      if errors.is(err, 'SANDBOX_ERROR') and (err.reason == 'gone' or err.reason == 'unavailable') then
+        err = errors.sandbox('failed', 'the new sandbox ended while the snapshot was unpacked in it (do its files '
+          .. 'fit its memory?)')
+      end
+      error(err, 2)
+    end
   end
   local sandbox = setmetatable({
     id = type(backend.id) == 'string' and backend.id or ('sandbox-' .. tostring(started)),
@@ -1097,6 +1275,7 @@ end
 -- being started too), and refuses new ones.
 function Pool:close()
   self._closed = true
+  for snap in pairs(self._snapshots) do self:_release_snapshot(snap) end
   local list = {}
   for sb in pairs(self._alive) do list[#list + 1] = sb end
   local tasks = {}

@@ -27,10 +27,12 @@
 --   write_abort(tmp, link)       removes both; 'OK'
 --   list(path)                   a listing for `parse_listing` (below); or 'N', or an error
 --   remove(path, recursive)      'OK', or 'N' when there was nothing; or an error line
---   kill(tag, var, prefix)       SIGKILL, in passes until none is left, to every process
---                                whose environment holds `var=tag` exactly (var defaults
---                                to MAYURA_EXEC; with `prefix`, a value starting with tag):
---                                also those that left the command's session or group; 'OK'
+--   kill(tag, var, prefix)       stops (SIGSTOP) every process whose environment holds
+--                                `var=tag` exactly (var defaults to MAYURA_EXEC; with
+--                                `prefix`, a value starting with tag), also those that left
+--                                the command's session or group, and those they fork while
+--                                being stopped; then SIGKILL; in rounds until none is left, so
+--                                that none runs another statement whatever its pid; 'OK'
 --   temp_name(path, suffix)      '<dir>/.<base>.mayura-<suffix>' beside path, for write_begin
 --
 -- A listing is a line 'L', then one line per entry
@@ -202,8 +204,14 @@ function M.remove_result(text, nonsense)
   if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then error(nonsense(), 0) end
 end
 
---- SIGKILL to every process whose environment holds `var=tag`, in passes until none is left;
--- with `prefix`, every process whose `var` starts with `tag`.
+--- Stops, then kills, every process whose environment holds `var=tag`; with `prefix`, every
+-- process whose `var` starts with `tag`. Killing them one by one in /proc order would let a
+-- shell whose child died first (pid 10 is listed before pid 9) run its next statement; so every
+-- one is first stopped (SIGSTOP), in scans until two scans in a row find each of them stopped
+-- already (the second scan starts once all the first found were stopped: a child forked just
+-- before its parent stopped is seen by it), and only then killed (SIGKILL), in rounds until a
+-- round finds none. The tagged processes are found with one `grep -z` over every environ where
+-- grep has -z, else with tr and grep for each process.
 function M.kill(tag, var, prefix)
   var = var or M.TAG_VAR
   if type(tag) ~= 'string' or not tag:match('^[%w._:-]+$') or #tag > 128 then
@@ -212,16 +220,28 @@ function M.kill(tag, var, prefix)
   if type(var) ~= 'string' or not var:match('^[%a_][%w_]*$') then
     errors.raise('INVALID_INPUT', 'var must be an environment variable name', nil, 2)
   end
-  -- one variable a line; exact, or the start of the line (a BRE: only '.' needs escaping)
-  local match = prefix and ('grep -q -- ' .. q('^' .. var .. '=' .. tag:gsub('%.', '\\.')))
-    or ('grep -qxF -- ' .. q(var .. '=' .. tag))
-  -- a pass signals what it finds; new processes come only from live ones, so a pass that
-  -- finds none is the last (64 at most, as core/tree.h)
-  return 'n=0\n' ..
-    'while [ $n -lt 64 ];do h=0\n' ..
-    [[for d in /proc/[0-9]*;do if tr '\0' '\n' 2>/dev/null <"$d/environ"|]] .. match .. ';then ' ..
-    'kill -9 "${d#/proc/}" 2>/dev/null&&h=1;fi;done\n' ..
-    '[ $h = 0 ]&&break;n=$((n+1));done\necho OK\n'
+  -- one variable a record; exact, or the start of the record (a BRE: only '.' needs escaping)
+  local m, flags
+  if prefix then
+    m, flags = q('^' .. var .. '=' .. tag:gsub('%.', '\\.')), ''
+  else
+    m, flags = q(var .. '=' .. tag), 'xF'
+  end
+  return 'm=' .. m .. '\n' ..
+    -- f: the environ files of the tagged processes, one a line
+    'if printf \'x\\0\' 2>/dev/null|grep -qz' .. flags .. ' -- x 2>/dev/null;then ' ..
+    'f(){ grep -lsz' .. flags .. ' -- "$m" /proc/[0-9]*/environ 2>/dev/null;}\n' ..
+    'else f(){ for d in /proc/[0-9]*;do tr \'\\0\' \'\\n\' 2>/dev/null <"$d/environ"|grep -q' .. flags ..
+    ' -- "$m"&&echo "$d/environ";done;}\nfi\n' ..
+    -- a round: stop every one until two scans in a row stop none (a process stopped, dead or
+    -- being traced is not signalled again), then kill them; 64 rounds at most, as core/tree.h
+    'r=0\nwhile [ $r -lt 64 ];do q=0;n=0\n' ..
+    'while [ $q -lt 2 ]&&[ $n -lt 256 ];do h=0\n' ..
+    'for e in $(f);do d=${e%/environ};s=;read -r s 2>/dev/null <"$d/stat"||continue;s=${s##*) }\n' ..
+    'case $s in [TtZX]*);;*)kill -STOP "${d#/proc/}" 2>/dev/null&&h=1;;esac;done\n' ..
+    'if [ $h = 0 ];then q=$((q+1));else q=0;fi;n=$((n+1));done\n' ..
+    'h=0;for e in $(f);do d=${e%/environ};kill -9 "${d#/proc/}" 2>/dev/null&&h=1;done\n' ..
+    '[ $h = 0 ]&&break;r=$((r+1));done\necho OK\n'
 end
 
 -- {======================================================

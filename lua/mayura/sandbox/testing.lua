@@ -3,7 +3,7 @@
 -- `sandbox_conformance` is a list of cases `{ name = ..., run = function(ctx) ... end }`.
 -- Each runs against a real sandbox, `ctx.sandbox`, made by `create_sandboxes`, and
 -- returns 'passed' or a string that says what failed. Cases that need sandboxes
--- of their own (the pool limit, the lifetime, release) make them from the same
+-- of their own (the pool limit, the lifetime, release, snapshots) make them from the same
 -- provider in a small pool of their own, so the shared sandbox stays usable.
 --
 --   for _, case in ipairs(sandbox_conformance) do
@@ -50,19 +50,21 @@ end
 
 -- A small pool of its own over the same provider, for cases that end sandboxes. A provider that
 -- cannot keep a sandbox offline (network { 'all' } only) gets a pool of its first kind, whose
--- creates ask for that kind (asking for nothing means 'none', which such a pool refuses).
-local function own_pool(ctx, max)
+-- creates ask for that kind (asking for nothing means 'none', which such a provider cannot give).
+local function own_pool(ctx, max, extra)
   local sandbox = require('mayura.sandbox')
   local provider = ctx.provider or ctx.sandbox._pool.provider
   local kinds = provider.features and provider.features.network or {}
   local offline = false
   for _, k in ipairs(kinds) do offline = offline or k == 'none' end
+  local options = { max_sandboxes = max or 1, max_lifetime_ms = 600000 }
+  for k, v in pairs(extra or {}) do options[k] = v end
   if offline or not kinds[1] then
-    return sandbox.create_sandboxes(provider, { max_sandboxes = max or 1, max_lifetime_ms = 600000 })
+    return sandbox.create_sandboxes(provider, options)
   end
   local kind = kinds[1]
-  local pool = sandbox.create_sandboxes(provider, { max_sandboxes = max or 1, max_lifetime_ms = 600000,
-    network = { kind } })
+  options.network = { kind }
+  local pool = sandbox.create_sandboxes(provider, options)
   local create = pool.create
   pool.create = function(self, o)
     local c = {}
@@ -319,6 +321,49 @@ case('a desktop, when the provider has one, is seen and used', function(ctx)
       'view_url gives a URL or says there is none: %s', tostring(url))
   end)
   pool:close()
+  if not ok then error(err, 0) end
+end)
+
+case('a snapshot starts new sandboxes with the same files, within the pool\'s limits', function(ctx)
+  local sb = ctx.sandbox
+  if not sb.features.snapshots then
+    raises('INVALID_INPUT', nil, sb.snapshot, sb)
+    return
+  end
+  local pool = own_pool(ctx, 2, { max_snapshots = 1 })
+  local other = own_pool(ctx, 1)
+  local ok, err = pcall(function()
+    local base = pool:create({ lifetime_ms = 120000 })
+    base:write_file('snap/a.txt', 'one')
+    local r = sh(base, 'cd snap && mkdir d && chmod 700 d && printf x > run && chmod 751 run && ln -s a.txt link && '
+      .. 'ln -s /etc out')
+    equal(0, r.exit_code, 'exit_code of making the files')
+    local snap = base:snapshot()
+    expect(type(snap.id) == 'string' and snap.id ~= '', 'the snapshot has no id')
+    expect(type(snap.size_bytes) == 'number' and snap.size_bytes > 0, 'the snapshot has no size_bytes')
+    equal(pool.provider.id, snap.provider, 'the snapshot\'s provider')
+    raises('LIMIT_EXCEEDED', nil, base.snapshot, base)
+    base:release()
+    local fork = pool:create({ lifetime_ms = 120000, snapshot = snap })
+    equal('one', fork:read_file('snap/a.txt'), 'a file of the snapshot')
+    equal('700 751\n', sh(fork, 'cd snap && echo $(stat -c %a d run)').stdout, 'modes')
+    equal('a.txt /etc\n', sh(fork, 'cd snap && echo $(readlink link) $(readlink out)').stdout, 'link targets')
+    local types = {}
+    for _, e in ipairs(fork:list_files('snap')) do types[e.name] = e.type end
+    equal('symlink', types.out, 'the type of a link out of the sandbox')
+    fork:write_file('snap/a.txt', 'two')
+    local again = pool:create({ lifetime_ms = 120000, snapshot = snap })
+    equal('one', again:read_file('snap/a.txt'), 'a second sandbox from the snapshot')
+    raises('INVALID_INPUT', nil, other.create, other, { lifetime_ms = 60000, snapshot = snap })
+    snap:release()
+    again:release()
+    raises('INVALID_INPUT', nil, pool.create, pool, { lifetime_ms = 60000, snapshot = snap })
+    local kept = fork:snapshot()
+    pool:close()
+    expect(kept._released, 'close() did not release the pool\'s snapshot')
+  end)
+  pool:close()
+  other:close()
   if not ok then error(err, 0) end
 end)
 

@@ -390,6 +390,7 @@ function M.class()
   local class = {}
   for k, fn in pairs(Methods) do class[k] = fn end
   class.streaming = true   -- exec honours on_output and on_start as they happen
+  class.binary_streams = true   -- exec's stdin and output carry any bytes, up to a frame (snapshots use them)
   class.__index = class
   return class
 end

@@ -3,10 +3,10 @@
 -- each sandbox, over the hosted kit (mayura.sandbox._hosted).
 --
 -- Control plane (`api_url`, https://api.<domain> by default; the key in
--- X-API-Key): POST /sandboxes makes a sandbox from the template with
+-- X-API-Key): POST /v2/sandboxes makes a sandbox from the template with
 -- `timeout` = the lifetime in seconds (rounded up), `metadata` = the labels,
--- `envVars` = the sandbox's env, `secure` (envd then wants the access token
--- the answer holds) and the network: 'none' is allow_internet_access false,
+-- `envVars` = the sandbox's env and the network (every sandbox made so is
+-- secured: envd wants the access token the answer holds): 'none' is allow_internet_access false,
 -- 'all' true, { allow = ... } is allowOut with those domains and denyOut
 -- 0.0.0.0/0 (E2B filters domains on ports 80 and 443). DELETE
 -- /sandboxes/{id} ends it (404: it ended already).
@@ -124,9 +124,10 @@ function M.config(options, defaults, extra_keys)
   if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 1024 or workdir:find('%z') then
     errors.raise(C, label .. ': workdir must be an absolute path', nil, 3)
   end
-  local secure = options.secure
-  if secure == nil then secure = true end
-  if type(secure) ~= 'boolean' then errors.raise(C, label .. ': secure must be a boolean', nil, 3) end
+  -- every sandbox of POST /v2/sandboxes is secured: `secure` is taken, as by the SDK, and changes nothing
+  if options.secure ~= nil and type(options.secure) ~= 'boolean' then
+    errors.raise(C, label .. ': secure must be a boolean', nil, 3)
+  end
   return {
     label = label,
     api_key = key,
@@ -135,7 +136,6 @@ function M.config(options, defaults, extra_keys)
     api_url = api_url,
     sandbox_url = sandbox_url,
     workdir = workdir,
-    secure = secure,
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1000, 30 * 86400000, C, 3,
       M.MAX_LIFETIME_MS),
     retries = check.int(options.retries, 'retries', 0, 10, C, 3, 2),
@@ -658,10 +658,9 @@ function M.provider(config, spec)
     for k, v in pairs(s.env or {}) do env[k] = v end
     local body = {
       templateID = s.image or config.template, timeout = timeout_s, metadata = metadata, envVars = object(env),
-      secure = config.secure,
     }
     network_body(body, s.network)
-    local ok, res = pcall(c.json, c, 'POST', '/sandboxes', body, { on_error = create_error })
+    local ok, res = pcall(c.json, c, 'POST', '/v2/sandboxes', body, { on_error = create_error })
     if not ok then
       if may_have_made(res) then sweep(client, tag) end
       error(res, 0)
@@ -680,7 +679,7 @@ function M.provider(config, spec)
     if token ~= nil and (type(token) ~= 'string' or token == '' or #token > 4096 or token:find('[%c ]')) then
       bad('an access token that is not usable')
     end
-    if config.secure and token == nil then bad('no access token') end
+    if token == nil then bad('no access token') end
     local domain = config.domain
     if type(res.domain) == 'string' and res.domain:match('^[%w][%w%.%-]*%w$') and not res.domain:find('..', 1, true)
       then

@@ -14,26 +14,42 @@
 --     matches the allow-list, case-insensitively, a trailing dot ignored: an entry `name` matches
 --     that name, `*.name` (or `.name`) any name below it, not `name` itself;
 --   * the port is 80 or 443;
---   * the proxy resolves the name itself (the sandbox has no resolver) to an address that is not
---     loopback, "this network", private (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7),
---     link-local, multicast or reserved, unless the name is listed exactly (not by a wildcard):
---     an exact entry is the one way to let a sandbox reach a host of the local network; it
---     connects to the address it checked, so a name that changes its answer gains nothing;
+--   * the proxy resolves the name itself (the sandbox has no resolver) to a public address
+--     (`public_address`: not loopback, "this network", private, shared, link-local, multicast,
+--     documentation, benchmarking, reserved or another IANA special-purpose block, IPv4 or IPv6,
+--     nor an IPv4-mapped or NAT64 address of one), whether the entry is exact or a wildcard: a
+--     listed name never leads to the host or its network; it connects to the address it checked,
+--     so a name that changes its answer gains nothing;
 --   * for CONNECT, the TLS ClientHello that follows names (SNI) the CONNECT host; anything else
---     (no TLS, no SNI, another name) ends the tunnel before a byte reaches the server.
--- A plain request goes on with the origin-form target, `Host` set to the URI's authority,
--- Proxy-* headers dropped and `Connection: close` (one request per connection, so a second one
--- cannot ride on the first's admission). Bytes then flow through core.relay (C, no Lua per chunk).
+--     (no TLS, no SNI, another name, more than MAX_HELLO_RECORDS records or 64 KiB) ends the
+--     tunnel before a byte reaches the server.
+-- One request a connection, so a second one cannot ride on the first's admission: a plain request
+-- goes on with the origin-form target, `Host` set to the URI's authority, Proxy-* headers dropped
+-- and `Connection: close`, and its body is what its Content-Length says (Transfer-Encoding is
+-- refused): a byte past it, such as a pipelined second request, ends the connection before it
+-- reaches the server. After CONNECT only a ClientHello may follow. Bytes then flow through
+-- core.relay (C, no Lua per chunk).
 --
--- Each refusal is answered with 403 (or, after CONNECT's 200, the end of the connection) and told
--- to `options.on_event` as `{ type = 'network_refused', host = ..., port = ..., reason = ... }`,
--- reason one of 'not_allowed', 'ip_literal', 'port', 'private_address', 'sni_mismatch',
--- 'unresolved', 'bad_request', 'method'. An upstream that cannot be reached is a 502, not an event.
+-- Each refusal is answered with 403 (or 400, or, after CONNECT's 200, the end of the connection)
+-- and told to `options.on_event` as `{ type = 'network_refused', host = ..., port = ..., reason =
+-- ... }`, reason one of 'not_allowed', 'ip_literal', 'port', 'private_address', 'sni_mismatch',
+-- 'unresolved', 'bad_request' (a pipelined request among them), 'method'. An upstream that
+-- cannot be reached is a 502, not an event.
 --
--- `options.resolve` (for tests only: a table name -> address, or list of addresses, an IPv4
--- address possibly with ':port', the port its server really listens on) replaces the host's
--- resolver: a name it does not hold does not resolve. It lets specs make "the internet" of
--- test servers on the host's loopback or in namespaces they make.
+-- What a sandbox can make the host do is bounded, and counted per sandbox (per proxy): a request
+-- head and a ClientHello are each read once, in at most 64 reads, their bytes looked at once
+-- (work linear in what arrives); at most MAX_CONNS connections at once, the forwards' included;
+-- connections that end without a relay (refused, cut short) draw on a bucket of MAX_CONNS
+-- refilled at FAILS_PER_S, and new connections wait in the kernel's backlog while it is empty;
+-- each relay holds at most about 1.5 MiB (core/net.c: fixed socket buffers, one pipe per
+-- direction, nothing read from a side while the other does not take it), so a sandbox pins at
+-- most about 96 MiB of host memory through its proxy however little it reads.
+--
+-- `options.resolve` (for tests only: a table name -> address, or list of addresses) replaces the
+-- host's resolver: a name it does not hold does not resolve. An IPv4 address with ':port' is a
+-- server of the test's own "internet" (on the host's loopback or in namespaces the spec makes),
+-- reached at that port and taken as public; any other address is an answer as a resolver would
+-- give it, checked as those are (so specs can see a name on 169.254.169.254 refused).
 --
 -- `proxy:forward(port)` serves the sandbox's `port` (a server listening on its loopback or on
 -- 0.0.0.0) on a host port of 127.0.0.1, connecting into the namespace for each client: url(port).
@@ -48,10 +64,13 @@ M.URL = 'http://127.0.0.1:' .. M.PORT
 
 local MAX_HEAD = 16384          -- a request's head
 local MAX_HELLO = 65536         -- a ClientHello, across its records
+M.MAX_HELLO_RECORDS = 64        -- the records it may take (one, a few with large key shares)
 local HEAD_MS = 10000           -- to send the head, and (CONNECT) the ClientHello
 local CONNECT_MS = 10000        -- to reach the server
 local MAX_LOOKUPS = 2            -- name lookups at once per sandbox
 local MAX_CONNS = 64            -- connections at once per sandbox (each holds about 7 host descriptors)
+local FAILS_PER_S = 50          -- connections a second that end unrelayed (refused), after MAX_CONNS
+local MAX_READS = 64            -- reads a head, and then a ClientHello, may take
 
 --- Checks a provider's `proxy_resolve` option (nil, or a table of names to an address or a list
 -- of them); raises INVALID_CONFIG at `level`.
@@ -132,94 +151,81 @@ local function v4_parts(addr)
   return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
 end
 
+-- IPv4 blocks no sandbox reaches: "this network", private, shared (100.64/10), loopback,
+-- link-local, IETF protocol assignments, the documentation nets, 6to4 relays, benchmarking,
+-- multicast, reserved and broadcast (the IANA special-purpose registry, and more).
 local function v4_blocked(addr)
-  local a, b, c = v4_parts(addr)
-  if not a then return true end
+  local a, b, c, d = v4_parts(addr)
+  if not a or a > 255 or b > 255 or c > 255 or d > 255 then return true end
   return a == 0 or a == 10 or a == 127 or a >= 224
     or (a == 100 and b >= 64 and b <= 127)
     or (a == 169 and b == 254)
     or (a == 172 and b >= 16 and b <= 31)
     or (a == 192 and b == 168)
-    or (a == 192 and b == 0 and c == 0)
+    or (a == 192 and b == 0 and (c == 0 or c == 2))
+    or (a == 192 and b == 88 and c == 99)
     or (a == 198 and (b == 18 or b == 19))
+    or (a == 198 and b == 51 and c == 100)
+    or (a == 203 and b == 0 and c == 113)
 end
 
 -- The 8 groups of an IPv6 address as numbers, or nil.
 local function v6_groups(addr)
+  if not addr:match('^[%x:.]+$') then return nil end
   local tail4 = addr:match(':(%d+%.%d+%.%d+%.%d+)$')
   if tail4 then
     local a, b, c, d = v4_parts(tail4)
-    if not a then return nil end
+    if not a or a > 255 or b > 255 or c > 255 or d > 255 then return nil end
     addr = addr:sub(1, #addr - #tail4) .. ('%x:%x'):format(a * 256 + b, c * 256 + d)
   end
   local head, rest = addr:match('^(.-)::(.*)$')
   local groups = {}
-  local function add(s)
-    for g in s:gmatch('[^:]+') do groups[#groups + 1] = tonumber(g, 16) end
+  local function add(s, into)
+    for g in s:gmatch('[^:]+') do
+      if #g > 4 then return false end
+      into[#into + 1] = tonumber(g, 16)
+    end
+    return true
   end
   if head then
-    add(head)
     local tail = {}
-    for g in rest:gmatch('[^:]+') do tail[#tail + 1] = tonumber(g, 16) end
+    if not add(head, groups) or not add(rest, tail) or #groups + #tail > 7 then return nil end
     for _ = 1, 8 - #groups - #tail do groups[#groups + 1] = 0 end
     for _, g in ipairs(tail) do groups[#groups + 1] = g end
-  else
-    add(addr)
+  elseif not add(addr, groups) then
+    return nil
   end
   if #groups ~= 8 then return nil end
   return groups
 end
 
---- Whether a sandbox may reach `addr` (a numeric address) through a name matched by a wildcard.
-function M.public_address(addr)
-  if addr:find(':', 1, true) then
-    local g = v6_groups(addr)
-    if not g then return false end
-    local zero5 = g[1] == 0 and g[2] == 0 and g[3] == 0 and g[4] == 0 and g[5] == 0
-    if zero5 and (g[6] == 0 or g[6] == 0xffff) then
-      -- ::, ::1, IPv4-compatible and IPv4-mapped: the IPv4 address inside decides
-      if g[6] == 0 and g[7] == 0 and g[8] <= 1 then return false end
-      return not v4_blocked(('%d.%d.%d.%d'):format(math.floor(g[7] / 256), g[7] % 256,
-        math.floor(g[8] / 256), g[8] % 256))
-    end
-    local top = g[1]
-    if top >= 0xfe80 and top <= 0xfebf then return false end   -- link-local
-    if top >= 0xfc00 and top <= 0xfdff then return false end   -- unique local
-    if top >= 0xff00 then return false end                     -- multicast
-    if top == 0x64 and g[2] == 0xff9b then return false end    -- NAT64: an IPv4 address inside
-    if top == 0x2002 then return false end                     -- 6to4: likewise
-    if top == 0x2001 and g[2] == 0xdb8 then return false end   -- documentation
-    return true
-  end
-  return not v4_blocked(addr)
+local function v4_of(hi, lo)
+  return ('%d.%d.%d.%d'):format(math.floor(hi / 256), hi % 256, math.floor(lo / 256), lo % 256)
 end
 
---- The server name a TLS ClientHello (its records' bytes) asks for: the name; or nil and 'more'
--- when more bytes are needed; or nil and 'bad' when it is no ClientHello with one server name.
-function M.client_hello_sni(data)
-  -- the handshake message, from as many records as it takes
-  local hs, pos = {}, 1
-  local hs_len
-  while true do
-    if #data < pos + 4 then return nil, 'more' end
-    local ctype, major = data:byte(pos), data:byte(pos + 1)
-    if ctype ~= 22 or major ~= 3 then return nil, 'bad' end
-    local len = data:byte(pos + 3) * 256 + data:byte(pos + 4)
-    if len == 0 or len > 16384 + 2048 then return nil, 'bad' end
-    if #data < pos + 4 + len then return nil, 'more' end
-    hs[#hs + 1] = data:sub(pos + 5, pos + 4 + len)
-    pos = pos + 5 + len
-    local body = table.concat(hs)
-    if #body >= 4 then
-      if body:byte(1) ~= 1 then return nil, 'bad' end
-      hs_len = body:byte(2) * 65536 + body:byte(3) * 256 + body:byte(4)
-      if hs_len + 4 > MAX_HELLO then return nil, 'bad' end
-      if #body >= hs_len + 4 then
-        hs = body:sub(5, 4 + hs_len)
-        break
-      end
-    end
+--- Whether a sandbox may reach `addr` (a numeric address, as a resolver answers it): a public
+-- IPv4 address, or a global unicast IPv6 one (2000::/3) outside the special-purpose blocks; an
+-- IPv4-mapped (::ffff:0:0/96) or NAT64 (64:ff9b::/96) address as the IPv4 address inside.
+function M.public_address(addr)
+  if not addr:find(':', 1, true) then return not v4_blocked(addr) end
+  local g = v6_groups(addr)
+  if not g then return false end
+  local zero5 = g[1] == 0 and g[2] == 0 and g[3] == 0 and g[4] == 0 and g[5] == 0
+  if zero5 and g[6] == 0xffff then return not v4_blocked(v4_of(g[7], g[8])) end
+  if g[1] == 0x64 and g[2] == 0xff9b and g[3] == 0 and g[4] == 0 and g[5] == 0 and g[6] == 0 then
+    return not v4_blocked(v4_of(g[7], g[8]))
   end
+  local top = g[1]
+  if top < 0x2000 or top > 0x3fff then return false end        -- not global unicast
+  if top == 0x2001 and g[2] < 0x200 then return false end      -- IETF protocol assignments (Teredo, ...)
+  if top == 0x2001 and g[2] == 0xdb8 then return false end     -- documentation
+  if top == 0x2002 then return false end                       -- 6to4: an IPv4 address inside
+  if top == 0x3fff and g[2] < 0x1000 then return false end     -- documentation (3fff::/20)
+  return true
+end
+
+-- The server name extension of a whole ClientHello handshake body (after its 4-byte header).
+local function hello_name(hs)
   local p = 1 + 2 + 32
   local function u8() local v = hs:byte(p); p = p + 1; return v end
   local function u16()
@@ -266,6 +272,68 @@ function M.client_hello_sni(data)
   return name
 end
 
+--- Steps the ClientHello readers have taken, all of them (each takes one or more bytes); specs
+-- read it to see that the work grows with the bytes, never with their square.
+M.hello_steps = 0
+
+--- A reader of a TLS ClientHello fed as it arrives: `reader(chunk)` returns the server name it
+-- asks for; or nil and 'more' while more bytes are needed; or nil and 'bad' when they are no
+-- ClientHello with one server name, or it takes more than MAX_HELLO_RECORDS records or MAX_HELLO
+-- bytes. Each byte is looked at once: the work is linear in what arrives.
+function M.hello_reader()
+  local header = ''          -- a record header read in part
+  local left = 0             -- bytes of the current record still to come
+  local records = 0
+  local pieces, have = {}, 0 -- the handshake message so far
+  local want                 -- its whole length, once its own header is in
+  local result, why
+  local function feed(chunk)
+    if result or why then return result, why or 'bad' end
+    local pos, n = 1, #chunk
+    while pos <= n do
+      M.hello_steps = M.hello_steps + 1
+      if left == 0 then
+        local take = math.min(5 - #header, n - pos + 1)
+        header = header .. chunk:sub(pos, pos + take - 1)
+        pos = pos + take
+        if #header == 5 then
+          local ctype, major = header:byte(1), header:byte(2)
+          left = header:byte(4) * 256 + header:byte(5)
+          header = ''
+          records = records + 1
+          if ctype ~= 22 or major ~= 3 or left == 0 or left > 16384 + 2048 or records > M.MAX_HELLO_RECORDS then
+            why = 'bad'
+            return nil, why
+          end
+        end
+      else
+        local take = math.min(left, n - pos + 1)
+        pieces[#pieces + 1] = chunk:sub(pos, pos + take - 1)
+        have, left, pos = have + take, left - take, pos + take
+        if not want and have >= 4 then
+          -- at most 4 pieces make up the first 4 bytes
+          local first = table.concat(pieces)
+          pieces = { first }
+          if first:byte(1) ~= 1 then why = 'bad'; return nil, why end
+          want = 4 + first:byte(2) * 65536 + first:byte(3) * 256 + first:byte(4)
+          if want > MAX_HELLO then why = 'bad'; return nil, why end
+        end
+        if want and have >= want then
+          result, why = hello_name(table.concat(pieces):sub(5, want))
+          return result, why
+        end
+      end
+    end
+    return nil, 'more'
+  end
+  return feed
+end
+
+--- The server name a TLS ClientHello (its records' bytes, all at once) asks for, as hello_reader.
+function M.client_hello_sni(data)
+  return M.hello_reader()(data)
+end
+
 -- }======================================================
 
 -- {======================================================
@@ -293,11 +361,12 @@ function Proxy:_event(host, port, reason)
   end
 end
 
--- Reads from `conn` into `buf.data` until `enough(data)` says so, the peer ends, or the deadline;
--- returns true when enough came.
-local function read_until(conn, buf, enough, limit)
-  if enough(buf.data) then return true end
+-- Reads chunks from `conn`, each passed to `take(chunk)` until it returns a value (true: enough,
+-- false: stop), the peer ends, the deadline or MAX_READS reads; returns that value (false at an
+-- end): a peer sending a byte at a time costs the host a bounded number of callbacks.
+local function read_chunks(conn, buf, take)
   if conn:is_closing() then return false end
+  local reads = 0
   return task.await(function(done)
     local finished = false
     local function finish(ok)
@@ -309,11 +378,34 @@ local function read_until(conn, buf, enough, limit)
     buf.abort = function() finish(false) end
     conn:read_start(function(err, chunk)
       if err or not chunk then return finish(false) end
-      buf.data = buf.data .. chunk
-      if enough(buf.data) then return finish(true) end
-      if #buf.data > limit then return finish(false) end
+      reads = reads + 1
+      local v = take(chunk)
+      if v ~= nil then return finish(v) end
+      if reads >= MAX_READS then return finish(false) end
     end)
   end)
+end
+
+-- Reads a request head: the head (through its blank line) and the bytes that came after it in
+-- the same reads; nil when it does not come whole within MAX_HEAD. Each byte is searched once.
+local function read_head(conn, buf)
+  local pieces, total, tail, head_end = {}, 0, '', nil
+  local ok = read_chunks(conn, buf, function(chunk)
+    local window = tail .. chunk
+    pieces[#pieces + 1] = chunk
+    local i = window:find('\r\n\r\n', 1, true)
+    if i then
+      head_end = total - #tail + i + 3
+      return head_end <= MAX_HEAD
+    end
+    total = total + #chunk
+    if total > MAX_HEAD then return false end
+    tail = window:sub(-3)
+    return nil
+  end)
+  if not ok then return nil end
+  local data = table.concat(pieces)
+  return data:sub(1, head_end), data:sub(head_end + 1)
 end
 
 local function write_all(conn, data)
@@ -400,6 +492,20 @@ local function parse_head(head)
   for i = 2, #lines do
     if lines[i] ~= '' then req.headers[#req.headers + 1] = lines[i] end
   end
+  -- the length of a body, so that nothing after it reaches the server: Content-Length alone
+  -- (a chunked body, or a length given twice unalike, leaves its end to the server's reading)
+  req.length = 0
+  local length
+  for _, h in ipairs(req.headers) do
+    local name, value = h:match('^([^:]*):[ \t]*(.-)[ \t]*$')
+    name = (name or ''):lower()
+    if name == 'transfer-encoding' then return nil, 'bad_request' end
+    if name == 'content-length' then
+      if not value:match('^%d+$') or #value > 15 or (length and length ~= value) then return nil, 'bad_request' end
+      length = value
+    end
+  end
+  if length and method ~= 'CONNECT' then req.length = tonumber(length) end
   local authority
   if method == 'CONNECT' then
     authority = target
@@ -441,26 +547,30 @@ function Proxy:_serve(conn)
     write_all(conn, reply(status or '403 Forbidden', reason .. (host and (': ' .. host) or ''), reason))
     finish()
   end
-  if not read_until(conn, buf, function(s) return s:find('\r\n\r\n', 1, true) ~= nil end, MAX_HEAD) then
-    return finish()
-  end
-  local head_end = buf.data:find('\r\n\r\n', 1, true)
-  local head, rest = buf.data:sub(1, head_end + 3), buf.data:sub(head_end + 4)
+  local head, rest = read_head(conn, buf)
+  if not head then return finish() end
   local req, why = parse_head(head)
   if not req then return refuse(nil, nil, why, why == 'method' and '405 Method Not Allowed' or '400 Bad Request') end
   if why then return refuse(req.host, req.port, why) end
   local host, reason = M.normalise_host(req.host)
   if not host then return refuse(req.host, req.port, reason) end
   if req.port ~= 80 and req.port ~= 443 then return refuse(host, req.port, 'port') end
-  local how = M.match(self.list, host)
-  if not how then return refuse(host, req.port, 'not_allowed') end
+  if not M.match(self.list, host) then return refuse(host, req.port, 'not_allowed') end
   local addrs = self:_resolve(host)
   if #addrs == 0 then return refuse(host, req.port, 'unresolved', '502 Bad Gateway') end
   local usable = {}
   for _, a in ipairs(addrs) do
-    if how == 'exact' or M.public_address(a:match('^(%d+%.%d+%.%d+%.%d+):%d+$') or a) then usable[#usable + 1] = a end
+    -- a test's server (an address with its port) is its internet; any other answer is checked
+    local test_server = self.resolve and a:match('^%d+%.%d+%.%d+%.%d+:%d+$')
+    if test_server or M.public_address(a) then usable[#usable + 1] = a end
   end
   if #usable == 0 then return refuse(host, req.port, 'private_address') end
+  -- one request a connection: a plain request's body is all that may follow its head
+  local body_left
+  if not req.tls then
+    body_left = req.length - #rest
+    if body_left < 0 then return refuse(host, req.port, 'bad_request', '400 Bad Request') end
+  end
   local up = self:_connect_any(usable, req.port, self.resolve ~= nil)
   if not up then
     write_all(conn, reply('502 Bad Gateway', 'cannot reach ' .. host))
@@ -469,19 +579,23 @@ function Proxy:_serve(conn)
   local prefix
   if req.tls then
     if not write_all(conn, 'HTTP/1.1 200 Connection established\r\n\r\n') then close(up); return finish() end
-    buf.data = rest
-    local name, state
-    read_until(conn, buf, function(s)
-      name, state = M.client_hello_sni(s)
-      return name ~= nil or state == 'bad'
-    end, MAX_HELLO + 8)
+    local feed, got = M.hello_reader(), { rest }
+    local name, state = feed(rest)
+    if not name and state == 'more' then
+      read_chunks(conn, buf, function(chunk)
+        got[#got + 1] = chunk
+        name, state = feed(chunk)
+        if name or state == 'bad' then return true end
+        return nil
+      end)
+    end
     local sni = name and M.normalise_host(name)
     if sni ~= host then
       self:_event(host, req.port, 'sni_mismatch')
       close(up)
       return finish()
     end
-    prefix = buf.data
+    prefix = table.concat(got)
   else
     local lines = { req.method .. ' ' .. req.target .. ' HTTP/' .. req.version, 'Host: ' .. req.authority }
     for _, h in ipairs(req.headers) do
@@ -494,12 +608,15 @@ function Proxy:_serve(conn)
     prefix = table.concat(lines, '\r\n') .. '\r\n\r\n' .. rest
   end
   deadline.cancel()
-  return self:_relay(conn, up, prefix, false)
+  return self:_relay(conn, up, prefix, false, body_left, function()
+    self:_event(host, req.port, 'bad_request')
+  end)
 end
 
 -- Hands two connected luv handles (or a handle and a raw descriptor) to the core's relay; true
--- when it runs (the connection is then counted until it ends).
-function Proxy:_relay(a, b, prefix, connecting)
+-- when it runs (the connection is then counted until it ends). With `max_from_a`, a byte of `a`
+-- past that many ends the relay and calls `on_excess`.
+function Proxy:_relay(a, b, prefix, connecting, max_from_a, on_excess)
   local function drop()
     close(a)
     if type(b) == 'number' then core.close_fd(b) else close(b) end
@@ -507,10 +624,11 @@ function Proxy:_relay(a, b, prefix, connecting)
   if a:is_closing() or (type(b) ~= 'number' and b:is_closing()) or self.closed then drop(); return false end
   local holder = {}
   local relay = core.relay(a:fileno(), type(b) == 'number' and b or b:fileno(),
-    { to_b = prefix ~= '' and prefix or nil, connecting_b = connecting },
-    function()
+    { to_b = prefix ~= '' and prefix or nil, connecting_b = connecting, max_from_a = max_from_a },
+    function(_, _, err)
       if holder.relay then self.relays[holder.relay] = nil end
       self.conns = self.conns - 1
+      if err == 'excess' and on_excess then on_excess() end
     end)
   drop()
   if not relay then return false end
@@ -519,11 +637,23 @@ function Proxy:_relay(a, b, prefix, connecting)
   return true
 end
 
--- Accepts on `server` with `fn(conn)` in a task of its own, within the connection cap.
+-- Accepts on `server` with `fn(conn)` in a task of its own, within the connection cap. Each
+-- connection that ends without a relay (refused, cut short, unreachable) takes a token of a
+-- bucket of MAX_CONNS, FAILS_PER_S a second, shared by the proxy's listeners; while it is
+-- empty, new connections wait in the kernel's backlog (libuv watches a listener again only once
+-- the connection it holds is accepted): a sandbox opening connections only to have them refused
+-- costs the host FAILS_PER_S of them a second, and a working client is never held back.
 function Proxy:_accepting(server, fn)
   local uv = require('luv')
-  server:listen(128, function(err)
-    if err or self.closed then return end
+  local function accept_one()
+    if self.closed or server:is_closing() then return end
+    local now = uv.now()
+    self.tokens = math.min(MAX_CONNS, self.tokens + (now - self.refilled) * FAILS_PER_S / 1000)
+    self.refilled = now
+    if self.tokens < 1 then
+      task.after(math.ceil((1 - self.tokens) * 1000 / FAILS_PER_S), accept_one, true)
+      return
+    end
     local conn = uv.new_tcp()
     if not pcall(server.accept, server, conn) then close(conn); return end
     if self.conns >= MAX_CONNS then close(conn); return end
@@ -536,8 +666,13 @@ function Proxy:_accepting(server, fn)
       if not (ok and handed) then
         close(conn)
         self.conns = self.conns - 1
+        self.tokens = self.tokens - 1
       end
     end)
+  end
+  server:listen(128, function(err)
+    if err or self.closed then return end
+    accept_one()
   end)
 end
 
@@ -555,6 +690,7 @@ function M.start(ns_fd, options)
   local self = setmetatable({
     ns_fd = ns_fd, list = M.compile(options.allow), on_event = options.on_event, resolve = options.resolve,
     conns = 0, lookups = 0, lookup_queue = {}, relays = {}, handles = {}, forwards = {}, closed = false,
+    tokens = MAX_CONNS, refilled = uv.now(),
   }, Proxy)
   local server = uv.new_tcp()
   local ok, opened, oerr = pcall(server.open, server, fd)

@@ -19,11 +19,16 @@
 -- secret_access_key, session_token }` instead of `api_key`: libcurl signs
 -- each request itself (CURLOPT_AWS_SIGV4), the session token travels in
 -- X-Amz-Security-Token, and all three are secrets of the client.
+-- `http_version = '2'` makes every request of the client HTTP/2 (with prior
+-- knowledge to an http:// base URL, by ALPN over TLS), for a service that
+-- speaks nothing else; '1.1' keeps it to HTTP/1.1.
 --   local body, res = client:json('POST', '/sandboxes', { templateID = 'base' })
 --   client:json('GET', '/sandboxes/' .. hosted.escape(id), nil, { gone = true })
 --   client:stream('POST', '/process.Process/Start', msg, { format = 'connect', on_event = fn })
 --
 -- What a call promises:
+--   * every request names mayura and its version (`User-Agent: mayura/<core.version>`,
+--     `M.USER_AGENT`; a WebSocket handshake of a provider sends it too);
 --   * the API key travels only in the auth header; no error message, field or
 --     log line carries it (messages are ours; any secret is scrubbed from
 --     them once more before they are raised);
@@ -73,6 +78,9 @@ local M = {}
 
 local json = core.json
 local MIB = 1048576
+
+--- What every request of a hosted provider says it is: mayura and its version.
+M.USER_AGENT = 'mayura/' .. tostring(core.version or '0')
 
 M.GONE_STATUSES = { 404, 410 }
 M.RETRY_STATUSES = { 429, 502, 503, 504 }
@@ -227,6 +235,7 @@ local client_keys = {
   label = true, base_url = true, api_key = true, auth_header = true, auth_prefix = true, headers = true,
   call_timeout_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
   max_response_bytes = true, max_message_bytes = true, secrets = true, aws_sigv4 = true, aws_credentials = true,
+  http_version = true,
 }
 
 local function check_headers(h, what, level)
@@ -310,7 +319,11 @@ function M.client(options)
     max_retry_after_ms = check.int(options.max_retry_after_ms, 'max_retry_after_ms', 0, nil, C, 3, 30000),
     max_response_bytes = check.int(options.max_response_bytes, 'max_response_bytes', 1, 1024 * MIB, C, 3, 64 * MIB),
     max_message_bytes = check.int(options.max_message_bytes, 'max_message_bytes', 1, 1024 * MIB, C, 3, 16 * MIB),
+    http_version = options.http_version,
   }, Client)
+  if self.http_version ~= nil and self.http_version ~= '1.1' and self.http_version ~= '2' then
+    errors.raise(C, label .. ": http_version must be '1.1' or '2'", nil, 2)
+  end
   -- the key lives in closures: printing the client shows neither it nor the header that holds it
   self._auth = function(h)
     if key then h[auth_header] = prefix .. key end
@@ -541,6 +554,10 @@ function Client:_headers(extra)
   local h = {}
   for k, v in pairs(self.headers) do h[k] = v end
   for k, v in pairs(check_headers(extra, self.label .. ': headers', 5)) do h[k] = v end
+  for k in pairs(h) do
+    if k:lower() == 'user-agent' then h[k] = nil end
+  end
+  h['User-Agent'] = M.USER_AGENT
   self._auth(h)
   return h
 end
@@ -566,7 +583,7 @@ function Client:call(method, path, opts)
     local ok, res = pcall(http.request, self._sign({
       url = url, method = method, headers = headers, body = opts.body,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
-      max_body_bytes = self.max_response_bytes, signal = opts.signal,
+      max_body_bytes = self.max_response_bytes, signal = opts.signal, http_version = self.http_version,
     }))
     if not ok then return 'transport', res end
     if (res.status >= 200 and res.status < 300) or allow[res.status] then return 'ok', res end
@@ -699,7 +716,7 @@ function Client:stream(method, path, body, opts)
     local ok, res = pcall(http.request, self._sign({
       url = url, method = method, headers = headers, body = payload,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
-      signal = token,
+      signal = token, http_version = self.http_version,
       on_headers = function(st, h)
         status, res_headers = st, h
         arm()

@@ -74,7 +74,7 @@ end
 local function connect(c, vm, signal)
   local url = vm.pitcher_url .. '/?token=' .. vm.pitcher_token
   local ok, conn = pcall(ws.connect, { url = url, timeout_ms = c.call_timeout_ms, signal = signal,
-    max_message_bytes = MAX_MESSAGE_BYTES })
+    max_message_bytes = MAX_MESSAGE_BYTES, headers = { ['User-Agent'] = hosted.USER_AGENT } })
   if not ok then
     local code = errors.is(conn) and conn.code
     if code == 'CANCELLED' then error(errors.new('CANCELLED', 'codesandbox: the command was cancelled'), 0) end
@@ -223,7 +223,9 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  local wrapped = 'f=$(mktemp) || exit 125; sh -c ' .. scripts.quote(script) .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
+  -- its output file takes the kit's own prefix under /tmp, which a snapshot leaves out
+  local wrapped = 'f=$(mktemp /tmp/.mayura-out.XXXXXX) || exit 125; sh -c ' .. scripts.quote(script)
+    .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
     .. 'printf \'\\n' .. BEGIN .. '\'; base64 <"$f" | tr -d \'\\n\\r\'; printf \'' .. END .. '\\n\'; '
     .. 'rm -f "$f"; exit $c'
   local ok, p = pcall(self._pitcher, self, o.signal)

@@ -218,6 +218,20 @@ local function docker_error(reason, what)
   return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
 end
 
+-- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time,
+-- while the create's time allows (`c.start_by`, on the hrtime clock).
+local START_TRIES, START_PAUSE_MS = 4, 250
+
+-- runc's "can't get final child's PID from pipe" is how a refused OOM score ends here, and, without
+-- a score to refuse, how a runtime under load loses its child: a passing failure then.
+local function runc_lost_child(c, low_reason)
+  return not c.oom_score_adj and low_reason:find("final child's pid", 1, true) ~= nil
+end
+
+local function may_retry(c, tries)
+  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + START_PAUSE_MS * tries < c.start_by)
+end
+
 local function no_image(image)
   return errors.new('INVALID_CONFIG', 'the image ' .. image .. ' is not on this machine (images are never pulled)')
 end
@@ -244,7 +258,10 @@ function Cli:run(args, what, allow)
   if res.exit_code ~= 0 then
     local reason = cli_reason(res.stderr)
     if allow and allow[reason] then return nil, reason end
-    error(docker_error(reason == 'no_image' and 'not_found' or reason, what), 0)
+    local e = docker_error(reason == 'no_image' and 'not_found' or reason, what)
+    -- a runtime's refusal keeps its words as the cause (for logs, and for the create to tell a passing one)
+    if e.runtime then e.cause = res.stderr end
+    error(e, 0)
   end
   return res
 end
@@ -288,16 +305,25 @@ end
 
 --- Creates and starts the container; returns its id.
 function Cli:run_container(c)
-  local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
-  local id = ok and res and res.stdout:match('(%x+)%s*$')
-  if not id or #id < 12 then
+  local tries = 0
+  while true do
+    tries = tries + 1
+    local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
+    local id = ok and res and res.stdout:match('(%x+)%s*$')
+    if id and #id >= 12 then return id end
     -- a half-made container (created, not started) must not stay behind
     pcall(self.remove, self, c.name)
-    if not ok then error(res, 0) end
-    if reason == 'no_image' then error(no_image(c.image), 0) end
-    error(docker_error('failed', 'start a container'), 0)
+    if not ok then
+      -- runc losing its child with no score to refuse is a passing failure: again, a while
+      local passing = type(res) == 'table' and res.runtime and runc_lost_child(c, tostring(res.cause or ''):lower())
+      if passing and may_retry(c, tries) then
+        task.sleep(START_PAUSE_MS * tries)
+      else
+        error(res, 0)
+      end
+    elseif reason == 'no_image' then error(no_image(c.image), 0)
+    else error(docker_error('failed', 'start a container'), 0) end
   end
-  return id
 end
 
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
@@ -455,27 +481,72 @@ local function api_config(c)
   return config
 end
 
+-- The daemon's reason for a refused call: its message on one line, at most 300 characters.
+local function daemon_reason(body)
+  local m = type(body) == 'table' and type(body.message) == 'string' and body.message or ''
+  m = m:gsub('[%c]+', ' ')
+  if #m > 300 then m = m:sub(1, 297) .. '...' end
+  return m
+end
+
+-- Reasons a start fails for a while on a loaded machine (the runtime starved of time or of
+-- processes): such a start is tried again. Docker answers them 500, or 400 when the text holds a
+-- word it takes for bad configuration.
+local TRANSIENT = {
+  'resource temporarily unavailable', 'deadline exceeded', 'timed out', 'timeout', 'connection reset',
+  'device or resource busy', 'interrupted system call', 'broken pipe', 'cannot allocate memory',
+}
+
+local function transient(reason)
+  local low = reason:lower()
+  for _, w in ipairs(TRANSIENT) do
+    if low:find(w, 1, true) then return true end
+  end
+  return false
+end
+
+-- Creates and starts a container; returns its id. A start refused for a passing reason is tried
+-- again (a fresh container each time, START_TRIES in all, before `c.start_by` on the hrtime
+-- clock when given); one the runtime refused is an error marked `runtime` (the create then tries
+-- without what a runtime may refuse); any other refusal keeps the daemon's reason as its cause.
 function Api:run_container(c)
-  local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
-    'create a container')
-  if status == 404 then error(no_image(c.image), 0) end
-  if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
-  local id = type(body) == 'table' and body.Id
-  if type(id) ~= 'string' or not id:match('^%x+$') then
-    pcall(self.remove, self, c.name)
-    error(docker_error('failed', 'create a container'), 0)
-  end
-  status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
-  if status ~= 204 and status ~= 304 then
-    pcall(self.remove, self, id)
-    local message = type(body) == 'table' and type(body.message) == 'string' and body.message:lower() or ''
-    if status == 500 and message:find('oci runtime', 1, true) then
-      error(docker_error('runtime', 'start a container'), 0)
+  local tries = 0
+  while true do
+    tries = tries + 1
+    local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
+      'create a container')
+    if status == 404 then error(no_image(c.image), 0) end
+    if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
+    local id = type(body) == 'table' and body.Id
+    if type(id) ~= 'string' or not id:match('^%x+$') then
+      pcall(self.remove, self, c.name)
+      error(docker_error('failed', 'create a container'), 0)
     end
-    error(status == 404 and docker_error('unavailable', 'start a container') or
-      api_failure(status, 'start a container'), 0)
+    status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
+    if status == 204 or status == 304 then return id end
+    pcall(self.remove, self, id)
+    if status == 404 then error(docker_error('unavailable', 'start a container'), 0) end
+    local reason = daemon_reason(body)
+    local pause = START_PAUSE_MS * tries
+    local low = reason:lower()
+    local passing = (status == 400 or status >= 500) and (transient(reason) or runc_lost_child(c, low))
+    if passing and may_retry(c, tries) then
+      task.sleep(pause)
+    else
+      if not passing and (status == 400 or status == 500) and c.oom_score_adj
+        and (low:find('oci runtime', 1, true) or low:find('oom_score_adj', 1, true)) then
+        error(docker_error('runtime', 'start a container'), 0)
+      end
+      -- the daemon's words go in `cause` (for logs), never in the message
+      local e = api_failure(status, 'start a container')
+      if reason ~= '' then
+        e.message = 'docker could not start a container (HTTP ' .. status .. '; the daemon\'s reason is the '
+          .. 'error\'s cause)'
+        e.cause = reason
+      end
+      error(e, 0)
+    end
   end
-  return id
 end
 
 function Api:inspect(id)
@@ -1151,6 +1222,8 @@ function M.docker_sandboxes(options, how)
     -- the pool counts the lifetime from the start of create: so does the container, near enough
     local remaining = math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started))
     c.cmd[4] = ('%d'):format(remaining)
+    -- a start the runtime refuses for a while is tried again within the create's time
+    if spec.call_timeout_ms then c.start_by = started + spec.call_timeout_ms end
     local eng = self.engine
     local rok, container = pcall(eng.run_container, eng, c)
     if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
@@ -1159,7 +1232,7 @@ function M.docker_sandboxes(options, how)
       rok, container = pcall(eng.run_container, eng, c)
       if rok and not oom_refused[self.host] then
         oom_refused[self.host] = true
-        core.report('the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ' ..
+        core.report_once('the Docker runtime refuses a negative OOM score here (it lacks CAP_SYS_RESOURCE); ' ..
           'sandbox agents run without that protection')
       end
     end

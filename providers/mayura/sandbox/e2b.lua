@@ -16,7 +16,8 @@
 --                    E2b-Sandbox-Id header (as the official SDK's sandboxUrl)
 --   workdir          the template's working directory, where relative paths go ('/home/user')
 --   max_lifetime_ms  the longest lifetime (24 h, E2B Pro; the Hobby plan allows 1 h)
---   secure           sandboxes whose envd wants the access token of their create (true)
+--   secure           taken and ignored, as by the SDK: every sandbox is secured (its envd
+--                    wants the access token of its create)
 --   retries, retry_base_ms   the hosted kit's retries of 429 and 5xx (2, 200 ms)
 --
 -- A sandbox's lifetime becomes E2B's timeout (seconds, rounded up), so a sandbox

@@ -16,7 +16,8 @@
 -- memory in MiB, rounded up to 256), the labels as `metadata`, and a main process that makes
 -- the workdir and sleeps for the lifetime (`auto_destroy`, `restart: no`): Fly has no TTL, so the
 -- machine destroys itself when that sleep ends, and the pool also destroys it at its lifetime
--- (DELETE ...?force=true). The create waits with GET .../wait?state=started (Fly's longest wait is
+-- (DELETE ...?kill=true, the flag fly-go and flyctl send to the live API; the published OpenAPI
+-- names it `force`). The create waits with GET .../wait?state=started (Fly's longest wait is
 -- 60 s a call; a 408 is waited again until the call timeout). Each create names its machine
 -- `mayura-<random>`, so that a machine whose create answer was lost (a timeout, a cut) is found
 -- by that name and destroyed.
@@ -123,7 +124,7 @@ local function sweep(api, base, name)
         for _, m in ipairs(type(list) == 'table' and list or {}) do
           if type(m) == 'table' and m.name == name and type(m.id) == 'string' then
             pcall(api.json, api, 'DELETE', base .. '/' .. hosted.escape(m.id), nil,
-              { query = { force = true }, allow = { 404 } })
+              { query = { kill = true }, allow = { 404 } })
           end
         end
       end)
@@ -205,7 +206,7 @@ function M.fly_sandboxes(options)
     local path = base .. '/' .. hosted.escape(m.id)
     local function destroy()
       -- 404: it ended already, which is what release wants
-      c:json('DELETE', path, nil, { query = { force = true }, allow = { 404 } })
+      c:json('DELETE', path, nil, { query = { kill = true }, allow = { 404 } })
     end
     local built, backend = pcall(function()
       while m.state ~= 'started' do

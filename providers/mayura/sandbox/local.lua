@@ -890,10 +890,11 @@ local function oom_shield_works()
   return shield_works
 end
 
+-- Said once per process (core.report_once: a runner that reloads modules does not repeat it).
 local function warn_unshielded()
   if warned then return end
   warned = true
-  core.report('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
+  core.report_once('the kernel refuses to shield local sandbox agents from the OOM killer ' ..
     '(oom_score_adj -1000); a sandbox whose tmpfs fill its memory may lose its agent ' ..
     '(provider.enforced.oom_protected is false)')
 end

@@ -1,37 +1,429 @@
---- mayura.sandbox.modal: Modal sandboxes (https://modal.com/docs/guide/sandboxes) are not
--- offered yet; `modal_sandboxes(options)` refuses with INVALID_CONFIG and says why.
+--- mayura.sandbox.modal: sandboxes on Modal (https://modal.com/docs/guide/sandboxes), over Modal's
+-- gRPC API, on command_sandbox_backend.
 --
 --   local modal = require('mayura.sandbox.modal')
---   modal.modal_sandboxes({ token_id = id, token_secret = secret })
---   --> INVALID_CONFIG: modal: not supported: Modal's API is gRPC only ...
+--   local provider = modal.modal_sandboxes({ token_id = id, token_secret = secret })
+--   local sandboxes = sandbox.create_sandboxes(provider, { max_sandboxes = 4, network = { 'none' } })
 --
--- Why: Modal has no REST or JSON API. Every call is gRPC (service modal.client.ModalClient,
--- binary protobuf over HTTP/2, status in the trailers), and commands and their output go to a
--- second gRPC service on each worker (TaskCommandRouter), reached with a short-lived token from
--- the first. Doing that from the core means HTTP/2 with trailers through libcurl, protobuf for
--- some thirty messages of Modal's own .proto files (which change with each client release), and a
--- stand-in that speaks gRPC over HTTP/2 for the specs (the loopback server the specs use speaks
--- HTTP/1.1). The building blocks are kept libraries (libcurl's HTTP/2, protobuf-c, nghttp2), but
--- Modal's .proto files are not on the machines this is built on, and messages written from the
--- documentation's field lists, unchecked against the real service, would fail in ways no stand-in
--- of ours could show. Until then a pool asks for what it can have: the refusal names the
--- providers that run a sandbox behind an HTTP API.
+-- Options: `token_id` and `token_secret` (required: a Modal token, `modal token new`; the library
+-- never reads the environment or ~/.modal.toml), `app_name` (the app the sandboxes belong to, made
+-- when missing: default 'mayura-sandboxes'), `environment` (Modal's environment, the workspace's
+-- default when nil), `image` (a registry image with sh and coreutils or BusyBox, or an image id
+-- `im-...`: default `debian:bookworm-slim`; a create's `image` names another), `server_url`
+-- (https://api.modal.com:443), `ca_file` (a PEM file of the authorities to trust instead of the
+-- system's, for a server with its own), `workdir` (/workspace), `max_lifetime_ms` (24 h), `retries`,
+-- `retry_base_ms`.
 --
--- The options are read (so that a mistyped option is still the caller's INVALID_CONFIG) and
--- never shown: no token ends up in the message.
+-- Modal's API is gRPC (protobuf over HTTP/2): `mayura.sandbox._grpc` through libcurl, with the
+-- messages of the project's proto/modal/*.proto (names and field numbers as Modal publishes them).
+-- Every control call carries the token (`x-modal-token-id`, `x-modal-token-secret`) and the short
+-- lived auth token AuthTokenGet gives (`x-modal-auth-token`, fetched again before its `exp`), as
+-- Modal's own SDKs do. A create is AppGetOrCreate (once), EnvironmentGetOrCreate and
+-- ImageGetOrCreate (once per image; ImageJoinStreaming until a build ends), then SandboxCreateV2
+-- (the path Modal's SDK takes by default): the image, `timeout_secs` = the lifetime (rounded up to
+-- seconds; Modal ends the sandbox then), the workdir, `sleep <lifetime>` as the main process,
+-- `resources` (`cpus` as milli-CPUs, `memory_mib` as MiB), the labels as tags, `env` as an
+-- ephemeral secret, a name of its own (`mayura-<random>`: a sandbox whose create answer was lost
+-- is found by it, SandboxGetFromNameV2, and terminated), the `ports` as `open_ports` (each served
+-- as a tunnel: `url(port)` is its https:// URL), and the network: 'none' is `block_network` with
+-- network access BLOCKED, 'all' is OPEN, `{ allow = domains }` is ALLOWLIST with `allowed_domains`.
+-- A command service that refuses the JWT is asked for a new one, once.
+--
+-- Commands go to the sandbox's command service (TaskCommandRouter, at the URL and with the JWT
+-- that SandboxCreateV2 or SandboxGetCommandRouterAccess gives; Modal's URL is https:, dialled in
+-- the clear only when the server is a loopback http:// one, as Modal's SDK does): one
+-- TaskExecStart of `sh -c <script>` per backend script, its standard input by TaskExecStdinWrite
+-- (with eof), its stdout read by TaskExecStdioRead to the stream's end, its exit by TaskExecWait
+-- (a signal is 128 + n); the last three at once, one failing cancels the others.
+-- command_sandbox_backend starts each command in the background, polls it, moves files as base64
+-- and kills a command's every process by a tag at its timeout or a cancel.
+-- Release is SandboxTerminateV2.
+--
+-- Failures: a gRPC status is SANDBOX_ERROR with its reason (UNAUTHENTICATED `authentication`,
+-- RESOURCE_EXHAUSTED `rate_limited`, UNAVAILABLE `unavailable`, NOT_FOUND of a sandbox's call
+-- `gone`, ...), never with Modal's text; no token is in a message. A command that fails is
+-- checked with SandboxWaitV2 (timeout 0): a sandbox with a result has ended, and is `gone`.
+--
+-- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop.
+local core = require('mayura.core')
 local errors = require('mayura.errors')
+local check = require('mayura._check')
+local task = require('mayura._task')
+local hosted = require('mayura.sandbox._hosted')
+local grpc = require('mayura.sandbox._grpc')
 
 local M = {}
 
-M.REASON = 'modal: not supported: Modal\'s API is gRPC only (protobuf over HTTP/2, with a per-worker ' ..
-  'command service), which this library does not speak yet; use e2b, daytona, vercel, fly or cloudflare'
+local API = '/modal.client.ModalClient/'
+local ROUTER = '/modal.task_command_router.TaskCommandRouter/'
+local DEFAULT_SERVER = 'https://api.modal.com:443'
+local DEFAULT_IMAGE = 'debian:bookworm-slim'
+local DEFAULT_APP = 'mayura-sandboxes'
+local DEFAULT_MAX_LIFETIME_MS = 24 * 3600000
+local MAX_COMMAND = 256 * 1024
+local STATUS_SUCCESS = 1
+local NETWORK_OPEN, NETWORK_BLOCKED, NETWORK_ALLOWLIST = 1, 2, 3
+local TOKEN_MARGIN_S = 300           -- an auth token is fetched again this long before its exp
+local EXEC_TIMEOUT_MS = 60000        -- one backend script (each is short: the commands run in the background)
 
---- Refuses: see the module's comment.
+local function random_hex(n)
+  local f = io.open('/dev/urandom', 'rb')
+  local bytes = f and f:read(n)
+  if f then f:close() end
+  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
+  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
+end
+
+local function uuid()
+  local h = random_hex(16)
+  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
+end
+
+-- The `exp` of a JWT (seconds since the epoch), or nil.
+local function jwt_exp(token)
+  local payload = type(token) == 'string' and token:match('^[^.]+%.([^.]+)%.')
+  if not payload then return nil end
+  payload = payload:gsub('-', '+'):gsub('_', '/')
+  payload = payload .. string.rep('=', (4 - #payload % 4) % 4)
+  local text = core.base64.decode(payload)
+  local v = text and hosted.decode(text, 8)
+  return type(v) == 'table' and type(v.exp) == 'number' and v.exp or nil
+end
+
+local function is_loopback_http(url)
+  local host = url:match('^http://([^/]+)')
+  if not host then return false end
+  host = host:gsub(':%d+$', '')
+  return host == '127.0.0.1' or host == 'localhost' or host == '[::1]'
+end
+
+local option_keys = {
+  token_id = true, token_secret = true, app_name = true, environment = true, image = true, server_url = true,
+  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, ca_file = true,
+}
+
+local function image_option(v, what)
+  return check.word(v, '^[%w][%w%._/:@%-]*$', 'modal: ' .. what .. ' is not an image name or id', 'INVALID_CONFIG', 4)
+end
+
+--- The provider: see the module's comment for the options.
 function M.modal_sandboxes(options)
-  if options ~= nil and type(options) ~= 'table' then
-    errors.raise('INVALID_CONFIG', 'modal_sandboxes takes an options table', nil, 2)
+  local C = 'INVALID_CONFIG'
+  if type(options) ~= 'table' then
+    errors.raise(C, 'modal_sandboxes needs an options table with token_id and token_secret', nil, 2)
   end
-  errors.raise('INVALID_CONFIG', M.REASON, nil, 2)
+  check.keys(options, option_keys, 'modal options', C, 3)
+  for _, k in ipairs({ 'token_id', 'token_secret' }) do
+    local v = options[k]
+    if type(v) ~= 'string' or v == '' or #v > 256 or v:find('[%c%s]') then
+      errors.raise(C, 'modal: ' .. k .. ' is required, a string without blanks', nil, 2)
+    end
+  end
+  local app_name = check.word(options.app_name, '^[%w%-_%.]+$', 'modal: app_name is not a valid name', C, 3)
+    or DEFAULT_APP
+  if #app_name > 64 then errors.raise(C, 'modal: app_name is longer than 64 bytes', nil, 2) end
+  local environment = check.word(options.environment, '^[%w%-_%.]+$', 'modal: environment is not a valid name', C, 3)
+  local image = image_option(options.image, 'image') or DEFAULT_IMAGE
+  local server = options.server_url or DEFAULT_SERVER
+  if type(server) ~= 'string' or not server:match('^https?://[%w%.%-%[%]:]+/*$') then
+    errors.raise(C, 'modal: server_url must be an http:// or https:// URL of a host and port', nil, 2)
+  end
+  local workdir = hosted.workdir_option(options.workdir or '/workspace', 'modal')
+  local ca_file = options.ca_file
+  if ca_file ~= nil and (type(ca_file) ~= 'string' or ca_file:sub(1, 1) ~= '/' or ca_file:find('%z')) then
+    errors.raise(C, 'modal: ca_file must be an absolute path', nil, 2)
+  end
+  local api = grpc.client({
+    label = 'modal', base_url = server, secrets = { options.token_secret, options.token_id },
+    metadata = { ['x-modal-token-id'] = options.token_id, ['x-modal-token-secret'] = options.token_secret,
+      ['x-modal-client-type'] = '8', ['x-modal-client-version'] = '1.0.0' },
+    retries = options.retries, retry_base_ms = options.retry_base_ms, ca_file = ca_file,
+  })
+  local loopback = is_loopback_http(server)
+
+  local state = { app_id = nil, builder = nil, images = {}, token = nil, token_refresh = 0 }
+  local sweep
+
+  -- The control client with a fresh auth token: one is fetched again TOKEN_MARGIN_S before its
+  -- `exp`, or once three quarters of its life are gone, whichever comes first.
+  local function control(c)
+    if not state.token or os.time() >= state.token_refresh then
+      local resp = c:call(API .. 'AuthTokenGet', {}, { idempotent = true })
+      if type(resp.token) ~= 'string' or resp.token == '' or resp.token:find('%c') then
+        error(errors.sandbox('failed', 'modal: AuthTokenGet gave no token'), 0)
+      end
+      local now = os.time()
+      local exp = jwt_exp(resp.token) or (now + 20 * 60)
+      state.token = resp.token
+      state.token_refresh = math.min(exp - TOKEN_MARGIN_S, now + math.floor((exp - now) * 3 / 4))
+    end
+    return c:with({ metadata = { ['x-modal-auth-token'] = state.token }, secrets = { state.token,
+      options.token_secret, options.token_id } })
+  end
+
+  local function app_id(c)
+    if not state.app_id then
+      local resp = c:call(API .. 'AppGetOrCreate', { app_name = app_name, environment_name = environment,
+        object_creation_type = 1 }, { idempotent = true })
+      if type(resp.app_id) ~= 'string' or resp.app_id == '' then
+        error(errors.sandbox('failed', 'modal: AppGetOrCreate gave no app'), 0)
+      end
+      state.app_id = resp.app_id
+    end
+    return state.app_id
+  end
+
+  local function image_id(c, name, app)
+    if name:match('^im%-[%w]+$') then return name end
+    if state.images[name] then return state.images[name] end
+    if not state.builder then
+      local env = c:call(API .. 'EnvironmentGetOrCreate', { deployment_name = environment }, { idempotent = true })
+      state.builder = env.metadata and env.metadata.settings and env.metadata.settings.image_builder_version or ''
+    end
+    local resp = c:call(API .. 'ImageGetOrCreate', { app_id = app, builder_version = state.builder,
+      image = { dockerfile_commands = { 'FROM ' .. name } } }, { idempotent = true })
+    local id = resp.image_id
+    if type(id) ~= 'string' or id == '' then
+      error(errors.sandbox('failed', 'modal: ImageGetOrCreate gave no image'), 0)
+    end
+    local result = resp.result
+    local last = ''
+    while not (result and (result.status or 0) ~= 0) do
+      for _, item in ipairs(c:call(API .. 'ImageJoinStreaming', { image_id = id, timeout = 55, last_entry_id = last },
+          { stream = true, idempotent = true })) do
+        if item.entry_id and item.entry_id ~= '' then last = item.entry_id end
+        if item.result and (item.result.status or 0) ~= 0 then result = item.result end
+      end
+    end
+    if result.status ~= STATUS_SUCCESS then
+      error(errors.sandbox('failed', 'modal: the image ' .. name .. ' did not build'), 0)
+    end
+    state.images[name] = id
+    return id
+  end
+
+  -- Ends, in the background, the sandbox named `name` whose create answer was lost (looked for now
+  -- and once more later, for a create Modal finishes late). Its own timeout ends it otherwise.
+  function sweep(client_of, name)
+    task.spawn(function()
+      for _, wait in ipairs({ 0, 3000 }) do
+        if wait > 0 then task.sleep(wait) end
+        pcall(function()
+          local c = client_of()
+          local found = c:call(API .. 'SandboxGetFromNameV2', { sandbox_name = name, app_name = app_name,
+            environment_name = environment }, { idempotent = true })
+          if type(found.sandbox_id) == 'string' and found.sandbox_id ~= '' then
+            c:call(API .. 'SandboxTerminateV2', { sandbox_id = found.sandbox_id }, { idempotent = true })
+          end
+        end)
+      end
+    end)
+  end
+
+  local provider = {
+    id = 'modal',
+    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+    workdir = workdir,
+    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
+  }
+
+  function provider.create(_, spec)
+    local c = api
+    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
+    -- the create's calls share one deadline; the sandbox's later calls each have the call timeout,
+    -- and an auth token fetched again when it nears its end
+    local base = c
+    local function later() return control(base) end
+    c = later():with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
+    local app = app_id(c)
+    local img = image_id(c, image_option(spec.image, 'image') or image, app)
+    local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
+    local name = 'mayura-' .. random_hex(8)
+    local def = {
+      image_id = img, timeout_secs = seconds, workdir = workdir, name = name,
+      entrypoint_args = { 'sleep', tostring(seconds) },
+    }
+    if spec.network == 'none' then
+      def.block_network = true
+      def.network_access = { network_access_type = NETWORK_BLOCKED }
+    elseif type(spec.network) == 'table' then
+      local domains = {}
+      for i, d in ipairs(spec.network.allow) do domains[i] = d end
+      def.network_access = { network_access_type = NETWORK_ALLOWLIST, allowed_domains = domains }
+    else
+      def.network_access = { network_access_type = NETWORK_OPEN }
+    end
+    if spec.ports and #spec.ports > 0 then
+      local list = {}
+      for i, p in ipairs(spec.ports) do list[i] = { port = p } end
+      def.open_ports = { ports = list }
+    end
+    if spec.cpus or spec.memory_mib then
+      def.resources = { milli_cpu = math.ceil((spec.cpus or 0.125) * 1000),
+        memory_mb = math.ceil(spec.memory_mib or 128) }
+    end
+    local tags = {}
+    local labels = hosted.metadata(spec.labels, { max_keys = 10, max_key_bytes = 63, max_value_bytes = 256 })
+    for k, v in pairs(labels) do tags[#tags + 1] = { tag_name = k, tag_value = v } end
+    table.sort(tags, function(a, b) return a.tag_name < b.tag_name end)
+    local req = { app_id = app, definition = def, tags = tags }
+    if spec.env and next(spec.env) then
+      local env = {}
+      for k, v in pairs(spec.env) do env[k] = v end
+      req.secret_sources = { { env = { contents = env } } }
+    end
+    local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
+    if not made then
+      if errors.is(resp, 'SANDBOX_ERROR') and (resp.reason == 'timeout' or resp.reason == 'unavailable'
+          or resp.reason == 'failed') then
+        sweep(later, name)
+      end
+      error(resp, 0)
+    end
+    local id = resp.sandbox_id
+    if type(id) ~= 'string' or not id:match('^[%w%-_]+$') or #id > 128 then
+      sweep(later, name)
+      error(errors.sandbox('failed', 'modal: SandboxCreateV2 gave no sandbox'), 0)
+    end
+    local function destroy()
+      local ok, err = pcall(function()
+        later():call(API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
+      end)
+      if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
+    end
+
+    return hosted.command_backend('modal', 'modal-' .. id, workdir, destroy, function()
+      local task_id = resp.task_id
+      if type(task_id) ~= 'string' or task_id == '' then
+        local t = c:call(API .. 'SandboxGetTaskIdV2', { sandbox_id = id, timeout = 55, wait_until_ready = true },
+          { gone = true, idempotent = true })
+        task_id = t.task_id
+        if type(task_id) ~= 'string' or task_id == '' then
+          error(errors.sandbox('gone', 'modal: the sandbox ended before it started'), 0)
+        end
+      end
+      local access = resp.command_router_access
+      local router
+
+      local function connect()
+        if not access or (access.url or '') == '' then
+          access = later():call(API .. 'SandboxGetCommandRouterAccess', { sandbox_id = id },
+            { gone = true, idempotent = true })
+        end
+        local url = type(access.url) == 'string' and access.url:match('^https://([%w%.%-%[%]:]+)/*$')
+        if not url or type(access.jwt) ~= 'string' or access.jwt == '' or access.jwt:find('%c') then
+          error(errors.sandbox('failed', 'modal: the command service\'s address is not https:'), 0)
+        end
+        router = grpc.client({
+          label = 'modal', base_url = (loopback and 'http://' or 'https://') .. url,
+          metadata = { authorization = 'Bearer ' .. access.jwt },
+          secrets = { access.jwt, options.token_secret }, retries = options.retries, ca_file = ca_file,
+          retry_base_ms = options.retry_base_ms, call_timeout_ms = c.call_timeout_ms,
+        })
+      end
+      connect()
+
+      local function check_alive()
+        local ok, w = pcall(function()
+          return later():call(API .. 'SandboxWaitV2', { sandbox_id = id, timeout = 0 }, { gone = true })
+        end)
+        if ok and type(w) == 'table' and w.result and (w.result.status or 0) ~= 0 then
+          error(errors.sandbox('gone', 'modal: the sandbox has ended'), 0)
+        end
+        if not ok and errors.is(w, 'SANDBOX_ERROR') and w.reason == 'gone' then error(w, 0) end
+      end
+
+      -- each port's tunnel: https://host[:port], from the create's answer or SandboxGetTunnelsV2
+      local urls = {}
+      local function add_tunnels(list)
+        for _, tn in ipairs(list or {}) do
+          if type(tn.host) == 'string' and tn.host:match('^[%w%.%-]+$') and check.is_int(tn.port)
+              and tn.port > 0 and tn.port < 65536 then
+            urls[tn.container_port] = 'https://' .. tn.host .. (tn.port ~= 443 and (':' .. tn.port) or '')
+          end
+        end
+      end
+      add_tunnels(resp.tunnels)
+      for _, p in ipairs(spec.ports or {}) do
+        if not urls[p] then
+          add_tunnels(c:call(API .. 'SandboxGetTunnelsV2', { sandbox_id = id, timeout = 50 },
+            { gone = true, idempotent = true }).tunnels)
+          if not urls[p] then
+            error(errors.sandbox('failed', 'modal: the service gave port ' .. p .. ' no tunnel'), 0)
+          end
+        end
+      end
+
+      local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir }
+      function t.url(_, port) return urls[port] end
+      function t.run(_, command, o)
+        local exec_id = uuid()
+        local call_opts = { gone = true, signal = o.signal, timeout_ms = math.min(EXEC_TIMEOUT_MS, c.call_timeout_ms) }
+        local ok, res = pcall(function()
+          local started, err = pcall(router.call, router, ROUTER .. 'TaskExecStart', {
+            task_id = task_id, exec_id = exec_id, command_args = { 'sh', '-c', command },
+            stdout_config = 1, stderr_config = 0,
+          }, call_opts)
+          if not started and errors.is(err, 'SANDBOX_ERROR') and err.reason == 'authentication' then
+            access = nil   -- the JWT expired: a new one, and the call once more
+            connect()
+            router:call(ROUTER .. 'TaskExecStart', { task_id = task_id, exec_id = exec_id,
+              command_args = { 'sh', '-c', command }, stdout_config = 1, stderr_config = 0 }, call_opts)
+          elseif not started then
+            error(err, 0)
+          end
+          -- standard input, the stdout stream and the wait at once, each its own call; one that
+          -- fails cancels the others
+          local stop = task.cancel_token()
+          local unlink = o.signal and o.signal:on_cancel(function() stop:cancel() end)
+          local each = { gone = true, signal = stop, timeout_ms = call_opts.timeout_ms }
+          local function side(method, body)
+            return task.spawn(function()
+              local fine, r = pcall(router.call, router, ROUTER .. method, body, each)
+              if not fine then stop:cancel() end
+              return fine, r
+            end)
+          end
+          local stdin = side('TaskExecStdinWrite', { task_id = task_id, exec_id = exec_id, offset = 0,
+            data = o.stdin or '', eof = true })
+          local waited = side('TaskExecWait', { task_id = task_id, exec_id = exec_id })
+          local read_ok, msgs = pcall(router.call, router, ROUTER .. 'TaskExecStdioRead', { task_id = task_id,
+            exec_id = exec_id, offset = 0, file_descriptor = 0 }, { gone = true, signal = stop, stream = true,
+            timeout_ms = call_opts.timeout_ms })
+          if not read_ok then stop:cancel() end
+          local in_ok, in_err = stdin:wait()
+          local w_ok, w = waited:wait()
+          if unlink then unlink() end
+          -- the first real failure (not a cancel this call made), or the caller's cancel
+          for _, r in ipairs({ { read_ok, msgs }, { in_ok, in_err }, { w_ok, w } }) do
+            if not r[1] and not (errors.is(r[2], 'CANCELLED') and not (o.signal and o.signal.cancelled)) then
+              error(r[2], 0)
+            end
+          end
+          for _, r in ipairs({ { read_ok, msgs }, { in_ok, in_err }, { w_ok, w } }) do
+            if not r[1] then error(r[2], 0) end
+          end
+          local parts = {}
+          for i, m in ipairs(msgs) do parts[i] = m.data or '' end
+          local code = w.code
+          if code == nil and w.signal then code = 128 + w.signal end
+          if not check.is_int(code) then
+            error(errors.sandbox('failed', 'modal: TaskExecWait gave no exit status'), 0)
+          end
+          return { exit_code = code, stdout = table.concat(parts) }
+        end)
+        if ok then return res end
+        if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+            and res.reason ~= 'rate_limited' then
+          check_alive()
+        end
+        error(res, 0)
+      end
+      return t
+    end)
+  end
+
+  return provider
 end
 
 return M

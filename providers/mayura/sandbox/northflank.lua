@@ -29,10 +29,11 @@
 --     over the exec endpoint (`POST <exec host>/exec`, NDJSON: an `init`
 --     message with the token and `sh -c <script>` as argv, standard input as
 --     base64 `payload` then `stdInEnd`; the answer's `stdOut`/`stdErr` as
---     base64 and the `completion`'s exit code). libcurl speaks HTTP/2 to the
---     service when TLS offers it, as the official client does; the request
---     is sent whole (the backend's commands are short and take their standard
---     input at once). Commands start in the background and are polled; a
+--     base64 and the `completion`'s exit code). The exec host speaks HTTP/2
+--     alone, as the official client dials it: libcurl asks for HTTP/2 by ALPN
+--     over TLS, and with prior knowledge (h2c) to an `http://` exec_url; the
+--     request is sent whole (the backend's commands are short and take their
+--     standard input at once). Commands start in the background and are polled; a
 --     timeout or a cancel kills every process of the command by its tag (the
 --     service has no kill message);
 --   * network: 'all' only (no egress policy for services); no ports;
@@ -229,13 +230,13 @@ function M.northflank_sandboxes(options)
     api_key = token, retries = options.retries, retry_base_ms = options.retry_base_ms,
     max_retry_after_ms = options.max_retry_after_ms or 20000,
   }
-  local function client_for(label, base)
-    local o = { label = label, base_url = base }
+  local function client_for(label, base, version)
+    local o = { label = label, base_url = base, http_version = version }
     for k, v in pairs(kit) do o[k] = v end
     return hosted.client(o)
   end
   local client = client_for('northflank', api_url)
-  local exec_client = client_for('northflank', exec_url)
+  local exec_client = client_for('northflank', exec_url, '2')
 
   local provider = {
     id = 'northflank',

@@ -11,11 +11,13 @@
 -- `Project-Access-Token`; required, never read from the environment by this
 -- module), `environment_id` (required: every sandbox lives in one
 -- environment), `endpoint` (the GraphQL URL; for a service that speaks the
--- same API elsewhere), `region`, `network_isolation` ('ISOLATED', the
--- default, or 'PRIVATE', which joins the environment's private network),
--- `workdir` (where relative paths and commands start; `/workspace` by
--- default, made at create), `max_lifetime_ms` (24 hours by default), and the
--- kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+-- same API elsewhere), `exec` ('websocket' or 'graphql'), `ws_url` (the
+-- exec bridge; from the endpoint's host by default), `region`,
+-- `network_isolation` ('ISOLATED', the default, or 'PRIVATE', which joins the
+-- environment's private network and lets a sandbox have ports), `workdir`
+-- (where relative paths and commands start; `/workspace` by default, made at
+-- create), `max_lifetime_ms` (24 hours by default), and the kit's `retries`,
+-- `retry_base_ms` and `max_retry_after_ms`.
 --
 -- How the contract maps onto the service:
 --   * create: `sandboxCreate` with the environment, the create spec's `env`
@@ -25,17 +27,27 @@
 --     sandbox only when it is idle that long, so the pool's timer ends it at
 --     its lifetime (a release is `sandboxDestroy`);
 --   * commands and files: the whole contract runs on
---     `command_sandbox_backend` over `sandboxExec(command, environmentId, id,
---     timeoutSec)`, which runs one short command and answers with its exit
+--     `command_sandbox_backend` over the service's WebSocket exec bridge
+--     (`exec = 'websocket'`, the default: a shell token from
+--     `generateShellToken` as the subprotocol, `init_exec`, standard input as
+--     `0x02` frames, stdout frames and the `exit` frame), or over
+--     `sandboxExec(command, environmentId, id, timeoutSec)` (`exec =
+--     'graphql'`), which runs one short command and answers with its exit
 --     code and output: commands start in the background and are polled, files
---     move as base64 inside the command line, standard input goes through a
---     file, and a timeout or a cancel kills every process of a command by its
---     tag. (The service also streams commands over a WebSocket bridge; this
---     module does not use it, since the HTTP client here has no WebSocket.)
---     Each backend command is sent as `sh -c '<script>'`;
---   * network: 'all' only (the service has no egress policy); no ports (the
---     request field for a sandbox's public domain is not documented yet);
---     labels stay with the pool (the service keeps none).
+--     move as base64 inside the command line, and a timeout or a cancel kills
+--     every process of a command by its tag. Each backend command is sent as
+--     `sh -c '<script>'`;
+--   * network: 'all' only (the service has no egress policy); labels stay
+--     with the pool (the service keeps none);
+--   * ports: each of the create spec's `ports` (at most 10) is asked for as one
+--     of `sandboxCreate`'s `publicDomains` ({ port }, the service names it),
+--     and `url(port)` is `https://` and the domain the sandbox's `domains`
+--     give for that port (read again until the route is published, within
+--     the call's timeout). The service gives public domains only to a sandbox
+--     created with `PRIVATE` network isolation (it then joins the
+--     environment's private network), so `features.ports` is true only with
+--     `network_isolation = 'PRIVATE'`; the service has no call that adds a
+--     domain to a sandbox that runs.
 -- Failures are SandboxErrors without the service's text. GraphQL errors come
 -- with HTTP 200: one saying the caller is not authorized is `authentication`,
 -- one saying the sandbox was not found `gone` (as is a `null` sandbox or one
@@ -59,10 +71,11 @@ M.DEFAULT_WORKDIR = '/workspace'
 M.MAX_LIFETIME_MS = 24 * 3600000
 M.MAX_IDLE_MINUTES = 120
 M.MAX_COMMAND_BYTES = 32768
+M.MAX_DOMAINS = 10                  -- the service's limit on a sandbox's public domains
 local EXEC_TIMEOUT_S = 60           -- the service's limit on one backend command (they are short)
 local POLL_FIRST_MS, POLL_MAX_MS = 100, 2000
 
-local SANDBOX_FIELDS = '{ id status }'
+local SANDBOX_FIELDS = '{ id status domains { prefix port domain } }'
 local Q_CREATE = 'mutation RailwaySandboxCreate($input: SandboxCreateInput!) { sandboxCreate(input: $input) '
   .. SANDBOX_FIELDS .. ' }'
 local Q_GET = 'query RailwaySandbox($environmentId: String!, $id: String!) '
@@ -131,6 +144,20 @@ local function check_sandbox(c, s, what)
   return s
 end
 
+-- The sandbox's public domains as port -> host name (a domain that is not a host name is not taken).
+local function domains_of(s)
+  local by_port = {}
+  if type(s) == 'table' and type(s.domains) == 'table' then
+    for _, d in ipairs(s.domains) do
+      if type(d) == 'table' and check.is_int(d.port) and type(d.domain) == 'string' and #d.domain <= 253
+        and d.domain:match('^[%w][%w%-]*%.[%w%.%-]*[%w]$') and not d.domain:find('..', 1, true) then
+        by_port[d.port] = d.domain:lower()
+      end
+    end
+  end
+  return by_port
+end
+
 -- }======================================================
 
 -- {======================================================
@@ -139,6 +166,32 @@ end
 
 local Transport = {}
 Transport.__index = Transport
+
+-- url(port): the domain the service published for the port, read again until it is there.
+local function url(self, port)
+  local c = self.client
+  local deadline = core.hrtime_ms() + c.call_timeout_ms
+  local wait
+  while not self.domains[port] do
+    if wait then
+      if core.hrtime_ms() >= deadline then
+        error(errors.sandbox('timeout', 'railway: the service published no domain for port ' .. port .. ' within '
+          .. c.call_timeout_ms .. ' ms'), 0)
+      end
+      task.sleep(wait)
+    end
+    wait = math.min((wait or POLL_FIRST_MS / 2) * 2, POLL_MAX_MS)
+    local data = graphql(c, 'sandbox', Q_GET, { environmentId = self.environment_id, id = self.sandbox_id },
+      { gone = true, idempotent = true })
+    local sb = data.sandbox
+    if sb == nil or sb == json.null or (type(sb) == 'table' and sb.status ~= 'RUNNING' and sb.status ~= 'CREATING') then
+      error(errors.sandbox('gone', 'railway: the sandbox is gone (url)'), 0)
+    end
+    self.domains = domains_of(sb)
+  end
+  return 'https://' .. self.domains[port]
+end
+Transport.url = url
 
 function Transport:run(script, o)
   local c = self.client
@@ -166,6 +219,7 @@ end
 
 local WsTransport = {}
 WsTransport.__index = WsTransport
+WsTransport.url = url
 
 -- A shell token for this sandbox (one is used for every connection for a few minutes).
 function WsTransport:_jwt(signal)
@@ -195,7 +249,8 @@ end
 function WsTransport:_connect(signal)
   local c = self.client
   local ok, conn = pcall(ws.connect, { url = self.ws_url, protocols = 'railway-shell, ' .. self:_jwt(signal),
-    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes })
+    timeout_ms = c.call_timeout_ms, signal = signal, max_message_bytes = c.max_message_bytes,
+    headers = { ['User-Agent'] = hosted.USER_AGENT } })
   if ok then return conn end
   local code = errors.is(conn) and conn.code
   if code == 'CANCELLED' then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
@@ -348,7 +403,7 @@ function M.railway_sandboxes(options)
 
   local provider = {
     id = 'railway',
-    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+    features = { stdin = true, ports = isolation == 'PRIVATE', desktop = false, network = { 'all' } },
     workdir = workdir,
     max_lifetime_ms = max_lifetime,
   }
@@ -360,10 +415,18 @@ function M.railway_sandboxes(options)
       c.railway_path = path
     end
     local variables = hosted.env_object(spec.env)
+    local domains
+    if spec.ports and #spec.ports > 0 then
+      if #spec.ports > M.MAX_DOMAINS then
+        errors.raise('INVALID_INPUT', 'railway: a sandbox has at most ' .. M.MAX_DOMAINS .. ' public domains', nil, 2)
+      end
+      domains = setmetatable({}, json.array_mt)
+      for i, port in ipairs(spec.ports) do domains[i] = { port = port } end
+    end
     local input = {
       environmentId = env_id,
       idleTimeoutMinutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min', max = M.MAX_IDLE_MINUTES }),
-      networkIsolation = isolation, region = region, variables = variables,
+      networkIsolation = isolation, region = region, variables = variables, publicDomains = domains,
     }
     local data = graphql(c, 'sandboxCreate', Q_CREATE, { input = input })
     local s = check_sandbox(c, data.sandboxCreate, 'sandboxCreate')
@@ -371,7 +434,7 @@ function M.railway_sandboxes(options)
       s = wait_running(c, env_id, s)
       return setmetatable({
         client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url,
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url, domains = domains_of(s),
       }, exec == 'websocket' and WsTransport or Transport)
     end)
   end

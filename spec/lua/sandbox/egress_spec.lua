@@ -53,14 +53,18 @@ describe('the egress proxy', function()
     assert.is_nil(egress.match(list, 'example.com'))
   end)
 
-  it('lets a wildcard name reach public addresses only', function()
-    for _, a in ipairs({ '93.184.216.34', '1.1.1.1', '2606:4700::1111', '::ffff:8.8.8.8' }) do
+  it('lets a name reach public addresses only', function()
+    for _, a in ipairs({ '93.184.216.34', '1.1.1.1', '2606:4700::1111', '::ffff:8.8.8.8', '64:ff9b::808:808',
+      '2a00:1450:4001::200e', '192.0.1.1', '198.51.99.1', '203.0.114.1' }) do
       assert.is_true(egress.public_address(a), a)
     end
-    for _, a in ipairs({ '127.0.0.1', '127.9.9.9', '0.0.0.0', '10.0.2.3', '172.16.0.1', '172.31.255.255',
-      '192.168.1.1', '100.64.0.1', '169.254.169.254', '224.0.0.1', '255.255.255.255', '::', '::1',
-      'fe80::1', 'fd00::1', 'fc00::1', 'ff02::1', '::ffff:127.0.0.1', '::ffff:7f00:1', '64:ff9b::a00:1',
-      '2002:a00:1::1', 'garbage' }) do
+    for _, a in ipairs({ '127.0.0.1', '127.9.9.9', '0.0.0.0', '0.1.2.3', '10.0.2.3', '172.16.0.1', '172.31.255.255',
+      '192.168.1.1', '100.64.0.1', '100.127.255.254', '169.254.169.254', '192.0.0.8', '192.0.2.1', '192.88.99.1',
+      '198.18.0.1', '198.19.255.255', '198.51.100.7', '203.0.113.9', '224.0.0.1', '239.1.1.1', '240.0.0.1',
+      '255.255.255.255', '256.1.1.1', '::', '::1', '::127.0.0.1', 'fe80::1', 'febf::1', 'fec0::1', 'fd00::1',
+      'fc00::1', 'ff02::1', '::ffff:127.0.0.1', '::ffff:7f00:1', '::ffff:169.254.169.254', '::ffff:10.0.0.1',
+      '64:ff9b::a00:1', '64:ff9b::a9fe:a9fe', '64:ff9b:1::808:808', '2002:a00:1::1', '2001::1', '2001:db8::1',
+      '3fff::1', '100::1', '4000::1', 'fe80::1%eth0', '1:2:3:4:5:6:7:8:9', '12345::1', 'garbage' }) do
       assert.is_false(egress.public_address(a), a)
     end
   end)
@@ -78,6 +82,35 @@ describe('the egress proxy', function()
     assert.are.same({ nil, 'bad' }, { egress.client_hello_sni(hello(sni('a.com', 'b.com'))) })
     assert.are.same({ nil, 'bad' }, { egress.client_hello_sni(hello(sni('a.com') .. sni('b.com'))) })
     assert.are.same({ nil, 'bad' }, { egress.client_hello_sni('GET / HTTP/1.1\r\n\r\n') })
+  end)
+
+  it('reads a ClientHello as it comes, a step per piece, and refuses one of too many records', function()
+    local h = hello(u16(21) .. u16(3000) .. string.rep('\0', 3000) .. sni('tls.example.com'))
+    -- fed a byte at a time: once at the end, the name
+    local feed, steps = egress.hello_reader(), egress.hello_steps
+    local name, why
+    for i = 1, #h do
+      name, why = feed(h:sub(i, i))
+      if i < #h then assert.are.same({ nil, 'more' }, { name, why }) end
+    end
+    assert.are.equal('tls.example.com', name)
+    assert.is_true(egress.hello_steps - steps <= #h)
+    -- the handshake in records of a byte each: refused at the record past the cap, having looked
+    -- at no more than those records
+    local hs, records = h:sub(6), {}
+    for i = 1, #hs do records[i] = '\22\3\1\0\1' .. hs:sub(i, i) end
+    local trickled = table.concat(records)
+    feed, steps = egress.hello_reader(), egress.hello_steps
+    for i = 1, #trickled, 600 do
+      name, why = feed(trickled:sub(i, i + 599))
+      if why == 'bad' then break end
+    end
+    assert.are.same({ nil, 'bad' }, { name, why })
+    assert.is_true(egress.hello_steps - steps <= 2 * (egress.MAX_HELLO_RECORDS + 1))
+    -- and under the cap, records of a few bytes still make a name
+    local few = {}
+    for i = 1, #hs, 100 do few[#few + 1] = '\22\3\1' .. u16(#hs:sub(i, i + 99)) .. hs:sub(i, i + 99) end
+    assert.are.equal('tls.example.com', egress.client_hello_sni(table.concat(few)))
   end)
 end)
 
@@ -152,7 +185,8 @@ describe('the egress proxy at work (in this process\'s own namespace)', function
     assert.are.same({ 'bad_request', 'method', 'bad_request', 'bad_request', 'ip_literal' }, reasons)
   end)
 
-  it('resolves names with the host\'s resolver without an override: an exact entry may be loopback', function()
+  it('resolves names with the host\'s resolver without an override, and refuses a listed name on loopback',
+    function()
     local own = egress.start(uv.fs_open('/proc/self/ns/net', 'r', 0), { allow = { 'localhost' }, port = 0,
       on_event = function(e) events[#events + 1] = e end })
     local before = #events
@@ -170,19 +204,45 @@ describe('the egress proxy at work (in this process\'s own namespace)', function
     end)
     c:close()
     own:close()
-    -- resolved and let through (whatever listens on port 80 here, or 502 when nothing does)
-    assert.truthy(got:find('^HTTP/1%.[01] '), got)
-    assert.are.equal(before, #events)
+    -- resolved, and refused: a listed name reaches the internet only
+    assert.truthy(got:find('^HTTP/1.1 403'), got)
+    assert.are.same({ 'localhost', 'private_address' }, { events[#events].host, events[#events].reason })
+    assert.are.equal(before + 1, #events)
   end)
 
-  it('holds at most 64 connections of a sandbox at once', function()
+  it('takes one request a connection: nothing past a plain request\'s body reaches the server', function()
+    local before, seen = #events, #web.requests
+    -- a second request right after the first head
+    local got = ask('GET http://packages.example.com/echo?one HTTP/1.1\r\n\r\n' ..
+      'GET http://packages.example.com/echo?two HTTP/1.1\r\n\r\n')
+    assert.truthy(got:find('^HTTP/1.1 400'), got)
+    -- after a body of the length given
+    got = ask('POST http://packages.example.com/echo?three HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody' ..
+      'GET /echo?four HTTP/1.1\r\n\r\n')
+    assert.truthy(got:find('^HTTP/1.1 400'), got)
+    -- a chunked body, whose end only the server would find
+    got = ask('POST http://packages.example.com/echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n')
+    assert.truthy(got:find('^HTTP/1.1 400'), got)
+    assert.are.equal(seen, #web.requests)
+    local reasons = {}
+    for i = before + 1, #events do reasons[#reasons + 1] = events[i].reason end
+    assert.are.same({ 'bad_request', 'bad_request', 'bad_request' }, reasons)
+    -- a body sent after the head, as long as it says, goes through; a byte more ends the connection
+    got = ask('POST http://packages.example.com/echo?five HTTP/1.1\r\nContent-Length: 4\r\n\r\nbody')
+    assert.truthy(got:find('^HTTP/1.1 200'), got)
+    assert.truthy(got:find('\nbody$'), got)
+  end)
+
+  it('holds at most 64 connections of a sandbox at once, its forwards\' included', function()
+    local fwd = proxy:forward(web.port)
     local conns, closed = {}, 0
     task.await(function(done)
       local connected = 0
       for i = 1, 65 do
         local c = uv.new_tcp()
         conns[i] = c
-        c:connect('127.0.0.1', proxy.port, function()
+        -- the last five through the forward: the cap is the sandbox's, whichever way in
+        c:connect('127.0.0.1', i > 60 and fwd or proxy.port, function()
           connected = connected + 1
           c:read_start(function(_, chunk) if not chunk then closed = closed + 1 end end)
           if connected == 65 then task.after(300, done, true) end

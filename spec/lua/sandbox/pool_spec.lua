@@ -111,40 +111,39 @@ describe('sandboxes:create', function()
       s:create({ lifetime_ms = 1000, network = 'all' }):release()
     end)
 
-    it('asking for no network from a pool that does not list none fails with INVALID_INPUT', function()
-      -- the provider could keep a sandbox offline; the pool was set up for online ones only
+    it('asking for no network gets none from any pool, listed or not, on a provider that keeps none', function()
+      -- 'none' needs no listing: a pool set up for online sandboxes still hands out offline ones
       local p = dir.dir_sandboxes()
       local online = pool(p, { network = { 'all' } })
-      local err = assert.raises_code('INVALID_INPUT', online.create, online, { lifetime_ms = 1000 })
-      assert.matches("'none'", err.message)
-      assert.raises_code('INVALID_INPUT', online.create, online, { lifetime_ms = 1000, labels = { run = 'r' } })
-      local filtered = pool(p, { network = { 'allowlist' } })
-      assert.raises_code('INVALID_INPUT', filtered.create, filtered, { lifetime_ms = 1000 })
-      -- nothing was made, and no slot is held
-      assert.are.equal(0, #p.specs)
-      assert.are.equal(0, online:count())
-      -- the listed kind, asked for, is given
-      local sb = online:create({ lifetime_ms = 1000, network = 'all' })
-      assert.are.equal('all', p.specs[1].network)
+      local sb = online:create({ lifetime_ms = 1000 })
+      assert.are.equal('none', p.specs[1].network)
+      assert.are.same({ 'none', 'all' }, sb.features.network)
       sb:release()
-      -- 'none' needs no listing: asked for by name, it is given
-      sb = online:create({ lifetime_ms = 1000, network = 'none' })
+      sb = online:create({ lifetime_ms = 1000, labels = { run = 'r' } })
       assert.are.equal('none', p.specs[2].network)
       sb:release()
-      -- a kind the pool did not list is still PERMISSION_DENIED, before the default question
-      assert.raises_code('PERMISSION_DENIED', filtered.create, filtered, { lifetime_ms = 1000, network = 'all' })
-      -- a pool that lists none keeps the default
-      local both = pool(p, { network = { 'all', 'none' } })
-      both:create({ lifetime_ms = 1000 }):release()
+      local filtered = pool(p, { network = { 'allowlist' } })
+      filtered:create({ lifetime_ms = 1000 }):release()
       assert.are.equal('none', p.specs[3].network)
-      assert.are.equal(3, #p.specs)
+      -- the listed kind, asked for, is given; 'none' asked for by name is given too
+      online:create({ lifetime_ms = 1000, network = 'all' }):release()
+      assert.are.equal('all', p.specs[4].network)
+      online:create({ lifetime_ms = 1000, network = 'none' }):release()
+      assert.are.equal('none', p.specs[5].network)
+      -- a kind the pool did not list is still PERMISSION_DENIED
+      assert.raises_code('PERMISSION_DENIED', filtered.create, filtered, { lifetime_ms = 1000, network = 'all' })
+      assert.raises_code('PERMISSION_DENIED', online.create, online,
+        { lifetime_ms = 1000, network = { allow = { 'a.example' } } })
+      assert.are.equal(5, #p.specs)
+      assert.are.equal(0, online:count())
     end)
 
     it('a pool of only all, on a provider that cannot keep sandboxes offline: the default fails INVALID_INPUT',
       function()
         local p = dir.dir_sandboxes({ features = { network = { 'all' } } })
         local s = pool(p, { network = { 'all' } })
-        assert.raises_code('INVALID_INPUT', s.create, s, { lifetime_ms = 1000 })
+        local err = assert.raises_code('INVALID_INPUT', s.create, s, { lifetime_ms = 1000 })
+        assert.matches('offline', err.message)
         assert.raises_code('INVALID_INPUT', s.create, s, { lifetime_ms = 1000, network = 'none' })
         assert.are.equal(0, #p.specs)
         s:create({ lifetime_ms = 1000, network = 'all' }):release()
@@ -238,7 +237,8 @@ describe('sandboxes:create', function()
     assert.are.equal(0.5, spec.cpus)
     assert.are.equal(256, spec.memory_mib)
     assert.are.equal('none', spec.network)
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all' } }, sb.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all' }, snapshots = false },
+      sb.features)
     sb:release()
   end)
 end)

@@ -172,7 +172,7 @@ describe('streaming on E2B (the stand-in)', function()
         { max_sandboxes = 2, max_lifetime_ms = 600000, max_output_bytes = CAP })
     end
     return pool:create({ lifetime_ms = 120000 })
-  end, { term = false })
+  end, { term = true })   -- envd's SendSignal SIGTERM reaches the command's own process
   teardown(function()
     if pool then pool:close() end
     if backing then backing:close() end
@@ -197,7 +197,7 @@ describe('streaming on Vercel (the stand-in)', function()
         retry_base_ms = 20 }), { max_sandboxes = 2, max_lifetime_ms = 600000, max_output_bytes = CAP })
     end
     return pool:create({ lifetime_ms = 120000 })
-  end, { term = false })
+  end, { term = true })   -- the service's kill sends the signal asked for to the command's process
   teardown(function()
     if pool then pool:close() end
     if backing then backing:close() end

@@ -3,7 +3,7 @@
 --   local tools = sandbox.sandbox_tools(per_run.source, { name = 'workspace', exec = true, write = true })
 --
 -- Only reading is on by default; each further power has its own option and
--- its own permission (`sandbox:<name>:<read|exec|write|ports|desktop>`):
+-- its own permission (`sandbox:<name>:<read|exec|write|ports|desktop|snapshot>`):
 --
 --   <name>.read    always      read { path, offset, length }: text as text, other bytes as base64, in parts
 --   <name>.list    always      list { path }: a directory's entries
@@ -12,8 +12,15 @@
 --   <name>.remove  write=true  remove { path, recursive }
 --   <name>.url     ports=true  url { port }
 --   <name>.screenshot, .click, .scroll, .type, .key   desktop=true
+--   <name>.checkpoint   snapshots=true   checkpoint {}: keeps the workspace's files (the sandbox's
+--                       snapshot, held until the run's sandbox is released), names it
+--   <name>.restore      snapshots=true   restore { checkpoint }: puts those files back (what was made
+--                       since is gone; running processes go on)
 --
--- read, list, url and screenshot have the read effect; the others write.
+-- read, list, url, screenshot and checkpoint have the read effect; the others write. Checkpoints
+-- count against the pool's max_snapshots and max_snapshot_bytes (past them the model is told
+-- LIMIT_EXCEEDED); at most 16 per sandbox, and a model may drop one with
+-- `restore { checkpoint, drop = true }` after going back to it.
 -- Options: `exec_timeout_ms` (300000: the longest a command may run, and the
 -- default; a pool whose `max_exec_timeout_ms` is lower lowers the default to
 -- it, while an explicit value above it is INVALID_CONFIG, as the pool's own
@@ -51,6 +58,7 @@ local base64 = core.base64
 local array_mt = core.json.array_mt
 
 local MAX_LIST_ENTRIES = 1000
+local MAX_CHECKPOINTS = 16
 local REPLACEMENT = '\239\191\189'
 
 -- {======================================================
@@ -146,7 +154,7 @@ end
 -- =======================================================
 
 local option_keys = {
-  name = true, exec = true, write = true, ports = true, desktop = true, exec_timeout_ms = true,
+  name = true, exec = true, write = true, ports = true, desktop = true, snapshots = true, exec_timeout_ms = true,
   exec_cost_micros = true, max_output_bytes = true, max_read_bytes = true, max_write_bytes = true,
 }
 
@@ -217,6 +225,7 @@ function M.sandbox_tools(source, options)
   local want_write = flag(options.write, 'write')
   local want_ports = flag(options.ports, 'ports')
   local want_desktop = flag(options.desktop, 'desktop')
+  local want_snapshots = flag(options.snapshots, 'snapshots')
 
   local sandbox_of
   if type(source.exec) == 'function' then
@@ -472,6 +481,70 @@ function M.sandbox_tools(source, options)
         d:key(a.name)
         return { done = true }
       end)
+  end
+
+  if want_snapshots then
+    -- each sandbox's checkpoints: { n = the last number, names = in order, snaps = by name }, gone with it
+    local checkpoints = setmetatable({}, { __mode = 'k' })
+    local function held(sb)
+      local c = checkpoints[sb]
+      if not c then
+        c = { n = 0, names = {}, snaps = {} }
+        checkpoints[sb] = c
+      end
+      return c
+    end
+    add({
+      id = name .. '.checkpoint',
+      description = 'Keeps the files of the ' .. name .. ' sandbox (its working directory and /tmp) as a'
+        .. ' checkpoint, to go back to with ' .. name .. '.restore before or after a risky change. Running'
+        .. ' processes are not kept. At most ' .. MAX_CHECKPOINTS .. ' checkpoints.',
+      input = z.object({}),
+      capabilities = cap('snapshot'),
+      effect = 'read',
+      run = function(_, context)
+        local sb = sandbox_of(context)
+        local c = held(sb)
+        if #c.names >= MAX_CHECKPOINTS then
+          errors.raise('LIMIT_EXCEEDED', 'there are ' .. MAX_CHECKPOINTS .. ' checkpoints already: drop one with '
+            .. name .. '.restore { checkpoint, drop = true }')
+        end
+        local snap = sb:snapshot({ until_release = true })
+        c.n = c.n + 1
+        local id = 'checkpoint-' .. c.n
+        c.snaps[id] = snap
+        c.names[#c.names + 1] = id
+        return { checkpoint = id, size_bytes = snap.size_bytes }
+      end,
+    })
+    add({
+      id = name .. '.restore',
+      description = 'Puts the files of the ' .. name .. ' sandbox back as they were at a checkpoint: what was'
+        .. ' written since is gone. With `drop`, the checkpoint is let go of after.',
+      input = z.object({
+        checkpoint = z.string():min(1):max(64):describe('The checkpoint, as ' .. name .. '.checkpoint named it.'),
+        drop = z.boolean():optional():describe('Let go of the checkpoint once the files are back.'),
+      }),
+      capabilities = cap('snapshot'),
+      effect = 'write',
+      run = function(input, context)
+        local sb = sandbox_of(context)
+        local c = held(sb)
+        local snap = c.snaps[input.checkpoint]
+        if not snap then
+          errors.raise('NOT_FOUND', 'there is no checkpoint ' .. input.checkpoint)
+        end
+        sb:restore(snap)
+        if input.drop then
+          c.snaps[input.checkpoint] = nil
+          for i, n in ipairs(c.names) do
+            if n == input.checkpoint then table.remove(c.names, i) break end
+          end
+          snap:release()
+        end
+        return { checkpoint = input.checkpoint, restored = true, dropped = input.drop == true }
+      end,
+    })
   end
 
   return tools

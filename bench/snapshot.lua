@@ -1,0 +1,125 @@
+--- Benchmark of snapshots and forks, not a test: `build/mayura bench/snapshot.lua [N] [N_DOCKER]`.
+--
+-- A workspace of 100 MiB in 1,000 files, each ratio against a baseline measured in the same run
+-- (medians of N turns, taken turn by turn):
+--   * local: a create from a snapshot of it (+ release) against a cold create plus writing the
+--     1,000 files with write_file (+ release);
+--   * local: the host memory (the kernel's Shmem: tmpfs pages) that ten sandboxes made from one
+--     snapshot at once hold, against one;
+--   * Docker (api, when a daemon answers and the test image is there): a create from the snapshot
+--     (+ release) against a cold create (+ release).
+local sandbox = require('mayura.sandbox')
+local local_provider = require('mayura.sandbox.local')
+local core = require('mayura.core')
+local task = require('mayura._task')
+package.path = 'bench/?.lua;' .. package.path
+local bench = require('_util')
+
+local N = tonumber(arg and arg[1]) or 5
+local N_DOCKER = tonumber(arg and arg[2]) or 3
+local MIB = 1048576
+local FILES, FILE_BYTES = 1000, math.floor(100 * MIB / 1000)
+local SIZES = { memory_mib = 1024, workspace_mib = 160, tmp_mib = 160 }
+local POOL = { max_sandboxes = 12, max_lifetime_ms = 600000, max_file_bytes = 16 * MIB, call_timeout_ms = 300000 }
+
+-- The files, made on the host once: each its own bytes.
+local files = {}
+do
+  local seed = {}
+  for i = 1, 1024 do seed[i] = string.char((i * 7919) % 251) end
+  local block = table.concat(seed)
+  local body = block:rep(math.ceil(FILE_BYTES / #block)):sub(1, FILE_BYTES - 8)
+  for i = 1, FILES do
+    files[i] = { path = ('repo/d%02d/f%04d.bin'):format(i % 50, i), data = ('%08d'):format(i) .. body }
+  end
+end
+
+local function shmem_kib()
+  local f = assert(io.open('/proc/meminfo'))
+  local text = f:read('a')
+  f:close()
+  return tonumber(text:match('Shmem:%s+(%d+)'))
+end
+
+local function row(what, x, base, unit, target)
+  print(('%-58s %10.1f %s  vs %10.1f %s   ratio %.2fx%s'):format(what, x, unit, base, unit, x / base,
+    target and ('  (target <= ' .. target .. ')') or ''))
+end
+
+local function prepared(pool)
+  local base = pool:create({ lifetime_ms = 600000 })
+  for _, f in ipairs(files) do base:write_file(f.path, f.data) end
+  local snap = base:snapshot()
+  base:release()
+  return snap
+end
+
+-- {======================================================
+-- Local
+-- =======================================================
+
+local pool = sandbox.create_sandboxes(local_provider.local_sandboxes(SIZES), POOL)
+local snap = prepared(pool)
+print(('a snapshot of %d files, %.1f MiB of archive'):format(FILES, snap.size_bytes / MIB))
+local cold, forked = {}, {}
+for turn = 0, N do
+  local t0 = core.hrtime_ms()
+  local sb = pool:create({ lifetime_ms = 600000 })
+  for _, f in ipairs(files) do sb:write_file(f.path, f.data) end
+  sb:release()
+  local t1 = core.hrtime_ms()
+  local fork = pool:create({ lifetime_ms = 600000, snapshot = snap })
+  fork:release()
+  local t2 = core.hrtime_ms()
+  if turn > 0 then cold[#cold + 1], forked[#forked + 1] = t1 - t0, t2 - t1 end   -- turn 0 warms up
+end
+row('local create from a snapshot / cold create + 1,000 write_file', bench.median(forked), bench.median(cold),
+  'ms', '0.33x')
+
+-- memory: one fork, then ten at once, each time what Shmem grew by while they live
+local before = shmem_kib()
+local one = pool:create({ lifetime_ms = 600000, snapshot = snap })
+local one_kib = shmem_kib() - before
+one:release()
+before = shmem_kib()
+local tasks, many = {}, {}
+for i = 1, 10 do
+  tasks[i] = task.spawn(function() many[i] = pool:create({ lifetime_ms = 600000, snapshot = snap }) end)
+end
+for _, t in ipairs(tasks) do t:wait() end
+local ten_kib = shmem_kib() - before
+for _, sb in ipairs(many) do sb:release() end
+row('local host memory of 10 forks at once / of one', ten_kib / 1024, one_kib / 1024, 'MiB', '2x')
+pool:close()
+
+-- }======================================================
+
+-- {======================================================
+-- Docker
+-- =======================================================
+
+local function host_ok(cmd)
+  local ok = os.execute(cmd .. ' >/dev/null 2>&1')
+  return ok == true or ok == 0
+end
+if host_ok('docker image inspect mayura-test/busybox:1') then
+  local docker = require('mayura.sandbox.docker')
+  local dpool = sandbox.create_sandboxes(docker.docker_sandboxes({ image = 'mayura-test/busybox:1', engine = 'api',
+    memory_mib = SIZES.memory_mib, workspace_mib = SIZES.workspace_mib, tmp_mib = SIZES.tmp_mib }), POOL)
+  local dsnap = prepared(dpool)
+  local dcold, dfork = {}, {}
+  for turn = 0, N_DOCKER do
+    local t0 = core.hrtime_ms()
+    dpool:create({ lifetime_ms = 600000 }):release()
+    local t1 = core.hrtime_ms()
+    dpool:create({ lifetime_ms = 600000, snapshot = dsnap }):release()
+    local t2 = core.hrtime_ms()
+    if turn > 0 then dcold[#dcold + 1], dfork[#dfork + 1] = t1 - t0, t2 - t1 end
+  end
+  row('Docker (api) create from a snapshot / cold create', bench.median(dfork), bench.median(dcold), 'ms', '1.5x')
+  dpool:close()
+else
+  print('Docker: no daemon or no test image here, not measured')
+end
+
+-- }======================================================
