@@ -566,6 +566,12 @@ static int l_hrtime_ms(lua_State *L) {
     return 1;
 }
 
+/* core.cpu_ms(): this thread's CPU time in milliseconds (fractional): what a step's budget counts. */
+static int l_cpu_ms(lua_State *L) {
+    lua_pushnumber(L, mc_ms(mc_cpu_ns()));
+    return 1;
+}
+
 /* core.now_ms(): wall-clock time in milliseconds since the epoch. */
 static int l_now_ms(lua_State *L) {
     uv_timeval64_t tv;
@@ -691,6 +697,7 @@ static const luaL_Reg core_funcs[] = {
     {"driver", l_driver},
     {"alive", l_alive},
     {"hrtime_ms", l_hrtime_ms},
+    {"cpu_ms", l_cpu_ms},
     {"now_ms", l_now_ms},
     {NULL, NULL}
 };
