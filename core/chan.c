@@ -12,6 +12,11 @@
 ** pending until the frame without it; such a frame for a call that gave no
 ** on_more is a protocol error (the channel closes, 'failed').
 **
+** Under a host's step with a budget (mc_step), a channel stops reading once the budget is spent
+** and reads again at the next step (chan_resume_reads), and each read takes at most
+** CHAN_READ_MAX bytes: the replies of several sandboxes moving files are spread over frames.
+** The receive buffer is kept, warm, between frames of up to CHAN_KEEP bytes (a file's part).
+**
 ** What comes back is untrusted: code in the sandbox runs as the agent's
 ** user and may replace it. So a frame longer than max_frame_bytes (or than
 ** the max_reply_bytes of the call it answers, told by its id before the rest
@@ -30,6 +35,8 @@
 #define CHAN_MT "mayura.channel"
 #define CHAN_DEFAULT_MAX_FRAME ((lua_Integer)64 << 20)
 #define CHAN_READ_CHUNK 65536
+#define CHAN_READ_MAX ((size_t)256 << 10)
+#define CHAN_KEEP ((size_t)2 << 20)
 
 typedef struct mc_chan {
     uv_pipe_t pipe;
@@ -49,7 +56,15 @@ typedef struct mc_chan {
     size_t in_len, in_size;
     int closed;           /* no more calls; the pending ones have been failed */
     mc_life life;         /* uv: the pipe (0 or 1); holds: the Lua userdata, each callback into Lua under way */
+    int paused;           /* reading stopped until the next step; in chan_paused */
+    unsigned paused_gen;  /* chan_resume_gen when it stopped */
+    struct mc_chan *paused_prev, *paused_next;
 } mc_chan;
+
+/* The channels that stopped reading for the rest of a step (a list through paused_prev/next). */
+static mc_chan *chan_paused = NULL;
+/* How many times chan_resume_reads has begun: one that stopped while it runs waits for the next. */
+static unsigned chan_resume_gen = 0;
 
 typedef struct { mc_chan *ch; } chan_box;
 
@@ -65,8 +80,18 @@ typedef struct chan_write {
 ** Lifetime
 ** =======================================================*/
 
+static void chan_unpause(mc_chan *ch) {
+    if (!ch->paused) return;
+    if (ch->paused_prev != NULL) ch->paused_prev->paused_next = ch->paused_next;
+    else chan_paused = ch->paused_next;
+    if (ch->paused_next != NULL) ch->paused_next->paused_prev = ch->paused_prev;
+    ch->paused_prev = ch->paused_next = NULL;
+    ch->paused = 0;
+}
+
 static void chan_maybe_free(mc_chan *ch) {
     if (!mc_life_over(&ch->life)) return;
+    chan_unpause(ch);
     free(ch->limits);
     free(ch->in);
     free(ch);
@@ -104,6 +129,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     lua_Integer npending = ch->npending;
     if (ch->closed) return;
     ch->closed = 1;
+    chan_unpause(ch);
     if (ch->life.uv > 0 && !uv_is_closing((uv_handle_t *)&ch->pipe))
         uv_read_stop((uv_stream_t *)&ch->pipe);
     chan_close_handle(ch);
@@ -312,19 +338,27 @@ static void chan_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     }
     buf->base = (char *)ch->in + ch->in_len;
     buf->len = ch->in_size - ch->in_len;
+    if (buf->len > CHAN_READ_MAX) buf->len = CHAN_READ_MAX;
 }
 
-static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-    mc_chan *ch = (mc_chan *)s->data;
+/* Stops reading until the next step (chan_resume_reads). */
+static void chan_pause(mc_chan *ch) {
+    if (ch->paused || ch->closed || ch->life.uv == 0) return;
+    uv_read_stop((uv_stream_t *)&ch->pipe);
+    ch->paused = 1;
+    ch->paused_gen = chan_resume_gen;
+    ch->paused_prev = NULL;
+    ch->paused_next = chan_paused;
+    if (chan_paused != NULL) chan_paused->paused_prev = ch;
+    chan_paused = ch;
+}
+
+/*
+** Handles the complete frames received. Once the step's budget is spent, the frames left (and
+** what is still in the socket) wait for the next step: the channel stops reading until then.
+*/
+static void chan_handle_frames(mc_chan *ch) {
     size_t off = 0;
-    (void)buf;
-    if (ch->closed) return;
-    if (nread < 0) {
-        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
-        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
-        return;
-    }
-    ch->in_len += (size_t)nread;
     ch->life.holds++;
     while (!ch->closed && ch->in_len - off >= 4) {
         uint32_t flen = wire_get_u32(ch->in + off);
@@ -342,6 +376,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             }
         }
         if (ch->in_len - off - 4 < flen) break;
+        if (mc_step_over()) break;
         off += 4;
         /* the bytes stay put while Lua runs: ch->in is only moved or freed below */
         if (chan_handle_frame(ch, ch->in + off, flen) != 0) break;
@@ -350,14 +385,49 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (!ch->closed && off > 0) {
         memmove(ch->in, ch->in + off, ch->in_len - off);
         ch->in_len -= off;
-        if (ch->in_size > 8 * CHAN_READ_CHUNK && ch->in_len < CHAN_READ_CHUNK) {
-            /* a big frame is done: give its buffer back */
+        if (ch->in_size > CHAN_KEEP && ch->in_len < CHAN_READ_CHUNK) {
+            /* a frame larger than a file's part is done: give its buffer back */
             unsigned char *nb = (unsigned char *)realloc(ch->in, 2 * CHAN_READ_CHUNK);
             if (nb != NULL) { ch->in = nb; ch->in_size = 2 * CHAN_READ_CHUNK; }
         }
     }
+    if (mc_step_over()) chan_pause(ch);
     ch->life.holds--;
     chan_maybe_free(ch);
+}
+
+static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    mc_chan *ch = (mc_chan *)s->data;
+    (void)buf;
+    if (ch->closed) return;
+    if (nread < 0) {
+        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
+        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
+        return;
+    }
+    ch->in_len += (size_t)nread;
+    chan_handle_frames(ch);
+}
+
+/*
+** The channels that stopped for the rest of a step read again, and handle the frames they had
+** received: at the next step, or when the loop is run otherwise.
+*/
+static void chan_resume_reads(void) {
+    unsigned gen = ++chan_resume_gen;
+    for (;;) {
+        mc_chan *ch = chan_paused;
+        /* the list may change under each channel's callbacks: look for the next from its head */
+        while (ch != NULL && ch->paused_gen == gen) ch = ch->paused_next;
+        if (ch == NULL) break;
+        chan_unpause(ch);
+        if (ch->closed || ch->life.uv == 0 || uv_is_closing((uv_handle_t *)&ch->pipe)) continue;
+        if (uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read) != 0) {
+            chan_shutdown(ch, ch->L, "gone", "cannot read from the agent", 1);
+            continue;
+        }
+        chan_handle_frames(ch);   /* may free ch */
+    }
 }
 
 /* }====================================================== */

@@ -28,12 +28,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <uv.h>
 #include "compat.h"
 
 /* Helpers a piece may or may not use. */
 #define MC_FN static __attribute__((unused))
+#define MC_VAR static __attribute__((unused))
 
 #define MC_ERROR_MT "mayura.error"
 #define MC_LOOP_KEY "mayura.core.loop"
@@ -432,6 +434,29 @@ MC_FN int mc_pcall_report(lua_State *L, int nargs, int nresults) {
 /* mc_pcall_report discarding results: 0 on success, -1 on error. */
 MC_FN int mc_call(lua_State *L, int nargs) {
     return mc_pcall_report(L, nargs, 0) == LUA_OK ? 0 : -1;
+}
+
+/*
+** A step with a budget (core.step, mayura_step) counts the CPU time of the host's thread
+** (CLOCK_THREAD_CPUTIME_ID), not the wall clock: what the host's frame pays, whatever else the
+** machine runs. mc_step_deadline is where it stops starting work (0 when no step with a budget
+** runs), mc_step_start where it began, both in that clock's nanoseconds.
+*/
+MC_VAR uint64_t mc_step_deadline = 0;
+MC_VAR uint64_t mc_step_start = 0;
+/* How many steps have begun, which tells one step from the next. */
+MC_VAR lua_Integer mc_step_count = 0;
+
+/* This thread's CPU time in nanoseconds. */
+MC_FN uint64_t mc_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return uv_hrtime();
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether a step with a budget is running and has spent it: work that can wait should (chan.c). */
+MC_FN int mc_step_over(void) {
+    return mc_step_deadline != 0 && mc_cpu_ns() >= mc_step_deadline;
 }
 
 /* Milliseconds from a uv_hrtime() difference. */

@@ -49,7 +49,7 @@ describe('the handles of the core', function()
     end
     table.sort(names)
     -- not vacuous: the classes of the core are all there
-    assert.are.same({ 'mayura.channel', 'mayura.http_multi', 'mayura.http_request', 'mayura.json.box',
+    assert.are.same({ 'mayura.channel', 'mayura.core.prepared', 'mayura.http_multi', 'mayura.http_request', 'mayura.json.box',
       'mayura.msgpack.box', 'mayura.process', 'mayura.proto_hold', 'mayura.relay', 'mayura.stream_parser',
       'mayura.ws', 'mayura.ws_state' }, names)
   end)

@@ -1383,6 +1383,10 @@ function M.local_sandboxes(options, mode)
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
     if spec.image ~= nil then check_image(self, spec.image, 0) end
+    -- what follows up to the launcher's start (its arguments, its mount table, the process
+    -- itself) takes a millisecond or two at once: under a host's budget it starts only with half
+    -- of the step left
+    task.fresh_step(0.5)
     counter = counter + 1
     local id = 'local-' .. random_hex(6)
     local limits = {
