@@ -430,8 +430,8 @@ local HOST_OPTIONS = {
   apple_container = { executable = 'a host program' },
 }
 
--- The provider of pool declaration `d`: the policy's provider_options over the host's own (`host`,
--- by provider name). Checking makes it with `{ check = true }`: nothing is run, made or started.
+-- The provider of pool declaration `d`: the host's own options (`host`, by provider name) with the
+-- policy's provider_options added; a policy that sets one the host set, to another value, is refused. Checking makes it with `{ check = true }`: nothing is run, made or started.
 local function provider_of(d, host, checking)
   local name = d.def.provider
   if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
@@ -445,8 +445,14 @@ local function provider_of(d, host, checking)
       fail(d, "'provider_options." .. tostring(k) .. "' names " .. refused[k] .. ': only the host program\'s '
         .. 'own code may (load_policy\'s provider_options), not a policy file', 'provider_options.' .. tostring(k))
     end
+    local v = d.def.provider_options[k]
+    -- the host program's own options are the last word (a policy cannot weaken `runtime = 'runsc'`)
+    if options and options[k] ~= nil and options[k] ~= v then
+      fail(d, "'provider_options." .. tostring(k) .. "' is set by the host program's own code; a policy file "
+        .. 'cannot change it', 'provider_options.' .. tostring(k))
+    end
     options = options or {}
-    options[k] = d.def.provider_options[k]
+    options[k] = v
   end
   local sb = d.def.sandbox
   if sb and sb.image ~= nil and refused.image then
