@@ -431,7 +431,8 @@ local HOST_OPTIONS = {
 }
 
 -- The provider of pool declaration `d`: the host's own options (`host`, by provider name) with the
--- policy's provider_options added; a policy that sets one the host set, to another value, is refused. Checking makes it with `{ check = true }`: nothing is run, made or started.
+-- policy's provider_options added; a policy that sets one the host set, to another value, is refused.
+-- Checking makes it with `{ check = true }`: nothing is run, made or started.
 local function provider_of(d, host, checking)
   local name = d.def.provider
   if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
