@@ -307,8 +307,8 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     local pl = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'none', 'all' } })
     local s = pl:create({ lifetime_ms = 60000, ports = { 3000 } })
     assert.are.equal('https://3000-' .. s.id .. '.e2b.example', s:url(3000))
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-      s.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'generic' }, s.features)
     pl:close()
     -- without sandbox_url, each sandbox's envd is its own host under the domain, as E2B names it
     p = e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), domain = 'E2B.example' })
