@@ -155,7 +155,7 @@ describe('README.md', function()
     -- the configuration's command, for this pass's build
     config = config:gsub('"build/mayura"', '"' .. HOST .. '"')
     local env = env_without_keys()
-    local r = process.run({ 'node', 'spec/npm/mcp_config_check.mjs', config }, { env = env, timeout_ms = 60000 })
+    local r = process.run({ 'node', 'spec/npm/mcp_config_sdk.mjs', config }, { env = env, timeout_ms = 60000 })
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local out = require('mayura.core').json.decode(r.stdout:match('([^\n]+)\n?$'))
     assert.are.same({ 'workspace.exec', 'workspace.list', 'workspace.read', 'workspace.remove', 'workspace.write' },
