@@ -1,4 +1,4 @@
-// An MCP client configuration as the README gives it, run by the official client over stdio.
+// An MCP client configuration as docs/serve.md gives it, run by the official client over stdio.
 //
 //   node spec/npm/mcp_config_sdk.mjs '{ "mcpServers": { "mayura": { "command": ..., "args": [...] } } }'
 //
