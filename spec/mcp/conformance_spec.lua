@@ -1,7 +1,7 @@
 -- The server scenarios of @modelcontextprotocol/conformance (pinned in spec/npm/package.json: 0.1.10,
 -- the last release that runs on Node 20) against mayura.mcp.http in this process, serving the
 -- specs' policy. Its client sends no token, so spec/npm/mcp_auth_fetch.mjs adds the bearer header.
--- The scenarios that pass are named; each other one fails for a reason the README names: a
+-- The scenarios that pass are named; each other one fails for a reason docs/serve.md names: a
 -- feature this server does not offer (logging, completion, resources, prompts: -32601) or a fixture
 -- tool of the suite's own test server (test_simple_text, ...: -32602), which a policy does not have.
 local core = require('mayura.core')
