@@ -272,7 +272,8 @@ local ERROR_NAMES = {
 }
 
 --- The coded error for an agent error name (a script's 'E <name>' line, an agent reply's `error`),
--- about `what` ('the file', 'the path'). A name it does not know is SANDBOX_ERROR `failed`; the name itself never reaches the message.
+-- about `what` ('the file', 'the path'). A name it does not know is SANDBOX_ERROR `failed`; the
+-- name itself never reaches the message.
 function M.script_error(name, what)
   if name == 'ENOSPC' or name == 'EDQUOT' or name == 'EFBIG' then
     return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)

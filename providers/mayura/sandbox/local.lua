@@ -11,7 +11,7 @@
 --     one holding mayura's own tree, and run as root it is named without a
 --     link, it and each directory above it root's and writable by nobody
 --     else (INVALID_CONFIG otherwise), and the launcher finds each of its
---     entries beneath its directory, never through a link (check_image);
+--     entries beneath its directory, never through a link (_local_root's check_image);
 --   * /workspace, /tmp and /dev/shm are tmpfs with size caps; the user is uid
 --     1000 with no capabilities and no_new_privs;
 --   * every sandbox has a network namespace of its own: with 'none' only a
