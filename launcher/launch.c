@@ -1,9 +1,9 @@
 /*
 ** launch.c: mayura-launch, the keeper of one local sandbox (providers/mayura/sandbox/local.lua).
 **
-** It does what the provider's launcher shell does (LAUNCHER and START there, still used when this
-** program is not built), as one static program: no shell, no sleep(1) for the lifetime, no
-** subshells, no unshare(1), mount(8), chown(1), setpriv(1) or rmdir(1) per sandbox.
+** The provider's one launcher, built by make and installed beside the agent: one static program
+** that starts, holds and ends a sandbox, with no shell, no sleep(1) for the lifetime, no subshells,
+** no unshare(1), mount(8), chown(1), setpriv(1) or rmdir(1) per sandbox.
 **
 **   mayura-launch BWRAP [ARG...]
 **
@@ -662,7 +662,7 @@ static int in_cgroup(const char *cgs, const char *path) {
 ** Step 0, with MAYURA_CG_SET: makes each cgroup of MAYURA_CG (its parent too; the cgroup itself
 ** must be new) and writes its settings, one a line: `PATH VALUE`, with a leading `?` for a
 ** setting the kernel may lack, PATH a file right inside one of them. Any failure removes what was
-** made and exits 125. (Without it the host made them, the launcher shell's way.)
+** made and exits 125.
 */
 static void make_cgroups(const char *cgs, const char *set) {
     char line[4300], parent[4001];

@@ -280,12 +280,14 @@ describe('mayura-launch', function()
   end)
 end)
 
-describe('the launcher shell, where mayura-launch is not built', function()
-  it('mounts the sandbox\'s file systems from the table on its descriptor (5, or 6 after the info one)', function()
+describe('mayura-launch with the file systems bubblewrap binds', function()
+  -- the tree bubblewrap makes (an image no table can name): the launcher mounts only the capped
+  -- file systems, from the short table
+  it('mounts them from the table on its descriptor (5, or 6 after the info one)', function()
     if not root then return pending('needs root: the launcher mounts only as root') end
     local provider = local_provider.local_sandboxes({ tmp_mib = 11, workspace_mib = 16 })
     if not provider.staged then return pending('the launcher cannot mount here') end
-    provider.launch_bin, provider.root_table = nil, nil   -- as in a checkout without it
+    provider.root_table = nil   -- as for an image a table cannot hold
     local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 60000,
       network = { 'none', 'all' } })
     local nets = { 'none' }
@@ -299,6 +301,23 @@ describe('the launcher shell, where mayura-launch is not built', function()
       sb:release()
     end
     pool:close()
+  end)
+end)
+
+describe('the local provider without mayura-launch', function()
+  it('is refused with INVALID_CONFIG, and starts nothing', function()
+    -- an agent found where no launcher was built beside it
+    local dir = util.tmpdir()
+    local agent = dir .. '/mayura-agent'
+    assert(uv.fs_copyfile('build/mayura-agent', agent))
+    local host = os.getenv('MAYURA_BUILD') or 'build'
+    local code = "local ok, e = pcall(require('mayura.sandbox.local').local_sandboxes); " ..
+      "io.write(tostring(ok), ' ', tostring(e))"
+    local res = require('mayura.process').run({ host .. '/mayura', '-e', code },
+      { env = { MAYURA_AGENT = agent, PATH = os.getenv('PATH') }, timeout_ms = 20000 })
+    util.rmdir(dir)
+    assert.are.equal(0, res.exit_code, res.stderr)
+    assert.matches('^false INVALID_CONFIG: the sandbox launcher %(mayura%-launch%) is not built', res.stdout)
   end)
 end)
 

@@ -221,7 +221,7 @@ describe('isolation of a local sandbox', function()
 
   it('runs an image: a root directory without its mount points, read-only, its workspace its own', function()
     if not provider.root_table then
-      return pending('bubblewrap makes the tree here (not root, or no build/mayura-launch): an image needs its own ' ..
+      return pending('bubblewrap makes the tree here (not root, or the launcher cannot mount): an image needs its own ' ..
         'mount points then, as docs/security.md says')
     end
     local dir, root = busybox_root()

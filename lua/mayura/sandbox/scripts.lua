@@ -13,7 +13,7 @@
 -- Every script exits 0 when it did its job or found a failure it can name; a
 -- failure is a line `E <name>` (`ENOENT`, `EACCES`, `ENOSPC`, `is_directory`,
 -- ... the names of the in-sandbox agent's errors, mapped to coded errors by
--- `script_error` as the agent's backend maps them, so the sandbox's own text
+-- `script_error`, the table the agent's backend maps its replies with too, so the sandbox's own text
 -- never reaches a caller). Another
 -- exit code means the script could not run (a tool is missing).
 --
@@ -252,8 +252,9 @@ local function bad_listing()
   return errors.sandbox('failed', 'the sandbox returned an invalid listing')
 end
 
--- What an 'E <name>' line means: the in-sandbox agent's error names, mapped as its backend maps
--- them (mayura.sandbox._agent_backend's reply_error), so a provider answers the same either way.
+-- What an error name of the in-sandbox agent means (core/wire.h's tokens): the one table, for a
+-- script's 'E <name>' line and for the agent's replies (mayura.sandbox._agent_backend's
+-- reply_error), so a provider answers the same either way.
 local ERROR_NAMES = {
   too_large = { 'LIMIT_EXCEEDED', ' is larger than max_bytes' },
   is_directory = { 'INVALID_INPUT', ' is a directory' },
@@ -270,8 +271,9 @@ local ERROR_NAMES = {
   EROFS = { 'PERMISSION_DENIED', ': the sandbox does not allow it (EROFS)' },
 }
 
---- The coded error for a script's 'E <name>' line, about `what` ('the file', 'the path'). A name
--- it does not know is SANDBOX_ERROR `failed`; the name itself never reaches the message.
+--- The coded error for an agent error name (a script's 'E <name>' line, an agent reply's `error`),
+-- about `what` ('the file', 'the path'). A name it does not know is SANDBOX_ERROR `failed`; the
+-- name itself never reaches the message.
 function M.script_error(name, what)
   if name == 'ENOSPC' or name == 'EDQUOT' or name == 'EFBIG' then
     return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)

@@ -44,6 +44,7 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
+local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
@@ -68,25 +69,12 @@ local function nonsense()
   return errors.sandbox('failed', 'the sandbox agent answered nonsense')
 end
 
---- Maps an agent's error reply to a coded error about `what`, in our words.
+--- Maps an agent's error reply to a coded error about `what`, in our words: the one table of the
+-- agent's error names (mayura.sandbox.scripts' script_error, which the command backends' scripts
+-- use too), and a listing past the agent's caps.
 function M.reply_error(reply, what)
-  local e = reply.error
-  if e == 'too_large' then return errors.new('LIMIT_EXCEEDED', what .. ' is larger than max_bytes') end
-  if e == 'too_many_entries' then return too_many_entries() end
-  if e == 'is_directory' or e == 'EISDIR' then return errors.new('INVALID_INPUT', what .. ' is a directory') end
-  if e == 'not_directory' or e == 'ENOTDIR' then return errors.new('INVALID_INPUT', what .. ' is not a directory') end
-  if e == 'not_regular' then return errors.new('INVALID_INPUT', what .. ' is not a regular file') end
-  if e == 'ENOTEMPTY' then return errors.new('INVALID_INPUT', what .. ' is a directory that is not empty') end
-  if e == 'ENOENT' then return errors.new('INVALID_INPUT', what .. ' does not exist') end
-  if e == 'ENAMETOOLONG' then return errors.new('INVALID_INPUT', what .. ': a name is too long') end
-  if e == 'ELOOP' then return errors.new('INVALID_INPUT', what .. ': too many symbolic links') end
-  if e == 'EACCES' or e == 'EPERM' or e == 'EROFS' then
-    return errors.new('PERMISSION_DENIED', what .. ': the sandbox does not allow it (' .. e .. ')')
-  end
-  if e == 'ENOSPC' or e == 'EDQUOT' or e == 'EFBIG' then
-    return errors.new('LIMIT_EXCEEDED', 'the sandbox has no space left for ' .. what)
-  end
-  return errors.sandbox('failed', what .. ' failed in the sandbox')
+  if reply.error == 'too_many_entries' then return too_many_entries() end
+  return scripts.script_error(reply.error, what)
 end
 
 local Methods = {}

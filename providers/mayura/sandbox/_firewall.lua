@@ -13,7 +13,7 @@
 -- passed), idempotently and atomically, and named as mayura's:
 --   * local: the nft table `inet mayura_all`, whose output chain holds the sockets of the user-mode
 --     stacks (slirp4netns, run with the group STACK_GID alone) to the above; each sandbox's own
---     namespace has its firewall too (local.lua);
+--     namespace has its firewall too (_local_net.lua);
 --   * Docker: the chains MAYURA-ALL-IN (hooked first in INPUT: nothing from the bridge of 'all'
 --     reaches the host but answers) and MAYURA-ALL-FWD (hooked first in DOCKER-USER, Docker's hook
 --     for FORWARD: nothing from that bridge to SPECIAL4, to docker0 or to another bridge of Docker)

@@ -4,35 +4,13 @@
 -- sandbox is one locked-down container:
 --
 --   * no network (`--network none`) unless 'all' was allowed and asked for;
---     then the bridge network `mayura-isolated` (made on demand, labelled
---     ours, with inter-container traffic off: enable_icc=false), with the
---     sandbox's `ports` published on 127.0.0.1 only (`url(port)` gives
---     http://127.0.0.1:<host port>); as root the provider loads the host's
---     rules around that bridge (mayura.sandbox._firewall, iptables: chains
---     MAYURA-ALL-IN from INPUT and MAYURA-ALL-FWD from DOCKER-USER) so 'all'
---     reaches the internet and nothing of the host (no address of it, those
---     it gains later too), no other container, no loopback, link-local
---     (cloud metadata), multicast or IANA special-purpose range, and no
---     IPv6; Docker's embedded DNS (127.0.0.11) relays to the host's
---     resolvers, which take port 53 alone; run as another user (the docker
---     group) no rule is loaded: the bridge alone, `enforced.network` false.
---     One shared network rather than one per sandbox: a network costs about
---     0.3 s to make and remove, and the daemon's address pools hold ~30 of
---     them; a bridge takes about 1,000 containers;
---   * with a network allow-list (`{ allow = { ... } }`, offered when run as
---     root: `features.network` lists 'allowlist'), `--network none` too, and
---     an egress proxy of its own (mayura.sandbox._egress) listening on
---     127.0.0.1:3128 inside the container's namespace (found from its PID 1
---     before the agent gets its setup), with HTTP_PROXY / HTTPS_PROXY set for
---     commands: the listed names on ports 80 and 443 are all it reaches; its
---     refusals are network events (`sandbox:events()`, the pool's
---     `on_event`); `ports` are forwarded by the proxy from 127.0.0.1;
+--     then the bridge network `mayura-isolated`, isolating, behind the
+--     host's rules as root; with an allow-list, `--network none` and an
+--     egress proxy of its own (mayura.sandbox._docker_net says how);
 --   * every capability dropped, no-new-privileges, the image's root
 --     read-only, memory with no swap (memory-swap = memory), CPUs and a
 --     process limit; logs off;
---   * by default a uid and gid of its own (from 1300000 up, one that no host
---     account, group or /etc/subuid / subgid range has), so nothing on the
---     host shares its uid's signals, files or per-uid kernel limits; `user`
+--   * by default a uid and gid of its own (mayura.sandbox._docker_uid); `user`
 --     gives every sandbox one fixed numeric uid:gid instead;
 --   * the working directory, /tmp and /dev/shm in memory (tmpfs, owned by the
 --     sandbox's user, /dev/shm with /tmp's cap rather than Docker's 64 MiB),
@@ -87,35 +65,11 @@
 -- 1's wait, so the agent forks each command itself); Docker's own seccomp
 -- profile is not applied by runsc (gVisor is the boundary).
 --
--- `engine = 'cli'` (the default) runs the docker CLI for the container's life
--- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
--- 'api'` speaks the Engine API over its unix socket through libcurl
--- (images/{name}/json, containers/create, start, json, wait, DELETE,
--- containers/json, networks). Only local daemons: a tcp:// or ssh:// host is
--- refused, because the agent and its socket directory are bind-mounted from
--- this machine.
---
--- The per-sandbox host directory lives in a base directory of ours (0700;
--- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
--- when another user controls a directory above it). As root the default base
--- is a tmpfs of its own (mounted once, under a lock): a container's mount
--- table shows a bind by its path inside the file system it comes from, so a
--- sandbox sees '/agent-<hash>' and '/<expires>-<id>' there, never a path of
--- the host (with another user, or a `run_dir`, it sees the path inside the
--- file system that holds the base: XDG_RUNTIME_DIR is a tmpfs on most
--- hosts). Docker's own storage still shows under runc (the root's overlay
--- options and the binds of /etc/hosts, /etc/hostname and /etc/resolv.conf
--- name /var/lib/docker); under gVisor the mount table is gVisor's own. While the agent starts
--- it is 0703: the container's user may make its socket in it but not list
--- it; once the host has connected and said hello it is 0700, so code in the
--- sandbox cannot store files on the host through it. The agent serves that
--- one connection (an agent that knows `--peer-uid` is told this process's
--- uid and serves its 0666 socket to that uid only, so a user in the docker
--- group, not root, gets sandboxes with uids of their own too; with an older
--- agent such a user must set `user` to its own uid) and unlinks its socket,
--- so code in the sandbox cannot reach it. The directory is removed on
--- release, by the reaper, or, once its name's time (when it expires) is a
--- minute past, by the next create.
+-- `engine = 'cli'` (the default) runs the docker CLI, `engine = 'api'` speaks
+-- the Engine API over its unix socket (mayura.sandbox._docker_engine). Only
+-- local daemons: a tcp:// or ssh:// host is refused, because the agent and its
+-- socket directory are bind-mounted from this machine. The agent's socket is
+-- made in a per-sandbox host directory of ours (mayura.sandbox._docker_dirs).
 --
 -- Warm sandboxes (`warm = N`, mayura.sandbox._agent_backend's add_warm): N
 -- containers of the provider's shape (network none, its image and limits, no
@@ -132,12 +86,15 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
-local process = require('mayura.process')
-local http = require('mayura.http')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
 local fw = require('mayura.sandbox._firewall')
+local engines = require('mayura.sandbox._docker_engine')
+local dirs = require('mayura.sandbox._docker_dirs')
+local uids = require('mayura.sandbox._docker_uid')
+local docker_net = require('mayura.sandbox._docker_net')
+local host_util = require('mayura.sandbox._host')
 
 local M = {}
 
@@ -147,723 +104,32 @@ local MODE_0703 = tonumber('703', 8)
 local AGENT_IN = '/.mayura/agent'          -- where the agent is mounted in the container
 local RUN_IN = '/.mayura/run'              -- where the socket directory is mounted
 local SOCKET = 'agent.sock'
-local ID_LABEL = 'mayura.sandbox'
-local PROVIDER_LABEL = 'mayura.provider'
 local IMAGE_CACHE_MS = 30000               -- how long an image found stays known
-local ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API request
 local START_WAIT_MS = 30000                -- from a started container to its agent's socket
-local SWEEP_GRACE_S = 60                   -- a directory is stale this long after its sandbox's end
-local EXPIRES_LABEL = 'mayura.expires'     -- the end of the sandbox's lifetime, ms since the epoch
-local NETWORK = 'mayura-isolated'          -- the bridge of 'all' sandboxes: no traffic between its containers
-local NETWORK_LABEL = 'mayura.network'
 local NETWORK_CHECK_MS = 30000             -- how long a checked network stays known
 local LIFETIME_GRACE_MS = 2000             -- the host removes a container this long after its lifetime
 local REAP_EVERY_MS = 30000                -- creates look for expired containers at most this often
-local UID_BASE, UID_SPAN = 1300000, 1048576  -- per-sandbox uids and gids: [base, base + span)
 local OOM_SCORE_ADJ = -500                 -- the agent's (PID 1's); its commands reset theirs to 0
 local INODE_BYTES = 8192                   -- a tmpfs gets one inode per this many bytes of its size
 local MIN_INODES = 1024
 local GVISOR_BASE_TASKS = 128              -- host tasks of an idle gVisor sandbox (about 40), with room
 local GVISOR_TASKS_PER_PID = 12            -- host tasks per process in a gVisor sandbox (9 to 11 measured)
-
--- {======================================================
--- Small helpers
--- =======================================================
-
-local host_util = require('mayura.sandbox._host')
-local await, exists, read_plain = host_util.await, host_util.exists, host_util.read_plain
+local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engines.ID_LABEL, engines.PROVIDER_LABEL, engines.EXPIRES_LABEL
+local exists, read_plain = host_util.exists, host_util.read_plain
 local absolute, find_in_path, find_agent, random_hex, my_uid =
   host_util.absolute, host_util.find_in_path, host_util.find_agent, host_util.random_hex, host_util.uid
-
-local function uv_fs(name, ...)
-  local uv = require('luv')
-  local args, n = { ... }, select('#', ...)
-  return task.await(function(done)
-    args[n + 1] = function(err, res) done(err == nil and (res == nil and true or res) or nil, err) end
-    local ok, e = pcall(uv[name], check.unpack(args, 1, n + 1))
-    if not ok or e == nil then done(nil, ok and 'failed' or e) end
-  end)
-end
-
--- Removes a per-sandbox directory and what is in it (never following links).
-local function remove_dir(dir)
-  uv_fs('fs_chmod', dir, MODE_0700)   -- a closed (0555) directory must be opened to empty it
-  await(function(cb) core.fs.remove(dir, { recursive = true }, cb) end)
-end
+local uv_fs, remove_dir = dirs.uv_fs, dirs.remove_dir
 
 local function plain_path(s)
   return type(s) == 'string' and not s:find('[%z\n\r]')
 end
 
--- A field of docker's --mount value (a CSV record): quoted when it holds a comma or a quote.
-local function csv_field(s)
-  if s:find('[,"]') then return '"' .. s:gsub('"', '""') .. '"' end
-  return s
-end
-
-local function url_escape(s)
-  return (s:gsub('[^%w%-%._~/:@]', function(c) return ('%%%02X'):format(c:byte()) end))
-end
-
-local function cpus_text(c)
-  local s = ('%.3f'):format(c):gsub('0+$', ''):gsub('%.$', '')
-  return s
-end
-
--- }======================================================
-
 -- {======================================================
--- Mapping docker failures (their text never reaches the caller)
+-- The reaper of expired containers, and what is shared between providers of this process
 -- =======================================================
 
--- A reason for a failed docker CLI call, from its stderr (read here, never passed on).
-local function cli_reason(stderr)
-  local s = (stderr or ''):lower()
-  -- the runtime (runc) refused the container: its own words may say "permission denied"
-  if s:find('oci runtime', 1, true) then return 'runtime' end
-  if s:find('no such network', 1, true) or s:find('network %S+ not found') then return 'not_found' end
-  if s:find('no such image', 1, true) or s:find('unable to find image', 1, true) then return 'no_image' end
-  if s:find('no such container', 1, true) then return 'not_found' end
-  if s:find('cannot connect to the docker daemon', 1, true) or s:find('is the docker daemon running', 1, true)
-    or s:find('connection refused', 1, true)
-    or (s:find('no such file or directory', 1, true) and s:find('docker.sock', 1, true)) then
-    return 'unavailable'
-  end
-  if s:find('permission denied', 1, true) then return 'authentication' end
-  if s:find('already in use', 1, true) or s:find('already exists', 1, true) or s:find('in progress', 1, true)
-    or s:find('conflict', 1, true) then
-    return 'conflict'
-  end
-  if s:find('timeout', 1, true) or s:find('deadline exceeded', 1, true) then return 'timeout' end
-  return 'failed'
-end
-
-local function docker_error(reason, what)
-  if reason == 'runtime' then
-    -- marked, so that a create can try once more without what the runtime may refuse
-    local e = errors.sandbox('failed', 'docker could not ' .. what .. ' (the container runtime refused it)')
-    e.runtime = true
-    return e
-  end
-  return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
-end
-
--- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time,
--- while the create's time allows (`c.start_by`, on the hrtime clock).
-local START_TRIES, START_PAUSE_MS = 4, 250
-
--- runc's "can't get final child's PID from pipe" is how a refused OOM score ends here, and, without
--- a score to refuse, how a runtime under load loses its child: a passing failure then.
-local function runc_lost_child(c, low_reason)
-  return not c.oom_score_adj and low_reason:find("final child's pid", 1, true) ~= nil
-end
-
-local function may_retry(c, tries)
-  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + START_PAUSE_MS * tries < c.start_by)
-end
-
-local function no_image(image)
-  return errors.new('INVALID_CONFIG', 'the image ' .. image .. ' is not on this machine (images are never pulled)')
-end
-
--- }======================================================
-
--- {======================================================
--- Engine: the docker CLI
--- =======================================================
-
-local Cli = {}
-Cli.__index = Cli
-
--- Runs `docker -H <host> args...`; returns the result, or raises a mapped error about `what`.
-function Cli:run(args, what, allow)
-  local argv = { self.docker, '-H', self.host }
-  for _, a in ipairs(args) do argv[#argv + 1] = a end
-  local ok, res = pcall(process.run, argv, { timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 1048576 })
-  if not ok then
-    if errors.is(res, 'CANCELLED') then error(res, 0) end
-    error(docker_error('unavailable', what), 0)
-  end
-  if res.timed_out then error(docker_error('timeout', what), 0) end
-  if res.exit_code ~= 0 then
-    local reason = cli_reason(res.stderr)
-    if allow and allow[reason] then return nil, reason end
-    local e = docker_error(reason == 'no_image' and 'not_found' or reason, what)
-    -- a runtime's refusal keeps its words as the cause (for logs, and for the create to tell a passing one)
-    if e.runtime then e.cause = res.stderr end
-    error(e, 0)
-  end
-  return res
-end
-
---- The image's environment ("NAME=value" list), or nil when the image is not here.
-function Cli:image_env(image)
-  local res = self:run({ 'image', 'inspect', '--format', '{{json .Config.Env}}', '--', image }, 'inspect the image',
-    { no_image = true, not_found = true })
-  if not res then return nil end
-  local ok, env = pcall(core.json.decode, res.stdout)
-  if not ok or type(env) ~= 'table' then env = {} end
-  return env
-end
-
--- The argv of `docker run` for a container description.
-local function run_args(c)
-  local a = { 'run', '--detach', '--pull', 'never', '--rm', '--name', c.name, '--hostname', 'sandbox',
-    '--user', c.user, '--workdir', c.workdir, '--network', c.network,
-    '--cap-drop', 'ALL', '--security-opt', 'no-new-privileges', '--init=false',
-    '--memory', tostring(c.memory_bytes), '--memory-swap', tostring(c.memory_bytes),
-    '--cpus', cpus_text(c.cpus), '--pids-limit', tostring(c.pids), '--log-driver', 'none',
-  }
-  local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
-  if c.read_only then add('--read-only') end
-  if c.runtime then add('--runtime', c.runtime) end
-  if c.nproc then add('--ulimit', ('nproc=%d:%d'):format(c.nproc, c.nproc)) end
-  if c.oom_score_adj then add('--oom-score-adj', tostring(c.oom_score_adj)) end
-  add('--shm-size', tostring(c.shm_bytes))
-  for _, t in ipairs(c.tmpfs) do add('--tmpfs', t.path .. ':' .. t.options) end
-  for _, m in ipairs(c.mounts) do
-    add('--mount', 'type=bind,' .. csv_field('source=' .. m.source) .. ',' .. csv_field('target=' .. m.target) ..
-      (m.read_only and ',readonly' or ''))
-  end
-  local names = {}
-  for k in pairs(c.labels) do names[#names + 1] = k end
-  table.sort(names)
-  for _, k in ipairs(names) do add('--label', k .. '=' .. c.labels[k]) end
-  for _, port in ipairs(c.ports) do add('--publish', '127.0.0.1::' .. port .. '/tcp') end
-  add('--entrypoint', c.entrypoint[1], '--', c.image)
-  for _, x in ipairs(c.cmd) do a[#a + 1] = x end
-  return a
-end
-
---- Creates and starts the container; returns its id.
-function Cli:run_container(c)
-  local tries = 0
-  while true do
-    tries = tries + 1
-    local ok, res, reason = pcall(self.run, self, run_args(c), 'start a container', { no_image = true })
-    local id = ok and res and res.stdout:match('(%x+)%s*$')
-    if id and #id >= 12 then return id end
-    -- a half-made container (created, not started) must not stay behind
-    pcall(self.remove, self, c.name)
-    if not ok then
-      -- runc losing its child with no score to refuse is a passing failure: again, a while
-      local passing = type(res) == 'table' and res.runtime and runc_lost_child(c, tostring(res.cause or ''):lower())
-      if passing and may_retry(c, tries) then
-        task.sleep(START_PAUSE_MS * tries)
-      else
-        error(res, 0)
-      end
-    elseif reason == 'no_image' then error(no_image(c.image), 0)
-    else error(docker_error('failed', 'start a container'), 0) end
-  end
-end
-
---- The names of the daemon's runtimes (`docker info`'s Runtimes), as a set.
-function Cli:runtimes()
-  local res = self:run({ 'info', '--format', '{{json .Runtimes}}' }, 'list its runtimes')
-  local ok, t = pcall(core.json.decode, res.stdout)
-  return ok and type(t) == 'table' and t or {}
-end
-
---- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
-function Cli:inspect(id)
-  local res = self:run({ 'container', 'inspect', '--format',
-    '{"running":{{json .State.Running}},"pid":{{json .State.Pid}},"ports":{{json .NetworkSettings.Ports}}}', '--', id },
-    'inspect a container', { not_found = true })
-  if not res then return nil end
-  local ok, t = pcall(core.json.decode, res.stdout)
-  if not ok or type(t) ~= 'table' then error(docker_error('failed', 'inspect a container'), 0) end
-  return { running = t.running == true, pid = tonumber(t.pid), ports = t.ports }
-end
-
---- Removes the container (killing it) and returns once it is gone; no such container is fine.
-function Cli:remove(id)
-  local _, reason = self:run({ 'rm', '--force', '--', id }, 'remove a container', { not_found = true, conflict = true })
-  if reason ~= 'conflict' then return end
-  -- its auto-remove is under way: wait for it to finish
-  local started, delay = core.hrtime_ms(), 10
-  while self:inspect(id) do
-    if core.hrtime_ms() - started > ENGINE_TIMEOUT_MS then error(docker_error('timeout', 'remove a container'), 0) end
-    task.sleep(delay)
-    if delay < 200 then delay = delay * 2 end
-  end
-end
-
---- Our containers (label mayura.provider=docker), any state: `{ id, sandbox, expires_ms }` each.
-function Cli:list_ours()
-  local res = self:run({ 'ps', '--all', '--no-trunc', '--filter', 'label=' .. PROVIDER_LABEL .. '=docker',
-    '--format', '{{.ID}} {{.Label "' .. EXPIRES_LABEL .. '"}} {{.Label "' .. ID_LABEL .. '"}}' }, 'list containers')
-  local out = {}
-  for line in res.stdout:gmatch('[^\n]+') do
-    local id, expires, sandbox = line:match('^(%x+) (%d*) (%S*)$')
-    if id then out[#out + 1] = { id = id, sandbox = sandbox, expires_ms = tonumber(expires) } end
-  end
-  return out
-end
-
---- The network `name` as `{ id, driver, labels, options }`, or nil when there is none.
-function Cli:network(name)
-  local res = self:run({ 'network', 'inspect', '--format',
-    '{"id":{{json .Id}},"driver":{{json .Driver}},"labels":{{json .Labels}},"options":{{json .Options}}}', '--', name },
-    'inspect a network', { not_found = true })
-  if not res then return nil end
-  local ok, t = pcall(core.json.decode, res.stdout)
-  if not ok or type(t) ~= 'table' then error(docker_error('failed', 'inspect a network'), 0) end
-  return t
-end
-
---- Creates a bridge network; returns false when one of that name already exists.
-function Cli:create_network(name, labels, options)
-  local a = { 'network', 'create', '--driver', 'bridge' }
-  for k, v in pairs(labels) do a[#a + 1] = '--label'; a[#a + 1] = k .. '=' .. v end
-  for k, v in pairs(options) do a[#a + 1] = '--opt'; a[#a + 1] = k .. '=' .. v end
-  a[#a + 1] = '--'
-  a[#a + 1] = name
-  local res = self:run(a, 'create a network', { conflict = true })
-  return res ~= nil
-end
-
--- }======================================================
-
--- {======================================================
--- Engine: the Engine API over its unix socket
--- =======================================================
-
-local Api = {}
-Api.__index = Api
-
--- One request; returns status and the decoded body (or nil).
-function Api:request(method, path, body, what, timeout_ms)
-  local headers = {}
-  local text
-  if body ~= nil then
-    text = core.json.encode(body)
-    headers['Content-Type'] = 'application/json'
-  end
-  local ok, res = pcall(http.request, {
-    url = 'http://docker' .. path, method = method, headers = headers, body = text,
-    unix_socket = self.socket, timeout_ms = timeout_ms or ENGINE_TIMEOUT_MS, max_body_bytes = 16 * MIB,
-  })
-  if not ok then
-    if errors.is(res, 'CANCELLED') then error(res, 0) end
-    if errors.is(res, 'TIMEOUT') then error(docker_error('timeout', what), 0) end
-    error(docker_error('unavailable', what), 0)
-  end
-  local decoded
-  if res.body and res.body ~= '' then
-    local dok, v = pcall(core.json.decode, res.body)
-    if dok then decoded = v end
-  end
-  return res.status, decoded
-end
-
-local function api_failure(status, what)
-  local sandbox = require('mayura.sandbox')
-  local e = sandbox.sandbox_http_failure(status)
-  e.message = 'docker could not ' .. what .. ' (HTTP ' .. tostring(status) .. ')'
-  return e
-end
-
-function Api:image_env(image)
-  local status, body = self:request('GET', '/images/' .. url_escape(image) .. '/json', nil, 'inspect the image')
-  if status == 404 then return nil end
-  if status ~= 200 then error(api_failure(status, 'inspect the image'), 0) end
-  local env = type(body) == 'table' and type(body.Config) == 'table' and body.Config.Env
-  return type(env) == 'table' and env or {}
-end
-
-local function api_config(c)
-  local json = core.json
-  local tmpfs = {}
-  for _, t in ipairs(c.tmpfs) do tmpfs[t.path] = t.options end
-  local mounts = {}
-  for i, m in ipairs(c.mounts) do
-    mounts[i] = { Type = 'bind', Source = m.source, Target = m.target, ReadOnly = m.read_only == true }
-  end
-  local host = {
-    NetworkMode = c.network,
-    CapDrop = { 'ALL' },
-    SecurityOpt = { 'no-new-privileges' },
-    ReadonlyRootfs = c.read_only,
-    Tmpfs = tmpfs,
-    Mounts = mounts,
-    Memory = c.memory_bytes,
-    MemorySwap = c.memory_bytes,
-    NanoCpus = math.floor(c.cpus * 1e9 + 0.5),
-    PidsLimit = c.pids,
-    Init = false,
-    ShmSize = c.shm_bytes,
-    OomScoreAdj = c.oom_score_adj,
-    Runtime = c.runtime,
-    Ulimits = c.nproc and { { Name = 'nproc', Soft = c.nproc, Hard = c.nproc } } or nil,
-    AutoRemove = true,
-    LogConfig = { Type = 'none', Config = setmetatable({}, json.object_mt) },
-  }
-  local config = {
-    Image = c.image,
-    Hostname = 'sandbox',
-    User = c.user,
-    WorkingDir = c.workdir,
-    Entrypoint = c.entrypoint,
-    Cmd = c.cmd,
-    Labels = c.labels,
-    HostConfig = host,
-  }
-  if #c.ports > 0 then
-    local exposed, bindings = {}, {}
-    for _, port in ipairs(c.ports) do
-      local key = port .. '/tcp'
-      exposed[key] = setmetatable({}, json.object_mt)
-      bindings[key] = { { HostIp = '127.0.0.1', HostPort = '' } }
-    end
-    config.ExposedPorts = exposed
-    host.PortBindings = bindings
-  end
-  return config
-end
-
--- The daemon's reason for a refused call: its message on one line, at most 300 characters.
-local function daemon_reason(body)
-  local m = type(body) == 'table' and type(body.message) == 'string' and body.message or ''
-  m = m:gsub('[%c]+', ' ')
-  if #m > 300 then m = m:sub(1, 297) .. '...' end
-  return m
-end
-
--- Reasons a start fails for a while on a loaded machine (the runtime starved of time or of
--- processes): such a start is tried again. Docker answers them 500, or 400 when the text holds a
--- word it takes for bad configuration.
-local TRANSIENT = {
-  'resource temporarily unavailable', 'deadline exceeded', 'timed out', 'timeout', 'connection reset',
-  'device or resource busy', 'interrupted system call', 'broken pipe', 'cannot allocate memory',
-}
-
-local function transient(reason)
-  local low = reason:lower()
-  for _, w in ipairs(TRANSIENT) do
-    if low:find(w, 1, true) then return true end
-  end
-  return false
-end
-
--- Creates and starts a container; returns its id. A start refused for a passing reason is tried
--- again (a fresh container each time, START_TRIES in all, before `c.start_by` on the hrtime
--- clock when given); one the runtime refused is an error marked `runtime` (the create then tries
--- without what a runtime may refuse); any other refusal keeps the daemon's reason as its cause.
-function Api:run_container(c)
-  local tries = 0
-  while true do
-    tries = tries + 1
-    local status, body = self:request('POST', '/containers/create?name=' .. url_escape(c.name), api_config(c),
-      'create a container')
-    if status == 404 then error(no_image(c.image), 0) end
-    if status ~= 201 then error(api_failure(status, 'create a container'), 0) end
-    local id = type(body) == 'table' and body.Id
-    if type(id) ~= 'string' or not id:match('^%x+$') then
-      pcall(self.remove, self, c.name)
-      error(docker_error('failed', 'create a container'), 0)
-    end
-    status, body = self:request('POST', '/containers/' .. id .. '/start', nil, 'start a container')
-    if status == 204 or status == 304 then return id end
-    pcall(self.remove, self, id)
-    if status == 404 then error(docker_error('unavailable', 'start a container'), 0) end
-    local reason = daemon_reason(body)
-    local pause = START_PAUSE_MS * tries
-    local low = reason:lower()
-    local passing = (status == 400 or status >= 500) and (transient(reason) or runc_lost_child(c, low))
-    if passing and may_retry(c, tries) then
-      task.sleep(pause)
-    else
-      if not passing and (status == 400 or status == 500) and c.oom_score_adj
-        and (low:find('oci runtime', 1, true) or low:find('oom_score_adj', 1, true)) then
-        error(docker_error('runtime', 'start a container'), 0)
-      end
-      -- the daemon's words go in `cause` (for logs), never in the message
-      local e = api_failure(status, 'start a container')
-      if reason ~= '' then
-        e.message = 'docker could not start a container (HTTP ' .. status .. '; the daemon\'s reason is the '
-          .. 'error\'s cause)'
-        e.cause = reason
-      end
-      error(e, 0)
-    end
-  end
-end
-
-function Api:runtimes()
-  local status, body = self:request('GET', '/info', nil, 'list its runtimes')
-  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list its runtimes'), 0) end
-  return type(body.Runtimes) == 'table' and body.Runtimes or {}
-end
-
-function Api:inspect(id)
-  local status, body = self:request('GET', '/containers/' .. id .. '/json', nil, 'inspect a container')
-  if status == 404 then return nil end
-  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a container'), 0) end
-  local state = type(body.State) == 'table' and body.State or {}
-  local net = type(body.NetworkSettings) == 'table' and body.NetworkSettings or {}
-  return { running = state.Running == true, pid = tonumber(state.Pid), ports = net.Ports }
-end
-
-function Api:remove(id)
-  local status = self:request('DELETE', '/containers/' .. id .. '?force=true&v=true', nil, 'remove a container')
-  if status == 204 or status == 404 then return end
-  if status == 409 then
-    -- its auto-remove is under way: wait for it to finish
-    status = self:request('POST', '/containers/' .. id .. '/wait?condition=removed', nil, 'remove a container')
-    if status == 200 or status == 404 then return end
-  end
-  error(api_failure(status, 'remove a container'), 0)
-end
-
-function Api:list_ours()
-  local filters = core.json.encode({ label = { PROVIDER_LABEL .. '=docker' } })
-  local status, body = self:request('GET', '/containers/json?all=1&filters=' .. url_escape(filters), nil,
-    'list containers')
-  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list containers'), 0) end
-  local out = {}
-  for _, c in ipairs(body) do
-    local labels = type(c) == 'table' and type(c.Labels) == 'table' and c.Labels or {}
-    if type(c.Id) == 'string' and c.Id:match('^%x+$') then
-      out[#out + 1] = { id = c.Id, sandbox = labels[ID_LABEL], expires_ms = tonumber(labels[EXPIRES_LABEL]) }
-    end
-  end
-  return out
-end
-
-function Api:network(name)
-  local status, body = self:request('GET', '/networks/' .. url_escape(name), nil, 'inspect a network')
-  if status == 404 then return nil end
-  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'inspect a network'), 0) end
-  return { id = body.Id, driver = body.Driver, labels = body.Labels, options = body.Options }
-end
-
-function Api:create_network(name, labels, options)
-  local status = self:request('POST', '/networks/create', {
-    Name = name, Driver = 'bridge', CheckDuplicate = true, Labels = labels, Options = options,
-  }, 'create a network')
-  if status == 409 then return false end
-  if status ~= 201 then error(api_failure(status, 'create a network'), 0) end
-  return true
-end
-
--- }======================================================
-
--- {======================================================
--- The host directories of the agents' sockets
--- =======================================================
-
-local function run_base(uid)
-  if uid == 0 then return '/run/mayura/docker' end
-  local rt = os.getenv('XDG_RUNTIME_DIR')
-  if rt and rt:sub(1, 1) == '/' then return rt .. '/mayura/docker' end
-  return '/tmp/mayura-' .. tostring(uid) .. '/docker'
-end
-
--- Whether another user could replace `dir` or what is in it: every directory from `dir` up to the
--- root (links resolved) must be root's or ours, and writable by nobody else unless it is sticky
--- and root's (as /tmp is).
-local function others_control(dir, uid)
-  local real = uv_fs('fs_realpath', dir)
-  if type(real) ~= 'string' then return true end
-  local path = real
-  while true do
-    local st = uv_fs('fs_lstat', path == '' and '/' or path)
-    if type(st) ~= 'table' or st.type ~= 'directory' or (st.uid ~= 0 and st.uid ~= uid) then return true end
-    local others_write = math.floor(st.mode / 16) % 2 == 1 or math.floor(st.mode / 2) % 2 == 1
-    local sticky = math.floor(st.mode / 512) % 2 == 1
-    if others_write and not (sticky and st.uid == 0) then return true end
-    if path == '' or path == '/' then return false end
-    path = path:match('^(.*)/[^/]*$')
-  end
-end
-
--- Makes the base directory (0700, ours, not a link, in directories no other user controls); raises
--- INVALID_CONFIG when it cannot be trusted.
-local function prepare_base(base, uid)
-  local ok = await(function(cb) core.fs.mkdir(base, { mode = MODE_0700 }, cb) end)
-  local st = uv_fs('fs_lstat', base)
-  if not ok or type(st) ~= 'table' or st.type ~= 'directory' or st.uid ~= uid
-    or others_control(base:match('^(.*)/[^/]*$'), uid) then
-    errors.raise('INVALID_CONFIG', 'the sandbox socket directory ' .. base .. ' cannot be made or is not ours', nil, 0)
-  end
-  if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, MODE_0700) end
-end
-
--- As root, the default base directory is a file system of its own (a tmpfs, mounted once under a
--- lock, so two hosts starting at once never stack two): a bind of a directory or file in it shows in
--- a container's mount table as its name inside that file system alone ('/<expires>-<id>',
--- '/agent-<hash>'), never a path of the host. Returns whether the base is one.
-local BASE_FS_OPTIONS = 'mode=0700,size=64m,nr_inodes=262144,nosuid,nodev'
-local function own_fs(base)
-  local function mounted()
-    local st, up = uv_fs('fs_lstat', base), uv_fs('fs_lstat', base .. '/..')
-    return type(st) == 'table' and type(up) == 'table' and st.dev ~= up.dev
-  end
-  if mounted() then return true end
-  local flock, mount, mountpoint = find_in_path('flock'), find_in_path('mount'), find_in_path('mountpoint')
-  if not (flock and mount and mountpoint) then return false end
-  pcall(process.run, { flock, '-w', '10', base .. '.lock', mount, '--no-mtab', '-t', 'tmpfs', '-o',
-    BASE_FS_OPTIONS, 'mayura', base }, { timeout_ms = 15000 })
-  return mounted()
-end
-
--- The agent as a file of the base directory, named by its SHA-256 (made by a rename, so a file of
--- that name is always whole): what the container binds, instead of the agent's path on the host.
-local function stage_agent(base, agent)
-  local bytes = read_plain(agent)
-  if not bytes or bytes == '' then errors.raise('INVALID_CONFIG', 'the sandbox agent cannot be read', nil, 0) end
-  local hex = core.sha256(bytes):gsub('.', function(c) return ('%02x'):format(c:byte()) end)
-  local path = base .. '/agent-' .. hex:sub(1, 32)
-  local st = uv_fs('fs_lstat', path)
-  if type(st) == 'table' and st.type == 'file' and st.size == #bytes then return path end
-  local tmp = path .. '.' .. random_hex(6)
-  local f = io.open(tmp, 'wb')
-  local ok = f and f:write(bytes) and true
-  if f then ok = f:close() and ok end
-  if not ok or not uv_fs('fs_chmod', tmp, tonumber('555', 8)) or not uv_fs('fs_rename', tmp, path) then
-    os.remove(tmp)
-    error(errors.sandbox('unavailable', 'cannot place the sandbox agent in the socket directory'), 0)
-  end
-  return path
-end
-
--- Removes the directories of sandboxes whose lifetime is over (left by a host killed before release).
-local function sweep(base)
-  local entries = await(function(cb) core.fs.list(base, cb) end)
-  if type(entries) ~= 'table' then return end
-  local now_s = math.floor(core.now_ms() / 1000)
-  for _, e in ipairs(entries) do
-    local expires = tonumber((e.name or ''):match('^(%d+)%-mayura%-%x+$'))
-    if expires and expires + SWEEP_GRACE_S < now_s then remove_dir(base .. '/' .. e.name) end
-  end
-end
-
--- Removes the directories of the sandboxes named in `ids` (a set), whatever their time.
-local function remove_dirs_of(base, ids)
-  local entries = await(function(cb) core.fs.list(base, cb) end)
-  if type(entries) ~= 'table' then return end
-  for _, e in ipairs(entries) do
-    local id = (e.name or ''):match('^%d+%-(mayura%-%x+)$')
-    if id and ids[id] then remove_dir(base .. '/' .. e.name) end
-  end
-end
-
--- }======================================================
-
--- {======================================================
--- Host uids for sandboxes, and what is shared between providers of this process
--- =======================================================
-
-local uids_in_use = {}      -- uid -> true, for the sandboxes of this process
 local reaped_at = {}        -- daemon host -> when a reap last started (hrtime ms)
 local oom_refused = {}      -- daemon host -> true once its runtime refused a negative OOM score
-
--- The uid ranges of /etc/subuid or /etc/subgid: a user may run processes under those uids.
-local function subid_ranges(path)
-  local ranges = {}
-  for line in (read_plain(path) or ''):gmatch('[^\n]+') do
-    local first, count = line:match('^[^:]*:(%d+):(%d+)')
-    if first then ranges[#ranges + 1] = { tonumber(first), tonumber(first) + tonumber(count) - 1 } end
-  end
-  return ranges
-end
-
-local function in_ranges(n, ranges)
-  for _, r in ipairs(ranges) do
-    if n >= r[1] and n <= r[2] then return true end
-  end
-  return false
-end
-
--- Whether the host's files or name service know `id` as a user or a group.
-local function host_knows(id)
-  local text = tostring(id)
-  for _, file in ipairs({ '/etc/passwd', '/etc/group' }) do
-    for line in (read_plain(file) or ''):gmatch('[^\n]+') do
-      if line:match('^[^:]*:[^:]*:(%d+):') == text then return true end
-    end
-  end
-  local getent = find_in_path('getent')
-  if not getent then return false end
-  for _, db in ipairs({ 'passwd', 'group' }) do
-    local ok, res = pcall(process.run, { getent, db, text }, { timeout_ms = 10000 })
-    -- 2 is "not found"; anything else (found, or no answer) counts as known
-    if not ok or res.exit_code ~= 2 then return true end
-  end
-  return false
-end
-
--- A uid (also the gid) for one sandbox that no host account, group or subordinate range has and no
--- other sandbox of this process uses; raises `unavailable` when none is found.
-local function pick_uid()
-  local ranges = subid_ranges('/etc/subuid')
-  for _, r in ipairs(subid_ranges('/etc/subgid')) do ranges[#ranges + 1] = r end
-  for _ = 1, 16 do
-    local n = UID_BASE + (tonumber(random_hex(4), 16) or 0) % UID_SPAN
-    if not uids_in_use[n] and not in_ranges(n, ranges) and not host_knows(n) then
-      uids_in_use[n] = true
-      return n
-    end
-  end
-  error(errors.sandbox('unavailable', 'no free uid for the sandbox'), 0)
-end
-
--- Whether the agent binary knows `--peer-uid` (it then serves only the host's uid on its socket). Read
--- at each construction (a millisecond), plainly, so a provider can be made anywhere.
-local function agent_takes_peer_uid(agent)
-  return (read_plain(agent) or ''):find('--peer-uid', 1, true) ~= nil
-end
-
--- }======================================================
-
--- {======================================================
--- The network of 'all' sandboxes, and the reaper of expired containers
--- =======================================================
-
-local NETWORK_OPTIONS = {
-  ['com.docker.network.bridge.enable_icc'] = 'false',            -- no traffic between its containers
-  ['com.docker.network.bridge.host_binding_ipv4'] = '127.0.0.1', -- ports published on loopback by default
-}
-
-local function network_is_ours(info)
-  local labels = type(info.labels) == 'table' and info.labels or {}
-  local options = type(info.options) == 'table' and info.options or {}
-  return info.driver == 'bridge' and labels[NETWORK_LABEL] == 'isolated'
-    and options['com.docker.network.bridge.enable_icc'] == 'false'
-end
-
--- The name of the host interface of the bridge network `info`: the name it was given, else Docker's.
-local function bridge_name(info)
-  local options = type(info.options) == 'table' and info.options or {}
-  local name = options['com.docker.network.bridge.name']
-  if type(name) == 'string' and name ~= '' then return name end
-  if type(info.id) ~= 'string' or not info.id:match('^%x+$') or #info.id < 12 then
-    error(docker_error('failed', 'inspect a network (no id)'), 0)
-  end
-  return 'br-' .. info.id:sub(1, 12)
-end
-
--- Makes sure the network of 'all' sandboxes is there, ours and isolating, creating it when missing;
--- and, with `firewall` (the programs, as root), that the host's rules around its bridge are loaded
--- (mayura.sandbox._firewall: nothing of the host, no other container, no special-purpose range).
-local function ensure_network(engine, firewall)
-  local info = engine:network(NETWORK)
-  if not info then
-    engine:create_network(NETWORK, { [PROVIDER_LABEL] = 'docker', [NETWORK_LABEL] = 'isolated' }, NETWORK_OPTIONS)
-    -- made here, or by someone else at the same moment: either way, look at what is there
-    info = engine:network(NETWORK)
-    if not info then error(docker_error('failed', 'create a network'), 0) end
-  end
-  if not network_is_ours(info) then
-    error(errors.sandbox('conflict', 'a Docker network named ' .. NETWORK .. ' exists that is not mayura\'s ' ..
-      'isolated bridge (remove it)'), 0)
-  end
-  if firewall then
-    local ok, err = pcall(fw.ensure_docker, firewall, bridge_name(info))
-    if not ok then error(errors.sandbox('unavailable', tostring(err)), 0) end
-  end
-end
 
 -- Removes our containers whose lifetime (label mayura.expires) is over, and their socket directories
 -- under `base`: what a host killed with SIGKILL, or an agent that never ended its container, left.
@@ -883,7 +149,7 @@ local function reap(engine, host, base, owner, force)
         end
       end
       -- only in a base directory that is ours and that no other user can swap
-      if next(gone) and pcall(prepare_base, base, owner) then remove_dirs_of(base, gone) end
+      if next(gone) and pcall(dirs.prepare_base, base, owner) then dirs.remove_dirs_of(base, gone) end
     end)
   end)
 end
@@ -934,7 +200,7 @@ function Backend:release()
     if self.ch then pcall(self.ch.close, self.ch) end
   end
   pcall(remove_dir, self.dir)
-  if self.own_uid then uids_in_use[self.uid] = nil end
+  if self.own_uid then uids.free(self.uid) end
   local waiters = self.waiters
   self.waiters = nil
   for _, done in ipairs(waiters) do done() end
@@ -955,38 +221,6 @@ function Backend:arm(ms)
   timer:unref()
 end
 
---- Starts the egress proxy of an allow-listed container (`--network none`: its loopback alone) in its
--- network namespace, found from its PID 1 on this machine, and the forwards of `spec.ports`.
-local function start_proxy(backend, eng, container, spec, resolve)
-  local uv = require('luv')
-  local function fail(what)
-    error(errors.sandbox('unavailable', 'cannot connect the sandbox\'s network: ' .. what), 0)
-  end
-  local st = eng:inspect(container)
-  if not st or not st.running or not st.pid or st.pid <= 1 then fail('the sandbox did not start') end
-  local ns_fd = uv.fs_open('/proc/' .. math.floor(st.pid) .. '/ns/net', 'r', 0)
-  if not ns_fd then fail('its namespace cannot be opened') end
-  -- never the host's own namespace, whatever the daemon said
-  local link = uv.fs_readlink('/proc/self/fd/' .. ns_fd)
-  if not link or link == uv.fs_readlink('/proc/self/ns/net') then
-    uv.fs_close(ns_fd)
-    fail('not the sandbox\'s namespace')
-  end
-  -- still that container's PID 1 (not a pid reused since the inspect)
-  local again = eng:inspect(container)
-  if not again or again.pid ~= st.pid then
-    uv.fs_close(ns_fd)
-    fail('the sandbox ended')
-  end
-  local ok, proxy = pcall(egress.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event,
-    resolve = resolve })
-  if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
-  backend.proxy = proxy
-  for _, port in ipairs(spec.ports or {}) do
-    backend.ports[port] = proxy:forward(port)
-    if not backend.ports[port] then fail('cannot forward port ' .. port) end
-  end
-end
 
 local function cgroup_oom_file(id)
   local candidates = {
@@ -1065,30 +299,6 @@ local function check_runtime(p, runtime, checking)
 end
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
-local function socket_of(host)
-  if type(host) ~= 'string' or host == '' then errors.raise('INVALID_CONFIG', 'host must be a string', nil, 0) end
-  local path = host:match('^unix://(/.+)$')
-  if not path then
-    if host:match('^%a[%w+.-]*://') then
-      errors.raise('INVALID_CONFIG', 'host must be a local daemon (unix:///path/to/docker.sock); remote hosts ' ..
-        '(tcp://, ssh://, ...) are refused', nil, 0)
-    end
-    errors.raise('INVALID_CONFIG', 'host must be unix:///path/to/docker.sock', nil, 0)
-  end
-  if path:find('[%z\n]') or #path > 107 then
-    errors.raise('INVALID_CONFIG', 'host is not a usable socket path', nil, 0)
-  end
-  return path
-end
-
-local function default_host()
-  local env = os.getenv('DOCKER_HOST')
-  if env and env ~= '' then return env end
-  if exists('/var/run/docker.sock') then return 'unix:///var/run/docker.sock' end
-  local rt = os.getenv('XDG_RUNTIME_DIR')
-  if rt and rt ~= '' and exists(rt .. '/docker.sock') then return 'unix://' .. rt .. '/docker.sock' end
-  return 'unix:///var/run/docker.sock'
-end
 
 local RESERVED_DIRS = { ['/'] = true, ['/tmp'] = true, ['/proc'] = true, ['/sys'] = true, ['/dev'] = true,
   ['/etc'] = true, ['/.mayura'] = true }
@@ -1132,7 +342,7 @@ function M.docker_sandboxes(options, how)
   end
   local engine = options.engine or 'cli'
   if engine ~= 'cli' and engine ~= 'api' then errors.raise(C, "engine must be 'cli' or 'api'", nil, 2) end
-  local ok, socket = pcall(socket_of, options.host or default_host())
+  local ok, socket = pcall(engines.socket_of, options.host or engines.default_host())
   if not ok then error(socket, 2) end
   local user, uid, gid = options.user, nil, nil
   if user ~= nil then
@@ -1177,9 +387,9 @@ function M.docker_sandboxes(options, how)
     end
     local cli = find_in_path(options.docker or 'docker')
     if not cli then errors.raise(C, 'the docker CLI is not installed (or not on the PATH)', nil, 2) end
-    p.engine = setmetatable({ docker = cli, host = p.host }, Cli)
+    p.engine = engines.new('cli', cli, p.host)
   else
-    p.engine = setmetatable({ socket = socket }, Api)
+    p.engine = engines.new('api', nil, nil, socket)
   end
   if options.runtime ~= nil then
     local rok, rerr = pcall(check_runtime, p, options.runtime, checking)
@@ -1191,7 +401,7 @@ function M.docker_sandboxes(options, how)
   local me = my_uid()
   -- an agent that knows --peer-uid serves its socket to this process's uid only (any uid can connect);
   -- an older one makes it 0600 for the sandbox's user, which only root or that same uid can open
-  p.peer_uid = agent_takes_peer_uid(p.agent) and me or nil
+  p.peer_uid = uids.agent_takes_peer_uid(p.agent) and me or nil
   if me ~= 0 and me ~= p.uid and not p.peer_uid then
     errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. '): ' ..
       'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
@@ -1216,7 +426,7 @@ function M.docker_sandboxes(options, how)
     network = p.gvisor or p.firewall ~= nil, inodes = not p.gvisor,
     oom_protected = not p.gvisor and not oom_refused[p.host], kernel = p.gvisor and 'gvisor' or 'host',
   }
-  p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
+  p.run_base = options.run_dir and absolute(options.run_dir) or dirs.run_base(me)
   p.own_fs = me == 0 and not options.run_dir
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
@@ -1232,7 +442,7 @@ function M.docker_sandboxes(options, how)
     local env = self.engine:image_env(name)
     if env == nil then
       images[name] = nil
-      error(no_image(name), 0)
+      error(engines.no_image(name), 0)
     end
     local map = {}
     for _, kv in ipairs(env) do
@@ -1281,20 +491,20 @@ function M.docker_sandboxes(options, how)
     image_env(self, image_name)
 
     if not prepared then
-      prepare_base(self.run_base, self.my_uid)
-      if self.own_fs then own_fs(self.run_base) end
-      sweep(self.run_base)
-      self.agent_in_base = stage_agent(self.run_base, self.agent)
+      dirs.prepare_base(self.run_base, self.my_uid)
+      if self.own_fs then dirs.own_fs(self.run_base) end
+      dirs.sweep(self.run_base)
+      self.agent_in_base = dirs.stage_agent(self.run_base, self.agent)
       prepared = true
     end
     reap(self.engine, self.host, self.run_base, self.my_uid, false)
     if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
-      ensure_network(self.engine, self.firewall)
+      docker_net.ensure(self.engine, self.firewall)
       network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
     end
     local sb_uid, sb_gid, own_uid = self.uid, self.gid, false
     if not sb_uid then
-      sb_uid = pick_uid()
+      sb_uid = uids.pick()
       sb_gid, own_uid = sb_uid, true
     end
     local id = 'mayura-' .. random_hex(6)
@@ -1303,7 +513,7 @@ function M.docker_sandboxes(options, how)
     local dir = self.run_base .. '/' .. expires_s .. '-' .. id
     local made, merr = uv_fs('fs_mkdir', dir, MODE_0700)
     if not made then
-      if own_uid then uids_in_use[sb_uid] = nil end
+      if own_uid then uids.free(sb_uid) end
       error(errors.sandbox('unavailable', 'cannot make the sandbox\'s socket directory', merr), 0)
     end
     -- the agent (the sandbox's user, "other" here) makes its socket in it, but cannot list it; closed
@@ -1323,7 +533,7 @@ function M.docker_sandboxes(options, how)
     end
     local c = {
       name = id, image = image_name, user = sb_uid .. ':' .. sb_gid, workdir = self.workdir,
-      network = network == 'all' and NETWORK or 'none',
+      network = network == 'all' and docker_net.NETWORK or 'none',
       read_only = self.read_only_root,
       tmpfs = {
         tmpfs(self.workdir, self.workspace_mib, '0755', 'exec'),
@@ -1384,7 +594,7 @@ function M.docker_sandboxes(options, how)
     end
     if not rok then
       remove_dir(dir)
-      if own_uid then uids_in_use[sb_uid] = nil end
+      if own_uid then uids.free(sb_uid) end
       if network == 'all' then network_checked = nil end
       error(container, 0)
     end
@@ -1396,7 +606,7 @@ function M.docker_sandboxes(options, how)
     }, Backend)
     local sok, serr = pcall(function()
       if network == 'allowlist' then
-        start_proxy(backend, eng, container, spec, self.proxy_resolve)
+        docker_net.start_proxy(backend, eng, container, spec, self.proxy_resolve)
       elseif #ports > 0 then
         local st = eng:inspect(container)
         if not st then error(errors.sandbox('unavailable', 'the sandbox did not start'), 0) end
