@@ -83,6 +83,7 @@ local END = ':end'                -- the last line of every answer: without it, 
 local TRAP = "trap 'echo " .. END .. "' EXIT\n"   -- starts every command (its room is kept)
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
+local DEFAULT_WAIT_MS = 1000      -- the longest one call waits in the sandbox, unless the transport says
 local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
@@ -140,6 +141,11 @@ end
 local Backend = {}
 Backend.__index = Backend
 
+-- The calls' buckets, one per `transport.rate` table (a provider that gives every sandbox of an
+-- account the same table keeps them all within the account's rate together).
+local buckets = setmetatable({}, { __mode = 'k' })
+local nap
+
 -- {======================================================
 -- Running scripts
 -- =======================================================
@@ -152,6 +158,7 @@ end
 -- Runs one script through the transport (raw: also after release); returns its stdout.
 function Backend:_raw(script, stdin, signal)
   local t = self._transport
+  self:_take()
   -- the shell says it ended, whichever way it exits (a subshell does not inherit the trap)
   local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal })
   if not ok then
@@ -175,6 +182,28 @@ function Backend:_raw(script, stdin, signal)
   end
   if res.truncated == true then error(cut(), 0) end
   return out
+end
+
+-- Waits until the transport's rate allows one more call (a token of its bucket: `burst` at most,
+-- `per_second` more each second), then takes it; a stop waits too (the service would refuse it).
+function Backend:_take()
+  local r = self._rate
+  if not r then return end
+  local b = buckets[r]
+  if not b then
+    b = { tokens = r.burst, at = core.hrtime_ms() }
+    buckets[r] = b
+  end
+  while true do
+    local now = core.hrtime_ms()
+    b.tokens = math.min(r.burst, b.tokens + (now - b.at) * r.per_second / 1000)
+    b.at = now
+    if b.tokens >= 1 then
+      b.tokens = b.tokens - 1
+      return
+    end
+    nap({}, (1 - b.tokens) * 1000 / r.per_second)
+  end
 end
 
 -- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
@@ -358,7 +387,7 @@ local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
   'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$b.out" 2>"$b.err"' ..
   ';r=$?;fi\n' ..
   ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
-  'sleep 1;kill -9 0\n'
+  '(sleep 1;kill -9 0)&\n'
 
 local function start_script(base, tag, cwd, stdin_file, env, argv)
   local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
@@ -376,6 +405,22 @@ local function start_script(base, tag, cwd, stdin_file, env, argv)
     scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
     ' </dev/null >/dev/null 2>&1 &\n' ..
     'echo $! >"$b.pid"\necho OK\n'
+end
+
+-- Waits in the sandbox, at most about `ms`, until the command ends (its exit code is written or
+-- its shell is gone) or, with `offsets`, until its outputs grow past them: naps of 1 ms doubling
+-- to 64 ms, each counted 1 ms longer than asked (a nap's own start takes time). Empty for 0 ms.
+local function wait_script(ms, offsets)
+  if ms <= 0 then return '' end
+  local grow = ''
+  if offsets then
+    grow = '[ $d -ge 16 ]&&{ set -- $(stat -c %s -- "$b.out" "$b.err" 2>/dev/null)\n' ..
+      '{ [ "${1:-0}" -gt ' .. offsets.stdout .. ' ]||[ "${2:-0}" -gt ' .. offsets.stderr .. ' ];}&&break;}\n'
+  end
+  return 'p=;read -r p 2>/dev/null <"$b.pid";w=0;d=1\n' ..
+    'while [ ! -s "$b.rc" ]&&[ $w -lt ' .. math.floor(ms) .. ' ]&&kill -0 "$p" 2>/dev/null;do\n' .. grow ..
+    'case $d in 1)s=.001;;2)s=.002;;4)s=.004;;8)s=.008;;16)s=.016;;32)s=.032;;*)s=.064;;esac\n' ..
+    'sleep $s 2>/dev/null||{ sleep 1;w=$((w+1000));}\nw=$((w+d+1));[ $d -lt 64 ]&&d=$((d+d))\ndone\n'
 end
 
 -- The command's files, removed in the background (the answer does not wait for rm).
@@ -397,8 +442,8 @@ local function report(base, inline)
     remove_files(base) .. 'else echo .;fi\n'
 end
 
-local function poll_script(base, inline)
-  return 'b=' .. q(base) .. '\n' ..
+local function poll_script(base, inline, wait)
+  return 'b=' .. q(base) .. '\n' .. (wait or '') ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R;exit 0;fi\n' ..
     'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
     -- rc is one short line written in one write; read stops at its newline
@@ -407,10 +452,10 @@ end
 
 -- A streaming command's poll while it runs: 'R', then the bytes of out and err past the offsets
 -- given (at most INLINE of each) as base64, each followed by '-'.
-local function poll_stream_script(base, offsets, cap, inline)
+local function poll_stream_script(base, offsets, cap, inline, wait)
   local lo = math.max(0, math.min(inline, cap - offsets.stdout))
   local le = math.max(0, math.min(inline, cap - offsets.stderr))
-  return 'b=' .. q(base) .. '\n' ..
+  return 'b=' .. q(base) .. '\n' .. (wait or '') ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R\n' ..
     'for f in out:' .. offsets.stdout .. ':' .. lo .. ' err:' .. offsets.stderr .. ':' .. le .. ';do\n' ..
     'k=${f#*:};n=${k#*:};k=${k%:*};[ "$n" -gt 0 ]&&tail -c +$((k+1)) "$b.${f%%:*}" 2>/dev/null|head -c "$n"|base64\n' ..
@@ -460,7 +505,7 @@ local function parse_report(lines, i)
 end
 
 -- Waits `ms`, or less when rec.wake() is called (a cancel, a release).
-local function nap(rec, ms)
+function nap(rec, ms)
   local uv = require('luv')
   task.await(function(done)
     local timer = uv.new_timer()
@@ -530,10 +575,23 @@ function Backend:exec(argv, o)
     offsets[name] = offsets[name] + #bytes
     o.on_output(name, bytes)
   end
+  local deadline = started + (o.timeout_ms or 60000)
+  -- one call's script for the command's state: waits in the sandbox (up to the transport's
+  -- wait_ms, never past the deadline) for its end, or for more output while it streams
+  local function poll()
+    local wait = wait_script(math.min(self._wait, deadline - core.hrtime_ms()), streaming and offsets or nil)
+    return streaming and poll_stream_script(rec.base, offsets, cap, self._inline, wait)
+      or poll_script(rec.base, self._inline, wait)
+  end
   local ok, res = pcall(function()
     rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
-    local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
-    expect_ok(out, 1, 'the command')
+    -- the start, then the command's state in the same call: a short command ends in it
+    local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv)
+      .. poll(), nil, token))
+    local code = (lines[1] or ''):match('^E ([%w_]+)$')
+    if code then error(scripts.script_error(code, 'the command'), 0) end
+    if lines[1] ~= 'OK' then error(nonsense(), 0) end
+    table.remove(lines, 1)
     if o.on_start then
       o.on_start({ kill = function(sig)
         if not rec.over and not self._closed then
@@ -541,20 +599,10 @@ function Backend:exec(argv, o)
         end
       end })
     end
-    local deadline = started + (o.timeout_ms or 60000)
+    -- without waits in the sandbox, polls back off on the host (2 ms doubling to 250 ms)
     local delay = POLL_FIRST_MS
     while true do
-      local now = core.hrtime_ms()
-      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      if now >= deadline then break end
-      nap(rec, math.min(delay, deadline - now))
-      delay = math.min(delay * 2, POLL_MAX_MS)
-      if self._closed then error(gone(), 0) end
-      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local poll = streaming and poll_stream_script(rec.base, offsets, cap, self._inline)
-        or poll_script(rec.base, self._inline)
-      local lines = lines_of(self:_run(poll, nil, token))
-      if streaming and lines[1] == 'R' then
+      if streaming and lines[1] == 'R' and #lines > 1 then
         local o_new, e_new = parse_chunks(lines)
         pass_on('stdout', o_new)
         pass_on('stderr', e_new)
@@ -564,7 +612,7 @@ function Backend:exec(argv, o)
         error(errors.sandbox('failed', 'the command ended without an exit status'), 0)
       elseif lines[1] == 'D' then
         local rc = lines[2] or ''
-        local code = rc:match('^E ([%w_]+)$')
+        code = rc:match('^E ([%w_]+)$')
         if code then error(scripts.script_error(code, 'cwd'), 0) end
         local exit_code = int_of(rc)
         if not exit_code then error(nonsense(), 0) end
@@ -573,9 +621,19 @@ function Backend:exec(argv, o)
         pass_on('stdout', r.stdout:sub(offsets.stdout + 1))
         pass_on('stderr', r.stderr:sub(offsets.stderr + 1))
         return r
-      elseif lines[1] ~= 'R' or (not streaming and #lines ~= 1) then
+      elseif lines[1] ~= 'R' or #lines ~= 1 then
         error(nonsense(), 0)
       end
+      local now = core.hrtime_ms()
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      if now >= deadline then break end
+      if self._wait <= 0 then
+        nap(rec, math.min(delay, deadline - now))
+        delay = math.min(delay * 2, POLL_MAX_MS)
+      end
+      if self._closed then error(gone(), 0) end
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      lines = lines_of(self:_run(poll(), nil, token))
     end
     -- the timeout: stop everything, then take what the command wrote
     local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
@@ -629,6 +687,12 @@ function M.command_sandbox_backend(id, transport, release)
     DEFAULT_COMMAND_BYTES)
   local out_max = check.int(transport.max_output_bytes, 'transport.max_output_bytes', MIN_OUTPUT_BYTES, nil, C, 2,
     DEFAULT_OUTPUT_BYTES)
+  local wait = check.int(transport.wait_ms, 'transport.wait_ms', 0, 3600000, C, 2, DEFAULT_WAIT_MS)
+  local rate = transport.rate
+  if rate ~= nil and (type(rate) ~= 'table' or type(rate.per_second) ~= 'number' or not (rate.per_second > 0)
+      or rate.per_second == math.huge or not check.is_int(rate.burst) or rate.burst < 1) then
+    errors.raise(C, 'transport.rate must be { per_second = n > 0, burst = integer >= 1 }', nil, 2)
+  end
   local workdir = transport.workdir or '/workspace'
   local prefix = random_hex(8)
   local state = transport.state_dir or ('/tmp/.mayura-' .. prefix)
@@ -645,7 +709,7 @@ function M.command_sandbox_backend(id, transport, release)
     _read_chunk = fits(out_max - HEAD_ROOM, 4096),
     _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
-    _env = {},
+    _env = {}, _wait = wait, _rate = rate,
   }, Backend)
   if transport.env ~= nil then
     if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
