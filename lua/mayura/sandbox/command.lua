@@ -389,7 +389,19 @@ local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
   ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
   '(sleep 1;kill -9 0)&\n'
 
-local function start_script(base, tag, cwd, stdin_file, env, argv)
+-- Right after the start (the command's shell is this one's child, $!): waits for that child to
+-- end, at most `ms`, with a `sleep` as the timer: a trap on SIGCHLD ends the `wait` on the timer
+-- when either ends (dash, BusyBox), bash's `wait -n` does; the timer is then killed (an unreaped
+-- child of ours: its pid cannot be another's yet). Whatever the shell, wait_script follows (the
+-- time the timer ran out counted in `w`).
+local function wait_child_script(ms)
+  if ms <= 0 then return '' end
+  return '[ -s "$b.rc" ]||{ sleep ' .. ('%.3f'):format(ms / 1000) .. ' </dev/null >/dev/null 2>&1 & t=$!\n' ..
+    'if [ -n "$BASH_VERSION" ];then wait -n 2>/dev/null;else [ -s "$b.rc" ]||wait $t;fi\n' ..
+    'kill $t 2>/dev/null||w=' .. math.floor(ms) .. ';};trap - CHLD\n'
+end
+
+local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
   local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
   local names = {}
   for k in pairs(env) do names[#names + 1] = k end
@@ -401,10 +413,10 @@ local function start_script(base, tag, cwd, stdin_file, env, argv)
   end
   for _, a in ipairs(argv) do words[#words + 1] = q(a) end
   return 'b=' .. q(base) .. '\n' ..
-    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
+    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' .. (wait_ms > 0 and 'trap : CHLD\n' or '') ..
     scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
     ' </dev/null >/dev/null 2>&1 &\n' ..
-    'echo $! >"$b.pid"\necho OK\n'
+    'echo $! >"$b.pid"\n' .. wait_child_script(wait_ms) .. 'echo OK\n'
 end
 
 -- Waits in the sandbox, at most about `ms`, until the command ends (its exit code is written or
@@ -417,7 +429,7 @@ local function wait_script(ms, offsets)
     grow = '[ $d -ge 16 ]&&{ set -- $(stat -c %s -- "$b.out" "$b.err" 2>/dev/null)\n' ..
       '{ [ "${1:-0}" -gt ' .. offsets.stdout .. ' ]||[ "${2:-0}" -gt ' .. offsets.stderr .. ' ];}&&break;}\n'
   end
-  return 'p=;read -r p 2>/dev/null <"$b.pid";w=0;d=1\n' ..
+  return 'p=;read -r p 2>/dev/null <"$b.pid";w=${w:-0};d=1\n' ..
     'while [ ! -s "$b.rc" ]&&[ $w -lt ' .. math.floor(ms) .. ' ]&&kill -0 "$p" 2>/dev/null;do\n' .. grow ..
     'case $d in 1)s=.001;;2)s=.002;;4)s=.004;;8)s=.008;;16)s=.016;;32)s=.032;;*)s=.064;;esac\n' ..
     'sleep $s 2>/dev/null||{ sleep 1;w=$((w+1000));}\nw=$((w+d+1));[ $d -lt 64 ]&&d=$((d+d))\ndone\n'
@@ -586,8 +598,9 @@ function Backend:exec(argv, o)
   local ok, res = pcall(function()
     rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
     -- the start, then the command's state in the same call: a short command ends in it
-    local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv)
-      .. poll(), nil, token))
+    local first = math.min(self._wait, deadline - core.hrtime_ms())
+    local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
+      first) .. poll(), nil, token))
     local code = (lines[1] or ''):match('^E ([%w_]+)$')
     if code then error(scripts.script_error(code, 'the command'), 0) end
     if lines[1] ~= 'OK' then error(nonsense(), 0) end
@@ -636,7 +649,7 @@ function Backend:exec(argv, o)
       lines = lines_of(self:_run(poll(), nil, token))
     end
     -- the timeout: stop everything, then take what the command wrote
-    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
+    lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
     if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
     local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
     r.timed_out = true
@@ -689,8 +702,9 @@ function M.command_sandbox_backend(id, transport, release)
     DEFAULT_OUTPUT_BYTES)
   local wait = check.int(transport.wait_ms, 'transport.wait_ms', 0, 3600000, C, 2, DEFAULT_WAIT_MS)
   local rate = transport.rate
-  if rate ~= nil and (type(rate) ~= 'table' or type(rate.per_second) ~= 'number' or not (rate.per_second > 0)
-      or rate.per_second == math.huge or not check.is_int(rate.burst) or rate.burst < 1) then
+  local ps = type(rate) == 'table' and rate.per_second
+  if rate ~= nil and (type(ps) ~= 'number' or ps ~= ps or ps <= 0 or ps == math.huge
+      or not check.is_int(rate.burst) or rate.burst < 1) then
     errors.raise(C, 'transport.rate must be { per_second = n > 0, burst = integer >= 1 }', nil, 2)
   end
   local workdir = transport.workdir or '/workspace'

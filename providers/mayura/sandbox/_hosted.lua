@@ -792,6 +792,15 @@ function M.env_object(env)
   return setmetatable(out, json.object_mt)
 end
 
+--- How long one backend command may wait in the sandbox for a command to end (command_sandbox_backend's
+-- `transport.wait_ms`): 20 s, less where `limit_ms` (the service's own limit on one exec, if any) or
+-- half the call timeout `call_timeout_ms` is less; a long command then costs a call every 20 s.
+function M.wait_ms(call_timeout_ms, limit_ms)
+  local w = math.min(20000, math.floor(call_timeout_ms / 2))
+  if limit_ms then w = math.min(w, limit_ms) end
+  return math.max(0, w)
+end
+
 --- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
 -- (waiting until it runs, say) returns its transport, over which the working directory `workdir`
 -- is made first (the backend's commands start there); `destroy()` ends the sandbox at release.

@@ -69,7 +69,9 @@ end
 
 -- The transport: one executeCommand invoke (an event stream) per script.
 local function transport(api, base, session, workdir, env, idle)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env }
+  -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)) }
   function t.run(_, command, o)
     local result, failure
     local ok, err = pcall(api.stream, api, 'POST', base .. '/tools/invoke',

@@ -59,7 +59,8 @@ end
 -- The transport: one exec (an SSE stream) per script.
 local function transport(api, path, workdir, env, idle)
   local state = '/tmp/.mayura-' .. random_hex(8)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state }
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state,
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, idle and math.floor(idle / 2) or nil) }
   t.armed = false     -- set once the backend made its state directory
   function t.run(_, command, o)
     local script = command
