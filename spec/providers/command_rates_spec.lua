@@ -6,6 +6,7 @@ local sandbox = require('mayura.sandbox')
 local core = require('mayura.core')
 local transports = require('support.command_transports')
 local suite = require('support.stand_in_suite')
+local util = require('support.util')
 
 local BUSYBOX = '/usr/bin/busybox'
 
@@ -118,36 +119,104 @@ local HOSTED = {
           secret_access_key = 'mayura/Spec+Secret0123456789abcdefSECRET' }, retry_base_ms = 20 })
     end,
   },
+  {
+    name = 'Northflank',
+    install = function(s, b)
+      return require('support.northflank_service').install_with_exec_host(s, b, { token = 'nf_0123456789abcdefTOKEN',
+        project_id = 'sandboxes', team_id = 'team-a' })
+    end,
+    provider = function(s, e)
+      return require('mayura.sandbox.northflank').northflank_sandboxes({ token = 'nf_0123456789abcdefTOKEN',
+        project_id = 'sandboxes', api_url = s:url(''), exec_url = e.state.exec_url, retry_base_ms = 20 })
+    end,
+    teardown = function(e) e.state.close_all() end,
+  },
+  {
+    name = 'Railway',
+    install = function(s, b)
+      return require('support.railway_service').install_with_front(s, b, { token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1' })
+    end,
+    provider = function(s, e)
+      return require('mayura.sandbox.railway').railway_sandboxes({ token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1', endpoint = s:url(require('support.railway_service').PATH),
+        ws_url = e.state.ws_url, retry_base_ms = 20 })
+    end,
+    teardown = function(e) e.state.close_all() end,
+  },
+  {
+    name = 'CodeSandbox',
+    install = function(s, b)
+      local state = require('support.codesandbox_service').install(s, b, { token = 'csb_0123456789abcdefTOKEN' })
+      state.dir = util.tmpdir()
+      state:start_front(state.dir)
+      return state
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.codesandbox').codesandbox_sandboxes({ token = 'csb_0123456789abcdefTOKEN',
+        base_url = s:url(''), workdir = require('support.codesandbox_service').WORKSPACE, retry_base_ms = 20 })
+    end,
+    teardown = function(e)
+      e.state.close()
+      util.rmdir(e.state.dir)
+    end,
+  },
+  {
+    name = 'Cloudflare', route = { 'POST', '/v1/sandbox/{id}/exec' },
+    install = function(s, b)
+      return require('support.cloudflare_service').install(s, b, { api_key = 'cfsb_0123456789abcdefKEY' })
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.cloudflare').cloudflare_sandboxes({ worker_url = s:url(''),
+        api_key = 'cfsb_0123456789abcdefKEY', retry_base_ms = 20 })
+    end,
+  },
 }
 
 for _, h in ipairs(HOSTED) do
   suite.describe(h.name .. ': calls per command on its stand-in', function()
     local svc, sb
+    local calls = 0
     suite.stand_in_pool({
-      install = h.install, provider = h.provider,
+      install = h.install, provider = h.provider, teardown = h.teardown,
       pool = { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'all' } },
       create = { lifetime_ms = 600000, network = 'all' },
-      ready = function(e) svc, sb = e.svc, e.sb end,
+      ready = function(e)
+        svc, sb = e.svc, e.sb
+        -- the backend's every call, counted at its transport (each is one request or message)
+        local t = sb._backend._transport
+        local run = t.run
+        t.run = function(...)
+          calls = calls + 1
+          return run(...)
+        end
+      end,
     })
 
+    -- what the transport made, checked on the wire where the service has an exec route
     local function execs()
-      return #svc:calls(h.route[1], h.route[2])
+      return calls, h.route and #svc:calls(h.route[1], h.route[2]) or 0
+    end
+    local function one_more(c0, w0)
+      local c1, w1 = execs()
+      assert.are.equal(1, c1 - c0)
+      if h.route then assert.are.equal(1, w1 - w0) end
     end
 
     it('runs a short command in one call', function()
       for _ = 1, 3 do
-        local before = execs()
+        local c0, w0 = execs()
         local r = sb:exec({ 'sh', '-c', 'echo hi' })
         assert.are.same({ 0, 'hi\n' }, { r.exit_code, r.stdout })
-        assert.are.equal(1, execs() - before)
+        one_more(c0, w0)
       end
     end)
 
     it('runs a 5 s command in one call' .. (h.rate and ', within the service\'s rate' or ''), function()
-      local before = execs()
+      local c0, w0 = execs()
       local r = sb:exec({ 'sh', '-c', 'sleep 5; echo done' }, { timeout_ms = 30000 })
       assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
-      assert.are.equal(1, execs() - before)
+      one_more(c0, w0)
       if h.rate then
         local times = {}
         for _, req in ipairs(svc:calls(h.route[1], h.route[2])) do times[#times + 1] = req.at end
