@@ -21,6 +21,13 @@
 --                                lacks the line every backend command ends with) is SANDBOX_ERROR
 --                                `truncated`
 --   transport.workdir            where commands run without a cwd (default /workspace)
+--   transport.make_workdir       true: making the backend makes the workdir too (mkdir -p)
+--   transport.wait_ms            the longest one call may wait in the sandbox for a command
+--                                (default 1000; 0: never, the host polls with a backoff): a
+--                                command that ends within it costs one call, its start
+--   transport.rate               optional `{ per_second = n, burst = n }`: the service's rate,
+--                                which every call the backend makes keeps (a token bucket per
+--                                table: sandboxes given the same table share it)
 --   transport.state_dir          the backend's own directory in the sandbox (default
 --                                /tmp/.mayura-<random>; made with mode 0700)
 --   transport.env                optional: environment every command gets (the create
@@ -37,8 +44,10 @@
 -- How it works: exec writes standard input (if any) to a file, then starts the
 -- command in the background in a session of its own, with MAYURA_EXEC=<tag> in
 -- its environment and its stdout, stderr and exit code going to files in the
--- state directory; it polls with a backoff (2 ms doubling to 250 ms) until the
--- exit code is there, and reads the outputs (with the poll that saw the end
+-- state directory. The same call then waits in the sandbox (up to `wait_ms`, never past the
+-- command's timeout) until the exit code is there, so a short command costs one call; a longer
+-- one is polled, each poll waiting as long again (without waits, polls back off on the host: 2 ms
+-- doubling to 250 ms), every call within `rate`. The outputs are read (with the call that saw the end
 -- when they are small, else in chunks within the transport's `max_output_bytes`)
 -- up to the pool's `max_output_bytes`,
 -- setting `truncated` past it. At the timeout or a cancel it runs
@@ -53,8 +62,8 @@
 --
 -- Streaming (`o.on_output`, as the agent backend's): while the command runs, each poll also
 -- brings what its files grew by (at most 48 KiB of each per poll, less where the transport's
--- answers are smaller, polled every 20 ms at most
--- while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
+-- answers are smaller; a waiting poll ends when they grow, a host-side one comes every 20 ms at
+-- most while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
 -- gets `{ kill(signal) }` (no pid: the command's own is not known here): it signals every process
 -- carrying the command's tag but its own shell, which then records the exit code (128 + signal).
 --
@@ -693,8 +702,10 @@ function M.command_sandbox_backend(id, transport, release)
     errors.raise(C, 'transport must be a table with a run method', nil, 2)
   end
   if release ~= nil and type(release) ~= 'function' then errors.raise(C, 'release must be a function', nil, 2) end
-  if transport.stdin ~= nil and type(transport.stdin) ~= 'boolean' then
-    errors.raise(C, 'transport.stdin must be a boolean', nil, 2)
+  for _, k in ipairs({ 'stdin', 'make_workdir' }) do
+    if transport[k] ~= nil and type(transport[k]) ~= 'boolean' then
+      errors.raise(C, 'transport.' .. k .. ' must be a boolean', nil, 2)
+    end
   end
   local max = check.int(transport.max_command_bytes, 'transport.max_command_bytes', MIN_COMMAND_BYTES, nil, C, 2,
     DEFAULT_COMMAND_BYTES)
@@ -736,7 +747,9 @@ function M.command_sandbox_backend(id, transport, release)
   end
   local words = {}
   for i, t in ipairs(TOOLS) do words[i] = t end
-  local out = self:_run('o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+  local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
+    or ''
+  local out = self:_run(mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
     'for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||echo "M $t";done\necho OK\n')
   local lines = lines_of(out)
   local known = {}
@@ -747,6 +760,7 @@ function M.command_sandbox_backend(id, transport, release)
       error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
     end
     if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
+    if line == 'E workdir' then error(errors.sandbox('failed', 'cannot make the working directory'), 0) end
   end
   if lines[#lines] ~= 'OK' then error(nonsense(), 0) end
   return self

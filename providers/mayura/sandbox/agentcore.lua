@@ -170,8 +170,7 @@ function M.agentcore_sandboxes(options)
     end
     local ok, backend = pcall(function()
       local t = transport(c, base, session, workdir, spec.env, idle)
-      local r = t:run('mkdir -p ' .. scripts.quote(workdir), {})
-      if r.exit_code ~= 0 then error(errors.sandbox('failed', 'agentcore: cannot make the workdir'), 0) end
+      t.make_workdir = true   -- with the backend's first command
       return sandbox.command_sandbox_backend('agentcore-' .. session, t, function() stop() end)
     end)
     if not ok then

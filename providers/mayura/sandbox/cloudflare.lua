@@ -151,8 +151,7 @@ function M.cloudflare_sandboxes(options)
     -- the first command starts the container and makes the workdir
     local ok, backend = pcall(function()
       local t = transport(c, path, workdir, spec.env, idle)
-      local r = t:run('mkdir -p ' .. scripts.quote(workdir), {})
-      if r.exit_code ~= 0 then error(errors.sandbox('failed', 'cloudflare: cannot make the workdir'), 0) end
+      t.make_workdir = true   -- with the backend's first command
       local b = sandbox.command_sandbox_backend('cloudflare-' .. id, t, function() destroy() end)
       t.armed = true
       return b
