@@ -36,9 +36,10 @@
 --
 -- `release(backend)` (optional) ends the sandbox; the backend first kills every
 -- process its commands started (setsid'd ones too) and removes its state
--- directory. Making the backend runs one command (makes the state directory,
--- checks for the tools the scripts need) and fails with SANDBOX_ERROR `failed`
--- when one is missing. exec takes standard input whatever the transport (it goes
+-- directory. Making the backend runs no command: its first call first makes the
+-- state directory (and the workdir, with `make_workdir`) and checks for the tools
+-- the scripts need, and fails with SANDBOX_ERROR `failed` when one is missing
+-- (as does every call after it, until one finds them). exec takes standard input whatever the transport (it goes
 -- through a file), so the provider can declare `features.stdin = true`.
 --
 -- How it works: exec writes standard input (if any) to a file, then starts the
@@ -89,6 +90,7 @@ local DEFAULT_OUTPUT_BYTES, MIN_OUTPUT_BYTES = MIB, 8192
 local HEAD_ROOM = 256             -- an answer's lines besides its base64 (headers, sizes, the end)
 local MAX_LISTING = 64 * MIB      -- the longest listing text read back
 local END = ':end'                -- the last line of every answer: without it, it was cut
+local READY = ':ready'            -- the setup's last line (it then goes on with the call's script)
 local TRAP = "trap 'echo " .. END .. "' EXIT\n"   -- starts every command (its room is kept)
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
@@ -164,9 +166,35 @@ function Backend:_id()
   return self._seq
 end
 
--- Runs one script through the transport (raw: also after release); returns its stdout.
-function Backend:_raw(script, stdin, signal)
+-- The setup's answer at the start of `out` (see _raw): raises what it says went wrong, else
+-- returns the rest.
+local KNOWN_TOOLS = {}
+for _, t in ipairs(TOOLS) do KNOWN_TOOLS[t] = true end
+local function after_setup(out)
+  local head, rest = out:match('^(.-)' .. READY .. '\n(.*)$')
+  if head == '' then return rest end
+  for line in ((head or out) .. '\n'):gmatch('([^\n]*)\n') do
+    local tool = line:match('^M (%S+)$')
+    if tool and KNOWN_TOOLS[tool] then
+      error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
+    end
+    if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
+    if line == 'E workdir' then error(errors.sandbox('failed', 'cannot make the working directory'), 0) end
+  end
+  error(nonsense(), 0)
+end
+
+-- Runs one script through the transport (raw: also after release, `bare`: without the setup);
+-- returns its stdout. Until one call has run the setup (made the state directory, found the
+-- tools), each call runs it first (alone first when the two would not fit in one command).
+function Backend:_raw(script, stdin, signal, bare)
   local t = self._transport
+  local setup = not bare and self._setup
+  if setup and #setup + #script > self._max then
+    after_setup(self:_raw(setup, nil, signal, true))
+    self._setup, setup = nil, nil
+  end
+  if setup then script = setup .. script end
   self:_take()
   -- the shell says it ended, whichever way it exits (a subshell does not inherit the trap)
   local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal })
@@ -190,6 +218,10 @@ function Backend:_raw(script, stdin, signal)
     error(cut(), 0)
   end
   if res.truncated == true then error(cut(), 0) end
+  if setup then
+    out = after_setup(out)
+    self._setup = nil
+  end
   return out
 end
 
@@ -690,7 +722,8 @@ function Backend:release()
     if rec.wake then rec.wake() end
   end
   -- every command this backend started, running or left behind, by the tags' common prefix
-  pcall(self._raw, self, scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n')
+  local stop = scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n'
+  pcall(self._raw, self, stop, nil, nil, true)
   if self._release then self._release(self) end
 end
 
@@ -749,20 +782,10 @@ function M.command_sandbox_backend(id, transport, release)
   for i, t in ipairs(TOOLS) do words[i] = t end
   local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
     or ''
-  local out = self:_run(mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
-    'for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||echo "M $t";done\necho OK\n')
-  local lines = lines_of(out)
-  local known = {}
-  for _, t in ipairs(TOOLS) do known[t] = true end
-  for _, line in ipairs(lines) do
-    local tool = line:match('^M (%S+)$')
-    if tool and known[tool] then
-      error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
-    end
-    if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
-    if line == 'E workdir' then error(errors.sandbox('failed', 'cannot make the working directory'), 0) end
-  end
-  if lines[#lines] ~= 'OK' then error(nonsense(), 0) end
+  -- the setup goes with the backend's first call (it ends the call early when it fails)
+  self._setup = mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+    'm=;for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||{ echo "M $t";m=1;};done\n' ..
+    '[ -z "$m" ]||exit 0\necho ' .. READY .. '\n'
   return self
 end
 
