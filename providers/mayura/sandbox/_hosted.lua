@@ -801,10 +801,10 @@ function M.wait_ms(call_timeout_ms, limit_ms)
 end
 
 --- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
--- (waiting until it runs, say) returns its transport, over which the backend's first command makes
--- the working directory `workdir` (its commands start there); `destroy()` ends the sandbox at release.
--- Where a step fails the sandbox is destroyed (a failure to do so is ignored) and the error goes
--- on; a directory that cannot be made is SANDBOX_ERROR `failed`.
+-- (waiting until it runs, say) returns its transport, over which the backend's first call makes
+-- the working directory `workdir` (its commands start there; one that cannot be made is
+-- SANDBOX_ERROR `failed` then); `destroy()` ends the sandbox at release. Where `setup` fails the
+-- sandbox is destroyed (a failure to do so is ignored) and the error goes on.
 function M.command_backend(_label, id, workdir, destroy, setup)
   local backend
   local ok, err = pcall(function()

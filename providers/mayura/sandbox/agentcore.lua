@@ -14,7 +14,7 @@
 -- 'none': what the interpreter was made with; the built-in one's SANDBOX mode still reaches
 -- some AWS services, so only an interpreter made without any egress should be declared 'none'),
 -- `endpoint` (https://bedrock-agentcore.<region>.amazonaws.com), `workdir` (/tmp/workspace, made
--- at create), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
+-- with the first command), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
 -- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s).
 --
 -- Every request is signed with AWS Signature V4 by libcurl itself (CURLOPT_AWS_SIGV4, service
