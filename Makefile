@@ -174,9 +174,9 @@ demo: setup
 # WebSocket, SigV4, event-stream and gRPC through three hosted providers, the agent's and HTTP's faults),
 # then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
 # compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec` for the whole suite.
-ASAN_SPECS ?= spec/core spec/lua spec/security spec/mcp spec/embed/step_spec.lua spec/providers/local_spec.lua \
-    spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua spec/providers/modal_spec.lua spec/faults/agent_spec.lua \
-    spec/faults/http_spec.lua
+ASAN_SPECS ?= spec/core spec/lua spec/security spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
+    spec/providers/local_spec.lua spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua \
+    spec/providers/modal_spec.lua spec/faults/agent_spec.lua spec/faults/http_spec.lua
 ASAN_LUAJIT_SPECS ?= spec/core spec/lua
 asan: setup
 	@rc=0; $(MAKE) --no-print-directory asan-pass LUA=lua5.4 ASAN_SPECS="$(ASAN_SPECS)" || rc=1; \

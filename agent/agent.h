@@ -29,7 +29,8 @@
 ** profile refuses and more, each answered with EPERM. The agent itself is
 ** not filtered: a helper forked at start installs the filter once and
 ** starts the commands as the agent's children (see "The spawner"); without
-** it, each command's process installs the filter just before execve. A
+** it (or with --no-spawner, for gVisor, whose CLONE_PARENT children never
+** reach PID 1's wait), each command's process installs the filter just before execve. A
 ** command whose filter cannot be installed does not run.
 **
 ** One thread, one poll(2) loop, SIGCHLD through a signalfd; every socket

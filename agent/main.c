@@ -6,6 +6,7 @@
 
 static int listen_fd = -1;
 static const char *listen_path;
+static int no_spawner;   /* --no-spawner: each command's process installs the filter itself */
 static long long peer_uid = -1; /* --peer-uid: the one uid a --listen peer may have; -1 any */
 int sig_fd = -1;
 char *workdir;
@@ -85,7 +86,8 @@ static void accept_peer(void) {
 
 static void usage(const char *msg) {
     fprintf(stderr, "mayura-agent: %s\n"
-            "usage: mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR]\n", msg);
+            "usage: mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR] "
+            "[--no-spawner 1]\n", msg);
     exit(2);
 }
 
@@ -165,6 +167,8 @@ static void parse_args(int argc, char **argv, args *a) {
         }
         else if (strcmp(k, "--lifetime-ms") == 0) a->lifetime = parse_num(argv[++i], "--lifetime-ms");
         else if (strcmp(k, "--workdir") == 0) a->wd = argv[++i];
+        /* a kernel whose clone(CLONE_PARENT) children never reach PID 1's wait (gVisor's) */
+        else if (strcmp(k, "--no-spawner") == 0) no_spawner = parse_num(argv[++i], "--no-spawner") != 0;
         else usage("unknown argument");
     }
     if ((a->fd >= 0) == (listen_path != NULL)) usage("give exactly one of --fd and --listen");
@@ -210,7 +214,7 @@ static void agent_start(const args *a) {
     if (workdir == NULL) exit(1);
     if (chdir(workdir) != 0) { /* commands chdir for themselves; a missing cwd is reported per exec */ }
 #ifndef MAYURA_AGENT_NO_FILTER
-    spawner_start();   /* now, while the agent is small and 0..2 are taken */
+    if (!no_spawner) spawner_start();   /* now, while the agent is small and 0..2 are taken */
 #endif
 
     clock_gettime(CLOCK_MONOTONIC, &ts);

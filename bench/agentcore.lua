@@ -15,7 +15,7 @@ local sandbox = require('mayura.sandbox')
 local agentcore = require('mayura.sandbox.agentcore')
 local stand_in = require('support.stand_in')
 local agentcore_service = require('support.agentcore_service')
-local hosted2 = require('_hosted2')
+local first_command = require('_first_command')
 
 local N = tonumber(arg and arg[1]) or 10
 local ID, SECRET = 'AKIABENCHKEY00000000', 'bench/secret0123456789'
@@ -24,10 +24,10 @@ agentcore_service.install(svc, backing, { access_key_id = ID, secret_access_key 
 local pool = sandbox.create_sandboxes(agentcore.agentcore_sandboxes({ region = 'us-east-1', endpoint = svc:url(''),
   credentials = { access_key_id = ID, secret_access_key = SECRET } }),
   { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
-hosted2.run({ label = 'agentcore', pool = pool, create = { lifetime_ms = 600000, network = 'all' } },
+first_command.run({ label = 'agentcore', pool = pool, create = { lifetime_ms = 600000, network = 'all' } },
   { label = 'local', pool = backing.pool, create = { lifetime_ms = 600000 } }, N)
 
-hosted2.against_sdk({ label = 'agentcore', sdk_label = 'aws sdk', pool = pool, n = N,
+first_command.against_sdk({ label = 'agentcore', sdk_label = 'aws sdk', pool = pool, n = N,
   create = { lifetime_ms = 600000, network = 'all' }, package = '@aws-sdk/client-bedrock-agentcore',
   script = 'bench/agentcore_sdk.mjs',
   env = { STAND_IN_URL = svc:url(''), AWS_KEY_ID = ID, AWS_SECRET = SECRET, AWS_REGION = 'us-east-1' } })

@@ -17,7 +17,7 @@ local codesandbox = require('mayura.sandbox.codesandbox')
 local stand_in = require('support.stand_in')
 local util = require('support.util')
 local codesandbox_service = require('support.codesandbox_service')
-local hosted2 = require('_hosted2')
+local first_command = require('_first_command')
 
 local N = tonumber(arg and arg[1]) or 10
 local TOKEN = 'csb_bench0123456789'
@@ -27,10 +27,10 @@ local dir = util.tmpdir()
 state:start_front(dir)
 local pool = sandbox.create_sandboxes(codesandbox.codesandbox_sandboxes({ token = TOKEN, base_url = svc:url(''),
   workdir = codesandbox_service.WORKSPACE }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
-hosted2.run({ label = 'codesandbox', pool = pool, create = { lifetime_ms = 600000, network = 'all' } },
+first_command.run({ label = 'codesandbox', pool = pool, create = { lifetime_ms = 600000, network = 'all' } },
   { label = 'local', pool = backing.pool, create = { lifetime_ms = 600000 } }, N)
 
-hosted2.against_sdk({ label = 'codesandbox', sdk_label = 'csb sdk', pool = pool, n = N,
+first_command.against_sdk({ label = 'codesandbox', sdk_label = 'csb sdk', pool = pool, n = N,
   create = { lifetime_ms = 600000, network = 'all' }, package = '@codesandbox/sdk',
   script = 'bench/codesandbox_sdk.mjs', env = { STAND_IN_URL = svc:url(''), CSB_TOKEN = TOKEN } })
 pool:close()

@@ -69,7 +69,7 @@ local l_first, l_exec = measure(backing.pool, { lifetime_ms = 600000, network = 
 local ws_pool = sandbox.create_sandboxes(railway.railway_sandboxes({
   token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), ws_url = ws_url,
 }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
-require('_hosted2').against_sdk({ label = 'railway', sdk_label = 'railway sdk', pool = ws_pool, n = N_FIRST,
+require('_first_command').against_sdk({ label = 'railway', sdk_label = 'railway sdk', pool = ws_pool, n = N_FIRST,
   create = { lifetime_ms = 600000, network = 'all' }, package = 'railway', script = 'bench/railway_sdk.mjs',
   env = { STAND_IN_URL = svc:url(railway_service.PATH), STAND_IN_WS = ws_url, STAND_IN_TOKEN = TOKEN,
     STAND_IN_ENV = ENV } })

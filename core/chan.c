@@ -12,6 +12,11 @@
 ** pending until the frame without it; such a frame for a call that gave no
 ** on_more is a protocol error (the channel closes, 'failed').
 **
+** Under a host's step with a budget (mc_step), a channel stops reading once the budget is spent
+** and reads again at the next step (chan_resume_reads), and each read takes at most
+** CHAN_READ_MAX bytes: the replies of several sandboxes moving files are spread over frames.
+** The receive buffer is kept, warm, between frames of up to CHAN_KEEP bytes (a file's part).
+**
 ** What comes back is untrusted: code in the sandbox runs as the agent's
 ** user and may replace it. So a frame longer than max_frame_bytes (or than
 ** the max_reply_bytes of the call it answers, told by its id before the rest
@@ -30,6 +35,8 @@
 #define CHAN_MT "mayura.channel"
 #define CHAN_DEFAULT_MAX_FRAME ((lua_Integer)64 << 20)
 #define CHAN_READ_CHUNK 65536
+#define CHAN_READ_MAX ((size_t)256 << 10)
+#define CHAN_KEEP ((size_t)2 << 20)
 
 typedef struct mc_chan {
     uv_pipe_t pipe;
@@ -48,12 +55,20 @@ typedef struct mc_chan {
     unsigned char *in;    /* received bytes not yet handled */
     size_t in_len, in_size;
     int closed;           /* no more calls; the pending ones have been failed */
-    int handle_live;      /* the uv handle is initialised and its close callback has not run */
-    int boxed;            /* a Lua userdata points here */
-    int busy;             /* inside a callback into Lua: do not free */
+    mc_life life;         /* uv: the pipe (0 or 1); holds: the Lua userdata, each callback into Lua under way */
+    int paused;           /* reading stopped until the next step; in chan_paused */
+    unsigned paused_gen;  /* chan_resume_gen when it stopped */
+    struct mc_chan *paused_prev, *paused_next;
 } mc_chan;
 
+/* The channels that stopped reading for the rest of a step (a list through paused_prev/next). */
+static mc_chan *chan_paused = NULL;
+/* How many times chan_resume_reads has begun: one that stopped while it runs waits for the next. */
+static unsigned chan_resume_gen = 0;
+
 typedef struct { mc_chan *ch; } chan_box;
+
+static const mc_class chan_class;   /* at the end of the file */
 
 typedef struct chan_write {
     uv_write_t req;
@@ -65,8 +80,18 @@ typedef struct chan_write {
 ** Lifetime
 ** =======================================================*/
 
+static void chan_unpause(mc_chan *ch) {
+    if (!ch->paused) return;
+    if (ch->paused_prev != NULL) ch->paused_prev->paused_next = ch->paused_next;
+    else chan_paused = ch->paused_next;
+    if (ch->paused_next != NULL) ch->paused_next->paused_prev = ch->paused_prev;
+    ch->paused_prev = ch->paused_next = NULL;
+    ch->paused = 0;
+}
+
 static void chan_maybe_free(mc_chan *ch) {
-    if (ch->handle_live || ch->boxed || ch->busy > 0) return;
+    if (!mc_life_over(&ch->life)) return;
+    chan_unpause(ch);
     free(ch->limits);
     free(ch->in);
     free(ch);
@@ -74,12 +99,12 @@ static void chan_maybe_free(mc_chan *ch) {
 
 static void chan_on_handle_close(uv_handle_t *h) {
     mc_chan *ch = (mc_chan *)h->data;
-    ch->handle_live = 0;
+    ch->life.uv--;
     chan_maybe_free(ch);
 }
 
 static void chan_close_handle(mc_chan *ch) {
-    if (ch->handle_live && !uv_is_closing((uv_handle_t *)&ch->pipe))
+    if (ch->life.uv > 0 && !uv_is_closing((uv_handle_t *)&ch->pipe))
         uv_close((uv_handle_t *)&ch->pipe, chan_on_handle_close);
 }
 
@@ -104,7 +129,8 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     lua_Integer npending = ch->npending;
     if (ch->closed) return;
     ch->closed = 1;
-    if (ch->handle_live && !uv_is_closing((uv_handle_t *)&ch->pipe))
+    chan_unpause(ch);
+    if (ch->life.uv > 0 && !uv_is_closing((uv_handle_t *)&ch->pipe))
         uv_read_stop((uv_stream_t *)&ch->pipe);
     chan_close_handle(ch);
     pending = ch->pending_ref;
@@ -115,7 +141,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     ch->npending = 0;
     ch->nlimits = 0;
     if (L == NULL) return;   /* the state is closing: nobody to tell */
-    ch->busy++;
+    ch->life.holds++;
     if (pending != LUA_NOREF) {
         /* in id order, so that callers see their calls fail in the order they made them */
         lua_Integer *ids = npending > 0 ? (lua_Integer *)malloc((size_t)npending * sizeof *ids) : NULL;
@@ -161,7 +187,7 @@ static void chan_shutdown(mc_chan *ch, lua_State *L, const char *reason, const c
     }
     /* unanchored last: the userdata may be collected from here on */
     if (self != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, self);
-    ch->busy--;
+    ch->life.holds--;
 }
 
 /* }====================================================== */
@@ -312,20 +338,28 @@ static void chan_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     }
     buf->base = (char *)ch->in + ch->in_len;
     buf->len = ch->in_size - ch->in_len;
+    if (buf->len > CHAN_READ_MAX) buf->len = CHAN_READ_MAX;
 }
 
-static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-    mc_chan *ch = (mc_chan *)s->data;
+/* Stops reading until the next step (chan_resume_reads). */
+static void chan_pause(mc_chan *ch) {
+    if (ch->paused || ch->closed || ch->life.uv == 0) return;
+    uv_read_stop((uv_stream_t *)&ch->pipe);
+    ch->paused = 1;
+    ch->paused_gen = chan_resume_gen;
+    ch->paused_prev = NULL;
+    ch->paused_next = chan_paused;
+    if (chan_paused != NULL) chan_paused->paused_prev = ch;
+    chan_paused = ch;
+}
+
+/*
+** Handles the complete frames received. Once the step's budget is spent, the frames left (and
+** what is still in the socket) wait for the next step: the channel stops reading until then.
+*/
+static void chan_handle_frames(mc_chan *ch) {
     size_t off = 0;
-    (void)buf;
-    if (ch->closed) return;
-    if (nread < 0) {
-        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
-        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
-        return;
-    }
-    ch->in_len += (size_t)nread;
-    ch->busy++;
+    ch->life.holds++;
     while (!ch->closed && ch->in_len - off >= 4) {
         uint32_t flen = wire_get_u32(ch->in + off);
         if (flen < 4 || flen > ch->max_frame) {
@@ -342,6 +376,7 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
             }
         }
         if (ch->in_len - off - 4 < flen) break;
+        if (mc_step_over()) break;
         off += 4;
         /* the bytes stay put while Lua runs: ch->in is only moved or freed below */
         if (chan_handle_frame(ch, ch->in + off, flen) != 0) break;
@@ -350,14 +385,49 @@ static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (!ch->closed && off > 0) {
         memmove(ch->in, ch->in + off, ch->in_len - off);
         ch->in_len -= off;
-        if (ch->in_size > 8 * CHAN_READ_CHUNK && ch->in_len < CHAN_READ_CHUNK) {
-            /* a big frame is done: give its buffer back */
+        if (ch->in_size > CHAN_KEEP && ch->in_len < CHAN_READ_CHUNK) {
+            /* a frame larger than a file's part is done: give its buffer back */
             unsigned char *nb = (unsigned char *)realloc(ch->in, 2 * CHAN_READ_CHUNK);
             if (nb != NULL) { ch->in = nb; ch->in_size = 2 * CHAN_READ_CHUNK; }
         }
     }
-    ch->busy--;
+    if (mc_step_over()) chan_pause(ch);
+    ch->life.holds--;
     chan_maybe_free(ch);
+}
+
+static void chan_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    mc_chan *ch = (mc_chan *)s->data;
+    (void)buf;
+    if (ch->closed) return;
+    if (nread < 0) {
+        if (nread == UV_ENOBUFS) chan_shutdown(ch, ch->L, "failed", MC_OOM_MSG " reading from the agent", 1);
+        else chan_shutdown(ch, ch->L, "gone", "the agent closed the connection", 1);
+        return;
+    }
+    ch->in_len += (size_t)nread;
+    chan_handle_frames(ch);
+}
+
+/*
+** The channels that stopped for the rest of a step read again, and handle the frames they had
+** received: at the next step, or when the loop is run otherwise.
+*/
+static void chan_resume_reads(void) {
+    unsigned gen = ++chan_resume_gen;
+    for (;;) {
+        mc_chan *ch = chan_paused;
+        /* the list may change under each channel's callbacks: look for the next from its head */
+        while (ch != NULL && ch->paused_gen == gen) ch = ch->paused_next;
+        if (ch == NULL) break;
+        chan_unpause(ch);
+        if (ch->closed || ch->life.uv == 0 || uv_is_closing((uv_handle_t *)&ch->pipe)) continue;
+        if (uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read) != 0) {
+            chan_shutdown(ch, ch->L, "gone", "cannot read from the agent", 1);
+            continue;
+        }
+        chan_handle_frames(ch);   /* may free ch */
+    }
 }
 
 /* }====================================================== */
@@ -617,7 +687,7 @@ static int l_chan_gc(lua_State *L) {
     mc_chan *ch = box->ch;
     if (ch == NULL) return 0;
     box->ch = NULL;
-    ch->boxed = 0;
+    ch->life.holds--;   /* the userdata's */
     if (!ch->closed) chan_shutdown(ch, NULL, "gone", "", 0);
     ch->L = NULL;
     chan_maybe_free(ch);
@@ -644,16 +714,14 @@ static mc_chan *chan_new(lua_State *L, int opts) {
             mc_raise(L, "INVALID_INPUT", "option 'on_close' must be a function");
         lua_pop(L, 1);
     }
-    box = (chan_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->ch = NULL;
-    luaL_setmetatable(L, CHAN_MT);
+    box = (chan_box *)mc_handle_new(L, &chan_class);
     ch = (mc_chan *)calloc(1, sizeof *ch);
     if (ch == NULL) mc_raise_oom(L);
     ch->L = mc_main(L);
     ch->max_frame = (size_t)max;
     ch->next_id = 1;
     ch->on_close_ref = ch->connect_cb_ref = ch->pending_ref = ch->self_ref = LUA_NOREF;
-    ch->boxed = 1;
+    ch->life.holds++;   /* the userdata's */
     box->ch = ch;   /* owned by the box from here: a raise below is cleaned up by __gc */
     if (!lua_isnoneornil(L, opts)) on_close = mc_opt_func_ref(L, opts, "on_close");
     ch->on_close_ref = on_close;
@@ -678,7 +746,7 @@ static int l_channel(lua_State *L) {
     ch = chan_new(L, 2);
     uv_pipe_init(loop, &ch->pipe, 0);
     ch->pipe.data = ch;
-    ch->handle_live = 1;
+    ch->life.uv = 1;
     rc = uv_pipe_open(&ch->pipe, (uv_file)fd);
     if (rc == 0) rc = uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read);
     if (rc != 0) {
@@ -699,7 +767,7 @@ static void chan_on_connect(uv_connect_t *req, int status) {
     ch->connect_cb_ref = LUA_NOREF;
     if (L == NULL || ch->closed) return;   /* the state closed meanwhile: the handle is closing */
     if (status == 0) status = uv_read_start((uv_stream_t *)&ch->pipe, chan_alloc, chan_on_read);
-    ch->busy++;
+    ch->life.holds++;
     lua_rawgeti(L, LUA_REGISTRYINDEX, cb);
     luaL_unref(L, LUA_REGISTRYINDEX, cb);
     if (status == 0) {
@@ -712,7 +780,7 @@ static void chan_on_connect(uv_connect_t *req, int status) {
         mc_error_field(L, "reason", "unavailable");
         mc_call(L, 2);
     }
-    ch->busy--;
+    ch->life.holds--;
     chan_maybe_free(ch);
 }
 
@@ -731,7 +799,7 @@ static int l_channel_connect(lua_State *L) {
     ch->connect_cb_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     uv_pipe_init(loop, &ch->pipe, 0);
     ch->pipe.data = ch;
-    ch->handle_live = 1;
+    ch->life.uv = 1;
     ch->connect_req.data = ch;
     uv_pipe_connect(&ch->connect_req, &ch->pipe, path, chan_on_connect);
     return 0;
@@ -745,18 +813,10 @@ static const luaL_Reg chan_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class chan_class = { CHAN_MT, sizeof(chan_box), l_chan_gc, l_chan_tostring, chan_methods, NULL };
+
 static void mc_open_chan(lua_State *L) {
-    if (luaL_newmetatable(L, CHAN_MT)) {
-        luaL_newlib(L, chan_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_chan_gc);
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_chan_tostring);
-        lua_setfield(L, -2, "__tostring");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &chan_class);
     lua_pushcfunction(L, l_channel);
     lua_setfield(L, -2, "channel");
     lua_pushcfunction(L, l_channel_connect);

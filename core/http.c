@@ -43,6 +43,7 @@ static const char MC_HTTP_CANCELLED[] = "CANCELLED";
 
 typedef struct mc_http_multi mc_http_multi;
 typedef struct mc_http_req mc_http_req;
+static const mc_class mc_http_class, mc_http_multi_class;   /* at the end of the file */
 typedef struct mc_http_sock mc_http_sock;
 
 typedef mc_buf mc_http_buf;
@@ -774,10 +775,7 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
             mc_raise(L, "NETWORK_ERROR", "libcurl cannot be initialised");
         mc_http_global_ready = 1;
     }
-    m = (mc_http_multi *)lua_newuserdatauv(L, sizeof *m, 0);
-    memset(m, 0, sizeof *m);
-    luaL_getmetatable(L, MC_HTTP_MULTI_MT);
-    lua_setmetatable(L, -2);
+    m = (mc_http_multi *)mc_handle_new(L, &mc_http_multi_class);
     m->loop = loop;
     m->L = mc_main(L);
     if ((m->timer = mc_http_new_timer(loop, m)) == NULL || (m->kick = mc_http_new_idle(loop, m)) == NULL)
@@ -1122,12 +1120,7 @@ static int l_http_request(lua_State *L) {
 
     m = mc_http_get_multi(L);
 
-    r = (mc_http_req *)lua_newuserdatauv(L, sizeof *r, 0); /* 10 */
-    memset(r, 0, sizeof *r);
-    r->self_ref = r->cb_ref = r->data_ref = r->head_ref = r->body_ref = LUA_NOREF;
-    r->curl_code = -1;
-    luaL_getmetatable(L, MC_HTTP_MT);
-    lua_setmetatable(L, -2);
+    r = (mc_http_req *)mc_handle_new(L, &mc_http_class); /* 10 */
     r->streaming = o.has_on_data;
     r->max_body = (uint64_t)o.max_body > (uint64_t)SIZE_MAX ? SIZE_MAX : (size_t)o.max_body;
 
@@ -1181,6 +1174,13 @@ static int l_http_req_gc(lua_State *L) {
     return 0;
 }
 
+/* An empty request: no reference held yet. */
+static void mc_http_req_init(void *h) {
+    mc_http_req *r = (mc_http_req *)h;
+    r->self_ref = r->cb_ref = r->data_ref = r->head_ref = r->body_ref = LUA_NOREF;
+    r->curl_code = -1;
+}
+
 static int l_http_req_tostring(lua_State *L) {
     mc_http_req *r = (mc_http_req *)luaL_checkudata(L, 1, MC_HTTP_MT);
     const char *st = r->state == MC_HTTP_ACTIVE ? "active" : r->state == MC_HTTP_DONE ? "done" : "finished";
@@ -1200,23 +1200,14 @@ static const luaL_Reg mc_http_funcs[] = {
     {NULL, NULL}
 };
 
+static const mc_class mc_http_class = { MC_HTTP_MT, sizeof(mc_http_req), l_http_req_gc, l_http_req_tostring,
+                                        mc_http_req_methods, mc_http_req_init };
+static const mc_class mc_http_multi_class = { MC_HTTP_MULTI_MT, sizeof(mc_http_multi), l_http_multi_gc, NULL, NULL,
+                                              NULL };
+
 static void mc_open_http(lua_State *L) {
-    if (luaL_newmetatable(L, MC_HTTP_MT)) {
-        lua_pushcfunction(L, l_http_req_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_http_req_gc);   /* idempotent: a second call finds nothing left */
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_http_req_tostring);
-        lua_setfield(L, -2, "__tostring");
-        luaL_newlib(L, mc_http_req_methods);
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
-    if (luaL_newmetatable(L, MC_HTTP_MULTI_MT)) {
-        lua_pushcfunction(L, l_http_multi_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &mc_http_class);
+    mc_class_register(L, &mc_http_multi_class);
     luaL_newlib(L, mc_http_funcs);
     lua_setfield(L, -2, "http");
 }

@@ -60,12 +60,10 @@ static int l_json_box_gc(lua_State *L) {
     return 0;
 }
 
+static const mc_class json_box_class = { JSON_BOX_MT, sizeof(json_box), l_json_box_gc, NULL, NULL, NULL };
+
 static json_box *json_box_new(lua_State *L) {
-    json_box *b = (json_box *)lua_newuserdatauv(L, sizeof *b, 0);
-    memset(b, 0, sizeof *b);
-    luaL_getmetatable(L, JSON_BOX_MT);
-    lua_setmetatable(L, -2);
-    return b;
+    return (json_box *)mc_handle_new(L, &json_box_class);
 }
 
 static int json_oom(lua_State *L, const char *fn) {
@@ -630,11 +628,7 @@ static void mc_open_json(lua_State *L) {
         {"decode", l_json_decode},
         {NULL, NULL}
     };
-    if (luaL_newmetatable(L, JSON_BOX_MT)) {
-        lua_pushcfunction(L, l_json_box_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &json_box_class);
     lua_createtable(L, 0, 4);
     luaL_newmetatable(L, JSON_ARRAY_MT);
     luaL_newmetatable(L, JSON_OBJECT_MT);

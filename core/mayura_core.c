@@ -16,6 +16,151 @@
 #include <luv/luv.h>
 #pragma GCC diagnostic pop
 
+#include <sys/mman.h>
+
+/* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
+static int mc_run_depth = 0;
+/*
+** Frees put off to the next step, in a state of the host's own allocator (LÖVE's, Neovim's, a
+** plain interpreter's): giving a block of many MiB back to the system costs the thread its
+** unmapping (~1.5 ms for 16 MiB), and the collector may free several in one of its steps, in
+** whatever frame it runs. When a host first steps with a budget, the state's allocator is wrapped
+** by one that keeps the frees of blocks of DEFER_MIN bytes and more (at most DEFER_SLOTS of them,
+** DEFER_MAX bytes in all) and makes them at the start of the next step, the first at once and the
+** others within the first quarter of its budget (all at once in a step without a budget, or when
+** the loop is run otherwise): a block's pages are given back a few MiB a step before it is freed,
+** so that its free costs little whatever the allocator does then (glibc may give back a heap's
+** whole top with it: tens of MiB at once). Blocks are freed by the allocator that made them, on the same
+** thread; nothing else changes. When the state closes, the wrapper lets go (defer_gc).
+*/
+#define DEFER_MIN ((size_t)1 << 20)
+#define DEFER_MAX ((size_t)256 << 20)
+#define DEFER_SLOTS 64
+#define DEFER_KEY "mayura.core.defer"
+
+typedef struct mc_defer {
+    lua_Alloc f;              /* the host's allocator */
+    void *ud;
+    struct { void *p; size_t n, zapped; } q[DEFER_SLOTS];   /* the frees put off, oldest first */
+    int nq;
+    size_t bytes;
+    int closing;              /* the state is closing: frees happen at once */
+} mc_defer;
+
+/*
+** Gives back up to DEFER_ZAP bytes more of the pages inside the block put off (MADV_DONTNEED),
+** those of its first and last page excepted, where the allocator keeps what it needs of a freed
+** block. Returns whether none are left: its free is then cheap, whatever the allocator does with
+** it (unmaps it, or gives a heap's top back to the system with it).
+*/
+#define DEFER_ZAP ((size_t)4 << 20)
+#define DEFER_PAGE ((size_t)4096)
+static int defer_zap(mc_defer *d, int i) {
+    uintptr_t lo = ((uintptr_t)d->q[i].p + 2 * DEFER_PAGE - 1) & ~(uintptr_t)(DEFER_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)d->q[i].p + d->q[i].n - DEFER_PAGE) & ~(uintptr_t)(DEFER_PAGE - 1);
+    uintptr_t from = lo + d->q[i].zapped, to;
+    if (hi <= from) return 1;
+    to = hi - from > DEFER_ZAP ? from + DEFER_ZAP : hi;
+    if (madvise((void *)from, to - from, MADV_DONTNEED) != 0) return 1;
+    d->q[i].zapped += to - from;
+    return to == hi;
+}
+
+/*
+** Makes the frees put off: all at once when until is 0; else, oldest first, a block's pages given
+** back a few MiB at a time and then its free, while this thread's CPU clock is before `until`
+** (something is always done).
+*/
+static void defer_flush(mc_defer *d, uint64_t until) {
+    int i = 0, k, first = 1;
+    while (i < d->nq && (first || until == 0 || mc_cpu_ns() < until)) {
+        first = 0;
+        if (until != 0 && !defer_zap(d, i)) continue;
+        (void)d->f(d->ud, d->q[i].p, d->q[i].n, 0);
+        d->bytes -= d->q[i].n;
+        i++;
+    }
+    for (k = 0; k + i < d->nq; k++) d->q[k] = d->q[k + i];
+    d->nq -= i;
+}
+
+static void *defer_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    mc_defer *d = (mc_defer *)ud;
+    void *q;
+    if (ptr != NULL && nsize == 0 && osize >= DEFER_MIN && !d->closing && d->nq < DEFER_SLOTS
+        && d->bytes + osize <= DEFER_MAX) {
+        d->q[d->nq].p = ptr;
+        d->q[d->nq].n = osize;
+        d->q[d->nq].zapped = 0;
+        d->nq++;
+        d->bytes += osize;
+        return NULL;
+    }
+    q = d->f(d->ud, ptr, osize, nsize);
+    if (q == NULL && nsize > 0 && d->nq > 0) {
+        /* no memory: what is put off goes back first, then once more */
+        defer_flush(d, 0);
+        q = d->f(d->ud, ptr, osize, nsize);
+    }
+    return q;
+}
+
+/* The state's defer wrapper, or NULL. */
+static mc_defer *defer_of(lua_State *L) {
+    void *ud;
+    return lua_getallocf(L, &ud) == defer_alloc ? (mc_defer *)ud : NULL;
+}
+
+/* At the state's close (the registry's sentinel is finalized before the state's blocks are freed). */
+static int defer_gc(lua_State *L) {
+    mc_defer **box = (mc_defer **)lua_touserdata(L, 1);
+    mc_defer *d = box != NULL ? *box : NULL;
+    if (d == NULL) return 0;
+    *box = NULL;
+    defer_flush(d, 0);
+    d->closing = 1;
+    if (defer_of(L) == d) {
+        lua_setallocf(L, d->f, d->ud);
+        free(d);
+    }
+    /* else something wrapped the allocator over this one and may still call it: it stays, and frees at once */
+    return 0;
+}
+
+/* defer_install's work, in protected mode: the sentinel (its box empty until d is made), then d. */
+static int defer_install_p(lua_State *L) {
+    mc_defer *d, **box = (mc_defer **)lua_newuserdatauv(L, sizeof *box, 0);
+    *box = NULL;
+    lua_newtable(L);
+    lua_pushcfunction(L, defer_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    d = (mc_defer *)calloc(1, sizeof *d);
+    if (d == NULL) return 0;   /* no memory: frees happen at once, as before */
+    d->f = lua_getallocf(L, &d->ud);
+    *box = d;
+    lua_setallocf(L, defer_alloc, d);
+    return 0;
+}
+
+/*
+** Wraps the state's allocator, once (not mayura_newstate's, which keeps its own blocks). Called
+** from mayura_step too, outside any protected call: what can raise runs in one.
+*/
+static void defer_install(lua_State *L) {
+    int skip;
+    if (defer_of(L) != NULL || !lua_checkstack(L, 4)) return;
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    lua_getfield(L, LUA_REGISTRYINDEX, DEFER_KEY);
+    /* mayura_newstate's; or let go of once already (the state is closing) */
+    skip = lua_type(L, -2) == LUA_TFUNCTION || !lua_isnil(L, -1);
+    lua_pop(L, 2);
+    if (skip) return;
+    lua_pushcfunction(L, defer_install_p);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) lua_pop(L, 1);
+}
+
 #include "b64.c"
 #include "json.c"
 #include "proc.c"
@@ -32,14 +177,6 @@
 
 #define MAYURA_VERSION "0.1.0"
 
-/* Nesting of mc_run_* calls, to refuse running the loop from inside itself. */
-static int mc_run_depth = 0;
-/* The end of the running step's budget (uv_hrtime), 0 when no step with a budget runs. */
-static uint64_t mc_step_deadline = 0;
-/* When the running step with a budget began (uv_hrtime). */
-static uint64_t mc_step_start = 0;
-/* How many steps have begun, which tells one step from the next. */
-static lua_Integer mc_step_count = 0;
 
 /* {======================================================
 ** The shared loop
@@ -120,8 +257,10 @@ static int l_run_once(lua_State *L) {
     ** although one of them ended the wait: when something is due now, run
     ** without blocking, and the caller looks at its condition again.
     */
+    if (defer_of(L) != NULL) defer_flush(defer_of(L), 0);
     uv_update_time(loop);
     mc_run_depth++;
+    chan_resume_reads();
     alive = uv_run(loop, uv_backend_timeout(loop) == 0 ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     mc_run_depth--;
     lua_pushboolean(L, alive != 0);
@@ -134,7 +273,9 @@ static int l_run(lua_State *L) {
     mc_check_self_driven(L);
     if (mc_loop_busy(L))
         return mc_raise(L, "INVALID_INPUT", "the loop is already running");
+    if (defer_of(L) != NULL) defer_flush(defer_of(L), 0);
     mc_run_depth++;
+    chan_resume_reads();
     uv_run(loop, UV_RUN_DEFAULT);
     mc_run_depth--;
     return 0;
@@ -147,26 +288,33 @@ static int l_loop_running(lua_State *L) {
 }
 
 /*
-** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT,
-** then more passes while work is still due at once and the budget (µs, 0 for
-** one pass) is not spent (core.end_step spends it at once). Returns whether
-** anything is still pending, or -1 when the loop is already being run (the
-** caller says so).
+** Runs what is due on the loop without waiting: one pass of UV_RUN_NOWAIT, then more passes while
+** work is still due at once and the budget (µs of this thread's CPU time, 0 for one pass) is not
+** spent (core.end_step spends it at once). Work is started only within the first three quarters
+** of the budget: the last quarter is room for what a pass cannot cut (a channel's read, a task's
+** run up to its next wait), so that the step as a whole stays within it. Returns whether anything
+** is still pending, or -1 when the loop is already being run (the caller says so).
 */
 static int mc_step(lua_State *L, long budget_us) {
     uv_loop_t *loop = mc_loop(L);
     uint64_t start, limit;
+    mc_defer *d;
     int alive;
     if (mc_loop_busy(L)) return -1;
-    start = uv_hrtime();
     limit = budget_us > 0 ? (uint64_t)budget_us * 1000u : 0;
+    limit -= limit / 4;
+    start = limit > 0 ? mc_cpu_ns() : 0;
+    if (limit > 0) defer_install(L);
+    d = defer_of(L);
+    if (d != NULL && d->nq > 0) defer_flush(d, limit > 0 ? start + limit / 4 : 0);
     mc_step_deadline = limit > 0 ? start + limit : 0;
     mc_step_start = start;
     mc_step_count++;
     mc_run_depth++;
+    chan_resume_reads();
     do {
         alive = uv_run(loop, UV_RUN_NOWAIT);
-    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && uv_hrtime() < mc_step_deadline);
+    } while (alive && limit > 0 && uv_backend_timeout(loop) == 0 && mc_cpu_ns() < mc_step_deadline);
     mc_run_depth--;
     mc_step_deadline = 0;
     return alive != 0;
@@ -174,7 +322,8 @@ static int mc_step(lua_State *L, long budget_us) {
 
 /*
 ** core.over_budget([share]): whether a step with a budget (core.step, mayura_step) is running and
-** its time is spent (with share, a number in (0, 1]: that part of it), the number of that step
+** its time is spent (with share, a number in (0, 1]: that part of it; the time is this thread's
+** CPU time, of the part of the budget in which work starts, see mc_step), the number of that step
 ** (one step from the next), and whether a step with a budget is running. Work that can wait for
 ** the next step (a task's resumption, mayura._task) asks this before running, so completions
 ** that arrive together are spread over frames.
@@ -184,7 +333,7 @@ static int l_over_budget(lua_State *L) {
     uint64_t at = mc_step_deadline;
     if (!(share > 0 && share <= 1)) return mc_raise(L, "INVALID_INPUT", "over_budget's share must be in (0, 1]");
     if (at != 0 && share < 1) at = mc_step_start + (uint64_t)((lua_Number)(mc_step_deadline - mc_step_start) * share);
-    lua_pushboolean(L, at != 0 && uv_hrtime() >= at);
+    lua_pushboolean(L, at != 0 && mc_cpu_ns() >= at);
     lua_pushinteger(L, mc_step_count);
     lua_pushboolean(L, at != 0);
     return 3;
@@ -198,7 +347,7 @@ static int l_over_budget(lua_State *L) {
 */
 static int l_end_step(lua_State *L) {
     (void)L;
-    if (mc_step_deadline != 0) mc_step_deadline = uv_hrtime();
+    if (mc_step_deadline != 0) mc_step_deadline = mc_cpu_ns();
     return 0;
 }
 
@@ -219,9 +368,135 @@ static int l_expect_bytes(lua_State *L) {
 }
 
 /*
+** core.prepare_bytes(n) -> block | nil: readies the memory of a string of about n bytes that is
+** about to be made (a file read in parts) in a state of the host's own allocator (LÖVE's,
+** Neovim's, a plain interpreter's luaL_newstate), whose large blocks come fresh from the system
+** and cost their page faults in the frame that first writes them (~6 ms for 16 MiB). The block is
+** taken from the state's own allocator at once, untouched; block:touch(bytes) writes the next
+** `bytes` of it (a share of the faults in each frame that brings a part), and
+** block:make(fn, ...) returns fn(...), with the block handed to the first allocation of n + 1 to n +
+** PREP_SLACK bytes that fn makes (the string, sized exactly by the same allocator: afterwards it
+** is the allocator's block like any other). A block that was not handed out is given back by
+** block:free() (or when collected). nil under mayura_newstate (core.expect_bytes readies the
+** memory there, off the host's thread) and for n under 1 MiB.
+*/
+#define PREP_MT "mayura.core.prepared"
+#define PREP_SLACK ((size_t)64)   /* a string's header and its NUL, in 5.4 and LuaJIT */
+#define PREP_PAGE ((size_t)4096)
+
+typedef struct mc_prep {
+    lua_Alloc f;          /* the allocator the block came from (the host's, under defer_alloc) */
+    void *ud;
+    lua_Alloc pf;         /* while make runs: the state's allocator, to which the rest passes */
+    void *pud;
+    char *p;              /* NULL once handed out or given back */
+    size_t want, size;    /* the string's length; the block's size (want + PREP_SLACK) */
+    size_t touched;       /* how much of it was written */
+} mc_prep;
+
+/* The state's allocator while block:make runs fn: the block goes to the string, the rest passes. */
+static void *prep_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+    mc_prep *b = (mc_prep *)ud;
+    /* a string of `want` bytes is more than that (its header, its NUL): a buffer of just that many is not it */
+    if (ptr == NULL && b->p != NULL && nsize > b->want && nsize <= b->size) {
+        /* to its exact size, in place: later the allocator frees it with the size Lua says */
+        void *q = b->f(b->ud, b->p, b->size, nsize);
+        if (q != NULL) {
+            b->p = NULL;
+            return q;
+        }
+    }
+    return b->pf(b->pud, ptr, osize, nsize);
+}
+
+/* The allocator a state's blocks come from: the host's under defer_alloc. */
+static lua_Alloc prep_owner(lua_State *L, void **ud) {
+    mc_defer *d = defer_of(L);
+    if (d != NULL) {
+        *ud = d->ud;
+        return d->f;
+    }
+    return lua_getallocf(L, ud);
+}
+
+static const mc_class prep_class;   /* below its methods */
+
+static mc_prep *prep_check(lua_State *L) {
+    return (mc_prep *)luaL_checkudata(L, 1, PREP_MT);
+}
+
+static int l_prep_free(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    if (b->p != NULL) (void)b->f(b->ud, b->p, b->size, 0);
+    b->p = NULL;
+    return 0;
+}
+
+/* block:touch(bytes): writes the next `bytes` of the block, a byte a page. */
+static int l_prep_touch(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    size_t end;
+    if (b->p == NULL || n <= 0) return 0;
+    end = (size_t)n >= b->size - b->touched ? b->size : b->touched + (size_t)n;
+    for (; b->touched < end; b->touched += PREP_PAGE) ((volatile char *)b->p)[b->touched] = 0;
+    if (b->touched > b->size) b->touched = b->size;
+    return 0;
+}
+
+/* block:make(fn, ...) -> fn(...), the block handed to the string fn makes. */
+static int l_prep_make(lua_State *L) {
+    mc_prep *b = prep_check(L);
+    void *ud, *oud;
+    lua_Alloc f = lua_getallocf(L, &ud), owner = prep_owner(L, &oud);
+    int use, rc;
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    use = b->p != NULL && owner == b->f && oud == b->ud;
+    b->pf = f;
+    b->pud = ud;
+    if (use) lua_setallocf(L, prep_alloc, b);
+    rc = lua_pcall(L, lua_gettop(L) - 2, LUA_MULTRET, 0);
+    if (use) lua_setallocf(L, f, ud);
+    if (rc != LUA_OK) return lua_error(L);
+    return lua_gettop(L) - 1;
+}
+
+static int l_prepare_bytes(lua_State *L) {
+    lua_Integer n = lua_isinteger(L, 1) ? lua_tointeger(L, 1) : -1;
+    mc_prep *b;
+    void *ud;
+    lua_Alloc f;
+    if (n < 0 || n > (lua_Integer)1 << 40) return mc_raise(L, "INVALID_INPUT", "prepare_bytes expects a byte count");
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_EXPECT_KEY);
+    if (lua_type(L, -1) == LUA_TFUNCTION || n < (lua_Integer)1 << 20) return 0;
+    lua_pop(L, 1);
+    b = (mc_prep *)mc_handle_new(L, &prep_class);
+    f = prep_owner(L, &ud);
+    b->f = f;
+    b->ud = ud;
+    b->want = (size_t)n;
+    b->size = (size_t)n + PREP_SLACK;
+    b->p = (char *)f(ud, NULL, 0, b->size);
+    if (b->p == NULL) return 0;   /* no memory now: the string is made without it */
+    return 1;
+}
+
+static const luaL_Reg prep_methods[] = {
+    {"touch", l_prep_touch}, {"make", l_prep_make}, {"free", l_prep_free}, {NULL, NULL}
+};
+
+/* The block is a handle of the recipe: free (also __gc and __close) gives its memory back once. */
+static const mc_class prep_class = { PREP_MT, sizeof(mc_prep), l_prep_free, NULL, prep_methods, NULL };
+
+static void mc_open_prep(lua_State *L) {
+    mc_class_register(L, &prep_class);
+}
+
+/*
 ** core.step([budget_ms]): for a host that drives the loop from its own (a game's frame, an
 ** editor's poll of backend_fd()): runs the work that is due and returns at once, never waiting;
-** with a budget, goes on while more is due at once, up to that many milliseconds. Makes the host
+** with a budget, goes on while more is due at once, up to that many milliseconds of this thread's
+** CPU time (see mc_step). Makes the host
 ** the loop's driver ('step'). Returns whether anything is still pending.
 */
 static int l_step(lua_State *L) {
@@ -286,6 +561,12 @@ static int l_alive(lua_State *L) {
 /* core.hrtime_ms(): a monotonic clock in milliseconds (fractional). */
 static int l_hrtime_ms(lua_State *L) {
     lua_pushnumber(L, mc_ms(uv_hrtime()));
+    return 1;
+}
+
+/* core.cpu_ms(): this thread's CPU time in milliseconds (fractional): what a step's budget counts. */
+static int l_cpu_ms(lua_State *L) {
+    lua_pushnumber(L, mc_ms(mc_cpu_ns()));
     return 1;
 }
 
@@ -396,7 +677,27 @@ static int l_report_once(lua_State *L) {
     return 1;
 }
 
+/*
+** core._handle(name) -> a new, empty handle of the registered class `name` (its resource never
+** made): what a raise right after mc_handle_new leaves to __gc. For the specs of the handle recipe.
+*/
+static int l_handle(lua_State *L) {
+    const mc_class *c;
+    const char *name;
+    if (lua_type(L, 1) != LUA_TSTRING) return mc_raise(L, "INVALID_INPUT", "_handle expects a class name");
+    name = lua_tostring(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_CLASSES_KEY);
+    if (!lua_istable(L, -1)) return mc_raise(L, "INVALID_INPUT", "no class is registered");
+    lua_getfield(L, -1, name);
+    c = (const mc_class *)lua_touserdata(L, -1);
+    if (c == NULL) return mc_raise(L, "INVALID_INPUT", "no class is named '%s'", name);
+    lua_pop(L, 2);
+    mc_handle_new(L, c);
+    return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
+    {"_handle", l_handle},
     {"set_reporter", l_set_reporter},
     {"report", l_report},
     {"report_once", l_report_once},
@@ -406,6 +707,7 @@ static const luaL_Reg core_funcs[] = {
     {"step", l_step},
     {"over_budget", l_over_budget},
     {"expect_bytes", l_expect_bytes},
+    {"prepare_bytes", l_prepare_bytes},
     {"end_step", l_end_step},
     {"backend_fd", l_backend_fd},
     {"backend_timeout", l_backend_timeout},
@@ -413,6 +715,7 @@ static const luaL_Reg core_funcs[] = {
     {"driver", l_driver},
     {"alive", l_alive},
     {"hrtime_ms", l_hrtime_ms},
+    {"cpu_ms", l_cpu_ms},
     {"now_ms", l_now_ms},
     {NULL, NULL}
 };
@@ -453,5 +756,6 @@ int luaopen_mayura_core(lua_State *L) {
     mc_open_ws(L);
     mc_open_msgpack(L);
     mc_open_proto(L);
+    mc_open_prep(L);
     return 1;
 }

@@ -28,12 +28,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <uv.h>
 #include "compat.h"
 
 /* Helpers a piece may or may not use. */
 #define MC_FN static __attribute__((unused))
+#define MC_VAR static __attribute__((unused))
 
 #define MC_ERROR_MT "mayura.error"
 #define MC_LOOP_KEY "mayura.core.loop"
@@ -248,6 +250,102 @@ MC_FN int mc_opt_func_ref(lua_State *L, int idx, const char *key) {
 /* }====================================================== */
 
 /* {======================================================
+** Handles: the one recipe of the core's userdata
+** =======================================================*/
+
+/*
+** Every userdata the core hands out (a process, a channel, an HTTP request, a relay, a WebSocket,
+** a parser, the scratch boxes of the encoders) is a handle of a class registered once with
+** mc_class_register, which always installs:
+**   __gc and __close  the class's `release`, one function: it frees what the handle owns and
+**                     leaves it empty, so a second call, or __gc after __close, finds nothing left;
+**                     it also copes with a handle still empty (made, its resource not yet);
+**   __tostring        the class's, or "<name> (<address>)";
+**   __index           the class's methods (a table, empty when it has none);
+**   __name            the class's name (the registry key, "mayura.<what>").
+** A handle is made first, empty (mc_handle_new: zeroed, with its metatable), then the resource is
+** made and owned by it, so a raise at any later point is cleaned up by __gc. The registry table
+** MC_CLASSES_KEY maps each name to its class (core._handle(name) makes an empty one, for specs).
+** LuaJIT has no __close: the field is then only read by whoever calls it. (A plain scratch buffer
+** that owns nothing, such as spawn's argv or a URL copy, is a userdata without a metatable: Lua frees it.)
+*/
+#define MC_CLASSES_KEY "mayura.core.classes"
+
+typedef struct mc_class {
+    const char *name;          /* registry key and __name */
+    size_t size;               /* the userdata's bytes */
+    lua_CFunction release;     /* __gc and __close: idempotent, copes with an empty handle */
+    lua_CFunction tostring;    /* __tostring, or NULL for "<name> (<address>)" */
+    const luaL_Reg *methods;   /* __index, or NULL for none */
+    void (*init)(void *h);     /* makes the zeroed bytes an empty handle (registry refs to LUA_NOREF),
+                                  or NULL when zeroed is empty */
+} mc_class;
+
+MC_FN int mc_handle_tostring(lua_State *L) {
+    lua_pushfstring(L, "%s (%p)", lua_tostring(L, lua_upvalueindex(1)), lua_touserdata(L, 1));
+    return 1;
+}
+
+/* Registers class c once: its metatable in the registry under c->name, and c in MC_CLASSES_KEY. */
+MC_FN void mc_class_register(lua_State *L, const mc_class *c) {
+    if (luaL_newmetatable(L, c->name)) {
+        lua_pushcfunction(L, c->release);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, -3, "__gc");
+        lua_setfield(L, -2, "__close");
+        if (c->tostring != NULL) {
+            lua_pushcfunction(L, c->tostring);
+        } else {
+            lua_pushstring(L, c->name);
+            lua_pushcclosure(L, mc_handle_tostring, 1);
+        }
+        lua_setfield(L, -2, "__tostring");
+        lua_newtable(L);
+        if (c->methods != NULL) luaL_setfuncs(L, c->methods, 0);
+        lua_setfield(L, -2, "__index");
+        lua_pushstring(L, c->name);
+        lua_setfield(L, -2, "__name");
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, MC_CLASSES_KEY);
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, MC_CLASSES_KEY);
+    }
+    lua_pushlightuserdata(L, (void *)c);
+    lua_setfield(L, -2, c->name);
+    lua_pop(L, 1);
+}
+
+/*
+** The life of an object a handle points to (a process, a channel, a relay), whose C memory
+** outlives the handle until libuv has closed back every handle of its own: `uv` counts those
+** libuv handles (initialised, close callback not yet run), `holds` what else still needs the
+** object (its Lua handle, a callback into Lua under way, a command not yet finished). Its one
+** free function runs when mc_life_over says both are zero, and only then.
+*/
+typedef struct mc_life {
+    int uv, holds;
+} mc_life;
+
+MC_FN int mc_life_over(const mc_life *l) {
+    return l->uv == 0 && l->holds == 0;
+}
+
+/* Pushes a new, empty handle of class c (c->size zeroed bytes, with its metatable) and returns it. */
+MC_FN void *mc_handle_new(lua_State *L, const mc_class *c) {
+    void *h = lua_newuserdatauv(L, c->size, 0);
+    memset(h, 0, c->size);
+    if (c->init != NULL) c->init(h);
+    luaL_setmetatable(L, c->name);
+    return h;
+}
+
+/* }====================================================== */
+
+/* {======================================================
 ** Loop and callbacks
 ** =======================================================*/
 
@@ -336,6 +434,29 @@ MC_FN int mc_pcall_report(lua_State *L, int nargs, int nresults) {
 /* mc_pcall_report discarding results: 0 on success, -1 on error. */
 MC_FN int mc_call(lua_State *L, int nargs) {
     return mc_pcall_report(L, nargs, 0) == LUA_OK ? 0 : -1;
+}
+
+/*
+** A step with a budget (core.step, mayura_step) counts the CPU time of the host's thread
+** (CLOCK_THREAD_CPUTIME_ID), not the wall clock: what the host's frame pays, whatever else the
+** machine runs. mc_step_deadline is where it stops starting work (0 when no step with a budget
+** runs), mc_step_start where it began, both in that clock's nanoseconds.
+*/
+MC_VAR uint64_t mc_step_deadline = 0;
+MC_VAR uint64_t mc_step_start = 0;
+/* How many steps have begun, which tells one step from the next. */
+MC_VAR lua_Integer mc_step_count = 0;
+
+/* This thread's CPU time in nanoseconds. */
+MC_FN uint64_t mc_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return uv_hrtime();
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether a step with a budget is running and has spent it: work that can wait should (chan.c). */
+MC_FN int mc_step_over(void) {
+    return mc_step_deadline != 0 && mc_cpu_ns() >= mc_step_deadline;
 }
 
 /* Milliseconds from a uv_hrtime() difference. */

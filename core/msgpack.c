@@ -51,11 +51,10 @@ static int l_msgpack_box_gc(lua_State *L) {
     return 0;
 }
 
+static const mc_class msgpack_box_class = { MSGPACK_BOX_MT, sizeof(msgpack_box), l_msgpack_box_gc, NULL, NULL, NULL };
+
 static msgpack_box *msgpack_new_box(lua_State *L) {
-    msgpack_box *b = (msgpack_box *)lua_newuserdatauv(L, sizeof *b, 0);
-    memset(b, 0, sizeof *b);
-    luaL_setmetatable(L, MSGPACK_BOX_MT);
-    return b;
+    return (msgpack_box *)mc_handle_new(L, &msgpack_box_class);
 }
 
 /* {======================================================
@@ -423,11 +422,7 @@ static void mc_open_msgpack(lua_State *L) {
         {"bin", l_msgpack_bin},
         {NULL, NULL}
     };
-    if (luaL_newmetatable(L, MSGPACK_BOX_MT)) {
-        lua_pushcfunction(L, l_msgpack_box_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &msgpack_box_class);
     lua_createtable(L, 0, 3);
     luaL_newmetatable(L, "mayura.json.array");  /* core.json's, made by mc_open_json */
     luaL_newmetatable(L, "mayura.json.object");

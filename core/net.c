@@ -120,7 +120,7 @@ typedef struct mc_relay {
     lua_State *L;         /* main thread; NULL once the state is closing */
     uv_poll_t poll[2];
     int fd[2];
-    int live[2];          /* poll handle initialised and not yet closed back */
+    int live[2];          /* poll handle initialised and not yet closed back (each counted in life.uv) */
     int events[2];
     int connecting;       /* side 1's connect is under way */
     int limited;          /* side 0 may send no more than `left` bytes */
@@ -128,14 +128,16 @@ typedef struct mc_relay {
     relay_dir dir[2];     /* dir[0]: side 0 -> side 1 */
     int cb_ref, self_ref;
     int finished;
-    int boxed;
+    mc_life life;         /* uv: the live poll handles; holds: the Lua userdata */
 } mc_relay;
 
 typedef struct { mc_relay *r; } relay_box;
 
+static const mc_class relay_class;   /* at the end of the file */
+
 static void relay_maybe_free(mc_relay *r) {
     int i, j;
-    if (r->live[0] || r->live[1] || r->boxed) return;
+    if (!mc_life_over(&r->life)) return;
     for (i = 0; i < 2; i++)
         for (j = 0; j < 2; j++)
             if (r->dir[i].pipe[j] >= 0) close(r->dir[i].pipe[j]);
@@ -148,6 +150,7 @@ static void relay_on_close(uv_handle_t *h) {
     mc_relay *r = (mc_relay *)h->data;
     int i = h == (uv_handle_t *)&r->poll[0] ? 0 : 1;
     r->live[i] = 0;
+    r->life.uv--;
     close(r->fd[i]);
     r->fd[i] = -1;
     relay_maybe_free(r);
@@ -350,12 +353,22 @@ static int l_relay_close(lua_State *L) {
     return 0;
 }
 
+static int l_relay_tostring(lua_State *L) {
+    relay_box *box = (relay_box *)luaL_checkudata(L, 1, RELAY_MT);
+    lua_pushfstring(L, RELAY_MT " (%s)", box->r == NULL || box->r->finished ? "finished" : "running");
+    return 1;
+}
+
+/*
+** __gc and __close. A running relay is anchored, so __gc runs for one only while the state closes:
+** it ends without a callback, and none may reach the closing state.
+*/
 static int l_relay_gc(lua_State *L) {
     relay_box *box = (relay_box *)luaL_checkudata(L, 1, RELAY_MT);
     mc_relay *r = box->r;
     if (r == NULL) return 0;
     box->r = NULL;
-    r->boxed = 0;
+    r->life.holds--;   /* the userdata's */
     r->L = NULL;
     if (!r->finished) relay_finish(r, NULL, 0);
     relay_maybe_free(r);
@@ -399,9 +412,7 @@ static int l_relay(lua_State *L) {
         max_a = mc_opt_int(L, 3, "max_from_a", -1, 0, LLONG_MAX);
     }
     luaL_checktype(L, 4, LUA_TFUNCTION);
-    box = (relay_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->r = NULL;
-    luaL_setmetatable(L, RELAY_MT);
+    box = (relay_box *)mc_handle_new(L, &relay_class);
     r = (mc_relay *)calloc(1, sizeof *r);
     if (r == NULL) return mc_raise_oom(L);
     r->fd[0] = r->fd[1] = -1;
@@ -413,7 +424,7 @@ static int l_relay(lua_State *L) {
             r->dir[i].pipe[0] = r->dir[i].pipe[1] = -1;
     }
     r->cb_ref = r->self_ref = LUA_NOREF;
-    r->boxed = 1;
+    r->life.holds++;   /* the userdata's */
     box->r = r;
     r->dir[0].buf = (char *)malloc(prefix_len > RELAY_BUF ? prefix_len : RELAY_BUF);
     r->dir[1].buf = (char *)malloc(RELAY_BUF);
@@ -442,6 +453,7 @@ static int l_relay(lua_State *L) {
         }
         r->poll[i].data = r;
         r->live[i] = 1;
+        r->life.uv++;
     }
     r->L = mc_main(L);
     lua_pushvalue(L, 4);
@@ -452,16 +464,15 @@ static int l_relay(lua_State *L) {
     return 1;
 }
 
+static const luaL_Reg relay_methods[] = {
+    {"close", l_relay_close},
+    {NULL, NULL}
+};
+
+static const mc_class relay_class = { RELAY_MT, sizeof(relay_box), l_relay_gc, l_relay_tostring, relay_methods, NULL };
+
 static void mc_open_net(lua_State *L) {
-    if (luaL_newmetatable(L, RELAY_MT)) {
-        lua_newtable(L);
-        lua_pushcfunction(L, l_relay_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_relay_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &relay_class);
     lua_pushcfunction(L, l_netns_socket);
     lua_setfield(L, -2, "netns_socket");
     lua_pushcfunction(L, l_relay);

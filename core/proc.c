@@ -66,7 +66,7 @@ typedef struct mc_proc {
     uv_shutdown_t shutdown_req;
     proc_stream out, err;
     int cb_ref, self_ref, stdin_ref;
-    int handles;         /* uv handles not yet closed */
+    mc_life life;        /* uv: the uv handles not yet closed; holds: 1 until the command is finished */
     int exited, finished, timed_out, cancelled;
     int killing;              /* K_NONE, K_GRACE, K_KILLED or K_DRAIN (core/tree.h) */
     int outlive;              /* untagged, and left running when the state closes */
@@ -80,6 +80,8 @@ typedef struct mc_proc {
 } mc_proc;
 
 typedef struct { mc_proc *p; } proc_box;
+
+static const mc_class proc_class;   /* at the end of the file */
 
 static void proc_finish(mc_proc *p);
 
@@ -107,8 +109,15 @@ static void proc_kill_tree(mc_proc *p) {
 ** Handles
 ** =======================================================*/
 
+/* The command is over for its caller: from here only its open uv handles keep p. Once. */
+static void proc_set_finished(mc_proc *p) {
+    if (p->finished) return;
+    p->finished = 1;
+    p->life.holds--;
+}
+
 static void proc_free_if_done(mc_proc *p) {
-    if (p->handles > 0 || !p->finished) return;
+    if (!mc_life_over(&p->life)) return;
     free(p->out.data);
     free(p->err.data);
     free(p);
@@ -116,12 +125,12 @@ static void proc_free_if_done(mc_proc *p) {
 
 static void proc_on_close(uv_handle_t *h) {
     mc_proc *p = (mc_proc *)h->data;
-    p->handles--;
+    p->life.uv--;
     proc_free_if_done(p);
 }
 
 static void proc_close(mc_proc *p, uv_handle_t *h) {
-    (void)p;   /* kept for symmetry: every close counts against p->handles */
+    (void)p;   /* kept for symmetry: every close counts against p->life.uv */
     if (!uv_is_closing(h)) uv_close(h, proc_on_close);
 }
 
@@ -294,7 +303,7 @@ static void proc_on_write(uv_write_t *req, int status) {
 /* Pushes the result table and calls the Lua callback once; closes every handle. */
 static void proc_finish(mc_proc *p) {
     lua_State *L = p->L;
-    p->finished = 1;
+    proc_set_finished(p);
     uv_timer_stop(&p->timer);
     proc_close(p, (uv_handle_t *)&p->timer);
     proc_close_exit(p);
@@ -497,10 +506,10 @@ static void proc_read_opts(lua_State *L, proc_spawn_opts *so) {
 ** it fails).
 */
 static int proc_start_failed(lua_State *L, mc_proc *p, const char *file, int rc, int uv_process_open) {
-    p->finished = 1;
+    proc_set_finished(p);
     p->L = NULL;
     if (uv_process_open) {
-        p->handles++;
+        p->life.uv++;
         proc_close(p, (uv_handle_t *)&p->process);
     }
     proc_close(p, (uv_handle_t *)&p->timer);
@@ -818,9 +827,7 @@ static int l_spawn(lua_State *L) {
     proc_read_opts(L, &so);
 
     /* The box first, born empty: from here on its __gc cleans up whatever a raise leaves. */
-    box = (proc_box *)lua_newuserdatauv(L, sizeof *box, 0);
-    box->p = NULL;
-    luaL_setmetatable(L, PROC_MT);
+    box = (proc_box *)mc_handle_new(L, &proc_class);
     boxidx = lua_gettop(L);
     p = (mc_proc *)calloc(1, sizeof *p);
     if (p == NULL) return mc_raise_oom(L);
@@ -832,12 +839,13 @@ static int l_spawn(lua_State *L) {
     p->kill_grace_ms = (uint64_t)so.grace;
     p->drain_ms = (uint64_t)so.drain;
     p->outlive = so.outlive;
+    p->life.holds = 1;   /* until proc_set_finished */
 
     uv_pipe_init(loop, &p->out.pipe, 0);
     uv_pipe_init(loop, &p->err.pipe, 0);
     uv_pipe_init(loop, &p->in, 0);
     uv_timer_init(loop, &p->timer);
-    p->handles = 4;
+    p->life.uv = 4;
     p->out.pipe.data = p->err.pipe.data = p->in.data = p->timer.data = p;
 
     p->started = uv_hrtime();
@@ -851,7 +859,7 @@ static int l_spawn(lua_State *L) {
     lua_pushvalue(L, boxidx);
     lua_replace(L, top + 1);   /* the box; the option scratch above it is dropped */
     lua_settop(L, top + 1);
-    p->handles++;   /* the process handle or the exit watch */
+    p->life.uv++;   /* the process handle or the exit watch */
     p->out.open = p->err.open = 1;
     uv_read_start((uv_stream_t *)&p->out.pipe, proc_alloc, proc_read);
     uv_read_start((uv_stream_t *)&p->err.pipe, proc_alloc, proc_read);
@@ -923,7 +931,7 @@ static int l_proc_gc(lua_State *L) {
     box->p = NULL;
     p->L = NULL;
     if (!p->exited && !p->outlive) proc_kill_tree(p);
-    p->finished = 1;
+    proc_set_finished(p);
     proc_close(p, (uv_handle_t *)&p->timer);
     proc_close_exit(p);
     proc_close(p, (uv_handle_t *)&p->out.pipe);
@@ -994,18 +1002,10 @@ static const luaL_Reg proc_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class proc_class = { PROC_MT, sizeof(proc_box), l_proc_gc, l_proc_tostring, proc_methods, NULL };
+
 static void mc_open_proc(lua_State *L) {
-    if (luaL_newmetatable(L, PROC_MT)) {
-        luaL_newlib(L, proc_methods);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, l_proc_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_proc_gc);
-        lua_setfield(L, -2, "__close");
-        lua_pushcfunction(L, l_proc_tostring);
-        lua_setfield(L, -2, "__tostring");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &proc_class);
     /* A command that closes its stdin early must not end the host with SIGPIPE. */
     signal(SIGPIPE, SIG_IGN);
     lua_pushcfunction(L, l_spawn);

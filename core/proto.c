@@ -54,12 +54,11 @@ static int mc_proto_hold_gc(lua_State *L) {
     return 0;
 }
 
+static const mc_class mc_proto_hold_class = { MC_PROTO_HOLD_MT, sizeof(mc_proto_hold), mc_proto_hold_gc, NULL, NULL,
+                                              NULL };
+
 static mc_proto_hold *mc_proto_new_hold(lua_State *L) {
-    mc_proto_hold *h = (mc_proto_hold *)lua_newuserdatauv(L, sizeof *h, 0);
-    h->msg = NULL;
-    luaL_getmetatable(L, MC_PROTO_HOLD_MT);
-    lua_setmetatable(L, -2);
-    return h;
+    return (mc_proto_hold *)mc_handle_new(L, &mc_proto_hold_class);
 }
 
 /* The input or output message of the method at index idx, with the direction at idx + 1. */
@@ -460,11 +459,7 @@ static void mc_open_proto(lua_State *L) {
         {"methods", l_proto_methods},
         {NULL, NULL}
     };
-    if (luaL_newmetatable(L, MC_PROTO_HOLD_MT)) {
-        lua_pushcfunction(L, mc_proto_hold_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &mc_proto_hold_class);
     lua_newtable(L);
     luaL_setfuncs(L, funcs, 0);
     lua_setfield(L, -2, "proto");

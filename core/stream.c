@@ -90,6 +90,8 @@ typedef struct mc_sp {
     lua_Integer retry; /* -1: none given */
 } mc_sp;
 
+static const mc_class mc_sp_class;   /* at the end of the file */
+
 /* {======================================================
 ** Buffers
 ** =======================================================*/
@@ -596,13 +598,10 @@ static int l_stream_parser(lua_State *L) {
         mc_check_keys(L, 2, mc_sp_keys);
         max = mc_opt_int(L, 2, "max_bytes", MC_SP_DEFAULT_MAX, 1, MC_SP_MAX_MAX);
     }
-    s = (mc_sp *)lua_newuserdatauv(L, sizeof *s, 0);
-    memset(s, 0, sizeof *s);
+    s = (mc_sp *)mc_handle_new(L, &mc_sp_class);
     s->kind = k;
     s->max = (size_t)max;
     s->retry = -1;
-    luaL_getmetatable(L, MC_SP_MT);
-    lua_setmetatable(L, -2);
     return 1;
 }
 
@@ -617,16 +616,10 @@ static const luaL_Reg mc_sp_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class mc_sp_class = { MC_SP_MT, sizeof(mc_sp), l_sp_gc, l_sp_tostring, mc_sp_methods, NULL };
+
 static void mc_open_stream(lua_State *L) {
-    if (luaL_newmetatable(L, MC_SP_MT)) {
-        lua_pushcfunction(L, l_sp_gc);
-        lua_setfield(L, -2, "__gc");
-        lua_pushcfunction(L, l_sp_tostring);
-        lua_setfield(L, -2, "__tostring");
-        luaL_newlib(L, mc_sp_methods);
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &mc_sp_class);
     lua_pushcfunction(L, l_stream_parser);
     lua_setfield(L, -2, "stream_parser");
 }

@@ -78,6 +78,8 @@ typedef struct mc_ws_handle {
     mc_ws_conn *c;
 } mc_ws_handle;
 
+static const mc_class mc_ws_class, mc_ws_state_class;   /* at the end of the file */
+
 static void mc_ws_unref(lua_State *L, int *ref) {
     if (*ref != LUA_NOREF && *ref != LUA_REFNIL) luaL_unref(L, LUA_REGISTRYINDEX, *ref);
     *ref = LUA_NOREF;
@@ -375,10 +377,7 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
     st = (mc_ws_state *)lua_touserdata(L, -1);
     lua_pop(L, 1);
     if (st == NULL) {
-        st = (mc_ws_state *)lua_newuserdatauv(L, sizeof *st, 0);
-        memset(st, 0, sizeof *st);
-        luaL_getmetatable(L, MC_WS_STATE_MT);
-        lua_setmetatable(L, -2);
+        st = (mc_ws_state *)mc_handle_new(L, &mc_ws_state_class);
         st->loop = mc_loop(L);
         st->L = mc_main(L);
         lua_setfield(L, LUA_REGISTRYINDEX, MC_WS_STATE_KEY);
@@ -492,6 +491,7 @@ static int l_ws_connect(lua_State *L) {
     strcpy(pathbuf + 1, path);
 
     st = mc_ws_get_state(L);
+    h = (mc_ws_handle *)mc_handle_new(L, &mc_ws_class);   /* made first, empty */
     c = (mc_ws_conn *)calloc(1, sizeof *c);
     if (c == NULL) return mc_raise_oom(L);
     c->headers = (char *)malloc(hlen);
@@ -522,10 +522,6 @@ static int l_ws_connect(lua_State *L) {
     c->cb_ref = LUA_NOREF;
     c->self_ref = LUA_NOREF;
     c->close_code = LWS_CLOSE_STATUS_NORMAL;
-    h = (mc_ws_handle *)lua_newuserdatauv(L, sizeof *h, 0);
-    h->c = NULL;
-    luaL_getmetatable(L, MC_WS_MT);
-    lua_setmetatable(L, -2);
     memset(&ci, 0, sizeof ci);
     ci.context = st->ctx;
     ci.address = host;
@@ -600,6 +596,22 @@ static int l_ws_close(lua_State *L) {
     return 0;
 }
 
+/*
+** __gc and __close: closes an open connection (code 1000), as ws:close() does; nothing when it
+** ended or is closing. An open connection is anchored, so __gc runs for one only while the state
+** closes (and none once the WebSocket state is shut down).
+*/
+static int l_ws_gc(lua_State *L) {
+    mc_ws_handle *h = mc_ws_check(L);
+    mc_ws_conn *c = h->c;
+    if (c == NULL || c->done || c->closing || c->wsi == NULL || c->st == NULL || c->st->closed) return 0;
+    c->closing = 1;
+    c->close_code = LWS_CLOSE_STATUS_NORMAL;
+    if (c->opened) lws_callback_on_writable(c->wsi);
+    else lws_set_timeout(c->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+    return 0;
+}
+
 static int l_ws_tostring(lua_State *L) {
     mc_ws_handle *h = mc_ws_check(L);
     lua_pushfstring(L, "mayura.ws (%s): %p", h->c == NULL ? "closed" : "open", (void *)h);
@@ -612,19 +624,12 @@ static const luaL_Reg mc_ws_methods[] = {
     {NULL, NULL}
 };
 
+static const mc_class mc_ws_class = { MC_WS_MT, sizeof(mc_ws_handle), l_ws_gc, l_ws_tostring, mc_ws_methods, NULL };
+static const mc_class mc_ws_state_class = { MC_WS_STATE_MT, sizeof(mc_ws_state), l_ws_state_gc, NULL, NULL, NULL };
+
 static void mc_open_ws(lua_State *L) {
-    if (luaL_newmetatable(L, MC_WS_MT)) {
-        lua_pushcfunction(L, l_ws_tostring);
-        lua_setfield(L, -2, "__tostring");
-        luaL_newlib(L, mc_ws_methods);
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
-    if (luaL_newmetatable(L, MC_WS_STATE_MT)) {
-        lua_pushcfunction(L, l_ws_state_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
+    mc_class_register(L, &mc_ws_class);
+    mc_class_register(L, &mc_ws_state_class);
     lua_pushcfunction(L, l_ws_connect);
     lua_setfield(L, -2, "ws_connect");
 }

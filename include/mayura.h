@@ -50,11 +50,14 @@ int mayura_open(lua_State *L, const char *root);
 
 /*
 ** Runs the loop's due work without waiting: one pass, then more while work is due at once
-** and `budget_us` microseconds are not spent (0: one pass). Once the budget is spent, tasks
-** whose waits end are resumed at the next steps (at least one a step), so completions that
-** arrive together are spread over frames. A single callback or task's run is not cut, so a step
-** can pass its budget by what one of them takes. Returns 1 when anything is still
-** pending, 0 when nothing is, -1 when called from inside the loop (from a callback).
+** and `budget_us` microseconds are not spent (0: one pass). The budget counts this thread's CPU
+** time (CLOCK_THREAD_CPUTIME_ID), not the wall clock: what the frame pays, whatever else the
+** machine runs. Work starts only within its first three quarters, the rest being room for what
+** cannot be cut (a task's run up to its next wait). Once that is spent, tasks whose waits end are
+** resumed at the next steps (at least one a step), and the sandboxes' channels handle no more
+** replies until the next step, so completions that arrive together are spread over frames.
+** Returns 1 when anything is still pending, 0 when nothing is, -1 when called from inside the
+** loop (from a callback).
 */
 int mayura_step(lua_State *L, long budget_us);
 

@@ -5,7 +5,7 @@
 #   scripts/docker-setup.sh stop     stop the dockerd this script started (and only that one)
 #   scripts/docker-setup.sh status   say what is there
 #
-# Idempotent and quick when everything is there (one `docker info` and three `docker image inspect`).
+# Idempotent and quick when everything is there (two `docker info` and three `docker image inspect`).
 # Needs root to install packages and to start the daemon.
 #
 # What it does, in order:
@@ -14,7 +14,16 @@
 #  2. starts dockerd in the background when `docker info` does not answer (and no dockerd is already starting),
 #     logging to /var/log/mayura-dockerd.log, waits until `docker info` answers (60 s at most), and records its
 #     pid in /run/mayura/dockerd.pid so that `stop` stops only a daemon it started;
-#  3. builds the test images when they are missing, never pulling anything:
+#  3. installs Debian's runsc (gVisor) when the archive has it and it is missing, and registers it with the daemon as
+#     the runtime `runsc` when the daemon does not list one (the Docker provider's `runtime = 'runsc'`): the entry
+#     is added to /etc/docker/daemon.json (merged with jq into what is there) and a running dockerd is told with
+#     SIGHUP, which reloads its runtimes without touching running containers; a daemon started by this script
+#     reads it at start. Its arguments: --network=none (gVisor's own network stack with a loopback alone: this
+#     runsc refuses a container's network namespace on kernels that show net.core.rmem_default in every one,
+#     "cannot run with network enabled in root network namespace", and the provider offers network 'none'
+#     alone under gVisor anyway) and --host-uds=create (the agent's socket, made in its bind-mounted
+#     directory, is a socket of the host's that the provider connects to);
+#  4. builds the test images when they are missing, never pulling anything:
 #     - mayura-test/busybox:1: a root with the static /bin/busybox and a link for each of its applets
 #       (sh, sleep, cat, ls, wc, head, tr, ln, kill, grep, ...), /etc/passwd and /etc/group with the sandbox
 #       user 1000, /tmp (1777) and /workspace (owned by 1000), made with `docker import` of a tar stream;
@@ -36,6 +45,8 @@ DESKTOP_IMAGE=mayura-test/desktop:1
 DESKTOP_PACKAGES="xvfb xdotool x11-apps netpbm libx11-dev"
 DESKTOP_PROGRAMS="Xvfb xkbcomp xdotool xwd xwdtopnm pnmtopng"
 STATE_DIR=/run/mayura
+DAEMON_JSON=/etc/docker/daemon.json
+RUNSC_ENTRY='{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","--host-uds=create"]}'
 PIDFILE=$STATE_DIR/dockerd.pid
 LOG=/var/log/mayura-dockerd.log
 WAIT_S=60
@@ -89,9 +100,65 @@ install_packages() {
     fi
 }
 
+# Installs runsc when it is missing and the package archive has it; never fails the setup.
+install_runsc() {
+    command -v runsc >/dev/null 2>&1 && return 0
+    is_root || return 0
+    apt-cache show runsc >/dev/null 2>&1 || { say "no runsc in the package archive; no gVisor runtime"; return 0; }
+    say "installing runsc (gVisor)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null 2>&1 \
+        || say "runsc did not install; no gVisor runtime"
+}
+
+has_runsc_runtime() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+
+# Adds the runtime runsc to daemon.json (a new file, or merged with jq into the one there). Returns 1 when it
+# could not (no jq to merge with, say).
+write_runsc_entry() {
+    mkdir -p "$(dirname "$DAEMON_JSON")"
+    if [ ! -s "$DAEMON_JSON" ]; then
+        printf '{\n  "runtimes": { "runsc": %s }\n}\n' "$RUNSC_ENTRY" >"$DAEMON_JSON.mayura"
+    elif command -v jq >/dev/null 2>&1; then
+        jq --argjson e "$RUNSC_ENTRY" '.runtimes = ((.runtimes // {}) + { runsc: (.runtimes.runsc // $e) })' \
+            "$DAEMON_JSON" >"$DAEMON_JSON.mayura" || { rm -f "$DAEMON_JSON.mayura"; return 1; }
+    else
+        say "$DAEMON_JSON exists and there is no jq to add runsc to it"
+        return 1
+    fi
+    chmod 644 "$DAEMON_JSON.mayura"
+    mv "$DAEMON_JSON.mayura" "$DAEMON_JSON"
+}
+
+# Registers runsc with the daemon when runsc is installed and the daemon does not list it: written before a
+# start (no argument), or written and told to the running daemon with SIGHUP ("running").
+register_runsc() {
+    command -v runsc >/dev/null 2>&1 || return 0
+    is_root || return 0
+    if [ "${1:-}" = running ]; then
+        has_runsc_runtime && return 0
+        grep -q '"runsc"' "$DAEMON_JSON" 2>/dev/null || write_runsc_entry || return 0
+        pids=$(pidof dockerd 2>/dev/null || true)
+        case "$pids" in
+        ''|*' '*) say "runsc is in $DAEMON_JSON; restart the daemon to use it (not exactly one dockerd here)"; return 0 ;;
+        esac
+        say "registering the runtime runsc with dockerd $pids (SIGHUP: it reloads its runtimes)"
+        kill -HUP "$pids"
+        i=0
+        while ! has_runsc_runtime; do
+            i=$((i + 1))
+            if [ "$i" -gt 40 ]; then say "dockerd did not take runsc; see $LOG"; return 0; fi
+            sleep 0.25
+        done
+        say "dockerd lists the runtime runsc"
+    elif ! grep -q '"runsc"' "$DAEMON_JSON" 2>/dev/null; then
+        write_runsc_entry || true
+    fi
+}
+
 start_daemon() {
     answers && return 0
     is_root || die "no Docker daemon answers, and starting one needs root"
+    register_runsc
     if pidof dockerd >/dev/null 2>&1; then
         say "a dockerd is running but not answering yet; waiting for it"
     else
@@ -272,14 +339,17 @@ status() {
     for image in "$BUSYBOX_IMAGE" "$NODE_IMAGE" "$DESKTOP_IMAGE"; do
         if has_image "$image"; then say "$image is there"; else say "$image is missing"; fi
     done
+    if has_runsc_runtime; then say "the runtime runsc (gVisor) is registered"; else say "no runtime runsc"; fi
 }
 
 case "${1:-start}" in
 start)
+    install_runsc
     if ! answers; then
         install_packages engine
         start_daemon
     fi
+    register_runsc running
     if ! has_image "$BUSYBOX_IMAGE" || ! has_image "$NODE_IMAGE" || ! has_image "$DESKTOP_IMAGE"; then
         install_packages images
         has_image "$BUSYBOX_IMAGE" || build_busybox

@@ -2,19 +2,22 @@
 ** game.c: a C host at 60 frames a second that runs a mayura agent while it draws, through the
 ** embedding API of include/mayura.h.
 **
-**   build/embed/game [--frames N] [--draw-us US] [--budget-us US] [ROOT] SCRIPT.lua [ARGS...]
+**   build/embed/game [--frames N] [--draw-us US] [--budget-us US] [--own-state] [ROOT] SCRIPT.lua [ARGS...]
 **
 ** ROOT is the mayura checkout (default: the current directory). SCRIPT.lua is run as a task on
 ** mayura's loop (`mayura.run(chunk, ARGS...)`), which returns at once: every frame the host calls
 ** mayura_step() with a budget of --budget-us (4000 by default), then "draws" (busy work of
 ** --draw-us microseconds, 3000 by default, standing in for a renderer) and sleeps to the next
-** frame's deadline. The global GAME_FRAME holds the number of the frame being drawn. It stops when the script's task has ended (or after --frames frames) and
-** prints one line of frame statistics:
+** frame's deadline. The global GAME_FRAME holds the number of the frame being drawn. The state is
+** mayura_newstate()'s, or with --own-state one the host made itself (luaL_newstate: the C
+** library's allocator, or LuaJIT's own, as in LÖVE or Neovim). It stops when the script's task has
+** ended (or after --frames frames) and prints one line of frame statistics:
 **
-**   frames N  step_us mean M p99 P max X  step_cpu_us p99 C max Y  frame_ms max F  late L  over_4ms O
+**   frames N  step_us mean M p99 P max X  step_cpu_us p99 C max Y at W  frame_ms max F  late L  over_4ms O
 **
 ** (step_us: the wall time mayura_step took in each frame; step_cpu_us: the CPU time this thread
-** spent in it, which leaves out the time other programs had the CPU on a busy machine; frame_ms: from one frame's start to the
+** spent in it, which leaves out the time other programs had the CPU on a busy machine, W the frame
+** where it was largest; frame_ms: from one frame's start to the
 ** next; late: frames that started more than a frame period after the one before; over_4ms: frames
 ** whose step took more than 4 ms of this thread's CPU). The exit
 ** status is 0 when the task succeeded and returned something other than false.
@@ -74,6 +77,7 @@ static int task_flag(lua_State *L, int ref, const char *name) {
 
 int main(int argc, char **argv) {
     long frames_max = -1, draw_us = 3000, budget_us = 4000;
+    int own_state = 0;
     const char *root = ".", *script;
     int i = 1, nargs = 0, ref, status = 1;
     long long *step_ns, *cpu_step_ns, max_frame = 0, late = 0, start, prev = 0, sum = 0;
@@ -81,6 +85,7 @@ int main(int argc, char **argv) {
     lua_State *L;
 
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i += 2) {
+        if (strcmp(argv[i], "--own-state") == 0) { own_state = 1; i--; continue; }
         if (i + 1 >= argc) break;
         if (strcmp(argv[i], "--frames") == 0) frames_max = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--draw-us") == 0) draw_us = atol(argv[i + 1]);
@@ -95,7 +100,7 @@ int main(int argc, char **argv) {
     script = argv[i++];
     step_ns = malloc(sizeof *step_ns * (size_t)cap);
     cpu_step_ns = malloc(sizeof *cpu_step_ns * (size_t)cap);
-    L = mayura_newstate();
+    L = own_state ? luaL_newstate() : mayura_newstate();
     if (step_ns == NULL || cpu_step_ns == NULL || L == NULL) { fprintf(stderr, "game: out of memory\n"); return 1; }
     luaL_openlibs(L);
     if (mayura_open(L, root) != 0) {
@@ -179,17 +184,20 @@ int main(int argc, char **argv) {
     }
     if (frames > 0) {
         long long p99, max, cpu_p99, cpu_max, over = 0;
-        long k;
-        for (k = 0; k < frames; k++) over += cpu_step_ns[k] > 4000000LL;
+        long k, worst = 0;
+        for (k = 0; k < frames; k++) {
+            over += cpu_step_ns[k] > 4000000LL;
+            if (cpu_step_ns[k] > cpu_step_ns[worst]) worst = k;
+        }
         qsort(step_ns, (size_t)frames, sizeof *step_ns, cmp_ll);
         qsort(cpu_step_ns, (size_t)frames, sizeof *cpu_step_ns, cmp_ll);
         p99 = step_ns[(frames * 99) / 100];
         max = step_ns[frames - 1];
         cpu_p99 = cpu_step_ns[(frames * 99) / 100];
         cpu_max = cpu_step_ns[frames - 1];
-        printf("frames %ld  step_us mean %.1f p99 %.1f max %.1f  step_cpu_us p99 %.1f max %.1f  frame_ms max %.2f"
+        printf("frames %ld  step_us mean %.1f p99 %.1f max %.1f  step_cpu_us p99 %.1f max %.1f at %ld  frame_ms max %.2f"
                "  late %lld  over_4ms %lld\n", frames, (double)sum / frames / 1e3, p99 / 1e3, max / 1e3, cpu_p99 / 1e3,
-               cpu_max / 1e3, max_frame / 1e6, late, over);
+               cpu_max / 1e3, worst + 1, max_frame / 1e6, late, over);
     }
     fflush(stdout);
     free(step_ns);

@@ -5,6 +5,7 @@
 --   local policy = mayura.load_policy('policy.lua')                   -- or { 'a.lua', 'b.lua' }
 --   local env = policy:open()                       -- makes the pools (no sandbox yet)
 --   local s = env:session('client-1')               -- a caller that makes the tool calls itself
+--                                                   -- (the runtime's session; what mayura serve drives)
 --   local r = s:call('workspace.exec', { command = 'echo hi' })   -- r.stdout == 'hi\n'
 --   s:close()                                       -- releases the session's sandbox
 --   local outcome = env:run('coder', { task = '...' }, model)     -- or a run with a model
@@ -74,6 +75,9 @@ local z = require('mayura.z')
 local M = {}
 
 local NAME = '^[%a][%w_%-]*$'
+
+-- How many sessions may be open at once when `serve` does not say.
+local MAX_SESSIONS = 16
 
 -- {======================================================
 -- Errors
@@ -426,8 +430,9 @@ local HOST_OPTIONS = {
   apple_container = { executable = 'a host program' },
 }
 
--- The provider of pool declaration `d`: the policy's provider_options over the host's own (`host`,
--- by provider name). Checking makes it with `{ check = true }`: nothing is run, made or started.
+-- The provider of pool declaration `d`: the host's own options (`host`, by provider name) with the
+-- policy's provider_options added; a policy that sets one the host set, to another value, is refused.
+-- Checking makes it with `{ check = true }`: nothing is run, made or started.
 local function provider_of(d, host, checking)
   local name = d.def.provider
   if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
@@ -441,8 +446,14 @@ local function provider_of(d, host, checking)
       fail(d, "'provider_options." .. tostring(k) .. "' names " .. refused[k] .. ': only the host program\'s '
         .. 'own code may (load_policy\'s provider_options), not a policy file', 'provider_options.' .. tostring(k))
     end
+    local v = d.def.provider_options[k]
+    -- the host program's own options are the last word (a policy cannot weaken `runtime = 'runsc'`)
+    if options and options[k] ~= nil and options[k] ~= v then
+      fail(d, "'provider_options." .. tostring(k) .. "' is set by the host program's own code; a policy file "
+        .. 'cannot change it', 'provider_options.' .. tostring(k))
+    end
     options = options or {}
-    options[k] = d.def.provider_options[k]
+    options[k] = v
   end
   local sb = d.def.sandbox
   if sb and sb.image ~= nil and refused.image then
@@ -586,7 +597,7 @@ local function check_all(policy)
     elseif not names.agent[agent] then
       fail(d, "unknown agent '" .. agent .. "' in 'agent'", 'agent')
     end
-    local max = d.def.max_sessions or 16
+    local max = d.def.max_sessions or MAX_SESSIONS
     if max < 1 or max > 100000 then fail(d, "max_sessions must be from 1 to 100000 in 'max_sessions'",
       'max_sessions') end
     policy.serve = { agent = agent, max_sessions = max, file = d.file, line = d.line }
@@ -728,8 +739,7 @@ end
 function Policy:open()
   if getmetatable(self) ~= Policy then errors.raise('INVALID_INPUT', 'call open with a colon: policy:open()') end
   local built = build(self)
-  return setmetatable({ policy = self, _built = built, _sessions = {}, _count = 0, _runtimes = {},
-    _closed = false }, Env)
+  return setmetatable({ policy = self, _built = built, _runtimes = {}, _closed = false }, Env)
 end
 
 local function agent_parts(env, name, level)
@@ -759,12 +769,19 @@ end
 
 local session_keys = { agent = true, on_event = true }
 
---- A session of the serve agent (or `options.agent`): `{ id, agent, tools, declared, call(tool_id, input,
--- { signal, call_id }), close(), usage }` (call and close work with `.` or `:`). `tools` lists the
--- tools the session may call (every grant they need is given), `declared` every tool of the agent,
--- each `{ id, description, effect, input (the z schema), input_schema (its JSON Schema) }`. A call goes
--- through the runtime's checks (Runtime:session) and raises coded errors; `close` releases the
--- session's sandboxes. More than the serve's max_sessions open at once: LIMIT_EXCEEDED.
+-- The sessions of the environment that are open (each runtime keeps its own).
+local function open_sessions(env)
+  local list = {}
+  for _, rt in pairs(env._runtimes) do
+    for s in pairs(rt._sessions or {}) do list[#list + 1] = s end
+  end
+  return list
+end
+
+--- A session of the serve agent (or `options.agent`): the runtime's own session (Runtime:session),
+-- `{ id, agent_id, tools, declared, usage, call(tool_id, input, { signal, call_id, progress }),
+-- close() }`. A call goes through the runtime's checks and raises coded errors; `close` releases
+-- the session's sandboxes (the agent's on_finally hooks). More than max_sessions open: LIMIT_EXCEEDED.
 function Env:session(id, options)
   if getmetatable(self) ~= Env then errors.raise('INVALID_INPUT', 'call session with a colon: env:session(...)') end
   if self._closed then errors.raise('INVALID_INPUT', 'the policy environment is closed') end
@@ -778,50 +795,21 @@ function Env:session(id, options)
       errors.raise('INVALID_INPUT', 'unknown option ' .. tostring(k) .. ' in session options')
     end
   end
-  if self._sessions[id] then errors.raise('INVALID_INPUT', 'there is already a session ' .. id) end
-  local max = self.policy.serve and self.policy.serve.max_sessions or 16
-  if self._count >= max then
-    errors.raise('LIMIT_EXCEEDED', 'max_sessions (' .. max .. ') sessions are open')
+  local open = open_sessions(self)
+  for _, s in ipairs(open) do
+    if s.id == id then errors.raise('INVALID_INPUT', 'there is already a session ' .. id) end
+  end
+  local max = self.policy.serve and self.policy.serve.max_sessions or MAX_SESSIONS
+  if #open >= max then
+    errors.raise('LIMIT_EXCEEDED', 'max_sessions (' .. max .. ') sessions are open; try again once one ends')
   end
   local parts, name = agent_parts(self, options.agent, 2)
   local agent = make_agent(parts, function()
     errors.raise('MODEL_ERROR', 'a session has no model')
   end)
-  self._count = self._count + 1
-  local ok, inner = pcall(runtime_of(self, name, parts).session, runtime_of(self, name, parts), agent,
-    { id = id, on_event = options.on_event })
-  if not ok then
-    self._count = self._count - 1
-    error(inner, 2)
-  end
-  -- what the session may call: each tool whose grants (tool:<id>, its capabilities, its effect) the
-  -- agent has; `declared` lists every tool of the agent
-  local allow = runtime_of(self, name, parts)._allow
-  local tools, declared = {}, {}
-  for i, t in ipairs(agent.tools) do
-    local entry = { id = t.id, description = t.description, effect = t.effect, input = t.input,
-      input_schema = agent._tool_defs[i].input_schema }
-    declared[#declared + 1] = entry
-    local granted = allow['tool:' .. t.id] and allow['effect:' .. t.effect]
-    for _, c in ipairs(t.capabilities or {}) do
-      if not allow[c] then granted = false end
-    end
-    if granted then tools[#tools + 1] = entry end
-  end
-  local s = { id = id, agent = name, tools = tools, declared = declared, usage = inner.usage }
-  self._sessions[id] = s
-  local env = self
-  function s.call(a, b, c, d)
-    if a == s then return inner:call(b, c, d) end
-    return inner:call(a, b, c)
-  end
-  function s.close()
-    if env._sessions[id] == s then
-      env._sessions[id] = nil
-      env._count = env._count - 1
-    end
-    return inner:close()
-  end
+  local rt = runtime_of(self, name, parts)
+  local ok, s = pcall(rt.session, rt, agent, { id = id, on_event = options.on_event })
+  if not ok then error(s, 2) end
   return s
 end
 
@@ -851,9 +839,7 @@ end
 function Env:close()
   if self._closed then return end
   self._closed = true
-  local sessions = {}
-  for _, s in pairs(self._sessions) do sessions[#sessions + 1] = s end
-  for _, s in ipairs(sessions) do pcall(s.close) end
+  for _, s in ipairs(open_sessions(self)) do pcall(s.close) end
   for _, rt in pairs(self._runtimes) do rt:close() end
   for _, pool in pairs(self._built.pools) do pool:close() end
 end

@@ -568,12 +568,9 @@ local function missing_grants(run, tool)
   return missing
 end
 
-local function append_result(run, call, result)
-  local messages = run._messages
-  messages[#messages + 1] = { role = 'tool', call_id = call.id, tool_id = call.tool_id, result = result }
-end
-
--- One tool call: grants, limit, input, reservation, hooks, the call. Appends its result.
+-- One tool call: grants, limit, input, reservation, hooks, the call. Returns the result handed back
+-- (the tool's own table, or `{ error = { code, message } }`) and, when the call failed without ending
+-- the run, the coded error itself (the tool's own error object, marked `tool_error = true`).
 local function tool_call(run, call)
   local agent, usage = run._agent, run.usage
   local tool = agent._tool_by_id[call.tool_id]
@@ -591,22 +588,23 @@ local function tool_call(run, call)
   if not tool then
     local ids = {}
     for i, t in ipairs(agent.tools) do ids[i] = t.id end
-    refused = { error = { code = 'INVALID_INPUT', message = 'there is no tool ' .. call.tool_id
-      .. (#ids > 0 and ('; the tools are ' .. table.concat(ids, ', ')) or '') } }
+    refused = errors.new('INVALID_INPUT', 'there is no tool ' .. call.tool_id
+      .. (#ids > 0 and ('; the tools are ' .. table.concat(ids, ', ')) or ''))
   elseif call.input_error ~= nil or (type(input) == 'table' and type(input._invalid_json) == 'string') then
     -- the model's arguments could not be read (a model adapter marks them): give that back, run nothing
-    refused = { error = { code = 'INVALID_INPUT', message = type(call.input_error) == 'string'
-      and call.input_error or 'the arguments were not valid JSON' } }
+    refused = errors.new('INVALID_INPUT', type(call.input_error) == 'string'
+      and call.input_error or 'the arguments were not valid JSON')
   else
     local ok, parsed, err = tool.input:safe_parse(input)
-    if ok then input = parsed else refused = error_result(err) end
+    if ok then input = parsed else refused = errors.wrap(err) end
   end
   if refused then
+    refused.tool_error = true
+    local result = error_result(refused)
     emit(run, { type = 'tool_call_started', tool_id = call.tool_id, call_id = call.id, input = input })
     emit(run, { type = 'tool_call_ended', tool_id = call.tool_id, call_id = call.id, ok = false,
-      summary = summarize(refused) })
-    append_result(run, call, refused)
-    return
+      summary = summarize(result) })
+    return result, refused
   end
   local cost = tool.exec_cost_micros
   reserve(run, cost, 'the call to ' .. tool.id)
@@ -620,20 +618,22 @@ local function tool_call(run, call)
   local call_over = false
   function context.progress(update)
     if call_over or type(update) ~= 'table' or type(update.text) ~= 'string' then return end
-    emit(run, { type = 'tool_output', tool_id = tool.id, call_id = call.id,
-      stream = type(update.stream) == 'string' and update.stream or nil, text = update.text })
+    local stream = type(update.stream) == 'string' and update.stream or nil
+    emit(run, { type = 'tool_output', tool_id = tool.id, call_id = call.id, stream = stream, text = update.text })
+    -- a session's caller (mayura serve) may follow its own call's progress
+    if call.on_progress then pcall(call.on_progress, { stream = stream, text = update.text }) end
   end
   local ok, result = pcall(tool.run, input, context)
   call_over = true
   settle(run, cost, cost)
-  local ending
+  local ending, failure
   if not ok then
     if getmetatable(result) == End then
       ending = result
       result = error_result(result.error)
     else
       local err = type(result) == 'table' and errors.wrap(result) or errors.new('TOOL_ERROR', tostring(result))
-      if ENDING[err.code] and err.tool_error ~= true then ending = err end
+      if ENDING[err.code] and err.tool_error ~= true then ending = err else failure = err end
       result = error_result(err)
     end
   elseif type(result) ~= 'table' then
@@ -647,10 +647,13 @@ local function tool_call(run, call)
   check_stop(run)
   if ending then
     if getmetatable(ending) == End then error(ending, 0) end
-    end_run(ENDING[ending.code], ending.code, tostring(ending.message))
+    -- the run's outcome gets its own error; a session's caller gets the tool's (`raised`)
+    error(setmetatable({ status = ENDING[ending.code], raised = ending,
+      error = errors.new(ending.code, tostring(ending.message)) }, End), 0)
   end
-  append_result(run, call, result)
+  if failure then failure.tool_error = true end
   run_hooks(run, 'after_tool_call', { tool_id = tool.id, call_id = call.id, input = input, result = result })
+  return result, failure
 end
 
 -- The run's work, up to its outcome (without on_finally).
@@ -676,7 +679,8 @@ local function work(run)
     messages[#messages + 1] = { role = 'assistant', calls = step.calls, text = step.text, extra = step.extra }
     for _, call in ipairs(step.calls) do
       check_time(run)
-      tool_call(run, call)
+      local result = tool_call(run, call)
+      messages[#messages + 1] = { role = 'tool', call_id = call.id, tool_id = call.tool_id, result = result }
     end
   end
 end
@@ -817,20 +821,25 @@ local Session = {}
 Session.__index = Session
 
 local session_keys = { id = true, on_event = true }
-local call_keys = { signal = true, call_id = true }
+local call_keys = { signal = true, call_id = true, progress = true }
 
 --- A session of `agent`: `{ id, on_event }`. The caller (a tool host's client) makes the tool calls
--- a model would make, with `session:call(tool_id, input, { signal, call_id })`; each goes through
+-- a model would make, with `session:call(tool_id, input, { signal, call_id, progress })`; each goes through
 -- the very checks of a run's tool call, in the same order: the grants, `max_tool_calls`, the input
 -- schema, the budget (the tool's `exec_cost_micros`), the `before_tool_call` hooks, the tool, the
 -- `after_tool_call` hooks. `max_duration_ms` counts from the session's start. `call` returns the
--- tool's result, or raises a coded error: what ends a run (a missing grant: PERMISSION_DENIED; a
--- limit: LIMIT_EXCEEDED; the budget: BUDGET_EXCEEDED; a cancel: CANCELLED; a failed hook:
--- HOOK_FAILED) as it is, and what a run hands back to its model (an unknown tool or a bad input:
--- INVALID_INPUT; the tool's own failure) with `tool_error = true`. Neither ends the session.
+-- tool's result (the very table the tool gave back), or raises a coded error: what ends a run (a
+-- missing grant: PERMISSION_DENIED; a limit: LIMIT_EXCEEDED; the budget: BUDGET_EXCEEDED; a cancel:
+-- CANCELLED; a failed hook: HOOK_FAILED) as it is, and what a run hands back to its model (an
+-- unknown tool or a bad input: INVALID_INPUT; the tool's own failure: the error the tool raised,
+-- with all its fields) with `tool_error = true`. Neither ends the session. `progress(update)` gets
+-- the call's `{ stream, text }` updates as they come (each also a `tool_output` event).
 -- The on_start hooks run when the session is made (a failure raises), the on_finally hooks at
 -- `session:close()`, with `{ outcome = { status = 'succeeded', run_id, agent_id, usage } }`;
 -- `context.run_id` of tools and hooks is the session's id. `session.usage` is the run's usage.
+-- `session.tools` lists the tools the session may call (every grant they need is given),
+-- `session.declared` every tool of the agent, each `{ id, description, effect, input (the z schema),
+-- input_schema (its JSON Schema) }`. `call` and `close` work with `.` or `:`.
 function Runtime:session(agent, options)
   if getmetatable(self) ~= Runtime then
     errors.raise('INVALID_INPUT', 'call session with a colon: runtime:session(...)')
@@ -846,9 +855,21 @@ function Runtime:session(agent, options)
     errors.raise('INVALID_INPUT', 'on_event must be a function')
   end
   local run = new_run(self, agent, 'session', options.id, options.on_event)
-  run._messages = {}
-  local session = setmetatable({ id = run.id, agent_id = agent.id, usage = run.usage, _run = run, _active = 0,
-    _idle = {} }, Session)
+  local tools, declared = {}, {}
+  for i, t in ipairs(agent.tools) do
+    local entry = { id = t.id, description = t.description, effect = t.effect, input = t.input,
+      input_schema = agent._tool_defs[i].input_schema }
+    declared[#declared + 1] = entry
+    if #missing_grants(run, t) == 0 then tools[#tools + 1] = entry end
+  end
+  local session = setmetatable({ id = run.id, agent_id = agent.id, usage = run.usage, tools = tools,
+    declared = declared, _run = run, _active = 0, _idle = {} }, Session)
+  -- `session.call(...)` as well as `session:call(...)`: a tool id is never the session
+  function session.call(a, ...)
+    if a == session then return Session.call(session, ...) end
+    return Session.call(session, a, ...)
+  end
+  function session.close() return Session.close(session) end
   emit(run, { type = 'run_started', agent_id = run.agent_id, agent_version = agent.version })
   local ok, err = pcall(run_hooks, run, 'on_start', { input = nil })
   if not ok then
@@ -858,17 +879,6 @@ function Runtime:session(agent, options)
   self._sessions = self._sessions or {}
   self._sessions[session] = true
   return session
-end
-
--- The result message of call `id`, taken out of the session's messages.
-local function take_result(run, id)
-  local messages = run._messages
-  for i = #messages, 1, -1 do
-    if messages[i].call_id == id then
-      return table.remove(messages, i).result
-    end
-  end
-  return nil
 end
 
 --- Makes one tool call in the session (see Runtime:session).
@@ -883,6 +893,9 @@ function Session:call(tool_id, input, options)
   if options.call_id ~= nil and type(options.call_id) ~= 'string' then
     errors.raise('INVALID_INPUT', 'call_id must be a string')
   end
+  if options.progress ~= nil and type(options.progress) ~= 'function' then
+    errors.raise('INVALID_INPUT', 'progress must be a function')
+  end
   if self._closed then errors.raise('CANCELLED', 'the session is closed') end
   local run = self._run
   run._call_counter = run._call_counter + 1
@@ -890,11 +903,11 @@ function Session:call(tool_id, input, options)
   local unlink_run = run._token:on_cancel(function() token:cancel('cancelled') end)
   local unlink_call = options.signal and options.signal:on_cancel(function() token:cancel('cancelled') end)
   local call = { id = options.call_id or ('call_' .. run._call_counter), tool_id = tool_id, input = input,
-    signal = token }
+    signal = token, on_progress = options.progress }
   self._active = self._active + 1
-  local ok, err = pcall(function()
+  local ok, result, failure = pcall(function()
     check_time(run)
-    tool_call(run, call)
+    return tool_call(run, call)
   end)
   self._active = self._active - 1
   run._events = {}   -- a session may be long: its events go to on_event only
@@ -905,15 +918,11 @@ function Session:call(tool_id, input, options)
     self._idle = {}
     for _, w in ipairs(idle) do w() end
   end
-  local result = take_result(run, call.id)
   if not ok then
-    if getmetatable(err) == End then error(err.error, 2) end
-    error(errors.wrap(err), 2)
+    if getmetatable(result) == End then error(result.raised or result.error, 2) end
+    error(errors.wrap(result), 2)
   end
-  if type(result) == 'table' and type(result.error) == 'table' then
-    local e = result.error
-    error(errors.new(e.code, e.message, { reason = e.reason, tool_error = true }), 2)
-  end
+  if failure then error(failure, 2) end
   return result
 end
 

@@ -64,7 +64,10 @@ end
 
 local function entries_in(dir)
   local names = {}
-  for n in providers.host("ls -1A '" .. dir .. "'"):gmatch('[^\n]+') do names[#names + 1] = n end
+  for n in providers.host("ls -1A '" .. dir .. "'"):gmatch('[^\n]+') do
+    -- the provider's copy of the agent (agent-<sha256>) stays in the base by design
+    if not n:match('^agent%-%x+$') then names[#names + 1] = n end
+  end
   return names
 end
 

@@ -790,3 +790,81 @@ describe('cancellation', function()
     assert.are.equal('succeeded', outcome.status)
   end)
 end)
+
+describe('a session: one path from the tool to its caller', function()
+  -- the tool's result and error, as the tool made them; with the session's checks on the way
+  local made = {}
+  local tools = {
+    { id = 'make', effect = 'read', run = function(_, context)
+      context.progress({ stream = 'stdout', text = 'half\n' })
+      made.result = setmetatable({ n = 1, list = setmetatable({ 1, 2 }, core.json.array_mt), big = 2 ^ 53 },
+        { __index = { kind = 'made' } })
+      return made.result
+    end },
+    { id = 'fail', effect = 'read', run = function()
+      made.error = errors.new('SANDBOX_ERROR', 'the sandbox is gone', { reason = 'gone', cause = 'daemon said x',
+        retry_after_ms = 5 })
+      error(made.error)
+    end },
+    { id = 'stop', effect = 'read', run = function()
+      made.stop = errors.new('CANCELLED', 'stopped by the tool', { by = 'tool' })
+      error(made.stop)
+    end },
+  }
+  local function open()
+    local runtime = mayura.create_runtime({ permissions = { allow = { 'tool:make', 'tool:fail', 'tool:stop',
+      'effect:read' } } })
+    local a = mayura.define_agent({ id = 'a', model = function() end, tools = tools })
+    return runtime, runtime:session(a, { id = 's1' })
+  end
+
+  it('returns the very table the tool gave back, and its progress to the call', function()
+    mayura.run(function()
+      local runtime, s = open()
+      local updates = {}
+      local r = s:call('make', {}, { progress = function(u) updates[#updates + 1] = u end })
+      assert.is_true(rawequal(made.result, r))
+      assert.are.equal('made', r.kind)                          -- its metatable came along
+      assert.are.equal(core.json.array_mt, getmetatable(r.list))
+      assert.are.same({ { stream = 'stdout', text = 'half\n' } }, updates)
+      local again = s.call('make', {})                           -- `.` as well as `:`
+      assert.is_true(rawequal(made.result, again))
+      runtime:close()
+    end)
+  end)
+
+  it('raises the error the tool raised, with every field', function()
+    mayura.run(function()
+      local runtime, s = open()
+      local ok, err = pcall(s.call, 'fail', {})
+      assert.is_false(ok)
+      assert.is_true(rawequal(made.error, err))
+      assert.are.equal('SANDBOX_ERROR', err.code)
+      assert.are.equal('gone', err.reason)
+      assert.are.equal('daemon said x', err.cause)
+      assert.are.equal(5, err.retry_after_ms)
+      assert.is_true(err.tool_error)
+      -- an error that ends a run reaches the session's caller as itself too, and the session goes on
+      ok, err = pcall(s.call, 'stop', {})
+      assert.is_false(ok)
+      assert.is_true(rawequal(made.stop, err))
+      assert.are.equal('tool', err.by)
+      local r = s:call('make', {})
+      assert.is_true(rawequal(made.result, r))
+      assert.are.equal(3, s.usage.tool_calls)
+      runtime:close()
+    end)
+  end)
+
+  it('is what a policy environment gives, and what mayura serve drives', function()
+    local env = mayura.load_policy({ name = 'p.lua', source = [[
+tool 'clock' { effect = 'read', run = function() return { t = 1 } end }
+agent 'a' { tools = { 'clock' }, allow = { 'tool:clock', 'effect:read' } }
+]] }):open()
+    local s = env:session('x')
+    assert.are.equal(require('mayura.runtime').Session, getmetatable(s))
+    assert.are.same({ 'clock' }, { s.tools[1].id })
+    s:close()
+    env:close()
+  end)
+end)

@@ -1,7 +1,7 @@
 -- The server scenarios of @modelcontextprotocol/conformance (pinned in spec/npm/package.json: 0.1.10,
 -- the last release that runs on Node 20) against mayura.mcp.http in this process, serving the
 -- specs' policy. Its client sends no token, so spec/npm/mcp_auth_fetch.mjs adds the bearer header.
--- The scenarios that pass are named; each other one fails for a reason the README names: a
+-- The scenarios that pass are named; each other one fails for a reason docs/serve.md names: a
 -- feature this server does not offer (logging, completion, resources, prompts: -32601) or a fixture
 -- tool of the suite's own test server (test_simple_text, ...: -32602), which a policy does not have.
 local core = require('mayura.core')
@@ -9,7 +9,7 @@ local task = require('mayura._task')
 local process = require('mayura.process')
 local mcp = require('mayura.mcp')
 local http = require('mayura.mcp.http')
-local mcp_policy = require('mayura.mcp.policy')
+local policy = require('mayura.policy')
 
 local json = core.json
 local TOKEN = 'conformance-token-' .. string.format('%08x', math.random(0, 0x7fffffff))
@@ -43,9 +43,8 @@ describe('the MCP conformance suite\'s server scenarios', function()
       -- its client never ends a session: room for all of them
       local source = read('spec/mcp/policy.lua'):gsub('max_sessions = 4', 'max_sessions = 64')
         :gsub('max_sandboxes = 6', 'max_sandboxes = 64')
-      local env = mcp_policy.open({ { name = 'spec/mcp/policy.lua', source = source } })
-      local server = mcp.server({ open_session = function(id) return env:session(id) end,
-        max_sessions = env.max_sessions })
+      local env = policy.load_policy({ { name = 'spec/mcp/policy.lua', source = source } }):open()
+      local server = mcp.server({ open_session = function(id) return env:session(id) end })
       local listener = http.listen(server, { token = TOKEN })
       local dir = os.tmpname()
       os.remove(dir)

@@ -1,7 +1,7 @@
 -- `mayura serve` as the official MCP TypeScript client (@modelcontextprotocol/sdk, pinned in
 -- spec/npm/package.json) sees it, over stdio and over Streamable HTTP on loopback, with the
 -- specs' policy (spec/mcp/policy.lua: the workspace tools, remove not granted) and real local
--- sandboxes. spec/npm/mcp_check.mjs runs the scenarios and prints what it saw; each `it` here
+-- sandboxes. spec/npm/mcp_sdk.mjs runs the scenarios and prints what it saw; each `it` here
 -- asserts one scenario.
 local core = require('mayura.core')
 local process = require('mayura.process')
@@ -43,7 +43,7 @@ for _, kind in ipairs({ 'stdio', 'http' }) do
     local log = os.tmpname()
 
     setup(function()
-      local r = process.run({ 'node', 'spec/npm/mcp_check.mjs', kind, HOST, 'spec/mcp/policy.lua', log },
+      local r = process.run({ 'node', 'spec/npm/mcp_sdk.mjs', kind, HOST, 'spec/mcp/policy.lua', log },
         { env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME') }, timeout_ms = 90000 })
       raw = r
       local line = r.stdout:match('([^\n]+)\n?$')

@@ -4,7 +4,7 @@
 -- published get-vanilla example, and requests signed by AWS's own signer, @smithy/signature-v4,
 -- accepted), core.stream_parser('eventstream') (CRCs, headers, cuts), then libcurl's signatures
 -- (CURLOPT_AWS_SIGV4) on every request the provider makes, and the conformance suite through it.
--- The official @aws-sdk/client-bedrock-agentcore (spec/npm/agentcore_check.mjs) drives the
+-- The official @aws-sdk/client-bedrock-agentcore (spec/npm/agentcore_sdk.mjs) drives the
 -- stand-in unpatched: its own SigV4 signer, its event-stream decoder, executeCommand and the
 -- file tools.
 local core = require('mayura.core')
@@ -131,7 +131,7 @@ suite.describe('the AgentCore stand-in, over real local sandboxes', function()
 
   it('accepts requests signed by AWS\'s own signer (@smithy/signature-v4), and refuses a wrong secret', function()
     if not suite.npm_installed('@smithy/signature-v4', '@smithy/signature-v4') then return end
-    local r = suite.node('spec/npm/sigv4_check.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
+    local r = suite.node('spec/npm/sigv4_sdk.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
       AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' }, 30000)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
@@ -141,7 +141,7 @@ suite.describe('the AgentCore stand-in, over real local sandboxes', function()
   it('is accepted by the official @aws-sdk/client-bedrock-agentcore: signatures, event streams, files', function()
     if not suite.npm_installed('@aws-sdk/client-bedrock-agentcore', '@aws-sdk/client-bedrock-agentcore') then return end
     local before = state.verified
-    local r = suite.node('spec/npm/agentcore_check.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
+    local r = suite.node('spec/npm/agentcore_sdk.mjs', { STAND_IN_URL = svc:url(''), AWS_KEY_ID = KEY_ID,
       AWS_SECRET = SECRET, AWS_TOKEN = TOKEN, AWS_REGION = 'us-east-1' }, 30000)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))

@@ -72,7 +72,7 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
     end
     found:close()
     local before = #state.messages
-    local r = process.run({ 'node', 'spec/npm/codesandbox_check.mjs' }, {
+    local r = process.run({ 'node', 'spec/npm/codesandbox_sdk.mjs' }, {
       timeout_ms = 30000,
       env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), STAND_IN_URL = svc:url(''), CSB_TOKEN = TOKEN },
     })

@@ -75,7 +75,7 @@ describe('the E2B stand-in, as the official SDKs see it', function()
   end)
 
   it('e2b: create, a command\'s exit code and output, a file written and read, list, kill', function()
-    local out, r = run_node('e2b_check.mjs', svc, { RUN_ID = 'r1' })
+    local out, r = run_node('e2b_sdk.mjs', svc, { RUN_ID = 'r1' })
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     assert.are.same({ exitCode = 0, stdout = 'hello from the sdk\n', stderr = 'oops\n' }, out.ok)
     assert.are.same({ threw = true, exitCode = 3, stdout = 'partial\n' }, out.failed)
@@ -112,7 +112,7 @@ describe('the E2B stand-in, as the official SDKs see it', function()
 
   it('@e2b/desktop: create starts the display, a screenshot, clicks, typing and keys '
     .. '(the stand-in answers with a fixed PNG and records the actions)', function()
-    local out, r = run_node('e2b_desktop_check.mjs', svc, { E2B_DOMAIN = 'e2b.test' })
+    local out, r = run_node('e2b_desktop_sdk.mjs', svc, { E2B_DOMAIN = 'e2b.test' })
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     assert.are.equal(#e2b_service.PNG, out.png.length)
     assert.are.equal('89504e470d0a1a0a', out.png.signature)
@@ -307,8 +307,8 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     local pl = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000, network = { 'none', 'all' } })
     local s = pl:create({ lifetime_ms = 60000, ports = { 3000 } })
     assert.are.equal('https://3000-' .. s.id .. '.e2b.example', s:url(3000))
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-      s.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'generic' }, s.features)
     pl:close()
     -- without sandbox_url, each sandbox's envd is its own host under the domain, as E2B names it
     p = e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), domain = 'E2B.example' })

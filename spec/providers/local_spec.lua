@@ -222,7 +222,7 @@ describe('isolation of a local sandbox', function()
   it('runs an image: a root directory without its mount points, read-only, its workspace its own', function()
     if not provider.root_table then
       return pending('bubblewrap makes the tree here (not root, or no build/mayura-launch): an image needs its own ' ..
-        'mount points then, as the README says')
+        'mount points then, as docs/security.md says')
     end
     local dir, root = busybox_root()
     if not dir then return pending('needs a static busybox (busybox-static; scripts/docker-setup.sh installs it)') end

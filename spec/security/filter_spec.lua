@@ -32,6 +32,17 @@ local ALLOWED = {
   'prlimit_read_other', 'ioprio_set_self', 'set_subreaper', 'socket_inet', 'socket_inet6', 'socket_unix',
   'socket_netlink_route', 'fork', 'thread', 'getpid',
 }
+-- What gVisor's kernel (not the filter) lacks: personality(2) and PR_SET_CHILD_SUBREAPER answer EINVAL
+-- and ioprio_set EPERM; it has no 32-bit ABI at all (int 0x80 fails before any filter)
+local GVISOR_LACKS = { personality_query = 'EINVAL', personality_linux = 'EINVAL', set_subreaper = 'EINVAL',
+  ioprio_set_self = 'EPERM' }
+
+-- Whether the command runs under a seccomp filter: the count of /proc/self/status, or, where the kernel
+-- shows no count (gVisor's), its mode.
+local function filtered(sb, kv)
+  if kv.filters then return tonumber(kv.filters) >= 1 end
+  return sb:exec({ 'grep', '-q', '^Seccomp:.*2', '/proc/self/status' }).exit_code == 0
+end
 
 for _, prov in ipairs(providers.list()) do
   describe('the syscall filter of commands (' .. prov.name .. ')', function()
@@ -49,9 +60,13 @@ for _, prov in ipairs(providers.list()) do
     it('refuses every class of system call it filters with EPERM, clone3 with ENOSYS', function()
       local r, kv = common.abuse(sb, { 'syscalls' }, { timeout_ms = 20000 })
       assert.are.equal(0, r.exit_code, r.stderr)
-      assert.is_true(tonumber(kv.filters) ~= nil and tonumber(kv.filters) >= 1, 'no seccomp filter: ' .. r.stdout)
+      assert.is_true(filtered(sb, kv), 'no seccomp filter: ' .. r.stdout)
       for _, name in ipairs(DENIED) do
-        assert.are.equal('EPERM', kv['deny.' .. name], name .. ' was not refused by the filter: ' .. r.stdout)
+        if prov.gvisor and name == 'abi_i386' then
+          assert.is_true(kv['deny.' .. name] ~= nil and kv['deny.' .. name] ~= 'OK', r.stdout)
+        else
+          assert.are.equal('EPERM', kv['deny.' .. name], name .. ' was not refused by the filter: ' .. r.stdout)
+        end
       end
       -- its flags are in memory a filter cannot read: ENOSYS makes the C library fall back to clone
       assert.are.equal('ENOSYS', kv['deny.clone3'], r.stdout)
@@ -61,10 +76,11 @@ for _, prov in ipairs(providers.list()) do
       local r, kv = common.abuse(sb, { 'syscalls' }, { timeout_ms = 20000 })
       assert.are.equal(0, r.exit_code, r.stderr)
       for _, name in ipairs(ALLOWED) do
-        assert.are.equal('OK', kv['allow.' .. name], name .. ' was refused: ' .. r.stdout)
+        local want = prov.gvisor and GVISOR_LACKS[name] or 'OK'
+        assert.are.equal(want, kv['allow.' .. name], name .. ' was refused: ' .. r.stdout)
       end
-      -- the command's own process is a child subreaper, as the agent made it
-      assert.are.equal('1', kv.subreaper, r.stdout)
+      -- the command's own process is a child subreaper, as the agent made it (gVisor has none)
+      assert.are.equal(prov.gvisor and '-1' or '1', kv.subreaper, r.stdout)
       r = sh(sb, 'mkdir -p a/b/c && cd a/b/c && echo hi > f && cat f && ls /proc/self/ >/dev/null && ' ..
         '(sleep 0.1 & wait) && echo done')
       assert.are.equal(0, r.exit_code, r.stderr)
@@ -97,6 +113,11 @@ for _, prov in ipairs(providers.list()) do
     end)
 
     it('starts every command filtered, also after code inside stopped or killed every process it may', function()
+      if prov.gvisor then
+        -- no helper there (its CLONE_PARENT children never reach PID 1's wait), and gVisor lets a
+        -- `kill -KILL -1` of the sandbox's user end its PID 1: the sandbox is then gone, nothing else
+        return pending('gVisor: commands are forked by the agent, each filtered; PID 1 is not shielded')
+      end
       -- the agent starts commands through a filtered helper of its own, which the sandbox's code can
       -- signal: stopped, it is resumed; killed, the agent forks commands itself, each filtered
       local other = pool:create({ lifetime_ms = 120000 })

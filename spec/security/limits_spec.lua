@@ -77,6 +77,27 @@ for _, prov in ipairs(providers.list()) do
       if provider.enforced and not provider.enforced.pids then
         return pending('pids are not enforced by this provider here (not root)')
       end
+      if prov.gvisor then
+        -- gVisor holds the sandbox's processes to pids (RLIMIT_NPROC in its kernel), but a bomb's churn
+        -- can take gVisor's own host threads to the host's cap first: the sandbox then ends whole (gone).
+        -- The host and a sibling never notice, and a new sandbox is held to pids again
+        local _, seen = while_probing(sibling, function()
+          return pcall(sb.exec, sb, { common.ABUSE, 'bomb' }, { timeout_ms = 3000 })
+        end)
+        assert.are.equal(0, seen.sibling_failures, 'the sibling failed during the bomb')
+        assert.is_true(seen.worst_rtt < 3000, 'the sibling took ' .. seen.worst_rtt .. ' ms during the bomb')
+        assert.is_true(seen.peak_processes < common.pid_max() / 10, 'host pid headroom below 90%')
+        local ok, r = pcall(sh, sb, 'echo again', { timeout_ms = 5000 })
+        if not (ok and r.stdout == 'again\n') then
+          assert.is_true(common.is_gone(r) or (ok and r.timed_out), tostring(r))
+          fresh()
+        end
+        local _, kv = common.abuse(sb, { 'forks', '100000' }, { timeout_ms = 10000 })
+        local forks = tonumber(kv.forks)
+        assert.is_true(forks ~= nil and forks < PIDS and forks > 8, 'forks: ' .. tostring(kv.forks))
+        assert.are.equal('EAGAIN', kv.err)
+        return
+      end
       local before = common.host_processes()
       -- the classic (its shells give up when a fork fails), then one that retries for ever
       local _, seen = while_probing(sibling, function()
@@ -131,6 +152,20 @@ for _, prov in ipairs(providers.list()) do
         return pending('memory is not enforced by this provider here (not root)')
       end
       local avail = common.mem_available_kib()
+      if prov.gvisor then
+        -- the host's OOM killer sees a gVisor sandbox whole (enforced.oom_protected is false): the bomb
+        -- is killed, or the sandbox ends with it (gone); the host never lends it more than its limit
+        local res, seen = while_probing(sibling, function()
+          return { pcall(sb.exec, sb, { common.ABUSE, 'mem', tostring(MEMORY_MIB * 4) }, { timeout_ms = 20000 }) }
+        end)
+        local ok, r = res[1], res[2]
+        assert.is_true(ok and (r.signal == 9 or r.exit_code ~= 0) or (not ok and common.is_gone(r)), tostring(r))
+        assert.are.equal(0, seen.sibling_failures)
+        assert.is_true(avail - common.mem_available_kib() < (MEMORY_MIB + 256) * 1024)
+        if not ok then fresh() end
+        works_again(sb)
+        return
+      end
       local r, seen = while_probing(sibling, function()
         return sb:exec({ common.ABUSE, 'mem', tostring(MEMORY_MIB * 4) }, { timeout_ms = 20000 })
       end)
@@ -178,12 +213,26 @@ for _, prov in ipairs(providers.list()) do
       local hog = pool:create({ lifetime_ms = 60000, cpus = 0.5 })
       made[#made + 1] = hog
       common.install(hog)
+      -- gVisor's kernel counts its own CPU time: there the host's count (the container's cgroup) is read
+      local acct = prov.gvisor and providers.cgroup_dir(hog, 'cpuacct')
+      local function usage_ms()
+        local f = acct and io.open(acct .. '/cpuacct.usage')
+        local ns = f and tonumber(f:read('l'))
+        if f then f:close() end
+        return ns and ns / 1e6
+      end
+      local used0, t0 = usage_ms(), common.now()
       local r, seen = while_probing(sibling, function()
         return common.abuse(hog, { 'spin', '1000', '4' }, { timeout_ms = 10000 })
       end)
+      local used1, t1 = usage_ms(), common.now()
       hog:release()
       local kv = common.kv(r.stdout)
       local cpu, wall = tonumber(kv.cpu_ms), tonumber(kv.wall_ms)
+      if prov.gvisor then
+        assert.is_true(used0 ~= nil and used1 ~= nil, 'no cpuacct cgroup of the gVisor sandbox')
+        cpu, wall = used1 - used0, t1 - t0
+      end
       assert.is_true(cpu ~= nil and wall ~= nil and wall >= 900, r.stdout .. r.stderr)
       local share = cpu / wall
       -- four busy threads on 0.5 CPU: at most about half a CPU (generously 0.8), and it did run

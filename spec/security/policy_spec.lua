@@ -182,6 +182,24 @@ describe('a policy file cannot name a host program or a host path', function()
     assert.raises_code('INVALID_CONFIG', mayura.load_policy, { name = 'ok.lua', source = '' },
       { provider_options = 'bwrap' })
   end)
+
+  it('cannot change an option the host program set (a weaker runtime, a larger workspace)', function()
+    if not can_run_local() then
+      pending('needs local sandboxes (bubblewrap and the agent)')
+      return
+    end
+    local host = { provider_options = { ['local'] = { workspace_mib = 32 } } }
+    local err = assert.raises_code('INVALID_CONFIG', mayura.load_policy, { name = 'weaker.lua', source =
+      "pool 'p' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000,\n"
+      .. "  provider_options = { workspace_mib = 64 } }" }, host)
+    assert.truthy(err.message:find('provider_options.workspace_mib', 1, true), err.message)
+    assert.truthy(err.message:find('weaker.lua:1', 1, true), err.message)
+    -- the same value, or an option the host left alone, is the policy's to say
+    local policy = mayura.load_policy({ name = 'same.lua', source =
+      "pool 'p' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000,\n"
+      .. "  provider_options = { workspace_mib = 32, tmp_mib = 16 } }" }, host)
+    assert.are.same({ 'p' }, policy.pools)
+  end)
 end)
 
 describe('loading and checking a policy starts nothing', function()

@@ -9,7 +9,9 @@
 --   end
 --
 -- An entry is `{ name, kind, engine, make_provider(opts), make_pool(opts), leftovers(sb) }`:
---   * `name`: 'local', 'docker-cli' or 'docker-api';
+--   * `name`: 'local', 'docker-cli', 'docker-api' or 'docker-runsc' (the Engine API with `runtime =
+--     'runsc'`, gVisor, when the daemon lists that runtime: scripts/docker-setup.sh registers it; its
+--     entry has `gvisor = true`: its processes run in gVisor's kernel, not as processes of this host);
 --   * `make_pool(opts)` returns `pool, provider`: `opts` mixes the provider's options (memory_mib,
 --     pids, tmp_mib, workspace_mib, cpus, image, ...) and the pool's (max_sandboxes,
 --     max_lifetime_ms, network, exec_timeout_ms, call_timeout_ms, max_output_bytes, ...), with
@@ -20,6 +22,8 @@
 --     stack process and its API socket, and (Docker) overlay mounts that no container owns any
 --     more. Empty once it is all gone. Call it with
 --     the sandbox object (released or not): it reads the ids the backend recorded.
+--
+-- MAYURA_SPEC_PROVIDERS (names separated by commas, e.g. 'docker-runsc') keeps only those entries.
 --
 -- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
 -- answers `docker info` and the test image (scripts/docker-setup.sh) is on the machine.
@@ -199,12 +203,18 @@ function M.list()
   local _, image = M.host('docker image inspect ' .. M.BUSYBOX)
   if answers and image then
     local docker = require('mayura.sandbox.docker')
-    for _, engine in ipairs({ 'cli', 'api' }) do
-      local entry = { name = 'docker-' .. engine, kind = 'docker', engine = engine }
+    local variants = { { 'docker-cli', 'cli' }, { 'docker-api', 'api' } }
+    if M.host("docker info --format '{{json .Runtimes}}'"):find('"runsc"', 1, true) then
+      variants[#variants + 1] = { 'docker-runsc', 'api', 'runsc' }
+    end
+    for _, v in ipairs(variants) do
+      local engine, runtime = v[2], v[3]
+      local entry = { name = v[1], kind = 'docker', engine = engine, runtime = runtime, gvisor = runtime == 'runsc' }
       function entry.make_provider(opts)
         local prov = split(opts)
         prov.image = prov.image or M.BUSYBOX
         prov.engine = engine
+        prov.runtime = runtime
         return docker.docker_sandboxes(prov)
       end
       function entry.make_pool(opts)
@@ -215,6 +225,14 @@ function M.list()
       entry.leftovers = docker_leftovers
       cached[#cached + 1] = entry
     end
+  end
+  local only = os.getenv('MAYURA_SPEC_PROVIDERS')
+  if only and only ~= '' then
+    local kept = {}
+    for _, e in ipairs(cached) do
+      if (',' .. only .. ','):find(',' .. e.name .. ',', 1, true) then kept[#kept + 1] = e end
+    end
+    cached = kept
   end
   return cached
 end

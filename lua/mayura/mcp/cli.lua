@@ -12,7 +12,11 @@
 -- `--session-idle-ms N` (HTTP: a session with no request for N ms ends; 30
 -- minutes), `--progress-ms N` (the interval of progress notifications; 1000).
 --
--- The policy gives the tool sessions (`mayura.mcp.policy`). Logs never go to
+-- The policy files are loaded and checked completely before anything listens;
+-- their `serve { agent, max_sessions }` names the agent whose tools, grants,
+-- limits and budget every MCP session gets, and each MCP session is that
+-- agent's runtime session (`env:session(id)` of mayura.policy): a sandbox of
+-- its own on first use, released when the session ends. Logs never go to
 -- stdout, which belongs to the protocol under stdio. SIGINT and SIGTERM end
 -- every session (releasing its sandbox) before the program exits.
 local uv = require('luv')
@@ -106,12 +110,10 @@ function M.main(...)
     end
   end
   local log = log_writer(o.log)
-  local policy = require('mayura.mcp.policy')
-  local lok, env = pcall(policy.open, o.policies)
+  local lok, env = pcall(function() return require('mayura.policy').load_policy(o.policies):open() end)
   if not lok then die(tostring(type(env) == 'table' and (env.code .. ': ' .. tostring(env.message)) or env), 1) end
   local server = mcp.server({
     open_session = function(id) return env:session(id) end,
-    max_sessions = env.max_sessions,
     progress_interval_ms = o.progress_ms,
     log = log,
     secrets = token and { token } or nil,

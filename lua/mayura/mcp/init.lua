@@ -3,7 +3,7 @@
 --   local mcp = require('mayura.mcp')
 --   local server = mcp.server({
 --     open_session = function(id) return env:session(id) end,  -- { tools, call, close }
---     max_sessions = 8, log = function(record) ... end,
+--     log = function(record) ... end,
 --   })
 --   local s = server:session('stdio')            -- a protocol session, not yet initialized
 --   s:handle(text, { send = function(msg) ... end, reply = function(msg_or_nil) ... end })
@@ -28,11 +28,16 @@
 -- `declared` (those and the ones it may not: a call of one is refused by
 -- `call` with the grant it needs, not as an unknown tool)
 -- and `call(tool_id, input, { signal, call_id, progress })`, which checks
--- grants, limits and budget and raises coded errors. A raised error is the
+-- grants, limits and budget and raises coded errors; `progress(update)` gets
+-- the call's `{ stream, text }` updates (a command's output as it comes).
+-- `mayura serve` opens the policy environment's sessions (mayura.policy's
+-- `env:session`), which are the runtime's own: a call's result and error
+-- come here as the tool gave them. A raised error is the
 -- tool's result with `isError = true` and text `CODE: message`; a result is
 -- given as `structuredContent` and as its JSON text. The tool session is
--- opened at initialize (at most `max_sessions` at once) and closed once when
--- the protocol session ends, which releases its sandbox.
+-- opened at initialize and closed once when the protocol session ends, which
+-- releases its sandbox; `open_session` refusing (the policy's max_sessions)
+-- is -32000, as is `max_sessions` of the server's own when one is given.
 --
 -- With a progress token (`_meta.progressToken`) a call sends
 -- notifications/progress at its start and every `progress_interval_ms` while
@@ -169,7 +174,7 @@ function M.server(options)
   end
   local self = setmetatable({
     open_session = options.open_session,
-    max_sessions = options.max_sessions or 16,
+    max_sessions = options.max_sessions,   -- nil: the session opener's own limit is the one
     progress_interval_ms = options.progress_interval_ms or 1000,
     name = options.name or 'mayura',
     version = options.version or core.version or '0',
@@ -259,7 +264,7 @@ function Session:initialize(id, params)
     return error_response(id, M.INVALID_PARAMS, 'initialize needs params.protocolVersion')
   end
   local server = self.server
-  if server.count >= server.max_sessions then
+  if server.max_sessions and server.count >= server.max_sessions then
     server:log({ event = 'session_refused', session = self.id, reason = 'max_sessions' })
     return error_response(id, M.SERVER_BUSY, 'the server has max_sessions (' .. server.max_sessions
       .. ') sessions open; try again once one ends')
@@ -349,11 +354,11 @@ function Session:call_tool(id, params, out)
   end
   -- the call's own progress (a command's output as it comes): `message` is the text; `progress`
   -- goes on rising from where the interval's notifications are
-  local function progress(_, total, message)
+  local function progress(update)
     if progress_token == nil or stop_progress.cancelled then return end
     count.n = count.n + 1
     out.send({ jsonrpc = '2.0', method = 'notifications/progress', params = {
-      progressToken = progress_token, progress = count.n, total = total, message = message } })
+      progressToken = progress_token, progress = count.n, message = update.text } })
   end
   local ok, res = pcall(self.tools_session.call, params.name, args,
     { signal = token, call_id = 'mcp_' .. tostring(id), progress = progress })

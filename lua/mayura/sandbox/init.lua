@@ -19,7 +19,7 @@
 -- core.report, never raised into the provider). The allow-list's events are
 -- `{ type = 'network_refused', sandbox, host, port, reason }` (mayura.sandbox._egress).
 --
--- A provider is a table (README, "Writing a provider"; ARCHITECTURE.md):
+-- A provider is a table (docs/writing-a-provider.md; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
 -- (`spec` holds the checked create options, the merged labels and the pool's

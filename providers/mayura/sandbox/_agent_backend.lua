@@ -24,6 +24,11 @@
 -- between parts (an embedding host's frame stays short): read_file asks for
 -- ranges until `eof`, write_file uploads to a temporary file that the last
 -- part renames over the path, all or nothing (core/wire.h, agent/fileops.c).
+-- The memory of a large file's string is readied while its parts come: off
+-- the host's thread under mayura_newstate (core.expect_bytes), else taken from
+-- the state's own allocator at once and written a part at a time
+-- (core.prepare_bytes), so the step that makes the string pays for its copy
+-- alone.
 --
 -- A backend object needs `ch` (the channel) and `closed` (true once the
 -- channel is closed: every call then fails with SANDBOX_ERROR `gone`). It
@@ -218,13 +223,30 @@ if type(string_buffer) ~= 'table' then string_buffer = nil end
 
 -- One pass of read_parts: the file's bytes, nil when missing, or false when it changed in between.
 local function read_pass(self, path, max)
-  local parts, got, first, buf = {}, 0, nil, nil
+  local parts, got, first, buf, block = {}, 0, nil, nil, nil
+  -- what is left when the pass ends without its string (a changed file, an error)
+  local function drop()
+    if buf then buf:free() end
+    if block then block:free() end
+  end
   while true do
-    local reply = self:call({ op = 'read', path = path, max_bytes = max, offset = got, length = M.FILE_PART_BYTES })
-    if reply.missing then return got > 0 and false or nil end
-    if reply.error then error(M.reply_error(reply, 'the file'), 0) end
+    local ok, reply = pcall(self.call, self, { op = 'read', path = path, max_bytes = max, offset = got,
+      length = M.FILE_PART_BYTES })
+    if not ok then
+      drop()
+      error(reply, 0)
+    end
+    if reply.missing then
+      drop()
+      return got > 0 and false or nil
+    end
+    if reply.error then
+      drop()
+      error(M.reply_error(reply, 'the file'), 0)
+    end
     -- no file is said with `missing`: a reply with neither is nonsense, not "no file"
     if type(reply.data) ~= 'string' or type(reply.size) ~= 'number' or type(reply.eof) ~= 'boolean' then
+      drop()
       error(nonsense(), 0)
     end
     if first == nil then
@@ -233,28 +255,50 @@ local function read_pass(self, path, max)
       -- ahead (the size is the agent's word: only one that could be read is taken as a hint)
       if not reply.eof and reply.size >= M.FILE_PART_BYTES and reply.size <= (max or M.MAX_FRAME_BYTES) then
         core.expect_bytes(math.floor(reply.size))
-        -- (sized for at most 64 MiB ahead: past that it grows as the parts come)
+        -- under the host's own allocator: the string's block, taken now and written a part at a time
+        block = core.prepare_bytes(math.floor(reply.size))
+        -- (sized for at most 64 MiB ahead: past that it grows as the parts come; its memory is
+        -- announced too, or it could take the block readied for the string)
         if string_buffer then
-          local ok, b = pcall(string_buffer.new, math.min(math.floor(reply.size), 64 * MIB))
-          buf = ok and b or nil
+          local size = math.min(math.floor(reply.size), 64 * MIB)
+          core.expect_bytes(size)
+          local made, b = pcall(string_buffer.new, size)
+          buf = made and b or nil
         end
       end
     elseif reply.size ~= first.size or reply.ino ~= first.ino or reply.mtime_ns ~= first.mtime_ns then
+      drop()
       return false
     end
     got = got + #reply.data
-    if max and got > max then error(M.reply_error({ error = 'too_large' }, 'the file'), 0) end
+    if max and got > max then
+      drop()
+      error(M.reply_error({ error = 'too_large' }, 'the file'), 0)
+    end
+    -- copying a part into the buffer and readying as much of the string's memory costs up to a
+    -- millisecond (page faults, under the host's own allocator): under a host's budget it starts
+    -- only with a quarter of the step left
+    if buf or block then task.fresh_step(0.75) end
     if buf then buf:put(reply.data) else parts[#parts + 1] = reply.data end
+    if block then block:touch(#reply.data) end
     if reply.eof then
       -- the copy of a large file into one string cannot be cut: under a host's budget it begins a step
-      if not buf and #parts < 4 then return join(parts) end
+      if not buf and not block and #parts < 4 then return join(parts) end
       task.fresh_step(0.25)
-      local data = buf and buf:tostring() or join(parts)
-      if buf then buf:free() end
+      local function make()
+        return buf and buf:tostring() or join(parts)
+      end
+      local data = block and block:make(make) or make()
       core.end_step()   -- nothing more piles onto this frame
+      -- what is let go of (many MiB given back to the system) begins the next step
+      task.fresh_step(0.25)
+      drop()
       return data
     end
-    if #reply.data == 0 then error(nonsense(), 0) end
+    if #reply.data == 0 then
+      drop()
+      error(nonsense(), 0)
+    end
   end
 end
 

@@ -40,7 +40,9 @@
 --     kernel sizes a tmpfs by its RAM), so a flood of empty files ends with
 --     ENOSPC; their pages count toward the container's memory;
 --   * the in-sandbox agent (the static build/mayura-agent) bind-mounted
---     read-only as the container's entrypoint and PID 1 (no docker init),
+--     read-only as the container's entrypoint and PID 1 (no docker init), from
+--     a copy in the socket directories' base named by its SHA-256 (never from
+--     its path on the host),
 --     with an OOM score of -500 (its commands reset theirs to 0); a runtime
 --     that cannot lower a score (no CAP_SYS_RESOURCE, as in some nested
 --     setups) fails the start, and the provider then starts its containers
@@ -67,6 +69,24 @@
 -- SIGKILL left. Containers are created with auto-remove too. Release returns
 -- once the container is gone.
 --
+-- `runtime` names one of the daemon's runtimes (checked against `docker info`:
+-- INVALID_CONFIG otherwise); 'runsc' (gVisor, registered by
+-- scripts/docker-setup.sh with gVisor's network stack off and the agent's
+-- socket made as a host socket) is a stronger tier: the sandbox's system
+-- calls meet gVisor's kernel, not the host's (`enforced.kernel` is
+-- 'gvisor'). What differs there: network 'none' alone (`features.network`);
+-- processes held to `pids` by RLIMIT_NPROC in gVisor's kernel, the host's
+-- pids cgroup sized for gVisor's own threads (a bomb whose churn reaches it
+-- ends the sandbox whole, `gone`); no OOM score (the host's OOM killer ends
+-- the sandbox whole: `enforced.oom_protected` false); tmpfs capped in bytes
+-- but not inodes (`enforced.inodes` false); no child subreaper, so a process
+-- that leaves both its command's session and environment outlives the
+-- command until the release; PID 1 not shielded from its own namespace (code
+-- inside can end its agent, and so its sandbox); the agent's filter on every
+-- command (`--no-spawner`: gVisor's CLONE_PARENT children never reach PID
+-- 1's wait, so the agent forks each command itself); Docker's own seccomp
+-- profile is not applied by runsc (gVisor is the boundary).
+--
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
 -- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
 -- 'api'` speaks the Engine API over its unix socket through libcurl
@@ -77,7 +97,15 @@
 --
 -- The per-sandbox host directory lives in a base directory of ours (0700;
 -- /run/mayura/docker as root, else under XDG_RUNTIME_DIR or /tmp, refused
--- when another user controls a directory above it). While the agent starts
+-- when another user controls a directory above it). As root the default base
+-- is a tmpfs of its own (mounted once, under a lock): a container's mount
+-- table shows a bind by its path inside the file system it comes from, so a
+-- sandbox sees '/agent-<hash>' and '/<expires>-<id>' there, never a path of
+-- the host (with another user, or a `run_dir`, it sees the path inside the
+-- file system that holds the base: XDG_RUNTIME_DIR is a tmpfs on most
+-- hosts). Docker's own storage still shows under runc (the root's overlay
+-- options and the binds of /etc/hosts, /etc/hostname and /etc/resolv.conf
+-- name /var/lib/docker); under gVisor the mount table is gVisor's own. While the agent starts
 -- it is 0703: the container's user may make its socket in it but not list
 -- it; once the host has connected and said hello it is 0700, so code in the
 -- sandbox cannot store files on the host through it. The agent serves that
@@ -135,6 +163,8 @@ local UID_BASE, UID_SPAN = 1300000, 1048576  -- per-sandbox uids and gids: [base
 local OOM_SCORE_ADJ = -500                 -- the agent's (PID 1's); its commands reset theirs to 0
 local INODE_BYTES = 8192                   -- a tmpfs gets one inode per this many bytes of its size
 local MIN_INODES = 1024
+local GVISOR_BASE_TASKS = 128              -- host tasks of an idle gVisor sandbox (about 40), with room
+local GVISOR_TASKS_PER_PID = 12            -- host tasks per process in a gVisor sandbox (9 to 11 measured)
 
 -- {======================================================
 -- Small helpers
@@ -286,6 +316,8 @@ local function run_args(c)
   }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   if c.read_only then add('--read-only') end
+  if c.runtime then add('--runtime', c.runtime) end
+  if c.nproc then add('--ulimit', ('nproc=%d:%d'):format(c.nproc, c.nproc)) end
   if c.oom_score_adj then add('--oom-score-adj', tostring(c.oom_score_adj)) end
   add('--shm-size', tostring(c.shm_bytes))
   for _, t in ipairs(c.tmpfs) do add('--tmpfs', t.path .. ':' .. t.options) end
@@ -324,6 +356,13 @@ function Cli:run_container(c)
     elseif reason == 'no_image' then error(no_image(c.image), 0)
     else error(docker_error('failed', 'start a container'), 0) end
   end
+end
+
+--- The names of the daemon's runtimes (`docker info`'s Runtimes), as a set.
+function Cli:runtimes()
+  local res = self:run({ 'info', '--format', '{{json .Runtimes}}' }, 'list its runtimes')
+  local ok, t = pcall(core.json.decode, res.stdout)
+  return ok and type(t) == 'table' and t or {}
 end
 
 --- `{ running = bool, ports = { [container port] = host port } }`, or nil when there is no such container.
@@ -455,6 +494,8 @@ local function api_config(c)
     Init = false,
     ShmSize = c.shm_bytes,
     OomScoreAdj = c.oom_score_adj,
+    Runtime = c.runtime,
+    Ulimits = c.nproc and { { Name = 'nproc', Soft = c.nproc, Hard = c.nproc } } or nil,
     AutoRemove = true,
     LogConfig = { Type = 'none', Config = setmetatable({}, json.object_mt) },
   }
@@ -549,6 +590,12 @@ function Api:run_container(c)
   end
 end
 
+function Api:runtimes()
+  local status, body = self:request('GET', '/info', nil, 'list its runtimes')
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list its runtimes'), 0) end
+  return type(body.Runtimes) == 'table' and body.Runtimes or {}
+end
+
 function Api:inspect(id)
   local status, body = self:request('GET', '/containers/' .. id .. '/json', nil, 'inspect a container')
   if status == 404 then return nil end
@@ -641,6 +688,44 @@ local function prepare_base(base, uid)
     errors.raise('INVALID_CONFIG', 'the sandbox socket directory ' .. base .. ' cannot be made or is not ours', nil, 0)
   end
   if st.mode % 64 ~= 0 then uv_fs('fs_chmod', base, MODE_0700) end
+end
+
+-- As root, the default base directory is a file system of its own (a tmpfs, mounted once under a
+-- lock, so two hosts starting at once never stack two): a bind of a directory or file in it shows in
+-- a container's mount table as its name inside that file system alone ('/<expires>-<id>',
+-- '/agent-<hash>'), never a path of the host. Returns whether the base is one.
+local BASE_FS_OPTIONS = 'mode=0700,size=64m,nr_inodes=262144,nosuid,nodev'
+local function own_fs(base)
+  local function mounted()
+    local st, up = uv_fs('fs_lstat', base), uv_fs('fs_lstat', base .. '/..')
+    return type(st) == 'table' and type(up) == 'table' and st.dev ~= up.dev
+  end
+  if mounted() then return true end
+  local flock, mount, mountpoint = find_in_path('flock'), find_in_path('mount'), find_in_path('mountpoint')
+  if not (flock and mount and mountpoint) then return false end
+  pcall(process.run, { flock, '-w', '10', base .. '.lock', mount, '--no-mtab', '-t', 'tmpfs', '-o',
+    BASE_FS_OPTIONS, 'mayura', base }, { timeout_ms = 15000 })
+  return mounted()
+end
+
+-- The agent as a file of the base directory, named by its SHA-256 (made by a rename, so a file of
+-- that name is always whole): what the container binds, instead of the agent's path on the host.
+local function stage_agent(base, agent)
+  local bytes = read_plain(agent)
+  if not bytes or bytes == '' then errors.raise('INVALID_CONFIG', 'the sandbox agent cannot be read', nil, 0) end
+  local hex = core.sha256(bytes):gsub('.', function(c) return ('%02x'):format(c:byte()) end)
+  local path = base .. '/agent-' .. hex:sub(1, 32)
+  local st = uv_fs('fs_lstat', path)
+  if type(st) == 'table' and st.type == 'file' and st.size == #bytes then return path end
+  local tmp = path .. '.' .. random_hex(6)
+  local f = io.open(tmp, 'wb')
+  local ok = f and f:write(bytes) and true
+  if f then ok = f:close() and ok end
+  if not ok or not uv_fs('fs_chmod', tmp, tonumber('555', 8)) or not uv_fs('fs_rename', tmp, path) then
+    os.remove(tmp)
+    error(errors.sandbox('unavailable', 'cannot place the sandbox agent in the socket directory'), 0)
+  end
+  return path
 end
 
 -- Removes the directories of sandboxes whose lifetime is over (left by a host killed before release).
@@ -946,8 +1031,38 @@ end
 local option_keys = {
   image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
   tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true,
+  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true, runtime = true,
 }
+
+-- Checks `runtime` (the name of a runtime the daemon lists) and sets it on the provider `p`; raises
+-- INVALID_CONFIG for one the daemon does not have. Under gVisor (runsc) sandboxes get network 'none'
+-- alone: the runtime is registered with gVisor's own network stack off (scripts/docker-setup.sh).
+-- Only checking (a policy's check: nothing is run), the name alone is checked.
+local function check_runtime(p, runtime, checking)
+  if type(runtime) ~= 'string' or #runtime > 64 or not runtime:match('^%w[%w._-]*$') then
+    errors.raise('INVALID_CONFIG', 'runtime must be the name of one of the Docker daemon\'s runtimes', nil, 0)
+  end
+  if checking then
+    p.runtime, p.gvisor = runtime, runtime == 'runsc'
+    if p.gvisor then p.features.network = { 'none' } end
+    return
+  end
+  local known = p.engine:runtimes()
+  local info = known[runtime]
+  if type(info) ~= 'table' then
+    local names = {}
+    for name in pairs(known) do
+      if type(name) == 'string' and name:match('^%w[%w._-]*$') then names[#names + 1] = name end
+    end
+    table.sort(names)
+    errors.raise('INVALID_CONFIG', 'the Docker daemon has no runtime named ' .. runtime .. ' (it has: ' ..
+      table.concat(names, ', ') .. ')', nil, 0)
+  end
+  p.runtime = runtime
+  local path = type(info.path) == 'string' and info.path or ''
+  p.gvisor = runtime == 'runsc' or path:match('runsc$') ~= nil
+  if p.gvisor then p.features.network = { 'none' } end
+end
 
 -- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
 local function socket_of(host)
@@ -1000,7 +1115,8 @@ end
 -- (true), `max_lifetime_ms` (24 hours); and `agent` (the agent binary) and
 -- `run_dir` (where the sockets' directories are made) for unusual setups;
 -- `desktop` (true, or `{ display = 0, width = 1024, height = 768 }`: the
--- image has a desktop's programs; none by default); `warm` (0: how many containers of the
+-- image has a desktop's programs; none by default); `runtime` (the daemon's
+-- default; 'runsc' for gVisor, see above); `warm` (0: how many containers of the
 -- provider's own shape to keep started ahead for the pool that uses it; see "Warm sandboxes");
 -- `proxy_resolve` (tests only: the allow-list proxy's names, see mayura.sandbox._egress).
 -- With `how = { check = true }` the options are only checked: nothing is run, made or started (a
@@ -1065,6 +1181,10 @@ function M.docker_sandboxes(options, how)
   else
     p.engine = setmetatable({ socket = socket }, Api)
   end
+  if options.runtime ~= nil then
+    local rok, rerr = pcall(check_runtime, p, options.runtime, checking)
+    if not rok then error(rerr, 2) end
+  end
   p.agent = options.agent and absolute(options.agent) or find_agent()
   if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
   if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
@@ -1076,19 +1196,28 @@ function M.docker_sandboxes(options, how)
     errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. '): ' ..
       'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
   end
+  if p.gvisor and not (read_plain(p.agent) or ''):find('--no-spawner', 1, true) then
+    errors.raise(C, 'this sandbox agent cannot run under gVisor (rebuild it with make)', nil, 2)
+  end
   p.my_uid = me
   -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
-  p.allowlist = me == 0
+  -- (under gVisor, commands reach no network of the host's: its own stack has a loopback alone)
+  p.allowlist = me == 0 and not p.gvisor
   if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
   -- the host's rules around the bridge of 'all' take root; as root without the programs there is no
   -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
   p.firewall = me == 0 and fw.docker_tools() or nil
   if me == 0 and not p.firewall then table.remove(p.features.network, 2) end
+  -- under gVisor (network 'none' alone) its tmpfs has no inode cap and its sandbox takes no OOM score
+  -- (a runtime that refuses one clears oom_protected at the first create); `kernel` is the kernel
+  -- that the sandbox's system calls meet
   p.enforced = {
     memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
-    network = p.firewall ~= nil,
+    network = p.gvisor or p.firewall ~= nil, inodes = not p.gvisor,
+    oom_protected = not p.gvisor and not oom_refused[p.host], kernel = p.gvisor and 'gvisor' or 'host',
   }
   p.run_base = options.run_dir and absolute(options.run_dir) or run_base(me)
+  p.own_fs = me == 0 and not options.run_dir
   if not plain_path(p.run_base) or #p.run_base > 60 then
     errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
   end
@@ -1153,7 +1282,9 @@ function M.docker_sandboxes(options, how)
 
     if not prepared then
       prepare_base(self.run_base, self.my_uid)
+      if self.own_fs then own_fs(self.run_base) end
       sweep(self.run_base)
+      self.agent_in_base = stage_agent(self.run_base, self.agent)
       prepared = true
     end
     reap(self.engine, self.host, self.run_base, self.my_uid, false)
@@ -1201,9 +1332,11 @@ function M.docker_sandboxes(options, how)
         tmpfs('/dev/shm', self.tmp_mib, '1777', 'noexec'),
       },
       shm_bytes = self.tmp_mib * MIB,
-      oom_score_adj = not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
+      -- gVisor's runsc cannot set a score on its sandbox (the host's OOM killer ends the sandbox whole)
+      oom_score_adj = not self.gvisor and not oom_refused[self.host] and OOM_SCORE_ADJ or nil,
+      runtime = self.runtime,
       mounts = {
-        { source = self.agent, target = AGENT_IN, read_only = true },
+        { source = self.agent_in_base, target = AGENT_IN, read_only = true },
         { source = dir, target = RUN_IN, read_only = false },
       },
       memory_bytes = memory_mib * MIB,
@@ -1215,7 +1348,19 @@ function M.docker_sandboxes(options, how)
       entrypoint = { AGENT_IN },
       cmd = { '--listen', RUN_IN .. '/' .. SOCKET, '--lifetime-ms', '0', '--workdir', self.workdir },
     }
-    if self.peer_uid then
+    if self.gvisor then
+      -- gVisor's kernel holds the sandbox's processes to `pids` (RLIMIT_NPROC of its one uid); the host's
+      -- pids cgroup counts gVisor's own threads too, about ten host tasks per process of the sandbox
+      c.nproc = self.pids
+      c.pids = GVISOR_BASE_TASKS + self.pids * GVISOR_TASKS_PER_PID
+      -- gVisor gives a peer from the host the sandbox's own credentials: the check is the sandbox's uid
+      -- there, and what keeps others out is the socket's directory (ours, closed to other host users)
+      c.cmd[#c.cmd + 1] = '--peer-uid'
+      c.cmd[#c.cmd + 1] = tostring(sb_uid)
+      -- and a child made with CLONE_PARENT never reaches PID 1's wait: commands are forked by the agent
+      c.cmd[#c.cmd + 1] = '--no-spawner'
+      c.cmd[#c.cmd + 1] = '1'
+    elseif self.peer_uid then
       c.cmd[#c.cmd + 1] = '--peer-uid'
       c.cmd[#c.cmd + 1] = tostring(self.peer_uid)
     end
@@ -1229,6 +1374,7 @@ function M.docker_sandboxes(options, how)
     if not rok and c.oom_score_adj and type(container) == 'table' and container.runtime then
       -- a runtime without CAP_SYS_RESOURCE cannot lower a score: once more without it, and say so once
       c.oom_score_adj = nil
+      self.enforced.oom_protected = false
       rok, container = pcall(eng.run_container, eng, c)
       if rok and not oom_refused[self.host] then
         oom_refused[self.host] = true

@@ -1244,7 +1244,7 @@ end
 local option_keys = {
   image = true, workdir = true, workspace_mib = true, tmp_mib = true, cpus = true, memory_mib = true,
   pids = true, max_lifetime_ms = true, bwrap = true, agent = true, desktop = true, warm = true,
-  proxy_resolve = true,
+  proxy_resolve = true, isolation = true,
 }
 
 --- A provider of local namespace sandboxes. Options: `image` (a root file
@@ -1256,8 +1256,9 @@ local option_keys = {
 -- 768 }`; by default there is one when the root has its programs), `warm` (0: how many
 -- sandboxes of the provider's own shape to keep started ahead for the pool that uses it; see
 -- "Warm sandboxes" above), `proxy_resolve` (tests only: the allow-list proxy's names, see
--- mayura.sandbox._egress). With `mode = { check = true }` the options are only checked: nothing is
--- run, made or started (a policy's check).
+-- mayura.sandbox._egress), `isolation` ('namespaces', the only one: 'gvisor' is refused with
+-- INVALID_CONFIG, gVisor is the Docker provider's `runtime = 'runsc'`). With `mode = { check = true }`
+-- the options are only checked: nothing is run, made or started (a policy's check).
 function M.local_sandboxes(options, mode)
   options = options or {}
   local checking = type(mode) == 'table' and mode.check == true
@@ -1265,6 +1266,15 @@ function M.local_sandboxes(options, mode)
   local C = 'INVALID_CONFIG'
   if options.workdir ~= nil and options.workdir ~= WORKDIR then
     errors.raise(C, 'the local provider\'s workdir is ' .. WORKDIR, nil, 2)
+  end
+  if options.isolation == 'gvisor' then
+    -- `runsc do`, gVisor without a daemon, shows its command the host's whole file system (read-only,
+    -- under a tmpfs) and takes none of a sandbox's limits: not a sandbox of this provider's kind
+    errors.raise(C, "isolation 'gvisor' is not offered by the local provider (gVisor's daemonless " ..
+      "`runsc do` shows the host's whole file system and takes no limits): use the Docker provider " ..
+      "with runtime = 'runsc'", nil, 2)
+  elseif options.isolation ~= nil and options.isolation ~= 'namespaces' then
+    errors.raise(C, "isolation must be 'namespaces' (the only one of the local provider)", nil, 2)
   end
   local p = {
     id = 'local',
@@ -1373,6 +1383,10 @@ function M.local_sandboxes(options, mode)
       errors.raise('INVALID_INPUT', 'ports are served only with network all or an allow-list', nil, 0)
     end
     if spec.image ~= nil then check_image(self, spec.image, 0) end
+    -- what follows up to the launcher's start (its arguments, its mount table, the process
+    -- itself) takes a millisecond or two at once: under a host's budget it starts only with half
+    -- of the step left
+    task.fresh_step(0.5)
     counter = counter + 1
     local id = 'local-' .. random_hex(6)
     local limits = {

@@ -1,6 +1,6 @@
---- Shared by bench/fly.lua, cloudflare.lua, agentcore.lua, codesandbox.lua and apple_container.lua: time to first
--- command (create, then exec `true`; the release is not timed) and an exec round trip of `true`
--- on a running sandbox, for a pool and for its baseline measured in the same run, in three
+--- Shared by bench/fly.lua, cloudflare.lua, agentcore.lua, codesandbox.lua, apple_container.lua and
+-- railway.lua: time to first command (create, then exec `true`; the release is not timed) and an
+-- exec round trip of `true` on a running sandbox, for a pool and for its baseline measured in the same run, in three
 -- alternating rounds (the machine is shared: each figure is the median of the rounds' medians),
 -- printed with the ratio provider / baseline.
 local core = require('mayura.core')

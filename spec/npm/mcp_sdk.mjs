@@ -1,6 +1,6 @@
 // The official MCP TypeScript client against `mayura serve`, over stdio or Streamable HTTP.
 //
-//   node spec/npm/mcp_check.mjs stdio|http MAYURA POLICY LOGFILE
+//   node spec/npm/mcp_sdk.mjs stdio|http MAYURA POLICY LOGFILE
 //
 // Runs the scenarios below and prints one JSON object: { name: { ok, ...facts } }; the Lua spec
 // (spec/mcp/sdk_spec.lua) asserts on it. Each scenario catches its own failure, so one broken

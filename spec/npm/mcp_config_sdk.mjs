@@ -1,6 +1,6 @@
-// An MCP client configuration as the README gives it, run by the official client over stdio.
+// An MCP client configuration as docs/serve.md gives it, run by the official client over stdio.
 //
-//   node spec/npm/mcp_config_check.mjs '{ "mcpServers": { "mayura": { "command": ..., "args": [...] } } }'
+//   node spec/npm/mcp_config_sdk.mjs '{ "mcpServers": { "mayura": { "command": ..., "args": [...] } } }'
 //
 // Starts the server the configuration names, lists its tools, writes a file and runs a command
 // in its sandbox, and prints one JSON object with what it saw.
