@@ -11,7 +11,8 @@
 -- process, spec/npm/railway_front.mjs) and over the GraphQL sandboxExec, and, as the baseline,
 -- through the local sandboxes the stand-in runs on (the same pool, called directly). The ratio
 -- is the provider's time over the baseline's: what the calls and the command backend (a command
--- started in the background, then polled) add. The official `railway` SDK is not timed here.
+-- started in the background, then waited for) add; then the websocket path beside the official
+-- `railway` SDK (bench/railway_sdk.mjs, a Node process timing itself), mayura's over the SDK's.
 -- The stand-in answers every request on its own connection (Connection: close) and shares this
 -- process's loop with the provider's client.
 local sandbox = require('mayura.sandbox')
@@ -63,6 +64,16 @@ for _, exec in ipairs({ 'websocket', 'graphql' }) do
   pool:close()
 end
 local l_first, l_exec = measure(backing.pool, { lifetime_ms = 600000, network = 'all' })
+
+-- beside the official `railway` SDK on the same stand-in and bridge (bench/railway_sdk.mjs)
+local ws_pool = sandbox.create_sandboxes(railway.railway_sandboxes({
+  token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), ws_url = ws_url,
+}), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
+require('_first_command').against_sdk({ label = 'railway', sdk_label = 'railway sdk', pool = ws_pool, n = N_FIRST,
+  create = { lifetime_ms = 600000, network = 'all' }, package = 'railway', script = 'bench/railway_sdk.mjs',
+  env = { STAND_IN_URL = svc:url(railway_service.PATH), STAND_IN_WS = ws_url, STAND_IN_TOKEN = TOKEN,
+    STAND_IN_ENV = ENV } })
+ws_pool:close()
 
 state.close()
 backing:close()

@@ -12,11 +12,13 @@
 -- cuts silently). `opts.pool_options` are the options of the pool of local sandboxes under it
 -- (default: max_output_bytes 4 MiB; `{}` gives the pool's defaults, 1 MiB of output).
 --
--- A transport keeps `calls`, `longest` (the longest command it was given) and `longest_answer`, and
+-- `opts.wait_ms` and `opts.rate` are declared as given. A transport keeps `calls` (and `times`, when
+-- each call began), `longest` (the longest command it was given) and `longest_answer`, and
 -- refuses a command longer than it declared or standard input it does not take
 -- (with a plain error, which the backend turns into SANDBOX_ERROR `failed`). Setting
 -- `transport.mangle = function(command) return result end` makes it answer that
 -- instead of running anything (a sandbox that lies).
+local core = require('mayura.core')
 local errors = require('mayura.errors')
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
@@ -28,9 +30,11 @@ local MIB = 1048576
 function M.local_exec(sb, opts)
   local shell = opts.shell or { 'sh' }
   local t = { stdin = opts.stdin == true, max_command_bytes = opts.max_command_bytes or 65536, calls = 0,
-    longest = 0, longest_answer = 0, max_output_bytes = opts.max_output_bytes }
+    longest = 0, longest_answer = 0, max_output_bytes = opts.max_output_bytes, wait_ms = opts.wait_ms,
+    rate = opts.rate, times = {} }
   function t.run(self, command, o)
     self.calls = self.calls + 1
+    self.times[#self.times + 1] = core.hrtime_ms()
     if #command > self.longest then self.longest = #command end
     if #command > self.max_command_bytes then error('the command is longer than the transport takes') end
     if o.stdin ~= nil and not self.stdin then error('this transport takes no standard input') end

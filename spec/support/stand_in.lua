@@ -248,7 +248,7 @@ end
 function Stand:_handle(client, req)
   local path, query = req.target:match('^([^?]*)%??(.*)$')
   req.path, req.query, req.params = path, decode_query(query), {}
-  req.n = #self.requests + 1
+  req.n, req.at = #self.requests + 1, core.hrtime_ms()
   req.signal = task.cancel_token()
   local ok, v = pcall(json.decode, req.body)
   req.json = ok and v or nil   -- nil when the body is not JSON

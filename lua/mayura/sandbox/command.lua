@@ -21,6 +21,13 @@
 --                                lacks the line every backend command ends with) is SANDBOX_ERROR
 --                                `truncated`
 --   transport.workdir            where commands run without a cwd (default /workspace)
+--   transport.make_workdir       true: making the backend makes the workdir too (mkdir -p)
+--   transport.wait_ms            the longest one call may wait in the sandbox for a command
+--                                (default 1000; 0: never, the host polls with a backoff): a
+--                                command that ends within it costs one call, its start
+--   transport.rate               optional `{ per_second = n, burst = n }`: the service's rate,
+--                                which every call the backend makes keeps (a token bucket per
+--                                table: sandboxes given the same table share it)
 --   transport.state_dir          the backend's own directory in the sandbox (default
 --                                /tmp/.mayura-<random>; made with mode 0700)
 --   transport.env                optional: environment every command gets (the create
@@ -29,16 +36,19 @@
 --
 -- `release(backend)` (optional) ends the sandbox; the backend first kills every
 -- process its commands started (setsid'd ones too) and removes its state
--- directory. Making the backend runs one command (makes the state directory,
--- checks for the tools the scripts need) and fails with SANDBOX_ERROR `failed`
--- when one is missing. exec takes standard input whatever the transport (it goes
+-- directory. Making the backend runs no command: its first call first makes the
+-- state directory (and the workdir, with `make_workdir`) and checks for the tools
+-- the scripts need, and fails with SANDBOX_ERROR `failed` when one is missing
+-- (as does every call after it, until one finds them). exec takes standard input whatever the transport (it goes
 -- through a file), so the provider can declare `features.stdin = true`.
 --
 -- How it works: exec writes standard input (if any) to a file, then starts the
 -- command in the background in a session of its own, with MAYURA_EXEC=<tag> in
 -- its environment and its stdout, stderr and exit code going to files in the
--- state directory; it polls with a backoff (2 ms doubling to 250 ms) until the
--- exit code is there, and reads the outputs (with the poll that saw the end
+-- state directory. The same call then waits in the sandbox (up to `wait_ms`, never past the
+-- command's timeout) until the exit code is there, so a short command costs one call; a longer
+-- one is polled, each poll waiting as long again (without waits, polls back off on the host: 2 ms
+-- doubling to 250 ms), every call within `rate`. The outputs are read (with the call that saw the end
 -- when they are small, else in chunks within the transport's `max_output_bytes`)
 -- up to the pool's `max_output_bytes`,
 -- setting `truncated` past it. At the timeout or a cancel it runs
@@ -53,8 +63,8 @@
 --
 -- Streaming (`o.on_output`, as the agent backend's): while the command runs, each poll also
 -- brings what its files grew by (at most 48 KiB of each per poll, less where the transport's
--- answers are smaller, polled every 20 ms at most
--- while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
+-- answers are smaller; a waiting poll ends when they grow, a host-side one comes every 20 ms at
+-- most while output keeps coming), passed on in order; the rest comes with the end. `o.on_start`
 -- gets `{ kill(signal) }` (no pid: the command's own is not known here): it signals every process
 -- carrying the command's tag but its own shell, which then records the exit code (128 + signal).
 --
@@ -80,9 +90,11 @@ local DEFAULT_OUTPUT_BYTES, MIN_OUTPUT_BYTES = MIB, 8192
 local HEAD_ROOM = 256             -- an answer's lines besides its base64 (headers, sizes, the end)
 local MAX_LISTING = 64 * MIB      -- the longest listing text read back
 local END = ':end'                -- the last line of every answer: without it, it was cut
+local READY = ':ready'            -- the setup's last line (it then goes on with the call's script)
 local TRAP = "trap 'echo " .. END .. "' EXIT\n"   -- starts every command (its room is kept)
 local MIN_ROOM = 512              -- the least base64 worth a chunk of its own command
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
+local DEFAULT_WAIT_MS = 1000      -- the longest one call waits in the sandbox, unless the transport says
 local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
@@ -140,6 +152,11 @@ end
 local Backend = {}
 Backend.__index = Backend
 
+-- The calls' buckets, one per `transport.rate` table (a provider that gives every sandbox of an
+-- account the same table keeps them all within the account's rate together).
+local buckets = setmetatable({}, { __mode = 'k' })
+local nap
+
 -- {======================================================
 -- Running scripts
 -- =======================================================
@@ -149,9 +166,36 @@ function Backend:_id()
   return self._seq
 end
 
--- Runs one script through the transport (raw: also after release); returns its stdout.
-function Backend:_raw(script, stdin, signal)
+-- The setup's answer at the start of `out` (see _raw): raises what it says went wrong, else
+-- returns the rest.
+local KNOWN_TOOLS = {}
+for _, t in ipairs(TOOLS) do KNOWN_TOOLS[t] = true end
+local function after_setup(out)
+  local head, rest = out:match('^(.-)' .. READY .. '\n(.*)$')
+  if head == '' then return rest end
+  for line in ((head or out) .. '\n'):gmatch('([^\n]*)\n') do
+    local tool = line:match('^M (%S+)$')
+    if tool and KNOWN_TOOLS[tool] then
+      error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
+    end
+    if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
+    if line == 'E workdir' then error(errors.sandbox('failed', 'cannot make the working directory'), 0) end
+  end
+  error(nonsense(), 0)
+end
+
+-- Runs one script through the transport (raw: also after release, `bare`: without the setup);
+-- returns its stdout. Until one call has run the setup (made the state directory, found the
+-- tools), each call runs it first (alone first when the two would not fit in one command).
+function Backend:_raw(script, stdin, signal, bare)
   local t = self._transport
+  local setup = not bare and self._setup
+  if setup and #setup + #script > self._max then
+    after_setup(self:_raw(setup, nil, signal, true))
+    self._setup, setup = nil, nil
+  end
+  if setup then script = setup .. script end
+  self:_take()
   -- the shell says it ended, whichever way it exits (a subshell does not inherit the trap)
   local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal })
   if not ok then
@@ -174,7 +218,33 @@ function Backend:_raw(script, stdin, signal)
     error(cut(), 0)
   end
   if res.truncated == true then error(cut(), 0) end
+  if setup then
+    out = after_setup(out)
+    self._setup = nil
+  end
   return out
+end
+
+-- Waits until the transport's rate allows one more call (a token of its bucket: `burst` at most,
+-- `per_second` more each second), then takes it; a stop waits too (the service would refuse it).
+function Backend:_take()
+  local r = self._rate
+  if not r then return end
+  local b = buckets[r]
+  if not b then
+    b = { tokens = r.burst, at = core.hrtime_ms() }
+    buckets[r] = b
+  end
+  while true do
+    local now = core.hrtime_ms()
+    b.tokens = math.min(r.burst, b.tokens + (now - b.at) * r.per_second / 1000)
+    b.at = now
+    if b.tokens >= 1 then
+      b.tokens = b.tokens - 1
+      return
+    end
+    nap({}, (1 - b.tokens) * 1000 / r.per_second)
+  end
 end
 
 -- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
@@ -358,9 +428,21 @@ local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
   'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$b.out" 2>"$b.err"' ..
   ';r=$?;fi\n' ..
   ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
-  'sleep 1;kill -9 0\n'
+  '(sleep 1;kill -9 0)&\n'
 
-local function start_script(base, tag, cwd, stdin_file, env, argv)
+-- Right after the start (the command's shell is this one's child, $!): waits for that child to
+-- end, at most `ms`, with a `sleep` as the timer: a trap on SIGCHLD ends the `wait` on the timer
+-- when either ends (dash, BusyBox), bash's `wait -n` does; the timer is then killed (an unreaped
+-- child of ours: its pid cannot be another's yet). Whatever the shell, wait_script follows (the
+-- time the timer ran out counted in `w`).
+local function wait_child_script(ms)
+  if ms <= 0 then return '' end
+  return '[ -s "$b.rc" ]||{ sleep ' .. ('%.3f'):format(ms / 1000) .. ' </dev/null >/dev/null 2>&1 & t=$!\n' ..
+    'if [ -n "$BASH_VERSION" ];then wait -n 2>/dev/null;else [ -s "$b.rc" ]||wait $t;fi\n' ..
+    'kill $t 2>/dev/null||w=' .. math.floor(ms) .. ';};trap - CHLD\n'
+end
+
+local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
   local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
   local names = {}
   for k in pairs(env) do names[#names + 1] = k end
@@ -372,10 +454,26 @@ local function start_script(base, tag, cwd, stdin_file, env, argv)
   end
   for _, a in ipairs(argv) do words[#words + 1] = q(a) end
   return 'b=' .. q(base) .. '\n' ..
-    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
+    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' .. (wait_ms > 0 and 'trap : CHLD\n' or '') ..
     scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
     ' </dev/null >/dev/null 2>&1 &\n' ..
-    'echo $! >"$b.pid"\necho OK\n'
+    'echo $! >"$b.pid"\n' .. wait_child_script(wait_ms) .. 'echo OK\n'
+end
+
+-- Waits in the sandbox, at most about `ms`, until the command ends (its exit code is written or
+-- its shell is gone) or, with `offsets`, until its outputs grow past them: naps of 1 ms doubling
+-- to 64 ms, each counted 1 ms longer than asked (a nap's own start takes time). Empty for 0 ms.
+local function wait_script(ms, offsets)
+  if ms <= 0 then return '' end
+  local grow = ''
+  if offsets then
+    grow = '[ $d -ge 16 ]&&{ set -- $(stat -c %s -- "$b.out" "$b.err" 2>/dev/null)\n' ..
+      '{ [ "${1:-0}" -gt ' .. offsets.stdout .. ' ]||[ "${2:-0}" -gt ' .. offsets.stderr .. ' ];}&&break;}\n'
+  end
+  return 'p=;read -r p 2>/dev/null <"$b.pid";w=${w:-0};d=1\n' ..
+    'while [ ! -s "$b.rc" ]&&[ $w -lt ' .. math.floor(ms) .. ' ]&&kill -0 "$p" 2>/dev/null;do\n' .. grow ..
+    'case $d in 1)s=.001;;2)s=.002;;4)s=.004;;8)s=.008;;16)s=.016;;32)s=.032;;*)s=.064;;esac\n' ..
+    'sleep $s 2>/dev/null||{ sleep 1;w=$((w+1000));}\nw=$((w+d+1));[ $d -lt 64 ]&&d=$((d+d))\ndone\n'
 end
 
 -- The command's files, removed in the background (the answer does not wait for rm).
@@ -397,8 +495,8 @@ local function report(base, inline)
     remove_files(base) .. 'else echo .;fi\n'
 end
 
-local function poll_script(base, inline)
-  return 'b=' .. q(base) .. '\n' ..
+local function poll_script(base, inline, wait)
+  return 'b=' .. q(base) .. '\n' .. (wait or '') ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R;exit 0;fi\n' ..
     'if [ ! -s "$b.rc" ];then echo X;exit 0;fi;fi\n' ..
     -- rc is one short line written in one write; read stops at its newline
@@ -407,10 +505,10 @@ end
 
 -- A streaming command's poll while it runs: 'R', then the bytes of out and err past the offsets
 -- given (at most INLINE of each) as base64, each followed by '-'.
-local function poll_stream_script(base, offsets, cap, inline)
+local function poll_stream_script(base, offsets, cap, inline, wait)
   local lo = math.max(0, math.min(inline, cap - offsets.stdout))
   local le = math.max(0, math.min(inline, cap - offsets.stderr))
-  return 'b=' .. q(base) .. '\n' ..
+  return 'b=' .. q(base) .. '\n' .. (wait or '') ..
     'if [ ! -s "$b.rc" ];then p=;read -r p 2>/dev/null <"$b.pid";if kill -0 "$p" 2>/dev/null;then echo R\n' ..
     'for f in out:' .. offsets.stdout .. ':' .. lo .. ' err:' .. offsets.stderr .. ':' .. le .. ';do\n' ..
     'k=${f#*:};n=${k#*:};k=${k%:*};[ "$n" -gt 0 ]&&tail -c +$((k+1)) "$b.${f%%:*}" 2>/dev/null|head -c "$n"|base64\n' ..
@@ -460,7 +558,7 @@ local function parse_report(lines, i)
 end
 
 -- Waits `ms`, or less when rec.wake() is called (a cancel, a release).
-local function nap(rec, ms)
+function nap(rec, ms)
   local uv = require('luv')
   task.await(function(done)
     local timer = uv.new_timer()
@@ -530,10 +628,24 @@ function Backend:exec(argv, o)
     offsets[name] = offsets[name] + #bytes
     o.on_output(name, bytes)
   end
+  local deadline = started + (o.timeout_ms or 60000)
+  -- one call's script for the command's state: waits in the sandbox (up to the transport's
+  -- wait_ms, never past the deadline) for its end, or for more output while it streams
+  local function poll()
+    local wait = wait_script(math.min(self._wait, deadline - core.hrtime_ms()), streaming and offsets or nil)
+    return streaming and poll_stream_script(rec.base, offsets, cap, self._inline, wait)
+      or poll_script(rec.base, self._inline, wait)
+  end
   local ok, res = pcall(function()
     rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
-    local out = self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv))
-    expect_ok(out, 1, 'the command')
+    -- the start, then the command's state in the same call: a short command ends in it
+    local first = math.min(self._wait, deadline - core.hrtime_ms())
+    local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
+      first) .. poll(), nil, token))
+    local code = (lines[1] or ''):match('^E ([%w_]+)$')
+    if code then error(scripts.script_error(code, 'the command'), 0) end
+    if lines[1] ~= 'OK' then error(nonsense(), 0) end
+    table.remove(lines, 1)
     if o.on_start then
       o.on_start({ kill = function(sig)
         if not rec.over and not self._closed then
@@ -541,20 +653,10 @@ function Backend:exec(argv, o)
         end
       end })
     end
-    local deadline = started + (o.timeout_ms or 60000)
+    -- without waits in the sandbox, polls back off on the host (2 ms doubling to 250 ms)
     local delay = POLL_FIRST_MS
     while true do
-      local now = core.hrtime_ms()
-      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      if now >= deadline then break end
-      nap(rec, math.min(delay, deadline - now))
-      delay = math.min(delay * 2, POLL_MAX_MS)
-      if self._closed then error(gone(), 0) end
-      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
-      local poll = streaming and poll_stream_script(rec.base, offsets, cap, self._inline)
-        or poll_script(rec.base, self._inline)
-      local lines = lines_of(self:_run(poll, nil, token))
-      if streaming and lines[1] == 'R' then
+      if streaming and lines[1] == 'R' and #lines > 1 then
         local o_new, e_new = parse_chunks(lines)
         pass_on('stdout', o_new)
         pass_on('stderr', e_new)
@@ -564,7 +666,7 @@ function Backend:exec(argv, o)
         error(errors.sandbox('failed', 'the command ended without an exit status'), 0)
       elseif lines[1] == 'D' then
         local rc = lines[2] or ''
-        local code = rc:match('^E ([%w_]+)$')
+        code = rc:match('^E ([%w_]+)$')
         if code then error(scripts.script_error(code, 'cwd'), 0) end
         local exit_code = int_of(rc)
         if not exit_code then error(nonsense(), 0) end
@@ -573,12 +675,22 @@ function Backend:exec(argv, o)
         pass_on('stdout', r.stdout:sub(offsets.stdout + 1))
         pass_on('stderr', r.stderr:sub(offsets.stderr + 1))
         return r
-      elseif lines[1] ~= 'R' or (not streaming and #lines ~= 1) then
+      elseif lines[1] ~= 'R' or #lines ~= 1 then
         error(nonsense(), 0)
       end
+      local now = core.hrtime_ms()
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      if now >= deadline then break end
+      if self._wait <= 0 then
+        nap(rec, math.min(delay, deadline - now))
+        delay = math.min(delay * 2, POLL_MAX_MS)
+      end
+      if self._closed then error(gone(), 0) end
+      if rec.cancelled then errors.raise('CANCELLED', 'the command was cancelled', nil, 0) end
+      lines = lines_of(self:_run(poll(), nil, token))
     end
     -- the timeout: stop everything, then take what the command wrote
-    local lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
+    lines = lines_of(self:_run(scripts.kill(rec.tag) .. 'echo K\n' .. report(rec.base, self._inline)))
     if lines[1] ~= 'OK' or lines[2] ~= 'K' then error(nonsense(), 0) end
     local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
     r.timed_out = true
@@ -610,7 +722,8 @@ function Backend:release()
     if rec.wake then rec.wake() end
   end
   -- every command this backend started, running or left behind, by the tags' common prefix
-  pcall(self._raw, self, scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n')
+  local stop = scripts.kill(self._prefix .. '.', nil, true) .. 'rm -rf -- ' .. q(self._state) .. '\n'
+  pcall(self._raw, self, stop, nil, nil, true)
   if self._release then self._release(self) end
 end
 
@@ -622,13 +735,22 @@ function M.command_sandbox_backend(id, transport, release)
     errors.raise(C, 'transport must be a table with a run method', nil, 2)
   end
   if release ~= nil and type(release) ~= 'function' then errors.raise(C, 'release must be a function', nil, 2) end
-  if transport.stdin ~= nil and type(transport.stdin) ~= 'boolean' then
-    errors.raise(C, 'transport.stdin must be a boolean', nil, 2)
+  for _, k in ipairs({ 'stdin', 'make_workdir' }) do
+    if transport[k] ~= nil and type(transport[k]) ~= 'boolean' then
+      errors.raise(C, 'transport.' .. k .. ' must be a boolean', nil, 2)
+    end
   end
   local max = check.int(transport.max_command_bytes, 'transport.max_command_bytes', MIN_COMMAND_BYTES, nil, C, 2,
     DEFAULT_COMMAND_BYTES)
   local out_max = check.int(transport.max_output_bytes, 'transport.max_output_bytes', MIN_OUTPUT_BYTES, nil, C, 2,
     DEFAULT_OUTPUT_BYTES)
+  local wait = check.int(transport.wait_ms, 'transport.wait_ms', 0, 3600000, C, 2, DEFAULT_WAIT_MS)
+  local rate = transport.rate
+  local ps = type(rate) == 'table' and rate.per_second
+  if rate ~= nil and (type(ps) ~= 'number' or ps ~= ps or ps <= 0 or ps == math.huge
+      or not check.is_int(rate.burst) or rate.burst < 1) then
+    errors.raise(C, 'transport.rate must be { per_second = n > 0, burst = integer >= 1 }', nil, 2)
+  end
   local workdir = transport.workdir or '/workspace'
   local prefix = random_hex(8)
   local state = transport.state_dir or ('/tmp/.mayura-' .. prefix)
@@ -645,7 +767,7 @@ function M.command_sandbox_backend(id, transport, release)
     _read_chunk = fits(out_max - HEAD_ROOM, 4096),
     _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
-    _env = {},
+    _env = {}, _wait = wait, _rate = rate,
   }, Backend)
   if transport.env ~= nil then
     if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
@@ -658,19 +780,12 @@ function M.command_sandbox_backend(id, transport, release)
   end
   local words = {}
   for i, t in ipairs(TOOLS) do words[i] = t end
-  local out = self:_run('o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
-    'for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||echo "M $t";done\necho OK\n')
-  local lines = lines_of(out)
-  local known = {}
-  for _, t in ipairs(TOOLS) do known[t] = true end
-  for _, line in ipairs(lines) do
-    local tool = line:match('^M (%S+)$')
-    if tool and known[tool] then
-      error(errors.sandbox('failed', 'the sandbox has no ' .. tool .. ', which the command backend needs'), 0)
-    end
-    if line == 'E state' then error(errors.sandbox('failed', 'cannot make the backend\'s state directory'), 0) end
-  end
-  if lines[#lines] ~= 'OK' then error(nonsense(), 0) end
+  local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
+    or ''
+  -- the setup goes with the backend's first call (it ends the call early when it fails)
+  self._setup = mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+    'm=;for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||{ echo "M $t";m=1;};done\n' ..
+    '[ -z "$m" ]||exit 0\necho ' .. READY .. '\n'
   return self
 end
 

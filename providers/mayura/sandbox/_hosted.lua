@@ -72,7 +72,6 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local http = require('mayura.http')
 local sandbox = require('mayura.sandbox')
-local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
@@ -792,19 +791,25 @@ function M.env_object(env)
   return setmetatable(out, json.object_mt)
 end
 
+--- How long one backend command may wait in the sandbox for a command to end (command_sandbox_backend's
+-- `transport.wait_ms`): 20 s, less where `limit_ms` (the service's own limit on one exec, if any) or
+-- half the call timeout `call_timeout_ms` is less; a long command then costs a call every 20 s.
+function M.wait_ms(call_timeout_ms, limit_ms)
+  local w = math.min(20000, math.floor(call_timeout_ms / 2))
+  if limit_ms then w = math.min(w, limit_ms) end
+  return math.max(0, w)
+end
+
 --- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
--- (waiting until it runs, say) returns its transport, over which the working directory `workdir`
--- is made first (the backend's commands start there); `destroy()` ends the sandbox at release.
--- Where a step fails the sandbox is destroyed (a failure to do so is ignored) and the error goes
--- on; a directory that cannot be made is SANDBOX_ERROR `failed`.
-function M.command_backend(label, id, workdir, destroy, setup)
+-- (waiting until it runs, say) returns its transport, over which the backend's first call makes
+-- the working directory `workdir` (its commands start there; one that cannot be made is
+-- SANDBOX_ERROR `failed` then); `destroy()` ends the sandbox at release. Where `setup` fails the
+-- sandbox is destroyed (a failure to do so is ignored) and the error goes on.
+function M.command_backend(_label, id, workdir, destroy, setup)
   local backend
   local ok, err = pcall(function()
     local transport = setup()
-    local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
-    if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
-      error(errors.sandbox('failed', label .. ': cannot make the working directory'), 0)
-    end
+    transport.workdir, transport.make_workdir = workdir, true   -- made with the backend's first command
     backend = sandbox.command_sandbox_backend(id, transport, function() destroy() end)
   end)
   if not ok then

@@ -14,7 +14,7 @@
 -- 'none': what the interpreter was made with; the built-in one's SANDBOX mode still reaches
 -- some AWS services, so only an interpreter made without any egress should be declared 'none'),
 -- `endpoint` (https://bedrock-agentcore.<region>.amazonaws.com), `workdir` (/tmp/workspace, made
--- at create), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
+-- with the first command), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
 -- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s).
 --
 -- Every request is signed with AWS Signature V4 by libcurl itself (CURLOPT_AWS_SIGV4, service
@@ -69,7 +69,9 @@ end
 
 -- The transport: one executeCommand invoke (an event stream) per script.
 local function transport(api, base, session, workdir, env, idle)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env }
+  -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)) }
   function t.run(_, command, o)
     local result, failure
     local ok, err = pcall(api.stream, api, 'POST', base .. '/tools/invoke',
@@ -168,8 +170,7 @@ function M.agentcore_sandboxes(options)
     end
     local ok, backend = pcall(function()
       local t = transport(c, base, session, workdir, spec.env, idle)
-      local r = t:run('mkdir -p ' .. scripts.quote(workdir), {})
-      if r.exit_code ~= 0 then error(errors.sandbox('failed', 'agentcore: cannot make the workdir'), 0) end
+      t.make_workdir = true   -- with the backend's first command
       return sandbox.command_sandbox_backend('agentcore-' .. session, t, function() stop() end)
     end)
     if not ok then

@@ -59,9 +59,11 @@ end
 -- The transport: one exec (an SSE stream) per script.
 local function transport(api, path, workdir, env, idle)
   local state = '/tmp/.mayura-' .. random_hex(8)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state }
-  t.armed = false     -- set once the backend made its state directory
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state,
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, idle and math.floor(idle / 2) or nil) }
+  t.armed = false     -- set once the backend made its state directory (its first call did)
   function t.run(_, command, o)
+    if not t.armed and t.backend and t.backend._setup == nil then t.armed = true end
     local script = command
     if t.armed then script = '[ -d ' .. scripts.quote(state) .. ' ]||exit ' .. LOST .. '\n' .. command end
     local out, code, failure = {}, nil, nil
@@ -147,14 +149,12 @@ function M.cloudflare_sandboxes(options)
     local function destroy()
       c:json('DELETE', path, nil, { allow = { 404 } })
     end
-    -- the first command starts the container and makes the workdir
+    -- the backend's first call starts the container and makes the workdir
     local ok, backend = pcall(function()
       local t = transport(c, path, workdir, spec.env, idle)
-      local r = t:run('mkdir -p ' .. scripts.quote(workdir), {})
-      if r.exit_code ~= 0 then error(errors.sandbox('failed', 'cloudflare: cannot make the workdir'), 0) end
-      local b = sandbox.command_sandbox_backend('cloudflare-' .. id, t, function() destroy() end)
-      t.armed = true
-      return b
+      t.make_workdir = true
+      t.backend = sandbox.command_sandbox_backend('cloudflare-' .. id, t, function() destroy() end)
+      return t.backend
     end)
     if not ok then
       pcall(destroy)

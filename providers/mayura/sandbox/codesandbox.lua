@@ -364,12 +364,10 @@ function M.codesandbox_sandboxes(options)
     local transport
     local ok, err = pcall(function()
       transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env }, Transport)
-      -- the working directory first: the backend's commands start there
-      local out = transport:run('mkdir -p -- ' .. scripts.quote(workdir) .. ' && echo OK', {})
-      if out.exit_code ~= 0 or out.stdout ~= 'OK\n' then
-        error(errors.sandbox('failed', 'codesandbox: cannot make the working directory'), 0)
-      end
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env,
+        wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
+      -- the pitcher joined at create, as the SDK's connect does (the workdir comes with the first command)
+      transport:_pitcher()
       backend = command.command_sandbox_backend(id, transport, function()
         if transport.pitcher then transport.pitcher:close() end
         destroy(c, id)

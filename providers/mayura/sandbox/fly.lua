@@ -85,7 +85,9 @@ end
 
 -- The transport: one exec per script.
 local function transport(api, path, workdir, env)
-  local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env }
+  -- Fly's rate: 1 request a second per action per machine, bursts of 3 (every script is an exec)
+  local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, (EXEC_TIMEOUT_S - 5) * 1000), rate = { per_second = 1, burst = 3 } }
   function t.run(_, command, o)
     -- no exec outlasts the pool's call timeout (a stalled one is SANDBOX_ERROR timeout)
     local limit = math.min(api.call_timeout_ms, (EXEC_TIMEOUT_S + 10) * 1000)

@@ -238,6 +238,9 @@ function M.northflank_sandboxes(options)
   local client = client_for('northflank', api_url)
   local exec_client = client_for('northflank', exec_url, '2')
 
+  -- Northflank's rate is 1,000 requests an hour per account: the provider's sandboxes share a bucket
+  -- that keeps them within it (500 at once, then 500 more an hour)
+  local RATE = { per_second = 500 / 3600, burst = 500 }
   local provider = {
     id = 'northflank',
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
@@ -298,7 +301,8 @@ function M.northflank_sandboxes(options)
       end
       return setmetatable({
         owner = owner, client = c, exec_client = xc, service_id = id, stdin = true,
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir,
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, wait_ms = hosted.wait_ms(xc.call_timeout_ms),
+        rate = RATE,
       }, Transport)
     end)
   end

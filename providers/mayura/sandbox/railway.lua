@@ -435,6 +435,7 @@ function M.railway_sandboxes(options)
       return setmetatable({
         client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url, domains = domains_of(s),
+        wait_ms = hosted.wait_ms(c.call_timeout_ms, (EXEC_TIMEOUT_S - 10) * 1000),
       }, exec == 'websocket' and WsTransport or Transport)
     end)
   end

@@ -1,0 +1,227 @@
+-- How many calls a command costs on command_sandbox_backend, and that they keep the rate a
+-- transport declares: through a local transport (dash and BusyBox sh) and through the hosted
+-- providers on the backend, counted on their stand-ins' wire. A short command is one call where
+-- the service can wait; a 5 s command a few, never past `burst` + `per_second` a second.
+local sandbox = require('mayura.sandbox')
+local core = require('mayura.core')
+local transports = require('support.command_transports')
+local suite = require('support.stand_in_suite')
+local util = require('support.util')
+
+local BUSYBOX = '/usr/bin/busybox'
+
+-- Every run of calls at `times` (ms, in order) within the bucket: at most burst + per_second * t
+-- calls in any t seconds (a few ms of slack for the clocks of two processes).
+local function assert_within(times, rate)
+  for i = 1, #times do
+    for j = i, #times do
+      local allowed = rate.burst + (times[j] - times[i] + 5) * rate.per_second / 1000
+      assert(j - i + 1 <= allowed, ('%d calls in %.0f ms: more than the rate allows'):format(j - i + 1,
+        times[j] - times[i]))
+    end
+  end
+end
+
+suite.describe('command_sandbox_backend: calls per command', function()
+  for _, shell in ipairs({ { name = 'dash', argv = nil }, { name = 'BusyBox sh', argv = { BUSYBOX, 'sh' } } }) do
+    describe('over ' .. shell.name, function()
+      local inner, sb
+      setup(function()
+        inner = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes({ memory_mib = 256, pids = 128 }),
+          { max_sandboxes = 2, max_lifetime_ms = 600000 })
+        sb = inner:create({ lifetime_ms = 600000 })
+      end)
+      teardown(function() if inner then inner:close() end end)
+
+      local function backend(opts)
+        local t = transports.local_exec(sb, { stdin = true, shell = shell.argv, wait_ms = opts.wait_ms,
+          rate = opts.rate })
+        return sandbox.command_sandbox_backend('rates', t), t
+      end
+
+      it('runs a short command in one call, its output with it', function()
+        local b, t = backend({ wait_ms = 20000 })
+        for _ = 1, 3 do
+          local before = t.calls
+          local r = b:exec({ 'sh', '-c', 'echo out; echo err >&2; exit 3' }, {})
+          assert.are.same({ 3, 'out\n', 'err\n' }, { r.exit_code, r.stdout, r.stderr })
+          assert.are.equal(1, t.calls - before)
+        end
+        b:release()
+      end)
+
+      it('keeps a 5 s command within 1 call a second (bursts of 3), in a few calls', function()
+        local rate = { per_second = 1, burst = 3 }
+        local b, t = backend({ wait_ms = 2000, rate = rate })
+        local before = t.calls
+        local t0 = core.hrtime_ms()
+        local r = b:exec({ 'sh', '-c', 'sleep 5; echo done' }, {})
+        assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
+        assert.is_true(core.hrtime_ms() - t0 < 8000)
+        -- one call, then one every wait (2 s): 3 or 4
+        assert.is_true(t.calls - before <= 4, (t.calls - before) .. ' calls')
+        assert_within(t.times, rate)
+        b:release()
+      end)
+
+      it('spaces calls by the rate where the transport cannot wait, streaming too', function()
+        local rate = { per_second = 2, burst = 3 }
+        local b, t = backend({ wait_ms = 0, rate = rate })
+        local seen = {}
+        local r = b:exec({ 'sh', '-c', 'for i in 1 2 3; do echo $i; sleep 1; done' }, {
+          on_output = function(_, bytes) seen[#seen + 1] = bytes end })
+        assert.are.same({ 0, '1\n2\n3\n' }, { r.exit_code, r.stdout })
+        assert.are.equal('1\n2\n3\n', table.concat(seen))
+        assert_within(t.times, rate)
+        -- a burst's worth of writes and reads at once: files keep the rate too
+        for i = 1, 6 do b:write_file('/tmp/f' .. i, ('x'):rep(i)) end
+        assert.are.equal('xxxxxx', b:read_file('/tmp/f6'))
+        assert_within(t.times, rate)
+        b:release()
+      end)
+
+      it('refuses a rate that is not one', function()
+        for _, bad in ipairs({ { per_second = 0, burst = 3 }, { per_second = 1, burst = 0 },
+          { per_second = 0 / 0, burst = 1 }, { per_second = 1, burst = 1.5 }, 'fast' }) do
+          local t = transports.local_exec(sb, { stdin = true, shell = shell.argv })
+          t.rate = bad
+          assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', t)
+        end
+        local t = transports.local_exec(sb, { stdin = true, shell = shell.argv })
+        t.wait_ms = -1
+        assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', t)
+      end)
+    end)
+  end
+end)
+
+-- The hosted providers on the backend, each against its stand-in: `route` is the exec call.
+local HOSTED = {
+  {
+    name = 'Fly', rate = { per_second = 1, burst = 3 }, route = { 'POST', '/v1/apps/{app}/machines/{id}/exec' },
+    install = function(s, b)
+      return require('support.fly_service').install(s, b, { token = 'fm2_0123456789abcdefTOKEN', app = 'mayura-r' })
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.fly').fly_sandboxes({ token = 'fm2_0123456789abcdefTOKEN', app = 'mayura-r',
+        base_url = s:url(''), retry_base_ms = 20 })
+    end,
+  },
+  {
+    name = 'AgentCore', route = { 'POST', '/code-interpreters/{ci}/tools/invoke' },
+    install = function(s, b)
+      return require('support.agentcore_service').install(s, b, { access_key_id = 'AKIAMAYURASPEC0KEYID',
+        secret_access_key = 'mayura/Spec+Secret0123456789abcdefSECRET', region = 'us-east-1' })
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.agentcore').agentcore_sandboxes({ region = 'us-east-1', endpoint = s:url(''),
+        credentials = { access_key_id = 'AKIAMAYURASPEC0KEYID',
+          secret_access_key = 'mayura/Spec+Secret0123456789abcdefSECRET' }, retry_base_ms = 20 })
+    end,
+  },
+  {
+    name = 'Northflank',
+    install = function(s, b)
+      return require('support.northflank_service').install_with_exec_host(s, b, { token = 'nf_0123456789abcdefTOKEN',
+        project_id = 'sandboxes', team_id = 'team-a' })
+    end,
+    provider = function(s, e)
+      return require('mayura.sandbox.northflank').northflank_sandboxes({ token = 'nf_0123456789abcdefTOKEN',
+        project_id = 'sandboxes', api_url = s:url(''), exec_url = e.state.exec_url, retry_base_ms = 20 })
+    end,
+    teardown = function(e) e.state.close_all() end,
+  },
+  {
+    name = 'Railway',
+    install = function(s, b)
+      return require('support.railway_service').install_with_front(s, b, { token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1' })
+    end,
+    provider = function(s, e)
+      return require('mayura.sandbox.railway').railway_sandboxes({ token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1', endpoint = s:url(require('support.railway_service').PATH),
+        ws_url = e.state.ws_url, retry_base_ms = 20 })
+    end,
+    teardown = function(e) e.state.close_all() end,
+  },
+  {
+    name = 'CodeSandbox',
+    install = function(s, b)
+      local state = require('support.codesandbox_service').install(s, b, { token = 'csb_0123456789abcdefTOKEN' })
+      state.dir = util.tmpdir()
+      state:start_front(state.dir)
+      return state
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.codesandbox').codesandbox_sandboxes({ token = 'csb_0123456789abcdefTOKEN',
+        base_url = s:url(''), workdir = require('support.codesandbox_service').WORKSPACE, retry_base_ms = 20 })
+    end,
+    teardown = function(e)
+      e.state.close()
+      util.rmdir(e.state.dir)
+    end,
+  },
+  {
+    name = 'Cloudflare', route = { 'POST', '/v1/sandbox/{id}/exec' },
+    install = function(s, b)
+      return require('support.cloudflare_service').install(s, b, { api_key = 'cfsb_0123456789abcdefKEY' })
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.cloudflare').cloudflare_sandboxes({ worker_url = s:url(''),
+        api_key = 'cfsb_0123456789abcdefKEY', retry_base_ms = 20 })
+    end,
+  },
+}
+
+for _, h in ipairs(HOSTED) do
+  suite.describe(h.name .. ': calls per command on its stand-in', function()
+    local svc, sb
+    local calls = 0
+    suite.stand_in_pool({
+      install = h.install, provider = h.provider, teardown = h.teardown,
+      pool = { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'all' } },
+      create = { lifetime_ms = 600000, network = 'all' },
+      ready = function(e)
+        svc, sb = e.svc, e.sb
+        -- the backend's every call, counted at its transport (each is one request or message)
+        local t = sb._backend._transport
+        local run = t.run
+        t.run = function(...)
+          calls = calls + 1
+          return run(...)
+        end
+      end,
+    })
+
+    -- what the transport made, checked on the wire where the service has an exec route
+    local function execs()
+      return calls, h.route and #svc:calls(h.route[1], h.route[2]) or 0
+    end
+    local function one_more(c0, w0)
+      local c1, w1 = execs()
+      assert.are.equal(1, c1 - c0)
+      if h.route then assert.are.equal(1, w1 - w0) end
+    end
+
+    it('runs a short command in one call', function()
+      for _ = 1, 3 do
+        local c0, w0 = execs()
+        local r = sb:exec({ 'sh', '-c', 'echo hi' })
+        assert.are.same({ 0, 'hi\n' }, { r.exit_code, r.stdout })
+        one_more(c0, w0)
+      end
+    end)
+
+    it('runs a 5 s command in one call' .. (h.rate and ', within the service\'s rate' or ''), function()
+      local c0, w0 = execs()
+      local r = sb:exec({ 'sh', '-c', 'sleep 5; echo done' }, { timeout_ms = 30000 })
+      assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
+      one_more(c0, w0)
+      if h.rate then
+        local times = {}
+        for _, req in ipairs(svc:calls(h.route[1], h.route[2])) do times[#times + 1] = req.at end
+        assert_within(times, h.rate)
+      end
+    end)
+  end)
+end
