@@ -130,8 +130,19 @@ describe('the gVisor tier (runtime = \'runsc\')', function()
     end)
 
     it('holds the sandbox to pids, and the next command forks freely again', function()
-      local r = sb:exec({ 'sh', '-c', 'ulimit -u; i=0; while [ $i -lt 64 ]; do sleep 1 & i=$((i+1)); done; ' ..
-        'echo started' }, { timeout_ms = 20000 })
+      local ok, r = pcall(sb.exec, sb, { 'sh', '-c', 'ulimit -u; i=0; while [ $i -lt 64 ]; do sleep 1 & ' ..
+        'i=$((i+1)); done; echo started' }, { timeout_ms = 20000 })
+      if not ok then
+        -- gVisor's own host threads count in the pids cgroup too: forks past the limit may end the
+        -- sandbox whole (enforced.oom_protected is false; the README's known limits say so). Held
+        -- either way: the sandbox is gone, and a new one works
+        assert.are.equal('SANDBOX_ERROR', r.code, tostring(r))
+        assert.are.equal('gone', r.reason, tostring(r))
+        sb:release()
+        sb = pool:create({ lifetime_ms = 600000 })
+        assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+        return
+      end
       assert.matches('^32\n', r.stdout)
       assert.matches('can\'t fork', r.stderr)
       assert.is_nil(r.stdout:find('started', 1, true))

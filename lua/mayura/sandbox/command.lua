@@ -638,8 +638,10 @@ function Backend:exec(argv, o)
   end
   local ok, res = pcall(function()
     rec.started = true   -- from here on, a failure kills by the tag (whether the start got through or not)
-    -- the start, then the command's state in the same call: a short command ends in it
-    local first = math.min(self._wait, deadline - core.hrtime_ms())
+    -- the start, then the command's state in the same call: a short command ends in it. A streaming
+    -- one does not wait there for its end (its output would come at once, out of order): the
+    -- poll's own wait ends as soon as either output grows
+    local first = streaming and 0 or math.min(self._wait, deadline - core.hrtime_ms())
     local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
       first) .. poll(), nil, token))
     local code = (lines[1] or ''):match('^E ([%w_]+)$')
