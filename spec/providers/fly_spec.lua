@@ -17,6 +17,10 @@ describe('fly_sandboxes options', function()
     assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x' })
     assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x', app = 'Not/An/App' })
     assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x', app = APP, workdir = 'rel' })
+    for _, bad in ipairs({ 1, { per_second = 0 }, { per_second = 1, burst = 0 }, { per_second = 0 / 0 },
+      { per_second = 2000 }, { per_second = 1, burst = 1.5 }, { per_second = 1, nope = 1 } }) do
+      assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = 'x', app = APP, exec_rate = bad })
+    end
     local err = assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN_WORD .. '\n', app = APP })
     assert.is_falsy(tostring(err):find(TOKEN_WORD, 1, true))
     local p = fly.fly_sandboxes({ token = TOKEN_WORD, app = APP })
@@ -31,7 +35,9 @@ suite.describe('the Fly stand-in, over real local sandboxes', function()
   suite.stand_in_pool({
     install = function(s, b) return fly_service.install(s, b, { token = TOKEN_WORD, app = APP }) end,
     provider = function(s)
-      return fly.fly_sandboxes({ token = TOKEN_WORD, app = APP, base_url = s:url(''), retry_base_ms = 20 })
+      -- the stand-in keeps no rate: the suite's calls go faster than Fly's (command_rates_spec keeps Fly's own)
+      return fly.fly_sandboxes({ token = TOKEN_WORD, app = APP, base_url = s:url(''), retry_base_ms = 20,
+        exec_rate = { per_second = 100, burst = 20 } })
     end,
     pool = { max_sandboxes = 3, max_lifetime_ms = 600000, labels = { suite = 'c' }, network = { 'all' } },
     create = { lifetime_ms = 600000, network = 'all', labels = { case = 'conformance' } },

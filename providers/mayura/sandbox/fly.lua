@@ -10,7 +10,8 @@
 -- `image` (an OCI image with sh and coreutils or BusyBox: default `node:22-bookworm-slim`; a
 -- create's `image` names another), `region` (Fly picks one when nil), `base_url`
 -- (https://api.machines.dev), `workdir` (/workspace, made at boot), `max_lifetime_ms` (24 h),
--- `retries`, `retry_base_ms`, `max_retry_after_ms` (the kit's).
+-- `retries`, `retry_base_ms`, `max_retry_after_ms` (the kit's), `exec_rate` (`{ per_second, burst }` of exec
+-- calls per machine: Fly documents 1 and 3, the default).
 --
 -- A create is POST /v1/apps/{app}/machines: the image, `env`, `guest` (cpus, rounded up, and
 -- memory in MiB, rounded up to 256), the labels as `metadata`, and a main process that makes
@@ -84,10 +85,12 @@ local function check_alive(api, path)
 end
 
 -- The transport: one exec per script.
-local function transport(api, path, workdir, env)
-  -- Fly's rate: 1 request a second per action per machine, bursts of 3 (every script is an exec)
+local function transport(api, path, workdir, env, rate)
+  -- Fly's rate: 1 request a second per action per machine, bursts of 3 (every script is an exec),
+  -- unless the provider's `exec_rate` says otherwise
   local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
-    wait_ms = hosted.wait_ms(api.call_timeout_ms, (EXEC_TIMEOUT_S - 5) * 1000), rate = { per_second = 1, burst = 3 } }
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, (EXEC_TIMEOUT_S - 5) * 1000),
+    rate = { per_second = rate.per_second, burst = rate.burst } }
   function t.run(_, command, o)
     -- no exec outlasts the pool's call timeout (a stalled one is SANDBOX_ERROR timeout)
     local limit = math.min(api.call_timeout_ms, (EXEC_TIMEOUT_S + 10) * 1000)
@@ -136,8 +139,20 @@ end
 
 local option_keys = {
   token = true, app = true, image = true, region = true, base_url = true, workdir = true, max_lifetime_ms = true,
-  retries = true, retry_base_ms = true, max_retry_after_ms = true,
+  retries = true, retry_base_ms = true, max_retry_after_ms = true, exec_rate = true,
 }
+
+-- `exec_rate`: `{ per_second, burst }` of exec calls per machine (Fly documents 1 and 3).
+local function rate_option(v)
+  if v == nil then return { per_second = 1, burst = 3 } end
+  if type(v) ~= 'table' then errors.raise('INVALID_CONFIG', 'fly: exec_rate must be { per_second, burst }', nil, 4) end
+  check.keys(v, { per_second = true, burst = true }, 'fly exec_rate', 'INVALID_CONFIG', 4)
+  local ps, burst = v.per_second, v.burst
+  if type(ps) ~= 'number' or ps <= 0 or ps > 1000 or ps ~= ps then
+    errors.raise('INVALID_CONFIG', 'fly: exec_rate.per_second must be a number above 0, at most 1000', nil, 4)
+  end
+  return { per_second = ps, burst = check.int(burst, 'exec_rate.burst', 1, 1000, 'INVALID_CONFIG', 4, 1) }
+end
 
 local function name_option(v, what, pattern)
   return check.word(v, pattern, 'fly: ' .. what .. ' is not a valid name', 'INVALID_CONFIG', 4)
@@ -166,6 +181,7 @@ function M.fly_sandboxes(options)
     max_response_bytes = 16 * MIB,
   })
   local base = '/v1/apps/' .. hosted.escape(app) .. '/machines'
+  local rate = rate_option(options.exec_rate)
 
   local provider = {
     id = 'fly',
@@ -223,7 +239,7 @@ function M.fly_sandboxes(options)
         })
         if res.status ~= 408 then m.state = 'started' end
       end
-      return sandbox.command_sandbox_backend('fly-' .. m.id, transport(c, path, workdir, spec.env), function()
+      return sandbox.command_sandbox_backend('fly-' .. m.id, transport(c, path, workdir, spec.env, rate), function()
         destroy()
       end)
     end)
