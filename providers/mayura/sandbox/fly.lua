@@ -254,4 +254,5 @@ function M.fly_sandboxes(options)
   return provider
 end
 
+M.sandboxes = M.fly_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M
