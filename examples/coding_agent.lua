@@ -3,6 +3,8 @@
 --   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
 --   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore,
 --         apple-container, railway, northflank, codesandbox or modal
+--         (mayura.sandbox's provider of that name, '-' as '_': sandbox.provider(name, options),
+--         with the options its entry in PROVIDERS below makes from the environment)
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
