@@ -102,6 +102,8 @@ local root_fs = require('mayura.sandbox._local_root')
 local cgroup = require('mayura.sandbox._local_cgroup')
 local network = require('mayura.sandbox._local_net')
 local oom = require('mayura.sandbox._local_oom')
+local process = require('mayura.process')
+local snapshots = require('mayura.sandbox._snapshot')
 
 local M = {}
 
@@ -128,6 +130,9 @@ local function target_type(path)
   local err, st = await_cb(function(cb) require('luv').fs_stat(path, cb) end)
   return not err and st and st.type or nil
 end
+
+-- Whether leftover snapshots were swept (once in a host process).
+local swept = false
 
 local function is_root()
   return host.uid() == 0
@@ -260,6 +265,124 @@ function Backend:oom_kills()
   if not self.cg_mode then return 0 end
   return cgroup.oom_kills(self.cg_mode, self.cg_dirs)
 end
+
+-- {======================================================
+-- Native snapshots
+-- =======================================================
+
+-- The host process's mark in a snapshot's name: its pid and when it started (/proc/self/stat), so
+-- that `mayura-launch --snapshot-sweep` can tell the snapshots of a host that is gone.
+local owner_mark
+local function owner()
+  if not owner_mark then
+    local pid = ('%d'):format(require('luv').os_getpid())
+    local stat = read_plain('/proc/' .. pid .. '/stat') or ''
+    local rest = stat:match('.*%)%s+(.*)$') or ''
+    local fields = {}
+    for f in rest:gmatch('%S+') do fields[#fields + 1] = f end
+    owner_mark = pid .. '-' .. (fields[20] or '0')
+  end
+  return owner_mark
+end
+
+-- Runs mayura-launch's snapshot commands; in a loop callback (where nothing may wait) in a task.
+local function launch_cmd(p, argv, opts)
+  local full = { p.launch_bin }
+  for _, a in ipairs(argv) do full[#full + 1] = a end
+  return process.run(full, opts or { max_output_bytes = 4096 })
+end
+
+local function drop_snapshot(p, name)
+  local ok = pcall(launch_cmd, p, { '--snapshot-drop', name })
+  if not ok then task.spawn(function() pcall(launch_cmd, p, { '--snapshot-drop', name }) end) end
+end
+
+local Snap = {}
+Snap.__index = Snap
+
+function Snap:release()
+  if self.released then return end
+  self.released = true
+  drop_snapshot(self.provider, self.name)
+end
+
+--- The snapshot as a tar archive of its files (names relative to the sandbox's /), for
+-- `sandbox:restore` (mayura.sandbox._snapshot's restore unpacks it in the sandbox).
+function Snap:archive()
+  if self.released then error(errors.sandbox('gone', 'the snapshot was released'), 0) end
+  local uv = require('luv')
+  local names = {}
+  for _, place in ipairs({ WORKDIR:sub(2), 'tmp' }) do
+    local dir = uv.fs_scandir(self.dir .. '/' .. place)
+    while dir do
+      local n = uv.fs_scandir_next(dir)
+      if not n then break end
+      names[#names + 1] = place .. '/' .. n
+    end
+  end
+  if #names == 0 then return '' end
+  local argv = { 'tar', '-C', self.dir, '-cf', '-', '--' }
+  for _, n in ipairs(names) do argv[#argv + 1] = n end
+  local res = process.run(argv, { max_output_bytes = snapshots.MAX_BYTES })
+  if res.exit_code ~= 0 or res.truncated then
+    error(errors.sandbox('failed', 'the snapshot could not be read back'), 0)
+  end
+  return res.stdout
+end
+
+-- The exit statuses of `mayura-launch --snapshot` (launcher/launch.c's SNAP_ ones).
+local SNAP_ERRORS = {
+  [3] = function(o) return errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes '
+    .. 'leaves room for (' .. o.max_bytes .. ' bytes)') end,
+  [4] = function() return errors.sandbox('failed', 'the host has no memory left for the snapshot') end,
+  [5] = function() return errors.sandbox('failed', 'the snapshot failed: a file the sandbox\'s user cannot read') end,
+  [6] = function() return errors.sandbox('failed', 'the snapshot failed: the sandbox\'s files changed while they '
+    .. 'were copied, or the sandbox ended') end,
+}
+
+--- A native snapshot (features.snapshots 'native'): the sandbox's workspace and /tmp copied, in
+-- one pass in the sandbox's own view and as its user, into a tmpfs of the host's that no sandbox
+-- can reach (mayura-launch --snapshot); `{ size_bytes, release, archive }`.
+function Backend:snapshot(o)
+  local p = self.provider
+  if self.released or self.exited or not self.proc then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
+  local name = owner() .. '-' .. random_hex(8)
+  local ok, res = pcall(launch_cmd, p, { '--snapshot', tostring(self.proc:pid()), tostring(self.host_uid), name,
+    tostring(o.max_bytes), WORKDIR, '/tmp' }, { timeout_ms = o.timeout_ms, max_output_bytes = 4096 })
+  if not ok or res.exit_code ~= 0 then
+    -- a copy cut by the timeout (or a failure it could not clean up) leaves nothing either
+    drop_snapshot(p, name)
+    if not ok then error(res, 0) end
+    if res.timed_out then error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0) end
+    local make = SNAP_ERRORS[res.exit_code]
+    if make then error(make(o), 0) end
+    error(errors.sandbox('failed', 'the snapshot could not be made', res.stderr), 0)
+  end
+  local size = tonumber((res.stdout or ''):match('^(%d+)\n$'))
+  if not size then
+    drop_snapshot(p, name)
+    error(errors.sandbox('failed', 'the snapshot could not be made'), 0)
+  end
+  return setmetatable({ size_bytes = size, provider = p, name = name, dir = root_fs.SNAPROOT .. '/' .. name,
+    uid = self.host_uid, released = false }, Snap)
+end
+
+-- Whether this kernel can start a sandbox from a native snapshot: overlayfs over an idmapped tmpfs
+-- (Linux 6.3 and later).
+local function native_snapshots()
+  local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
+  major, minor = tonumber(major), tonumber(minor)
+  if not major or major < 6 or (major == 6 and minor < 3) then return false end
+  local fs = read_plain('/proc/filesystems') or ''
+  if not fs:find('%soverlay\n') then
+    -- a module not loaded yet: loaded by its first mount; modprobe says whether it is there
+    local ok, r = pcall(process.run, { 'modprobe', '-q', 'overlay' }, { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    if not (ok and r.exit_code == 0) then return false end
+  end
+  return true
+end
+
+-- }======================================================
 
 function Backend:url(port)
   if self.network ~= 'all' and self.network ~= 'allowlist' then
@@ -459,6 +582,17 @@ function M.local_sandboxes(options, mode)
     inodes = p.staged, oom_protected = not checking and oom.shield_works(),
   }
   if not checking and not p.enforced.oom_protected then oom.warn_unshielded() end
+  -- snapshots: native (an overlay over a copy in the host's memory) where the launcher mounts the
+  -- sandbox's file systems and the kernel has idmapped tmpfs under overlayfs, else the generic way;
+  -- the snapshots of a host process that is gone are swept first
+  p.features.snapshots = 'generic'
+  if p.staged and native_snapshots() then
+    p.features.snapshots = 'native'
+    if not swept then
+      swept = true
+      pcall(process.run, { p.launch_bin, '--snapshot-sweep' }, { max_output_bytes = 4096 })
+    end
+  end
   local counter = 0
 
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
@@ -493,11 +627,15 @@ function M.local_sandboxes(options, mode)
     -- `outlive`), so that the host ending, even its state closing, never kills the launcher
     -- before it cleans up
     local argv = { self.launch_bin }
-    local tree = root_fs.built_table(self, spec)
+    local tree, tree_fstab = root_fs.built_table(self, spec), nil
     for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
     -- the mount table, this launcher's own: a sealed file in memory on a descriptor it inherits
-    local text = self.staged and (tree or self.fstab) or nil
+    if spec.snapshot and not tree then
+      tree_fstab = root_fs.table_text(root_fs.fstab_lines(#(self.agent_host_bytes or self.agent_bytes),
+        self.workspace_mib, self.tmp_mib, spec.snapshot))
+    end
+    local text = self.staged and (tree or tree_fstab or self.fstab) or nil
     local t = text and core.sealed_fd(text)
     local a, b
     if t or not text then a, b = core.socketpair() end
@@ -510,7 +648,7 @@ function M.local_sandboxes(options, mode)
       error(errors.sandbox('unavailable', 'cannot make a socket pair or a mount table'), 0)
     end
     local backend = setmetatable({
-      id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network,
+      id = id, network = type(spec.network) == 'table' and 'allowlist' or spec.network, provider = self,
       cg_mode = self.cg_mode, cg_dirs = cg_dirs, host_uid = host_uid,
       control = c, closed = false, released = false, exited = false,
     }, Backend)
