@@ -895,12 +895,51 @@ static void copy_times(int dst, const char *name, const struct stat *st, int fla
     if (utimensat(dst, name, ts, flags) != 0) snap_die(write_status(errno), name);
 }
 
+/* The files with more than one name copied so far: their first copy's path in the snapshot, so
+** that a later name is linked to it (a hard link stays one). */
+struct snap_link { dev_t dev; ino_t ino; char *path; };
+static struct snap_link *snap_links;
+static size_t snap_nlinks, snap_caplinks;
+static int snap_top = -1;          /* the snapshot's directory */
+static char snap_path[8192];       /* where the copy is, relative to snap_top */
+
+/* Links NAME in `dst` to an earlier copy of the same file; whether it did. */
+static int copy_link(int dst, const char *name, const struct stat *st) {
+    size_t i;
+    for (i = 0; i < snap_nlinks; i++)
+        if (snap_links[i].dev == st->st_dev && snap_links[i].ino == st->st_ino)
+            return linkat(snap_top, snap_links[i].path, dst, name, 0) == 0;
+    return 0;
+}
+
+static void note_link(const char *name, const struct stat *st) {
+    size_t n = strlen(snap_path) + strlen(name) + 2;
+    char *path;
+    if (snap_nlinks == snap_caplinks) {
+        size_t cap = snap_caplinks ? 2 * snap_caplinks : 64;
+        struct snap_link *more = realloc(snap_links, cap * sizeof *more);
+        if (more == NULL) return;   /* the next name is copied, not linked */
+        snap_links = more;
+        snap_caplinks = cap;
+    }
+    path = malloc(n);
+    if (path == NULL) return;
+    snprintf(path, n, "%s/%s", snap_path, name);
+    snap_links[snap_nlinks].dev = st->st_dev;
+    snap_links[snap_nlinks].ino = st->st_ino;
+    snap_links[snap_nlinks++].path = path;
+}
+
 /* Copies the regular file NAME of `src` (looked at as `st`) into `dst`. */
 static void copy_file(int src, int dst, const char *name, const struct stat *st) {
     static char buf[1 << 20];
     struct stat now;
     off_t left = st->st_size;
     int in, out;
+    if (st->st_nlink > 1 && copy_link(dst, name, st)) {
+        snap_count(512);
+        return;
+    }
     snap_count(512 + (((unsigned long long)st->st_size + 511) / 512) * 512);
     in = openat(src, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (in < 0) snap_die(read_status(errno), name);
@@ -922,6 +961,7 @@ static void copy_file(int src, int dst, const char *name, const struct stat *st)
     close(in);
     if (close(out) != 0) snap_die(write_status(errno), name);
     copy_times(dst, name, st, AT_SYMLINK_NOFOLLOW);
+    if (st->st_nlink > 1) note_link(name, st);
 }
 
 /* Copies the directory `src` into the (new, empty) directory `dst`, never following a link and
@@ -957,7 +997,13 @@ static void copy_dir(int src, int dst, int depth, int top_tmp) {
             if (mkdirat(dst, n, 0700) != 0) snap_die(write_status(errno), n);
             d = openat(dst, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (d < 0) snap_die(write_status(errno), n);
-            copy_dir(s, d, depth + 1, 0);
+            {
+                size_t at = strlen(snap_path);
+                if (at + strlen(n) + 2 > sizeof snap_path) { errno = ENAMETOOLONG; snap_die(SNAP_CHANGED, n); }
+                snprintf(snap_path + at, sizeof snap_path - at, "/%s", n);
+                copy_dir(s, d, depth + 1, 0);
+                snap_path[at] = '\0';
+            }
             if (fchmod(d, st.st_mode & 07777) != 0) snap_die(write_status(errno), n);
             close(s);
             close(d);
@@ -1060,6 +1106,8 @@ static int snap_take(char **a, int n) {
             if (mkdirat(dst, a[i] + 1, 0700) != 0) snap_die(write_status(errno), a[i]);
             d = openat(dst, a[i] + 1, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
             if (d < 0) snap_die(write_status(errno), a[i]);
+            snap_top = dst;
+            snprintf(snap_path, sizeof snap_path, "%s", a[i] + 1);
             copy_dir(s, d, 0, strcmp(a[i], "/tmp") == 0);
             close(s);
             close(d);
