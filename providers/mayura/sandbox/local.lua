@@ -131,9 +131,6 @@ local function target_type(path)
   return not err and st and st.type or nil
 end
 
--- Whether leftover snapshots were swept (once in a host process).
-local swept = false
-
 local function is_root()
   return host.uid() == 0
 end
@@ -353,7 +350,9 @@ function Backend:snapshot(o)
     -- a copy cut by the timeout (or a failure it could not clean up) leaves nothing either
     drop_snapshot(p, name)
     if not ok then error(res, 0) end
-    if res.timed_out then error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0) end
+    if res.timed_out then
+      error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
+    end
     local make = SNAP_ERRORS[res.exit_code]
     if make then error(make(o), 0) end
     error(errors.sandbox('failed', 'the snapshot could not be made', res.stderr), 0)
@@ -368,17 +367,22 @@ function Backend:snapshot(o)
 end
 
 -- Whether this kernel can start a sandbox from a native snapshot: overlayfs over an idmapped tmpfs
--- (Linux 6.3 and later).
+-- (Linux 6.3 and later). Asked once.
+local native_ok
 local function native_snapshots()
+  if native_ok ~= nil then return native_ok end
+  native_ok = false
   local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
   major, minor = tonumber(major), tonumber(minor)
   if not major or major < 6 or (major == 6 and minor < 3) then return false end
   local fs = read_plain('/proc/filesystems') or ''
   if not fs:find('%soverlay\n') then
     -- a module not loaded yet: loaded by its first mount; modprobe says whether it is there
-    local ok, r = pcall(process.run, { 'modprobe', '-q', 'overlay' }, { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
+    local ok, r = pcall(process.run, { 'modprobe', '-q', 'overlay' },
+      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
     if not (ok and r.exit_code == 0) then return false end
   end
+  native_ok = true
   return true
 end
 
@@ -588,10 +592,7 @@ function M.local_sandboxes(options, mode)
   p.features.snapshots = 'generic'
   if p.staged and native_snapshots() then
     p.features.snapshots = 'native'
-    if not swept then
-      swept = true
-      pcall(process.run, { p.launch_bin, '--snapshot-sweep' }, { max_output_bytes = 4096 })
-    end
+    pcall(process.run, { p.launch_bin, '--snapshot-sweep' }, { max_output_bytes = 4096 })
   end
   local counter = 0
 

@@ -566,3 +566,156 @@ pool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000, max_s
 ]] } })
   end)
 end)
+
+describe('native snapshots on local', function()
+  local sandbox = require('mayura.sandbox')
+  local local_provider = require('mayura.sandbox.local')
+  local SNAPROOT = '/run/mayura-snap'
+  local provider = local_provider.local_sandboxes({ memory_mib = 256, workspace_mib = 64, tmp_mib = 32 })
+  -- run as root (the launcher mounts the sandbox's file systems) on Linux 6.3 or later: native
+  local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
+  local native = provider.staged and (tonumber(major) > 6 or tonumber(major) == 6 and tonumber(minor) >= 3)
+  local pools = {}
+  local function pool(opts)
+    opts.max_lifetime_ms = 600000
+    local p = sandbox.create_sandboxes(provider, opts)
+    pools[#pools + 1] = p
+    return p
+  end
+  after_each(function()
+    for _, p in ipairs(pools) do p:close() end
+    pools = {}
+  end)
+  -- the names of the snapshots on the host
+  local function kept()
+    local out = providers.host('ls -A ' .. SNAPROOT)
+    local set = {}
+    for n in out:gmatch('%S+') do set[n] = true end
+    return set
+  end
+  local function name_of(snap) return snap._held.native.name end
+
+  it('is native here, and a fork shares the snapshot\'s pages instead of copying them', function()
+    if not native then return pending('overlayfs over an idmapped tmpfs needs root and Linux 6.3') end
+    assert.are.equal('native', provider.features.snapshots)
+    local p = pool({ max_sandboxes = 3 })
+    local base = p:create({ lifetime_ms = 120000 })
+    sh(base, 'head -c 24000000 /dev/urandom > big.bin && echo t > /tmp/t')
+    local sum = sh(base, 'md5sum < big.bin')
+    local snap = base:snapshot()
+    base:release()
+    assert.truthy(kept()[name_of(snap)])
+    local a = p:create({ lifetime_ms = 120000, snapshot = snap })
+    local b = p:create({ lifetime_ms = 120000, snapshot = snap })
+    for _, f in ipairs({ a, b }) do
+      assert.are.equal(sum, sh(f, 'md5sum < big.bin'))
+      -- the fork's own tmpfs holds none of the 24 MB: they are the snapshot's
+      local used = tonumber(sh(f, "df -k /workspace | tail -1 | awk '{print $3}'"):match('%d+'))
+      assert.is_true(used < 1024, 'the fork holds ' .. used .. ' KiB of its own')
+      -- its mount table names no path of the host's snapshot
+      assert.falsy(sh(f, 'cat /proc/self/mountinfo'):find('mayura-snap', 1, true))
+    end
+    -- a change is the fork's own (copied up), the snapshot stays as it was
+    sh(a, 'echo changed > big.bin && rm /tmp/t')
+    assert.are.equal(sum, sh(b, 'md5sum < big.bin'))
+    assert.are.equal('t\n', b:read_file('/tmp/t'))
+    local c = p:create({ lifetime_ms = 120000, snapshot = snap })
+    assert.are.equal(sum, sh(c, 'md5sum < big.bin'))
+    -- released, it is off the host; the forks keep their files
+    local name = name_of(snap)
+    snap:release()
+    assert.falsy(kept()[name])
+    assert.are.equal(sum, sh(c, 'md5sum < big.bin'))
+  end)
+
+  it('holds max_snapshot_bytes at its edge, and a snapshot past it leaves nothing on the host', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 1 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local size = sb:snapshot().size_bytes
+    p:close()
+    local before = kept()
+    local edge = pool({ max_sandboxes = 1, max_snapshot_bytes = size })
+    sb = edge:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local snap = sb:snapshot()
+    assert.are.equal(size, snap.size_bytes)
+    snap:release()
+    local short = pool({ max_sandboxes = 1, max_snapshot_bytes = size - 1 })
+    sb = short:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local err = assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
+    assert.truthy(err.message:find('max_snapshot_bytes', 1, true))
+    -- a sparse file of a terabyte is refused at once, not read
+    sh(sb, 'rm -rf d data.bin && truncate -s 1T sparse')
+    assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
+    assert.are.same(before, kept())
+  end)
+
+  it('never follows a link, also when the sandbox swaps a directory for one while it is taken', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 3 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sh(sb, 'mkdir -p d/sub && for i in $(seq 1 200); do echo $i > d/sub/f$i; done && ln -s / root && ' ..
+      'ln -s /etc/passwd pw')
+    -- a loop that keeps replacing d with a link to / (and back) while snapshots are taken
+    local swapper = sb:start({ 'sh', '-c', 'while :; do mv d d.real; ln -s / d; rm d; mv d.real d; done' })
+    local made, failed = 0, 0
+    for _ = 1, 6 do
+      local ok, snap = pcall(sb.snapshot, sb)
+      if ok then
+        made = made + 1
+        local fork = p:create({ lifetime_ms = 60000, snapshot = snap })
+        -- whatever was taken is the sandbox's own: links as links, never the host's files behind them
+        local listing = sh(fork, 'find /workspace /tmp -xdev | sort')
+        assert.falsy(listing:find('/workspace/d/etc', 1, true) or listing:find('/workspace/d.real/etc', 1, true)
+          or listing:find('/workspace/d/usr', 1, true), listing)
+        assert.are.equal('/\n/etc/passwd\n', sh(fork, 'readlink root pw'))
+        fork:release()
+        snap:release()
+      else
+        failed = failed + 1
+        assert.are.equal('SANDBOX_ERROR', snap.code, tostring(snap))
+      end
+    end
+    swapper:kill(9)
+    assert.are.equal(6, made + failed)
+    assert.are.same({ 0, 0 }, { p:snapshots() })
+  end)
+
+  it('leaves nothing on the host after close, nor after the host process was killed', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 1 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sb:write_file('a.txt', 'a')
+    local s1, s2 = sb:snapshot(), sb:snapshot()
+    local names = { name_of(s1), name_of(s2) }
+    assert.truthy(kept()[names[1]] and kept()[names[2]])
+    p:close()
+    assert.falsy(kept()[names[1]] or kept()[names[2]])
+    -- a host killed with its snapshot held: the next provider sweeps it
+    local script = os.tmpname()
+    local f = assert(io.open(script, 'w'))
+    f:write([[
+local sandbox = require('mayura.sandbox')
+local pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes({ tmp_mib = 16,
+  workspace_mib = 16 }), { max_sandboxes = 1, max_lifetime_ms = 60000 })
+local sb = pool:create({ lifetime_ms = 60000 })
+sb:write_file('a', 'a')
+local snap = sb:snapshot()
+io.stdout:write(snap._held.native.name, '\n')
+io.stdout:flush()
+os.execute('kill -9 $PPID')
+]])
+    f:close()
+    local out = providers.host((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura ' .. script)
+    os.remove(script)
+    local name = out:match('(%d+%-%d+%-%x+)')
+    assert.truthy(name, out)
+    assert.truthy(kept()[name])
+    local again = local_provider.local_sandboxes({ tmp_mib = 16, workspace_mib = 16 })
+    assert.are.equal('native', again.features.snapshots)
+    assert.falsy(kept()[name])
+  end)
+end)
