@@ -267,21 +267,6 @@ end
 -- Native snapshots
 -- =======================================================
 
--- The host process's mark in a snapshot's name: its pid and when it started (/proc/self/stat), so
--- that `mayura-launch --snapshot-sweep` can tell the snapshots of a host that is gone.
-local owner_mark
-local function owner()
-  if not owner_mark then
-    local pid = ('%d'):format(require('luv').os_getpid())
-    local stat = read_plain('/proc/' .. pid .. '/stat') or ''
-    local rest = stat:match('.*%)%s+(.*)$') or ''
-    local fields = {}
-    for f in rest:gmatch('%S+') do fields[#fields + 1] = f end
-    owner_mark = pid .. '-' .. (fields[20] or '0')
-  end
-  return owner_mark
-end
-
 -- Runs mayura-launch's snapshot commands; in a loop callback (where nothing may wait) in a task.
 local function launch_cmd(p, argv, opts)
   local full = { p.launch_bin }
@@ -343,7 +328,7 @@ local SNAP_ERRORS = {
 function Backend:snapshot(o)
   local p = self.provider
   if self.released or self.exited or not self.proc then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
-  local name = owner() .. '-' .. random_hex(8)
+  local name = host.process_mark() .. '-' .. random_hex(8)
   local ok, res = pcall(launch_cmd, p, { '--snapshot', tostring(self.proc:pid()), tostring(self.host_uid), name,
     tostring(o.max_bytes), WORKDIR, '/tmp' }, { timeout_ms = o.timeout_ms, max_output_bytes = 4096 })
   if not ok or res.exit_code ~= 0 then
