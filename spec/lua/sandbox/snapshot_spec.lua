@@ -719,3 +719,75 @@ os.execute('kill -9 $PPID')
     assert.falsy(kept()[name])
   end)
 end)
+
+describe('native snapshots on Docker', function()
+  for _, entry in ipairs(providers.list()) do
+    if entry.kind == 'docker' then
+      local function has_image(ref)
+        return (providers.host('docker image inspect --format {{.Id}} ' .. ref)):find('sha256:', 1, true) ~= nil
+      end
+
+      it('on ' .. entry.name .. ' is an image the daemon keeps until the snapshot and its sandboxes are gone',
+        function()
+        local p = entry.make_pool({ max_sandboxes = 2 })
+        local base = p:create({ lifetime_ms = 120000 })
+        assert.are.equal('native', base.features.snapshots)
+        sh(base, 'mkdir -p repo && echo 41 > repo/a && ln -s /etc/shadow repo/s && echo t > /tmp/t')
+        local snap = base:snapshot()
+        local ref = snap._held.native.image
+        assert.truthy(ref:match('^mayura%-snapshot:%x+$'), ref)
+        assert.truthy(has_image(ref))
+        -- labelled with this host process's mark, never with a path of the host's
+        local owner = providers.host('docker image inspect --format \'{{index .Config.Labels "mayura.snapshot.owner"}}\' '
+          .. ref):gsub('%s+$', '')
+        assert.truthy(owner:match('^%d+%-%d+$'), owner)
+        base:release()
+        local fork = p:create({ lifetime_ms = 120000, snapshot = snap })
+        assert.are.equal('41\n', fork:read_file('repo/a'))
+        assert.are.equal('/etc/shadow\n', sh(fork, 'readlink repo/s'))
+        assert.are.equal('t\n', fork:read_file('/tmp/t'))
+        -- released while a sandbox made from it runs: the image stays until that one is gone
+        snap:release()
+        assert.truthy(has_image(ref))
+        fork:release()
+        assert.falsy(has_image(ref))
+        p:close()
+      end)
+
+      it('on ' .. entry.name .. ' leaves no image after close, nor after the host process was killed', function()
+        local p = entry.make_pool({ max_sandboxes = 1 })
+        local sb = p:create({ lifetime_ms = 120000 })
+        sb:write_file('a', 'a')
+        local ref = sb:snapshot()._held.native.image
+        p:close()
+        assert.falsy(has_image(ref))
+        local script = os.tmpname()
+        local f = assert(io.open(script, 'w'))
+        f:write(([[
+local sandbox = require('mayura.sandbox')
+local pool = sandbox.create_sandboxes(require('mayura.sandbox.docker').docker_sandboxes({ image = %q,
+  engine = %q }), { max_sandboxes = 1, max_lifetime_ms = 60000 })
+local sb = pool:create({ lifetime_ms = 60000 })
+sb:write_file('a', 'a')
+io.stdout:write(sb:snapshot()._held.native.image, '\n')
+io.stdout:flush()
+os.execute('kill -9 $PPID')
+]]):format(entry.make_provider({}).image, entry.engine))
+        f:close()
+        local out = providers.host((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura ' .. script)
+        os.remove(script)
+        local left = out:match('(mayura%-snapshot:%x+)')
+        assert.truthy(left, out)
+        assert.truthy(has_image(left))
+        -- the next provider made sweeps it
+        entry.make_provider({})
+        task.sleep(100)
+        for _ = 1, 100 do
+          if not has_image(left) then break end
+          task.sleep(100)
+        end
+        assert.falsy(has_image(left))
+      end)
+    end
+  end
+end)
