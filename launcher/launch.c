@@ -38,6 +38,12 @@
 **   4. empties the cgroups (for 10 s at most) and removes them; exits with the process's status
 **      (128 + the signal when killed).
 ** Descriptors of the host's beyond these are closed, in the keeper and in the sandbox.
+**
+**   mayura-launch --snapshot LAUNCHER UID NAME MAX PATH... | --snapshot-drop NAME | --snapshot-sweep
+**
+** takes a native snapshot of a running sandbox into a tmpfs of its own under SNAPROOT, takes one
+** off, or takes off those whose host process is gone (see snap_take); the mount table's `overlay`
+** step starts a sandbox from one.
 */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -2,21 +2,21 @@
 -- to the daemon, and how their failures are told.
 --
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
--- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
--- 'api'` speaks the Engine API over its unix socket through libcurl
--- (images/{name}/json, containers/create, start, json, wait, DELETE,
--- containers/json, networks). Only local daemons: a tcp:// or ssh:// host is
--- refused, because the agent and its socket directory are bind-mounted from
--- this machine.
+-- (image inspect, run, inspect, rm, ps, network inspect/create; for snapshots create, cp,
+-- commit, image ls/rm); `engine = 'api'` speaks the Engine API over its unix socket through
+-- libcurl (images/{name}/json, containers/create, start, json, wait, DELETE, containers/json,
+-- networks; for snapshots containers/{id}/archive, commit, images/json and DELETE). Only local
+-- daemons: a tcp:// or ssh:// host is refused, because the agent and its socket directory are
+-- bind-mounted from this machine.
 --
 -- Both engines take a container description (`c`: name, image, user, workdir, network, tmpfs,
 -- mounts, limits, labels, ports, entrypoint and cmd, made by the provider) and offer the same
 -- calls: image_env, run_container, runtimes, inspect, remove, list_ours, network and
 -- create_network; and for snapshots kept as images (never pushed): snapshot_image (a container
 -- made, not started, a tar put into its file system, committed as an image with the labels below,
--- the container removed), remove_image and list_snapshot_images. The daemon's own words never reach a caller's message: a failure is mapped to a
--- reason (`docker could not <what> (<reason>)`), its text kept as `cause` at most. Private to the
--- Docker provider.
+-- the container removed), remove_image and list_snapshot_images. The daemon's own words never
+-- reach a caller's message: a failure is mapped to a reason (`docker could not <what> (<reason>)`),
+-- its text kept as `cause` at most. Private to the Docker provider.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -305,8 +305,8 @@ function Cli:list_snapshot_images()
     'list images')
   local out = {}
   for id in res.stdout:gmatch('(sha256:%x+)') do
-    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}', '--', id },
-      'inspect an image', { not_found = true, no_image = true })
+    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}',
+      '--', id }, 'inspect an image', { not_found = true, no_image = true })
     if r then out[#out + 1] = { ref = id, owner = (r.stdout:gsub('%s+$', '')) } end
   end
   return out

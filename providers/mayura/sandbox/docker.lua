@@ -47,6 +47,13 @@
 -- SIGKILL left. Containers are created with auto-remove too. Release returns
 -- once the container is gone.
 --
+-- Snapshots are 'native': the sandbox's files (its tmpfs, which `docker commit` misses) archived
+-- in it as its user, then put into an image the daemon commits from the sandbox's image
+-- (`mayura-snapshot:<hex>`, never pushed, labelled with this host process's mark); a sandbox made
+-- from one runs that image and unpacks the archive from its layer before it is handed out. The
+-- image goes when the snapshot is released and no sandbox of it runs; a provider made sweeps
+-- those of a host process that is gone.
+--
 -- `runtime` names one of the daemon's runtimes (checked against `docker info`:
 -- INVALID_CONFIG otherwise); 'runsc' (gVisor, registered by
 -- scripts/docker-setup.sh with gVisor's network stack off and the agent's

@@ -75,6 +75,14 @@
 -- (`enforced.inodes` is false), and their options show the user's uid; so do
 -- /dev and the agent's copy with an `image`, whose own path shows as the root.
 --
+-- Snapshots (features.snapshots): run as root with the launcher's mounts, on Linux 6.3 and later,
+-- 'native': `mayura-launch --snapshot` copies the workspace and /tmp, in the sandbox's own mount
+-- namespace and as its uid, never following a link, into a tmpfs of the host's under
+-- /run/mayura-snap (root's alone); a sandbox made from one mounts an overlay on each of them, the
+-- snapshot's copy its read-only lower layer (idmapped to the new sandbox's uid), a fresh tmpfs
+-- its upper one, so the sandboxes made from one snapshot share its pages. Snapshots of a host
+-- process that is gone are swept when a provider is made. Otherwise 'generic'.
+--
 -- The agent is shielded from the OOM killer where the kernel allows it;
 -- `enforced.oom_protected` says whether it does (mayura.sandbox._local_oom).
 --
