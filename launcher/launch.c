@@ -56,6 +56,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/file.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -836,12 +837,17 @@ static int snap_name(const char *name) {
 /* SNAPROOT, made (a tmpfs of its own, root's, 0700) when missing; refused when not root's. */
 static void snap_root(void) {
     struct stat st, run;
+    int lock;
     if (mkdir(SNAPROOT, 0700) != 0 && errno != EEXIST) die(SNAPROOT);
+    /* one mount however many hosts start at once: whoever holds the lock looks, and mounts */
+    lock = open(SNAPROOT, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) die(SNAPROOT);
     if (lstat(SNAPROOT, &st) != 0 || lstat("/run", &run) != 0) die(SNAPROOT);
     if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 077) != 0) { errno = EPERM; die(SNAPROOT); }
     if (st.st_dev == run.st_dev
         && mount("mayura", SNAPROOT, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1048576,nr_inodes=4096,mode=0700") != 0)
         die(SNAPROOT);
+    close(lock);
 }
 
 /* Takes a snapshot off the host: its tmpfs, then its directory. */

@@ -290,10 +290,19 @@ end
 local Snap = {}
 Snap.__index = Snap
 
+-- The snapshot's tmpfs goes once it is released and no sandbox is being started from it (a started
+-- one holds its own reference, in its mount namespace).
+function Snap:_maybe_drop()
+  if self.released and self.users == 0 and not self.dropped then
+    self.dropped = true
+    drop_snapshot(self.provider, self.name)
+  end
+end
+
 function Snap:release()
   if self.released then return end
   self.released = true
-  drop_snapshot(self.provider, self.name)
+  self:_maybe_drop()
 end
 
 --- The snapshot as a tar archive of its files (names relative to the sandbox's /), for
@@ -356,7 +365,7 @@ function Backend:snapshot(o)
     error(errors.sandbox('failed', 'the snapshot could not be made'), 0)
   end
   return setmetatable({ size_bytes = size, provider = p, name = name, dir = root_fs.SNAPROOT .. '/' .. name,
-    uid = self.host_uid, released = false }, Snap)
+    uid = self.host_uid, released = false, users = 0 }, Snap)
 end
 
 -- Whether this kernel can start a sandbox from a native snapshot: overlayfs over an idmapped tmpfs
@@ -690,6 +699,23 @@ function M.local_sandboxes(options, mode)
     -- the agent answers once the namespaces are up
     local ok, cerr = pcall(agent_backend.hello, backend)
     if not ok then agent_backend.start_failed(backend, cerr) end
+    return backend
+  end
+
+  -- start, holding the snapshot the sandbox is made from until its mounts are made (its overlay
+  -- holds it from then on): a release meanwhile takes it off the host only after
+  local start_plain = start
+  start = function(self, spec)
+    local snap = spec.snapshot
+    if not snap then return start_plain(self, spec) end
+    if getmetatable(snap) ~= Snap or snap.released then
+      errors.raise('INVALID_INPUT', 'the snapshot is not one of this provider\'s', nil, 0)
+    end
+    snap.users = snap.users + 1
+    local ok, backend = pcall(start_plain, self, spec)
+    snap.users = snap.users - 1
+    snap:_maybe_drop()
+    if not ok then error(backend, 0) end
     return backend
   end
 

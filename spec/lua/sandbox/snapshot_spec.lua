@@ -628,6 +628,21 @@ describe('native snapshots on local', function()
     assert.are.equal(sum, sh(c, 'md5sum < big.bin'))
   end)
 
+  it('a snapshot released while a sandbox is being made from it stays until that one has it', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 2 })
+    local base = p:create({ lifetime_ms = 120000 })
+    base:write_file('kept.txt', 'kept')
+    local snap = base:snapshot()
+    local name = name_of(snap)
+    local making = task.spawn(function() return p:create({ lifetime_ms = 60000, snapshot = snap }) end)
+    task.sleep(1)
+    snap:release()
+    local fork = making:wait()
+    assert.are.equal('kept', fork:read_file('kept.txt'))
+    assert.falsy(kept()[name])
+  end)
+
   it('holds max_snapshot_bytes at its edge, and a snapshot past it leaves nothing on the host', function()
     if not native then return pending('native snapshots') end
     local p = pool({ max_sandboxes = 1 })
