@@ -414,7 +414,7 @@ local UNPACK = [=[
 umask 0
 cd / || exit 1
 tar -xpf "$1" || exit 1
-[ -z "$2" ] || sh "$2"
+[ -z "$2" ] || . "$2"
 ]=]
 
 --- Unpacks a prepared archive that is a file in the new sandbox already (`tar_path`, and
