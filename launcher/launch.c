@@ -893,8 +893,9 @@ static int snap_sweep(void) {
 /* What a copy has taken of its cap so far. */
 static unsigned long long snap_used, snap_max;
 
-/* Counts `n` more bytes against the cap (each entry takes a tar header's 512, a file's data its
-** 512-byte blocks): past it, the copy ends. */
+/* Counts `n` more bytes against the cap (each entry 512, a file's data the 4 KiB pages the
+** snapshot's tmpfs gives it, a long link's target one page): past it, the copy ends. What is
+** counted is what the snapshot holds of the host's memory, so the cap bounds it. */
 static void snap_count(unsigned long long n) {
     snap_used += n;
     if (snap_used > snap_max) { errno = EFBIG; snap_die(SNAP_LIMIT, "max_snapshot_bytes"); }
@@ -952,7 +953,7 @@ static void copy_file(int src, int dst, const char *name, const struct stat *st)
         snap_count(512);
         return;
     }
-    snap_count(512 + (((unsigned long long)st->st_size + 511) / 512) * 512);
+    snap_count(512 + (((unsigned long long)st->st_size + 4095) / 4096) * 4096);
     in = openat(src, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (in < 0) snap_die(read_status(errno), name);
     if (fstat(in, &now) != 0 || !S_ISREG(now.st_mode) || now.st_ino != st->st_ino || now.st_dev != st->st_dev) {
@@ -1025,7 +1026,7 @@ static void copy_dir(int src, int dst, int depth, int top_tmp) {
         } else if (S_ISLNK(st.st_mode)) {
             char target[4097];
             ssize_t k;
-            snap_count(512 + (st.st_size > 100 ? 1024 : 0));
+            snap_count(512 + (st.st_size > 100 ? 4096 : 0));
             k = readlinkat(src, n, target, sizeof target - 1);
             if (k < 0) snap_die(read_status(errno), n);
             target[k] = '\0';
@@ -1084,8 +1085,9 @@ static int snap_take(char **a, int n) {
     snap_root();
     snprintf(path, sizeof path, SNAPROOT "/%s", name);
     if (mkdir(path, 0700) != 0) die(path);
-    /* its pages are the host's memory: room for the bytes, the entries' pages and some to spare */
-    snprintf(opts, sizeof opts, "size=%llu,nr_inodes=%llu,mode=0700", max + max / 2 + 16777216ULL,
+    /* its pages are the host's memory, counted against MAX as they are copied (snap_count): this
+    ** size is met only when the host's memory runs out first */
+    snprintf(opts, sizeof opts, "size=%llu,nr_inodes=%llu,mode=0700", max + 16777216ULL,
         max / 512 + 1024);
     if (mount("mayura", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
         int e = errno;

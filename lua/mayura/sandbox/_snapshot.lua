@@ -431,7 +431,8 @@ function M.unpack_file(call, tar_path, script_path, o)
     if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
       error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
     end
-    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox'), 0)
+    -- tar's words are kept as the cause (for logs), never the message
+    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox', text), 0)
   end
 end
 

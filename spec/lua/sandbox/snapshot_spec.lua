@@ -662,6 +662,16 @@ describe('native snapshots on local', function()
     sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
     local err = assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
     assert.truthy(err.message:find('max_snapshot_bytes', 1, true))
+    -- what is counted is what the snapshot holds of the host's memory: small files take pages
+    local tiny = pool({ max_sandboxes = 1 })
+    local t = tiny:create({ lifetime_ms = 120000 })
+    sh(t, 'mkdir many && cd many && for i in $(seq 1 300); do echo $i > f$i; done')
+    local small = t:snapshot()
+    local used = tonumber(providers.host('df -B1 --output=used ' .. SNAPROOT .. '/' .. name_of(small) .. ' | tail -1')
+      :match('%d+'))
+    assert.is_true(used >= 300 * 4096 and used <= small.size_bytes, used .. ' bytes held, ' .. small.size_bytes
+      .. ' counted')
+    small:release()
     -- a sparse file of a terabyte is refused at once, not read
     sh(sb, 'rm -rf d data.bin && truncate -s 1T sparse')
     assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
