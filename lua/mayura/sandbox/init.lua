@@ -48,7 +48,8 @@
 -- own and not released (INVALID_INPUT), bounds them by `max_snapshots` and `max_snapshot_bytes`
 -- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
 -- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
--- snapshot of its own, `{ size_bytes, release }`, which its create gets as `spec.snapshot`),
+-- snapshot of its own, `{ size_bytes, release }` and optionally `archive()` for restore, which its
+-- create gets as `spec.snapshot`),
 -- false (none), or by default 'generic' (mayura.sandbox._snapshot: an archive made in the
 -- sandbox, kept in this process's memory and unpacked in the new sandbox before it is handed out).
 --
@@ -712,20 +713,27 @@ end
 
 --- Puts the files of `snap` (one of this pool's) back in this sandbox: its working directory and
 -- /tmp (the snapshot's places) are emptied first, then hold exactly the snapshot's files. What runs
--- in the sandbox goes on running. A provider's own (native) snapshots only start new sandboxes.
+-- in the sandbox goes on running. A provider's own (native) snapshot goes back only when it can give
+-- its files as an archive (`native:archive()`); else it only starts new sandboxes.
 function Sandbox:restore(snap)
   local pool = self._pool
   check_snapshot(pool, snap, 3)
   local held = snap._held
-  if not held.archive then
+  local native = held.native
+  if not held.archive and not (native and type(native.archive) == 'function') then
     errors.raise('INVALID_INPUT', 'this provider\'s snapshots start new sandboxes only', nil, 2)
   end
   alive(self)
   local timeout = pool.call_timeout_ms
-  local ok, err = pcall(snapshots.restore, function(name, ...)
-    return self:_call(2 * timeout, name, ...)
-  end, held.archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
+  local ok, err = pcall(function()
+    -- a provider's own snapshot that can give its files as an archive goes back the generic way
+    local archive = held.archive or native:archive()
+    if type(archive) ~= 'string' then error(bad_reply('snapshot archive'), 0) end
+    return snapshots.restore(function(name, ...)
+      return self:_call(2 * timeout, name, ...)
+    end, archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
     wipe = snapshots.paths(pool.provider, self._workdir) })
+  end)
   if not ok then error(err, 0) end
 end
 
