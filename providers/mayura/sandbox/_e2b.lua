@@ -49,6 +49,7 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local scripts = require('mayura.sandbox.scripts')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 
 local M = {}
 
@@ -60,21 +61,6 @@ M.MAX_LIFETIME_MS = 24 * 3600000            -- E2B Pro; Hobby allows an hour
 local GONE = { 502 }                        -- envd's proxy: the sandbox was not found
 local STDIN_CHUNK = 256 * 1024              -- raw bytes per SendInput
 local KILL_TIMEOUT_MS = 10000
-local CREATE_LABEL = 'mayura.create'        -- finds a sandbox whose create answer was lost
-
-local option_keys = {
-  api_key = true, template = true, domain = true, api_url = true, sandbox_url = true, workdir = true,
-  max_lifetime_ms = true, retries = true, retry_base_ms = true, secure = true,
-}
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-M.random_hex = random_hex
 
 local function int(v)
   return math.tointeger and math.tointeger(v) or v
@@ -84,63 +70,47 @@ end
 -- Options
 -- =======================================================
 
-local function url_option(v, name, label)
-  if type(v) ~= 'string' or not v:match('^https?://[^%s/@]+[^%s@]*$') or v:find('%c') then
-    errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' must be an http:// or https:// URL without credentials',
-      nil, 4)
+local function domain_option(v, label)
+  if v == nil then return M.DEFAULT_DOMAIN end
+  if type(v) ~= 'string' or not v:match('^[%w][%w%.%-]*%w$') or v:find('..', 1, true) or #v > 200 then
+    errors.raise('INVALID_CONFIG', label .. ': domain must be a domain name such as e2b.app', nil, 0)
   end
-  return (v:gsub('/+$', ''))
+  return v:lower()
 end
+
+local function workdir_option(v, label)
+  if v == nil then return '/home/user' end
+  if type(v) ~= 'string' or v:sub(1, 1) ~= '/' or #v > 1024 or v:find('%z') then
+    errors.raise('INVALID_CONFIG', label .. ': workdir must be an absolute path', nil, 0)
+  end
+  return v
+end
+
+local function taken(v) return v end
 
 --- Checks the options of an E2B provider: `defaults` = { template, label };
 -- `extra_keys` the provider's own options (checked by it). Returns the config.
 function M.config(options, defaults, extra_keys)
-  local C = 'INVALID_CONFIG'
-  local label = defaults.label
-  if type(options) ~= 'table' then errors.raise(C, label .. ': options with api_key are required', nil, 3) end
-  for k in pairs(options) do
-    if not option_keys[k] and not (extra_keys and extra_keys[k]) then
-      errors.raise(C, 'unknown option ' .. tostring(k) .. ' in ' .. label .. ' options', nil, 3)
-    end
-  end
-  local key = options.api_key
-  if type(key) ~= 'string' or key == '' or #key > 4096 or key:find('[%c ]') then
+  local declared = {
     -- the library reads no environment: the key comes from the caller
-    errors.raise(C, label .. ': api_key must be the E2B API key (a string without spaces)', nil, 3)
-  end
-  local template = options.template or defaults.template
-  if type(template) ~= 'string' or not template:match('^[%w][%w_%.:/%-]*$') or #template > 256 then
-    errors.raise(C, label .. ': template must be a template ID or alias', nil, 3)
-  end
-  local domain = options.domain or M.DEFAULT_DOMAIN
-  if type(domain) ~= 'string' or not domain:match('^[%w][%w%.%-]*%w$') or domain:find('..', 1, true)
-    or #domain > 200 then
-    errors.raise(C, label .. ': domain must be a domain name such as e2b.app', nil, 3)
-  end
-  domain = domain:lower()
-  local api_url = options.api_url and url_option(options.api_url, 'api_url', label) or ('https://api.' .. domain)
-  local sandbox_url = options.sandbox_url and url_option(options.sandbox_url, 'sandbox_url', label) or nil
-  local workdir = options.workdir or '/home/user'
-  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 1024 or workdir:find('%z') then
-    errors.raise(C, label .. ': workdir must be an absolute path', nil, 3)
-  end
-  -- every sandbox of POST /v2/sandboxes is secured: `secure` is taken, as by the SDK, and changes nothing
-  if options.secure ~= nil and type(options.secure) ~= 'boolean' then
-    errors.raise(C, label .. ': secure must be a boolean', nil, 3)
-  end
-  return {
-    label = label,
-    api_key = key,
-    template = template,
-    domain = domain,
-    api_url = api_url,
-    sandbox_url = sandbox_url,
-    workdir = workdir,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1000, 30 * 86400000, C, 3,
-      M.MAX_LIFETIME_MS),
-    retries = check.int(options.retries, 'retries', 0, 10, C, 3, 2),
-    retry_base_ms = check.int(options.retry_base_ms, 'retry_base_ms', 0, 60000, C, 3, 200),
+    { api_key = kit.secret('the E2B API key (a string without spaces)') },
+    { template = kit.word('^[%w][%w_%.:/%-]*$', 'a template ID or alias', defaults.template) },
+    { domain = domain_option },
+    { api_url = kit.url() },
+    { sandbox_url = kit.url() },
+    { workdir = workdir_option },
+    -- every sandbox of POST /v2/sandboxes is secured: `secure` is taken, as by the SDK, and changes nothing
+    { secure = kit.bool() },
+    { max_lifetime_ms = kit.int(1000, 30 * 86400000, M.MAX_LIFETIME_MS) },
+    { retries = kit.int(0, 10, 2) },
+    { retry_base_ms = kit.int(0, 60000, 200) },
+    { warm = kit.int(0, 64, 0) },
   }
+  for k in pairs(extra_keys or {}) do declared[#declared + 1] = { [k] = taken } end
+  local config = kit.options(options, declared, defaults.label, 'options with api_key are required')
+  config.label = defaults.label
+  config.api_url = config.api_url or ('https://api.' .. config.domain)
+  return config
 end
 
 -- }======================================================
@@ -199,13 +169,7 @@ local SIGNALS = {
 local FILE_TYPES = { FILE_TYPE_FILE = 'file', FILE_TYPE_DIRECTORY = 'directory', FILE_TYPE_SYMLINK = 'symlink',
   [1] = 'file', [2] = 'directory', [3] = 'symlink' }
 
-local function object(t)
-  return setmetatable(t or {}, json.object_mt)
-end
-
-local function array(t)
-  return setmetatable(t or {}, json.array_mt)
-end
+local object, array = kit.object, kit.array
 
 -- }======================================================
 
@@ -400,6 +364,7 @@ function Backend:exec(argv, o)
   self._seq = self._seq + 1
   local tag = self._prefix .. '.' .. self._seq
   local env = {}
+  for k, v in pairs(self._env) do env[k] = v end   -- a warm sandbox's: its create's env
   for k, v in pairs(o.env or {}) do env[k] = v end
   env[scripts.TAG_VAR] = tag
   local args = {}
@@ -504,7 +469,7 @@ function Backend:write_file(path, data)
     opts.body, opts.content_type = data, 'application/octet-stream'
   else
     local boundary
-    repeat boundary = 'mayura-' .. random_hex(12) until not data:find(boundary, 1, true)
+    repeat boundary = 'mayura-' .. kit.random_hex(12) until not data:find(boundary, 1, true)
     local name = path:gsub('[%c"\\]', '_')
     opts.body = '--' .. boundary .. '\r\nContent-Disposition: form-data; name="file"; filename="' .. name .. '"\r\n'
       .. 'Content-Type: application/octet-stream\r\n\r\n' .. data .. '\r\n--' .. boundary .. '--\r\n'
@@ -581,28 +546,6 @@ end
 -- The provider
 -- =======================================================
 
--- A create that failed this way may have made a sandbox whose id never reached us.
-local function may_have_made(err)
-  if not errors.is(err, 'SANDBOX_ERROR') then return false end
-  if err.reason == 'timeout' or err.reason == 'unavailable' then return true end
-  return type(err.status) == 'number' and err.status >= 500
-end
-
--- Kills what a lost create may have made, found by its label (best effort, after the caller
--- was told: the pool keeps the slot until this returns).
-local function sweep(client, tag)
-  pcall(function()
-    local q = hosted.query({ metadata = CREATE_LABEL .. '=' .. tag })
-    local list = client:json('GET', '/v2/sandboxes' .. q, nil, { timeout_ms = KILL_TIMEOUT_MS })
-    for _, s in ipairs(type(list) == 'table' and list or {}) do
-      if type(s) == 'table' and type(s.sandboxID) == 'string' and s.sandboxID ~= '' then
-        pcall(client.json, client, 'DELETE', '/sandboxes/' .. hosted.escape(s.sandboxID), nil,
-          { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
-      end
-    end
-  end)
-end
-
 local function create_error(status)
   if status == 400 then
     return errors.new('INVALID_INPUT', 'e2b: the service refused the sandbox\'s options (HTTP 400)')
@@ -627,91 +570,106 @@ end
 
 --- The provider table for `create_sandboxes`: `config` from M.config, `spec` = { id, features,
 -- env (added to every sandbox's env), after_create(backend) (may raise: the sandbox is then
--- killed) }.
+-- killed) }. Its lifecycle is the kit's (mayura.sandbox._kit); what follows is E2B's translation.
 function M.provider(config, spec)
   local label = config.label
   local client = hosted.client({
     label = label, base_url = config.api_url, api_key = config.api_key, auth_header = 'X-API-Key',
     retries = config.retries, retry_base_ms = config.retry_base_ms,
   })
-  local provider = {
-    id = spec.id,
-    features = spec.features,
-    workdir = config.workdir,
-    max_lifetime_ms = config.max_lifetime_ms,
-    config = config,
-    client = client,
-  }
-  function provider.create(_, s)
-    if s.cpus ~= nil or s.memory_mib ~= nil then
-      errors.raise('INVALID_INPUT', label .. ': CPUs and memory come with the template; cpus and memory_mib '
-        .. 'cannot be set per sandbox', nil, 0)
-    end
-    local c = client
-    if s.call_timeout_ms then c = client:with({ call_timeout_ms = s.call_timeout_ms }) end
-    local timeout_s = hosted.lifetime(s.lifetime_ms, { unit = 's', max = math.ceil(config.max_lifetime_ms / 1000) })
-    local metadata = hosted.metadata(s.labels, { max_keys = 63 })
-    local tag = random_hex(8)
-    metadata[CREATE_LABEL] = tag
-    local env = {}
-    for k, v in pairs(spec.env or {}) do env[k] = v end
-    for k, v in pairs(s.env or {}) do env[k] = v end
-    local body = {
-      templateID = s.image or config.template, timeout = timeout_s, metadata = metadata, envVars = object(env),
-    }
-    network_body(body, s.network)
-    local ok, res = pcall(c.json, c, 'POST', '/v2/sandboxes', body, { on_error = create_error })
-    if not ok then
-      if may_have_made(res) then sweep(client, tag) end
-      error(res, 0)
-    end
-    local function bad(what)
-      sweep(client, tag)
-      error(errors.sandbox('failed', label .. ': the service answered the create with ' .. what), 0)
-    end
-    if type(res) ~= 'table' or type(res.sandboxID) ~= 'string' or not res.sandboxID:match('^[%w_%-]+$')
-      or #res.sandboxID > 128 then
-      bad('no usable sandbox id')
-    end
-    local id = res.sandboxID
-    local token = res.envdAccessToken
-    if token == json.null then token = nil end
-    if token ~= nil and (type(token) ~= 'string' or token == '' or #token > 4096 or token:find('[%c ]')) then
-      bad('an access token that is not usable')
-    end
-    if token == nil then bad('no access token') end
-    local domain = config.domain
-    if type(res.domain) == 'string' and res.domain:match('^[%w][%w%.%-]*%w$') and not res.domain:find('..', 1, true)
-      then
-      domain = res.domain:lower()
-    end
-    local envd_url = config.sandbox_url or string.format('https://%d-%s.%s', M.ENVD_PORT, id, domain)
-    local envd_version = type(res.envdVersion) == 'string' and res.envdVersion or '0.0.0'
-    local envd_headers = { ['E2b-Sandbox-Id'] = id, ['E2b-Sandbox-Port'] = tostring(M.ENVD_PORT) }
-    -- before envd 0.4.0 there is no default user: name the templates' own, 'user'
-    if not version_at_least(envd_version, '0.4.0') then envd_headers.Authorization = 'Basic ' .. b64.encode('user:') end
-    local envd = hosted.client({
-      label = label, base_url = envd_url, api_key = token, auth_header = 'X-Access-Token', auth_prefix = '',
-      headers = envd_headers,
-      call_timeout_ms = c.call_timeout_ms, retries = config.retries, retry_base_ms = config.retry_base_ms,
-      secrets = { config.api_key },
-    })
-    local backend = setmetatable({
-      id = id, client = c, envd = envd, domain = domain,
-      envd_version = envd_version,
-      _label = label, _prefix = random_hex(8), _seq = 0, _released = false,
-    }, Backend)
-    if spec.after_create then
-      local aok, aerr = pcall(spec.after_create, backend)
-      if not aok then
-        pcall(backend.release, backend)
-        if not errors.is(aerr) then aerr = errors.sandbox('failed', label .. ': the sandbox could not be set up') end
-        error(aerr, 0)
-      end
-    end
-    return backend
+  local function destroy(ctx, h)
+    -- 404: it ended already, which is what release wants
+    ctx.client:json('DELETE', '/sandboxes/' .. hosted.escape(h.id), nil,
+      { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
   end
-  return provider
+  return kit.provider({
+    id = spec.id, label = label, features = spec.features, workdir = config.workdir,
+    max_lifetime_ms = config.max_lifetime_ms, client = client, warm = config.warm, warm_ports = true,
+    fields = { config = config, client = client },
+
+    create = function(ctx)
+      local s = ctx.spec
+      if s.cpus ~= nil or s.memory_mib ~= nil then
+        errors.raise('INVALID_INPUT', label .. ': CPUs and memory come with the template; cpus and memory_mib '
+          .. 'cannot be set per sandbox', nil, 0)
+      end
+      local timeout_s = hosted.lifetime(s.lifetime_ms, { unit = 's', max = math.ceil(config.max_lifetime_ms / 1000) })
+      local metadata = hosted.metadata(s.labels, { max_keys = 63 })
+      metadata[kit.TAG_LABEL] = ctx.tag
+      local env = {}
+      for k, v in pairs(spec.env or {}) do env[k] = v end
+      for k, v in pairs(s.env or {}) do env[k] = v end
+      local body = {
+        templateID = s.image or config.template, timeout = timeout_s, metadata = metadata, envVars = object(env),
+      }
+      network_body(body, s.network)
+      return ctx.client:json('POST', '/v2/sandboxes', body, { on_error = create_error })
+    end,
+
+    accept = function(ctx, res)
+      if type(res) ~= 'table' or type(res.sandboxID) ~= 'string' or not res.sandboxID:match('^[%w_%-]+$')
+        or #res.sandboxID > 128 then
+        error(ctx:bad_answer('no usable sandbox id'), 0)
+      end
+      local token = res.envdAccessToken
+      if token == json.null then token = nil end
+      if token ~= nil and (type(token) ~= 'string' or token == '' or #token > 4096 or token:find('[%c ]')) then
+        error(ctx:bad_answer('an access token that is not usable'), 0)
+      end
+      if token == nil then error(ctx:bad_answer('no access token'), 0) end
+      local domain = config.domain
+      if type(res.domain) == 'string' and res.domain:match('^[%w][%w%.%-]*%w$') and not res.domain:find('..', 1, true)
+        then
+        domain = res.domain:lower()
+      end
+      return { id = res.sandboxID, token = token, domain = domain,
+        envd_version = type(res.envdVersion) == 'string' and res.envdVersion or '0.0.0' }
+    end,
+
+    find = function(ctx, tag)
+      local q = hosted.query({ metadata = kit.TAG_LABEL .. '=' .. tag })
+      local list = ctx.client:json('GET', '/v2/sandboxes' .. q, nil, { timeout_ms = KILL_TIMEOUT_MS })
+      local found = {}
+      for _, s in ipairs(type(list) == 'table' and list or {}) do
+        if type(s) == 'table' and type(s.sandboxID) == 'string' and s.sandboxID ~= '' then
+          found[#found + 1] = { id = s.sandboxID }
+        end
+      end
+      return found
+    end,
+
+    destroy = destroy,
+
+    backend = function(ctx, h)
+      local c = ctx.client
+      local envd_url = config.sandbox_url or string.format('https://%d-%s.%s', M.ENVD_PORT, h.id, h.domain)
+      local envd_headers = { ['E2b-Sandbox-Id'] = h.id, ['E2b-Sandbox-Port'] = tostring(M.ENVD_PORT) }
+      -- before envd 0.4.0 there is no default user: name the templates' own, 'user'
+      if not version_at_least(h.envd_version, '0.4.0') then
+        envd_headers.Authorization = 'Basic ' .. b64.encode('user:')
+      end
+      local envd = hosted.client({
+        label = label, base_url = envd_url, api_key = h.token, auth_header = 'X-Access-Token', auth_prefix = '',
+        headers = envd_headers,
+        call_timeout_ms = c.call_timeout_ms, retries = config.retries, retry_base_ms = config.retry_base_ms,
+        secrets = { config.api_key },
+      })
+      local backend = setmetatable({
+        id = h.id, client = c, envd = envd, domain = h.domain, envd_version = h.envd_version,
+        _label = label, _prefix = kit.random_hex(8), _seq = 0, _released = false, _env = {},
+      }, Backend)
+      if spec.after_create then spec.after_create(backend) end
+      return backend
+    end,
+
+    -- a warm sandbox given to a create: the create's env goes with every command, its lifetime to E2B
+    hand_out = function(_, backend, s)
+      for k, v in pairs(s.env or {}) do backend._env[k] = v end
+      local timeout_s = hosted.lifetime(s.lifetime_ms, { unit = 's', max = math.ceil(config.max_lifetime_ms / 1000) })
+      backend.client:json('POST', '/sandboxes/' .. hosted.escape(backend.id) .. '/timeout', { timeout = timeout_s },
+        { gone = true })
+    end,
+  })
 end
 
 -- }======================================================
