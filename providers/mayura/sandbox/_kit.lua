@@ -85,10 +85,11 @@ function M.array(t)
   return setmetatable(t or {}, json.array_mt)
 end
 
---- Whether a create that failed with `err` may have made a sandbox whose answer never came.
+--- Whether a create that failed with `err` may have made a sandbox whose answer never came (or
+-- came unreadable): no answer in time, no connection, a 5xx, or a failure without a status.
 function M.may_have_made(err)
   if not errors.is(err, 'SANDBOX_ERROR') then return false end
-  if err.reason == 'timeout' or err.reason == 'unavailable' then return true end
+  if err.reason == 'timeout' or err.reason == 'unavailable' or err.status == nil then return true end
   return type(err.status) == 'number' and err.status >= 500
 end
 
