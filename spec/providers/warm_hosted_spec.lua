@@ -1,5 +1,5 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B and Fly over real local sandboxes: made ahead with the pool's labels, claimed
+-- stand-ins of E2B, Fly and Vercel over real local sandboxes: made ahead with the pool's labels, claimed
 -- by a create of their shape (no create call then, and the create's env and lifetime taken),
 -- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
@@ -11,10 +11,13 @@ local stand_in = require('support.stand_in')
 local suite = require('support.stand_in_suite')
 local e2b_service = require('support.e2b_service')
 local fly_service = require('support.fly_service')
+local vercel = require('mayura.sandbox.vercel')
+local vercel_service = require('support.vercel_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
 local TOKEN = 'fo1_warmspectoken0123456789'
 local APP = 'warm-app'
+local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
 
 local function wait_for(what, fn)
   local deadline = core.hrtime_ms() + 30000
@@ -57,6 +60,20 @@ local services = {
     end,
     network = 'all',
   },
+  {
+    name = 'vercel',
+    install = function(svc, backing) return vercel_service.install(svc, backing, VERCEL) end,
+    provider = function(svc, warm)
+      return vercel.vercel_sandboxes({ token = VERCEL.token, team_id = VERCEL.team_id,
+        project_id = VERCEL.project_id, base_url = svc:url('/api'), workdir = '/workspace', retry_base_ms = 20,
+        warm = warm })
+    end,
+    create_route = { 'POST', '/api/v3/sandboxes' },
+    alive = function(_, svc)
+      return #svc:calls('POST', '/api/v3/sandboxes') - #svc:calls('DELETE', '/api/v2/sandboxes/{name}')
+    end,
+    network = 'none',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -64,6 +81,8 @@ describe('warm = N on hosted providers: failure modes', function()
     for _, bad in ipairs({ -1, 65, 1.5, 'two', true }) do
       assert.raises_code('INVALID_CONFIG', e2b.e2b_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
+      assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
+        project_id = VERCEL.project_id, warm = bad })
     end
   end)
 end)
@@ -98,7 +117,7 @@ for _, s in ipairs(services) do
       end
       -- made with the pool's labels (and the kit's create tag)
       for _, b in ipairs(warm_bodies) do
-        local meta = b.metadata or (b.config and b.config.metadata)
+        local meta = b.metadata or (b.config and b.config.metadata) or b.tags
         assert.are.equal('w', meta.team)
       end
 
@@ -134,7 +153,7 @@ for _, s in ipairs(services) do
         local other = pool:create({ lifetime_ms = 60000, network = s.network, labels = { own = 'x' } })
         assert.are.equal(3, creates())
         local body = svc:calls(s.create_route[1], s.create_route[2])[3].json
-        local meta = body.metadata or (body.config and body.config.metadata)
+        local meta = body.metadata or (body.config and body.config.metadata) or body.tags
         assert.are.equal('x', meta.own)
         assert.are.equal(1, p:warm_held())
         local warm_one = pool:create({ lifetime_ms = 60000, network = s.network })

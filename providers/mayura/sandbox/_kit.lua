@@ -215,7 +215,7 @@ local function wait_ready(d, ctx, handle)
   while true do
     local left = ctx.started + ctx.timeout_ms - core.hrtime_ms()
     if left <= 0 then
-      error(errors.sandbox('timeout', d.label .. ': the sandbox was not ready within ' .. ctx.timeout_ms .. ' ms'), 0)
+      error(errors.sandbox('timeout', d.label .. ': the sandbox did not start within ' .. ctx.timeout_ms .. ' ms'), 0)
     end
     if d.ready(ctx, handle, left) then return end
     if interval > 0 then

@@ -11,7 +11,9 @@
 -- create's `image` names another), `region` (Fly picks one when nil), `base_url`
 -- (https://api.machines.dev), `workdir` (/workspace, made at boot), `max_lifetime_ms` (24 h),
 -- `retries`, `retry_base_ms`, `max_retry_after_ms` (the kit's), `exec_rate` (`{ per_second, burst }` of exec
--- calls per machine: Fly documents 1 and 3, the default).
+-- calls per machine: Fly documents 1 and 3, the default), `warm` (machines made ahead for the pool,
+-- 0 to 64, none by default: a create with the pool's labels, no image, cpus or memory and the
+-- network 'all' takes one, its env going with each command; mayura.sandbox._kit).
 --
 -- A create is POST /v1/apps/{app}/machines: the image, `env`, `guest` (cpus, rounded up, and
 -- memory in MiB, rounded up to 256), the labels as `metadata`, and a main process that makes
