@@ -250,12 +250,6 @@ local function cold(p, d, spec)
   return backend
 end
 
-local function same_labels(a, b)
-  for k, v in pairs(a or {}) do if b[k] ~= v then return false end end
-  for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
-  return true
-end
-
 local function has(list, x)
   for _, v in ipairs(list or {}) do if v == x then return true end end
   return false
@@ -284,7 +278,7 @@ function M.provider(d)
       matches = function(_, spec, labels)
         return spec.network == net and spec.image == nil and spec.cpus == nil and spec.memory_mib == nil
           and not spec.desktop and (d.warm_ports or not (spec.ports and #spec.ports > 0))
-          and same_labels(spec.labels, labels)
+          and warm.same_labels(spec.labels, labels)
       end,
       hand_out = d.hand_out,
     })

@@ -392,10 +392,7 @@ function Backend:write_file(path, data)
 end
 
 function Backend:list_files(path)
-  local out = self:_script(scripts.list(path))
-  local ok, res = pcall(scripts.parse_listing, out)
-  if not ok then error(res, 0) end
-  return res
+  return scripts.parse_listing(self:_script(scripts.list(path)))
 end
 
 function Backend:remove_file(path, o)
