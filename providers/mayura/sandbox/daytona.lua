@@ -880,10 +880,15 @@ function M.daytona_sandboxes(options)
       ctx.client:json('DELETE', '/sandbox/' .. hosted.escape(h.id), nil, { allow = { 404 } })
     end,
 
-    -- a warm sandbox given to a create: its env goes with every command, and its signed URLs last
-    -- the asked lifetime (Daytona's ttl stays the warm one's: the pool ends it at the asked one)
+    -- a warm sandbox given to a create: its env goes with every command; Daytona is told the asked
+    -- lifetime (its ttl and idle stop), and its signed URLs last that long
     hand_out = function(_, backend, spec)
       for k, v in pairs(spec.env or {}) do backend._env[k] = v end
+      local minutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min' })
+      for _, field in ipairs({ 'ttl', 'autostop' }) do
+        backend._api:json('POST', '/sandbox/' .. hosted.escape(backend.id) .. '/' .. field .. '/' .. minutes, nil,
+          { gone = true })
+      end
       backend._expires_at = core.hrtime_ms() + spec.lifetime_ms
     end,
   })

@@ -601,9 +601,11 @@ function M.vercel_sandboxes(options)
 
     destroy = function(_, h) h.backend:release() end,
 
-    -- a warm sandbox given to a create: its env goes with every command (the session's own
-    -- timeout stays the warm one's: the pool ends the sandbox at the asked lifetime)
+    -- a warm sandbox given to a create, once its session still runs: its env goes with every
+    -- command (the session's own timeout stays the warm one's: the pool ends the sandbox at the
+    -- asked lifetime)
     hand_out = function(_, backend, spec)
+      if not backend:_running() then error(errors.sandbox('gone', 'vercel: the warm sandbox ended'), 0) end
       for k, v in pairs(spec.env or {}) do backend._env[k] = v end
     end,
   })
