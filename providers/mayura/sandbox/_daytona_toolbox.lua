@@ -352,15 +352,7 @@ function Backend:write_file(path, data)
   error(err, 0)
 end
 
-function Backend:list_files(path)
-  return scripts.parse_listing(self:_script(scripts.list(path)))
-end
-
-function Backend:remove_file(path, o)
-  scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function()
-    return self._tb:bad_answer('nonsense')
-  end)
-end
+kit.script_files(Backend, function(b) return b._tb:bad_answer('nonsense') end)
 
 -- }------------------------------------------------------
 

@@ -59,6 +59,7 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
 local warm = require('mayura.sandbox._warm')
+local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
@@ -291,6 +292,19 @@ function M.provider(d)
     })
   end
   return p
+end
+
+--- Gives the backend class `Backend`, whose `_script(text)` runs a sandbox script and returns its
+-- output, `list_files` and `remove_file` by the sandbox scripts (for a service whose own calls
+-- cannot: a listing that follows links, a delete that refuses an empty directory);
+-- `nonsense(backend)` is the error of an answer the scripts cannot read.
+function M.script_files(Backend, nonsense)
+  function Backend:list_files(path)
+    return scripts.parse_listing(self:_script(scripts.list(path)))
+  end
+  function Backend:remove_file(path, o)
+    scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function() return nonsense(self) end)
+  end
 end
 
 --- `hand_out` for a backend on command_sandbox_backend: every command gets the create's env (the

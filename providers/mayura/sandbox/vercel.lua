@@ -384,15 +384,7 @@ function Backend:write_file(path, data)
   })
 end
 
-function Backend:list_files(path)
-  return scripts.parse_listing(self:_script(scripts.list(path)))
-end
-
-function Backend:remove_file(path, o)
-  scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function()
-    return self.client:bad_answer('a removal the provider cannot read')
-  end)
-end
+kit.script_files(Backend, function(b) return b.client:bad_answer('a removal the provider cannot read') end)
 
 function Backend:url(port)
   local url = self.routes[port]
