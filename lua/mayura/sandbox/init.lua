@@ -31,8 +31,8 @@
 -- `write_file(path, data)`, `list_files(path)`, `remove_file(path, opts)`,
 -- `url(port)`, `release()` and optionally `desktop`.
 --
--- Warm sandboxes: a provider with `warm_attach` (local and Docker with their
--- option `warm`, mayura.sandbox._agent_backend's add_warm) keeps sandboxes
+-- Warm sandboxes: a provider with `warm_attach` (local, Docker and the hosted ones
+-- on mayura.sandbox._kit, with their option `warm`; mayura.sandbox._warm) keeps sandboxes
 -- started ahead for the first pool made over it (from its making, or from its
 -- first create with the pool option `warm_start = 'first_use'`). They take slots of its
 -- max_sandboxes: `count()` plus the provider's `warm_held()` never passes

@@ -19,6 +19,10 @@
 --   secure           taken and ignored, as by the SDK: every sandbox is secured (its envd
 --                    wants the access token of its create)
 --   retries, retry_base_ms   the hosted kit's retries of 429 and 5xx (2, 200 ms)
+--   warm             sandboxes made ahead for the pool (0 to 64, none by default;
+--                    mayura.sandbox._kit): a create with the pool's labels, no image and the
+--                    network 'none' takes one, its env going with each command and its
+--                    lifetime to E2B's timeout
 --
 -- A sandbox's lifetime becomes E2B's timeout (seconds, rounded up), so a sandbox
 -- nobody released still ends; its labels become E2B metadata (with one of the

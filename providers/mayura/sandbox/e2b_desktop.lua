@@ -44,6 +44,7 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local scripts = require('mayura.sandbox.scripts')
 local e2b = require('mayura.sandbox._e2b')
+local kit = require('mayura.sandbox._kit')
 
 local M = {}
 
@@ -106,7 +107,7 @@ end
 
 --- The screen as PNG bytes.
 function Desktop:screenshot()
-  local path = '/tmp/screenshot-' .. e2b.random_hex(8) .. '.png'
+  local path = '/tmp/screenshot-' .. kit.random_hex(8) .. '.png'
   self:_run('scrot --pointer ' .. path)
   local png = self._backend:read_file(path, { max_bytes = 64 * 1048576 })
   pcall(self._backend.remove_file, self._backend, path, { recursive = true })
@@ -208,7 +209,7 @@ end
 local ALNUM = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789'
 
 local function password()
-  local hex = e2b.random_hex(16)
+  local hex = kit.random_hex(16)
   local out = {}
   for i = 1, 16 do
     local n = tonumber(hex:sub(2 * i - 1, 2 * i), 16) % #ALNUM + 1

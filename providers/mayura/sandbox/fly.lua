@@ -11,7 +11,9 @@
 -- create's `image` names another), `region` (Fly picks one when nil), `base_url`
 -- (https://api.machines.dev), `workdir` (/workspace, made at boot), `max_lifetime_ms` (24 h),
 -- `retries`, `retry_base_ms`, `max_retry_after_ms` (the kit's), `exec_rate` (`{ per_second, burst }` of exec
--- calls per machine: Fly documents 1 and 3, the default).
+-- calls per machine: Fly documents 1 and 3, the default), `warm` (machines made ahead for the pool,
+-- 0 to 64, none by default: a create with the pool's labels, no image, cpus or memory and the
+-- network 'all' takes one, its env going with each command; mayura.sandbox._kit).
 --
 -- A create is POST /v1/apps/{app}/machines: the image, `env`, `guest` (cpus, rounded up, and
 -- memory in MiB, rounded up to 256), the labels as `metadata`, and a main process that makes
@@ -41,9 +43,9 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
-local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
@@ -57,20 +59,6 @@ local EXEC_TIMEOUT_S = 25            -- each exec is short; Fly cuts execs at ab
 local MAX_COMMAND = 64 * 1024        -- a script and its standard input stay well under Fly's request limit
 local DOWN = { stopped = true, stopping = true, destroyed = true, destroying = true, failed = true,
   replacing = true, suspended = true }
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-
-local function object(t)
-  local o = setmetatable({}, json.object_mt)
-  for k, v in pairs(t or {}) do o[k] = v end
-  return o
-end
 
 -- Whether the machine still runs: raises gone when Fly says it is not (404, or a state that is down).
 local function check_alive(api, path)
@@ -118,32 +106,8 @@ local function transport(api, path, workdir, env, rate)
   return t
 end
 
--- Destroys, in the background, the machine named `name` whose create answer was lost (looked for
--- now and once more later, for a create Fly finishes late). Its own sleep still ends it otherwise.
-local function sweep(api, base, name)
-  task.spawn(function()
-    for _, wait in ipairs({ 0, 3000 }) do
-      if wait > 0 then task.await(function(done) task.after(wait, done, true) end) end
-      pcall(function()
-        local list = api:json('GET', base)
-        for _, m in ipairs(type(list) == 'table' and list or {}) do
-          if type(m) == 'table' and m.name == name and type(m.id) == 'string' then
-            pcall(api.json, api, 'DELETE', base .. '/' .. hosted.escape(m.id), nil,
-              { query = { kill = true }, allow = { 404 } })
-          end
-        end
-      end)
-    end
-  end)
-end
-
-local option_keys = {
-  token = true, app = true, image = true, region = true, base_url = true, workdir = true, max_lifetime_ms = true,
-  retries = true, retry_base_ms = true, max_retry_after_ms = true, exec_rate = true,
-}
-
 -- `exec_rate`: `{ per_second, burst }` of exec calls per machine (Fly documents 1 and 3).
-local function rate_option(v)
+local function rate_option(v, _)
   if v == nil then return { per_second = 1, burst = 3 } end
   if type(v) ~= 'table' then errors.raise('INVALID_CONFIG', 'fly: exec_rate must be { per_second, burst }', nil, 4) end
   check.keys(v, { per_second = true, burst = true }, 'fly exec_rate', 'INVALID_CONFIG', 4)
@@ -158,100 +122,125 @@ local function name_option(v, what, pattern)
   return check.word(v, pattern, 'fly: ' .. what .. ' is not a valid name', 'INVALID_CONFIG', 4)
 end
 
+local function word_option(pattern, default)
+  return function(v, _, name) return name_option(v, name, pattern) or default end
+end
+
+local function workdir_option(v)
+  if v == nil then return '/workspace' end
+  if type(v) ~= 'string' or not v:match('^/[%w%._%-/]*$') or #v > 256 or v:find('/%.%.?/') or v:find('/%.%.?$') then
+    errors.raise('INVALID_CONFIG', 'fly: workdir must be an absolute path of letters, digits, . _ - and /', nil, 0)
+  end
+  return v
+end
+
+local function required(checker)
+  return function(v, label, name)
+    if v == nil then errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' is required', nil, 0) end
+    return checker(v, label, name)
+  end
+end
+
+local function taken(v) return v end
+
 --- The provider: see the module's comment for the options.
 function M.fly_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'fly_sandboxes needs an options table with token and app', nil, 2)
-  end
-  check.keys(options, option_keys, 'fly options', C, 3)
-  if options.token == nil then errors.raise(C, 'fly: token is required', nil, 2) end
-  if options.app == nil then errors.raise(C, 'fly: app is required', nil, 2) end
-  local app = name_option(options.app, 'app', '^[a-z0-9][a-z0-9%-]*$')
-  local image = name_option(options.image, 'image', '^[%w][%w%._/:@%-]*$') or DEFAULT_IMAGE
-  local region = name_option(options.region, 'region', '^[a-z0-9]+$')
-  local workdir = options.workdir or '/workspace'
-  if type(workdir) ~= 'string' or not workdir:match('^/[%w%._%-/]*$') or #workdir > 256
-      or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'fly: workdir must be an absolute path of letters, digits, . _ - and /', nil, 2)
-  end
+  local o = kit.options(options, {
+    { token = required(taken) },   -- the kit's client checks it
+    { app = required(word_option('^[a-z0-9][a-z0-9%-]*$')) },
+    { image = word_option('^[%w][%w%._/:@%-]*$', DEFAULT_IMAGE) },
+    { region = word_option('^[a-z0-9]+$') },
+    { base_url = kit.url(DEFAULT_BASE_URL) },
+    { workdir = workdir_option },
+    { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
+    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
+    { exec_rate = rate_option },
+    { warm = kit.int(0, 64, 0) },
+  }, 'fly', 'fly_sandboxes needs an options table with token and app')
   local api = hosted.client({
-    label = 'fly', base_url = options.base_url or DEFAULT_BASE_URL, api_key = options.token,
-    retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
+    label = 'fly', base_url = o.base_url, api_key = o.token,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms,
     max_response_bytes = 16 * MIB,
   })
-  local base = '/v1/apps/' .. hosted.escape(app) .. '/machines'
-  local rate = rate_option(options.exec_rate)
-
-  local provider = {
-    id = 'fly',
-    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
-  }
-
-  function provider.create(_, spec)
-    local c = api
-    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local started = core.hrtime_ms()
-    local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's' })
-    local name = 'mayura-' .. random_hex(8)
-    local config = {
-      image = name_option(spec.image, 'image', '^[%w][%w%._/:@%-]*$') or image,
-      env = object(spec.env),
-      metadata = hosted.metadata(spec.labels, { max_keys = 64, max_key_bytes = 63, key_pattern = '^[%w][%w%._%-]*$' }),
-      init = { exec = setmetatable({ '/bin/sh', '-c', 'mkdir -p ' .. scripts.quote(workdir) .. ' && exec sleep '
-        .. seconds }, json.array_mt) },
-      auto_destroy = true,
-      restart = { policy = 'no' },
-    }
-    if spec.cpus or spec.memory_mib then
-      config.guest = { cpu_kind = 'shared', cpus = math.ceil(spec.cpus or 1),
-        memory_mb = math.ceil((spec.memory_mib or 256) / 256) * 256 }
-    end
-    local ok, m = pcall(c.json, c, 'POST', base, { name = name, region = region, config = config })
-    if not ok then
-      if errors.is(m, 'SANDBOX_ERROR') and (m.reason == 'timeout' or m.reason == 'unavailable' or m.status == nil
-          or (m.status or 0) >= 500) then
-        sweep(api, base, name)
-      end
-      error(m, 0)
-    end
-    if type(m) ~= 'table' or type(m.id) ~= 'string' or not m.id:match('^[%w]+$') or #m.id > 64 then
-      sweep(api, base, name)
-      error(c:bad_answer('a machine without an id'), 0)
-    end
-    local path = base .. '/' .. hosted.escape(m.id)
-    local function destroy()
-      -- 404: it ended already, which is what release wants
-      c:json('DELETE', path, nil, { query = { kill = true }, allow = { 404 } })
-    end
-    local built, backend = pcall(function()
-      while m.state ~= 'started' do
-        local left = started + c.call_timeout_ms - core.hrtime_ms()
-        if left <= 0 then
-          error(errors.sandbox('timeout', 'fly: the machine did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
-        end
-        local wait_s = math.max(1, math.min(60, math.floor(left / 1000)))
-        local _, res = c:json('GET', path .. '/wait', nil, {
-          query = { state = 'started', timeout = wait_s }, gone = true, allow = { 408 },
-          timeout_ms = math.ceil(math.min(left, wait_s * 1000 + 5000)),
-        })
-        if res.status ~= 408 then m.state = 'started' end
-      end
-      return sandbox.command_sandbox_backend('fly-' .. m.id, transport(c, path, workdir, spec.env, rate), function()
-        destroy()
-      end)
-    end)
-    if not built then
-      pcall(destroy)
-      error(backend, 0)
-    end
-    backend.machine_id = m.id
-    return backend
+  local base = '/v1/apps/' .. hosted.escape(o.app) .. '/machines'
+  local workdir = o.workdir
+  -- 404: it ended already, which is what release wants
+  local function destroy(ctx, h)
+    ctx.client:json('DELETE', h.path, nil, { query = { kill = true }, allow = { 404 } })
   end
 
-  return provider
+  return kit.provider({
+    id = 'fly', label = 'fly', client = api, warm = o.warm,
+    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
+    -- a machine Fly makes late is looked for now and once more later; its own sleep still ends it
+    sweep_after_ms = { 0, 3000 }, sweep_in_background = true, ready_interval_ms = 0,
+
+    create = function(ctx)
+      local spec = ctx.spec
+      local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's' })
+      local config = {
+        image = name_option(spec.image, 'image', '^[%w][%w%._/:@%-]*$') or o.image,
+        env = kit.object(spec.env),
+        metadata = hosted.metadata(spec.labels, { max_keys = 64, max_key_bytes = 63,
+          key_pattern = '^[%w][%w%._%-]*$' }),
+        init = { exec = setmetatable({ '/bin/sh', '-c', 'mkdir -p ' .. scripts.quote(workdir) .. ' && exec sleep '
+          .. seconds }, json.array_mt) },
+        auto_destroy = true,
+        restart = { policy = 'no' },
+      }
+      if spec.cpus or spec.memory_mib then
+        config.guest = { cpu_kind = 'shared', cpus = math.ceil(spec.cpus or 1),
+          memory_mb = math.ceil((spec.memory_mib or 256) / 256) * 256 }
+      end
+      -- the machine's name is the create's tag: what finds a machine whose answer was lost
+      return ctx.client:json('POST', base, { name = 'mayura-' .. ctx.tag, region = o.region, config = config })
+    end,
+
+    accept = function(ctx, m)
+      if type(m) ~= 'table' or type(m.id) ~= 'string' or not m.id:match('^[%w]+$') or #m.id > 64 then
+        error(ctx.client:bad_answer('a machine without an id'), 0)
+      end
+      return { id = m.id, path = base .. '/' .. hosted.escape(m.id), started = m.state == 'started' }
+    end,
+
+    find = function(_, tag)
+      local found, list = {}, api:json('GET', base)
+      for _, m in ipairs(type(list) == 'table' and list or {}) do
+        if type(m) == 'table' and m.name == 'mayura-' .. tag and type(m.id) == 'string' then
+          found[#found + 1] = { path = base .. '/' .. hosted.escape(m.id) }
+        end
+      end
+      return found
+    end,
+
+    -- Fly's wait: one long poll a call (at most 60 s; a 408 is waited again)
+    ready = function(ctx, h, left)
+      if h.started then return true end
+      local wait_s = math.max(1, math.min(60, math.floor(left / 1000)))
+      local _, res = ctx.client:json('GET', h.path .. '/wait', nil, {
+        query = { state = 'started', timeout = wait_s }, gone = true, allow = { 408 },
+        timeout_ms = math.ceil(math.min(left, wait_s * 1000 + 5000)),
+      })
+      h.started = res.status ~= 408
+      return h.started
+    end,
+
+    backend = function(ctx, h)
+      local backend = sandbox.command_sandbox_backend('fly-' .. h.id,
+        transport(ctx.client, h.path, workdir, ctx.spec.env, o.exec_rate), function() destroy(ctx, h) end)
+      backend.machine_id = h.id
+      return backend
+    end,
+
+    destroy = destroy,
+
+    -- a warm machine given to a create, once Fly says it still runs: its env goes with every command
+    hand_out = function(self, backend, spec)
+      check_alive(api, base .. '/' .. hosted.escape(backend.machine_id))
+      kit.command_hand_out(self, backend, spec)
+    end,
+  })
 end
 
 M.sandboxes = M.fly_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls

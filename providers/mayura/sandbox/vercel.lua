@@ -16,7 +16,9 @@
 -- sandbox's own `image` wins), `region`, `workdir` (where relative paths and
 -- commands start: the service's `/vercel/sandbox` by default),
 -- `max_lifetime_ms` (5 hours, the Pro plan's most; 45 minutes on Hobby),
--- and the kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+-- the kit's `retries`, `retry_base_ms` and `max_retry_after_ms`, and `warm` (sandboxes made ahead
+-- for the pool, 0 to 64, none by default: a create with the pool's labels, no image, ports, cpus or
+-- memory and the network 'none' takes one, its env going with each command; mayura.sandbox._kit).
 --
 -- How the contract maps onto the service:
 --   * create: `POST /v3/sandboxes` with the lifetime as the session's
@@ -55,6 +57,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local tar = require('mayura.sandbox._tar')
 local scripts = require('mayura.sandbox.scripts')
 
@@ -78,19 +81,7 @@ local KILL_GRACE_MS = 5000         -- for the stream to end with the exit once k
 local POLL_MS = 250                -- a pending session
 local MAX_RESUMES = 8              -- a cut command stream taken up again, at most
 
-local function object(t)
-  return setmetatable(t or {}, json.object_mt)
-end
-
-local function array(t)
-  return setmetatable(t or {}, json.array_mt)
-end
-
-local function copy(t)
-  local out = {}
-  for k, v in pairs(t or {}) do out[k] = v end
-  return out
-end
+local object, array = kit.object, kit.array
 
 local tag_seq = 0
 local function new_tag()
@@ -253,7 +244,9 @@ function Backend:exec(argv, o)
   local c = self.client
   local cap = o.max_output_bytes
   local tag = new_tag()
-  local env = copy(o.env)
+  local env = {}
+  for k, v in pairs(self._env) do env[k] = v end   -- a warm sandbox's: its create's env
+  for k, v in pairs(o.env or {}) do env[k] = v end
   env[scripts.TAG_VAR] = tag
   local args = {}
   for i = 2, #argv do args[#args + 1] = argv[i] end
@@ -391,27 +384,7 @@ function Backend:write_file(path, data)
   })
 end
 
-local function lines_of(text)
-  local out = {}
-  for line in text:gmatch('([^\n]*)\n') do out[#out + 1] = line end
-  return out
-end
-
-function Backend:list_files(path)
-  local out = self:_script(scripts.list(path))
-  local ok, res = pcall(scripts.parse_listing, out)
-  if not ok then error(res, 0) end
-  return res
-end
-
-function Backend:remove_file(path, o)
-  local lines = lines_of(self:_script(scripts.remove(path, o and o.recursive)))
-  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
-  if code then error(scripts.script_error(code, 'the path'), 0) end
-  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then
-    error(self.client:bad_answer('a removal the provider cannot read'), 0)
-  end
-end
+kit.script_files(Backend, function(b) return b.client:bad_answer('a removal the provider cannot read') end)
 
 function Backend:url(port)
   local url = self.routes[port]
@@ -433,17 +406,37 @@ end
 -- The provider
 -- =======================================================
 
-local option_keys = {
-  token = true, team_id = true, project_id = true, base_url = true, image = true, region = true, workdir = true,
-  max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
-}
-
-local function id_option(v, name)
+local function id_option(v, _, name)
   if type(v) ~= 'string' or not v:match('^[%w_%-]+$') or #v > 128 then
-    errors.raise('INVALID_CONFIG', 'vercel: ' .. name .. ' must be an id (letters, digits, _ and -)', nil, 3)
+    errors.raise('INVALID_CONFIG', 'vercel: ' .. name .. ' must be an id (letters, digits, _ and -)', nil, 0)
   end
   return v
 end
+
+local function token_option(v)
+  -- the token is checked by the kit's client (no spaces or control characters) and kept out of every message
+  if type(v) ~= 'string' or v == '' then errors.raise('INVALID_CONFIG', 'vercel: token is required', nil, 0) end
+  return v
+end
+
+local function workdir_option(v)
+  local workdir = v or M.DEFAULT_WORKDIR
+  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or workdir:find('[%z\n]') or workdir:find('/%.%.?/')
+    or workdir:find('/%.%.?$') then
+    errors.raise('INVALID_CONFIG', 'vercel: workdir must be an absolute path', nil, 0)
+  end
+  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
+  return workdir
+end
+
+local function name_option(v, _, name)
+  if v ~= nil and (type(v) ~= 'string' or v == '' or #v > 512 or v:find('[%c%s]')) then
+    errors.raise('INVALID_CONFIG', 'vercel: ' .. name .. ' must be a non-empty string', nil, 0)
+  end
+  return v
+end
+
+local function taken(v) return v end
 
 local function network_policy(network)
   if network == 'all' then return object({ mode = 'allow-all' }) end
@@ -510,112 +503,104 @@ end
 
 --- The provider: see the module's comment for the options.
 function M.vercel_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then errors.raise(C, 'vercel: options with token, team_id and project_id are required',
-    nil, 2) end
-  check.keys(options, option_keys, 'vercel options', C, 3)
-  local token = options.token
-  if type(token) ~= 'string' or token == '' then errors.raise(C, 'vercel: token is required', nil, 2) end
-  local team_id = id_option(options.team_id, 'team_id')
-  local project_id = id_option(options.project_id, 'project_id')
-  local workdir = options.workdir or M.DEFAULT_WORKDIR
-  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or workdir:find('[%z\n]') or workdir:find('/%.%.?/')
-    or workdir:find('/%.%.?$') then
-    errors.raise(C, 'vercel: workdir must be an absolute path', nil, 2)
-  end
-  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
-  for _, name in ipairs({ 'image', 'region' }) do
-    local v = options[name]
-    if v ~= nil and (type(v) ~= 'string' or v == '' or #v > 512 or v:find('[%c%s]')) then
-      errors.raise(C, 'vercel: ' .. name .. ' must be a non-empty string', nil, 2)
-    end
-  end
-  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1000, M.MAX_LIFETIME_MS, C, 2,
-    M.MAX_LIFETIME_MS)
-  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local o = kit.options(options, {
+    { token = token_option }, { team_id = id_option }, { project_id = id_option },
+    { workdir = workdir_option }, { image = name_option }, { region = name_option },
+    { max_lifetime_ms = kit.int(1000, M.MAX_LIFETIME_MS, M.MAX_LIFETIME_MS) },
+    { base_url = taken }, { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
+    { warm = kit.int(0, 64, 0) },
+  }, 'vercel', 'options with token, team_id and project_id are required')
   local client = hosted.client({
-    label = 'vercel', base_url = options.base_url or M.DEFAULT_BASE_URL, api_key = token,
-    retries = options.retries, retry_base_ms = options.retry_base_ms,
-    max_retry_after_ms = options.max_retry_after_ms or 20000,
+    label = 'vercel', base_url = o.base_url or M.DEFAULT_BASE_URL, api_key = o.token,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms or 20000,
   })
-  local image, region = options.image, options.region
+  local team_id, project_id, workdir = o.team_id, o.project_id, o.workdir
+  local query = { teamId = team_id }
 
-  local provider = {
-    id = 'vercel',
+  return kit.provider({
+    id = 'vercel', label = 'vercel', client = client, warm = o.warm, ready_interval_ms = POLL_MS,
     features = { stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-    workdir = workdir,
-    max_lifetime_ms = max_lifetime,
-  }
+    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
 
-  function provider.create(_, spec)
-    local c = client
-    if spec.call_timeout_ms then c = client:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local ports = check_ports(spec.ports)
-    local vcpus = vcpus_of(spec)
-    local tags = hosted.metadata(spec.labels, { max_keys = M.MAX_TAGS, max_key_bytes = 63, max_value_bytes = 256 })
-    local body = {
-      projectId = project_id,
-      timeout = hosted.lifetime(spec.lifetime_ms, { unit = 'ms', max = max_lifetime }),
-      ports = array(ports),
-      env = object(copy(spec.env)),
-      tags = tags,
-      networkPolicy = network_policy(spec.network),
-      resources = vcpus and object({ vcpus = vcpus }) or nil,
-      image = spec.image or image,
-      region = region,
-      persistent = false,
-    }
-    local query = { teamId = team_id }
-    local res = c:json('POST', '/v3/sandboxes', body, {
-      query = query,
-      on_error = function(status)
-        if status == 400 or status == 422 then
-          return errors.new('INVALID_INPUT', 'vercel: the service refused the sandbox\'s options (HTTP '
-            .. status .. ')')
-        end
-        return nil
-      end,
-    })
-    if type(res) ~= 'table' or type(res.sandbox) ~= 'table' or type(res.session) ~= 'table' then
-      error(c:bad_answer('a sandbox without its session'), 0)
-    end
-    local backend = setmetatable({
-      id = check_id(c, res.sandbox.name, 'sandbox'), name = res.sandbox.name,
-      session_id = check_id(c, res.session.id, 'session'),
-      client = c, team_id = team_id, project_id = project_id, workdir = workdir,
-    }, Backend)
-    local ok, err = pcall(function()
-      backend.routes = routes_of(c, res.routes)
-      local session = res.session
-      local deadline = core.hrtime_ms() + c.call_timeout_ms
-      while session.status == 'pending' do
-        if core.hrtime_ms() >= deadline then
-          error(errors.sandbox('timeout', 'vercel: the sandbox did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
-        end
-        task.sleep(POLL_MS)
-        local got = c:json('GET', backend:_path(), nil, { query = query, gone = GONE })
-        if type(got) ~= 'table' or type(got.session) ~= 'table' then
-          error(c:bad_answer('a session that is not an object'), 0)
-        end
-        session = got.session
-        if got.routes ~= nil then backend.routes = routes_of(c, got.routes) end
+    create = function(ctx)
+      local spec = ctx.spec
+      local ports = check_ports(spec.ports)
+      local vcpus = vcpus_of(spec)
+      local tags = hosted.metadata(spec.labels, { max_keys = M.MAX_TAGS, max_key_bytes = 63, max_value_bytes = 256 })
+      ctx.ports = ports
+      return ctx.client:json('POST', '/v3/sandboxes', {
+        projectId = project_id,
+        timeout = hosted.lifetime(spec.lifetime_ms, { unit = 'ms', max = o.max_lifetime_ms }),
+        ports = array(ports),
+        env = object(spec.env),
+        tags = tags,
+        networkPolicy = network_policy(spec.network),
+        resources = vcpus and object({ vcpus = vcpus }) or nil,
+        image = spec.image or o.image,
+        region = o.region,
+        persistent = false,
+      }, {
+        query = query,
+        on_error = function(status)
+          if status == 400 or status == 422 then
+            return errors.new('INVALID_INPUT', 'vercel: the service refused the sandbox\'s options (HTTP '
+              .. status .. ')')
+          end
+          return nil
+        end,
+      })
+    end,
+
+    -- the backend (no call yet), with the answer's session
+    accept = function(ctx, res)
+      local c = ctx.client
+      if type(res) ~= 'table' or type(res.sandbox) ~= 'table' or type(res.session) ~= 'table' then
+        error(c:bad_answer('a sandbox without its session'), 0)
       end
-      if session.status ~= 'running' then
+      local backend = setmetatable({
+        id = check_id(c, res.sandbox.name, 'sandbox'), name = res.sandbox.name,
+        session_id = check_id(c, res.session.id, 'session'),
+        client = c, team_id = team_id, project_id = project_id, workdir = workdir, _env = {},
+      }, Backend)
+      return { backend = backend, session = res.session, routes = res.routes }
+    end,
+
+    -- a session still pending is polled until it runs
+    ready = function(ctx, h)
+      local c = ctx.client
+      if not h.backend.routes then h.backend.routes = routes_of(c, h.routes) end
+      if h.session.status ~= 'pending' then return true end
+      local got = c:json('GET', h.backend:_path(), nil, { query = query, gone = GONE })
+      if type(got) ~= 'table' or type(got.session) ~= 'table' then
+        error(c:bad_answer('a session that is not an object'), 0)
+      end
+      h.session = got.session
+      if got.routes ~= nil then h.backend.routes = routes_of(c, got.routes) end
+      return h.session.status ~= 'pending'
+    end,
+
+    backend = function(ctx, h)
+      local c, backend = ctx.client, h.backend
+      if h.session.status ~= 'running' then
         error(errors.sandbox('failed', 'vercel: the sandbox did not start (its session is '
-          .. (c:_safe_code(session.status) or 'in an unknown state') .. ')'), 0)
+          .. (c:_safe_code(h.session.status) or 'in an unknown state') .. ')'), 0)
       end
-      for _, p in ipairs(ports) do
+      for _, p in ipairs(ctx.ports) do
         if not backend.routes[p] then error(c:bad_answer('no route for port ' .. p), 0) end
       end
-    end)
-    if not ok then
-      pcall(backend.release, backend)
-      error(err, 0)
-    end
-    return backend
-  end
+      return backend
+    end,
 
-  return provider
+    destroy = function(_, h) h.backend:release() end,
+
+    -- a warm sandbox given to a create, once its session still runs: its env goes with every
+    -- command (the session's own timeout stays the warm one's: the pool ends the sandbox at the
+    -- asked lifetime)
+    hand_out = function(_, backend, spec)
+      if not backend:_running() then error(errors.sandbox('gone', 'vercel: the warm sandbox ended'), 0) end
+      for k, v in pairs(spec.env or {}) do backend._env[k] = v end
+    end,
+  })
 end
 
 -- }======================================================

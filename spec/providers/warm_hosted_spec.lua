@@ -1,0 +1,234 @@
+-- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
+-- stand-ins of E2B, Fly, Vercel and Daytona over real local sandboxes: made ahead with the pool's labels, claimed
+-- by a create of their shape (no create call then, and the create's env and lifetime taken),
+-- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
+local core = require('mayura.core')
+local http = require('mayura.http')
+local task = require('mayura._task')
+local sandbox = require('mayura.sandbox')
+local e2b = require('mayura.sandbox.e2b')
+local fly = require('mayura.sandbox.fly')
+local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
+local e2b_service = require('support.e2b_service')
+local fly_service = require('support.fly_service')
+local vercel = require('mayura.sandbox.vercel')
+local vercel_service = require('support.vercel_service')
+local daytona = require('mayura.sandbox.daytona')
+local daytona_service = require('support.daytona_service')
+
+local KEY = 'e2b_0123456789abcdef0123456789abcdef'
+local TOKEN = 'fo1_warmspectoken0123456789'
+local APP = 'warm-app'
+local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
+
+local function wait_for(what, fn)
+  local deadline = core.hrtime_ms() + 30000
+  while not fn() do
+    if core.hrtime_ms() > deadline then error('timed out waiting for ' .. what) end
+    task.sleep(20)
+  end
+end
+
+-- Each stand-in: how to make it, the provider (with `warm`), its create route, how many
+-- sandboxes it holds alive, and what a create asks for there.
+local services = {
+  {
+    name = 'e2b',
+    install = function(svc, backing) return e2b_service.install(svc, backing, { api_key = KEY }) end,
+    provider = function(svc, warm)
+      return e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), sandbox_url = svc:url(''),
+        workdir = '/workspace', retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/v2/sandboxes' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
+    end,
+    alive = function(state)
+      local n = 0
+      for id in pairs(state.sandboxes) do
+        if state:_live(id) then n = n + 1 end
+      end
+      return n
+    end,
+    network = 'none',
+  },
+  {
+    name = 'fly',
+    install = function(svc, backing) return fly_service.install(svc, backing, { token = TOKEN, app = APP }) end,
+    provider = function(svc, warm)
+      return fly.fly_sandboxes({ token = TOKEN, app = APP, base_url = svc:url(''), retry_base_ms = 20,
+        exec_rate = { per_second = 100, burst = 20 }, warm = warm })
+    end,
+    create_route = { 'POST', '/v1/apps/{app}/machines' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/v1/apps/' .. APP .. '/machines/' .. b.machine_id
+        .. '?kill=true'), headers = { Authorization = 'Bearer ' .. TOKEN } })
+    end,
+    alive = function(state)
+      local n = 0
+      for _, m in pairs(state.machines) do
+        if m.state ~= 'destroyed' then n = n + 1 end
+      end
+      return n
+    end,
+    network = 'all',
+  },
+  {
+    name = 'vercel',
+    install = function(svc, backing) return vercel_service.install(svc, backing, VERCEL) end,
+    provider = function(svc, warm)
+      return vercel.vercel_sandboxes({ token = VERCEL.token, team_id = VERCEL.team_id,
+        project_id = VERCEL.project_id, base_url = svc:url('/api'), workdir = '/workspace', retry_base_ms = 20,
+        warm = warm })
+    end,
+    create_route = { 'POST', '/api/v3/sandboxes' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/api/v2/sandboxes/' .. b.name .. '?projectId='
+        .. VERCEL.project_id .. '&teamId=' .. VERCEL.team_id), headers = { Authorization = 'Bearer ' .. VERCEL.token } })
+    end,
+    alive = function(state)
+      local n = 0
+      for _ in pairs(state.sandboxes) do n = n + 1 end
+      return n
+    end,
+    network = 'none',
+  },
+  {
+    name = 'daytona',
+    -- the Daytona stand-in makes its own service and backing
+    start = function() return daytona_service.new({ api_key = KEY }) end,
+    provider = function(svc, warm)
+      return daytona.daytona_sandboxes({ api_key = KEY, base_url = svc:url('/api'), retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/api/sandbox' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/api/sandbox/' .. b.id),
+        headers = { Authorization = 'Bearer ' .. KEY } })
+    end,
+    alive = function(_, svc) return svc.daytona.count() end,
+    network = 'none',
+  },
+}
+
+describe('warm = N on hosted providers: failure modes', function()
+  it('a warm count that is not a whole number from 0 to 64 is INVALID_CONFIG', function()
+    for _, bad in ipairs({ -1, 65, 1.5, 'two', true }) do
+      assert.raises_code('INVALID_CONFIG', e2b.e2b_sandboxes, { api_key = KEY, warm = bad })
+      assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
+      assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, warm = bad })
+      assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
+        project_id = VERCEL.project_id, warm = bad })
+    end
+  end)
+end)
+
+for _, s in ipairs(services) do
+  suite.describe(s.name .. ': warm sandboxes through the kit', function()
+    local svc, backing, state
+
+    before_each(function()
+      if s.start then
+        svc, backing = s.start(), nil
+        return
+      end
+      svc = stand_in.new()
+      backing = stand_in.local_backing({ max_sandboxes = 6 })
+      state = s.install(svc, backing)
+    end)
+
+    after_each(function()
+      if backing then backing:close() end
+      svc:close()
+    end)
+
+    local function creates() return #svc:calls(s.create_route[1], s.create_route[2]) end
+
+    it('a create of the warm shape takes a ready one: no create call, its env and lifetime, a refill', function()
+      local p = s.provider(svc, 2)
+      local pool = sandbox.create_sandboxes(p, {
+        max_sandboxes = 4, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
+      })
+      wait_for('two warm sandboxes', function() return p:warm_ready() == 2 end)
+      assert.are.equal(2, creates())
+      local warm_bodies = {}
+      for _, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do
+        warm_bodies[#warm_bodies + 1] = req.json
+      end
+      -- made with the pool's labels (and the kit's create tag)
+      for _, b in ipairs(warm_bodies) do
+        local meta = b.metadata or (b.config and b.config.metadata) or b.tags or b.labels
+        assert.are.equal('w', meta.team)
+      end
+
+      local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'given' } })
+      local made = creates()
+      local r = sb:exec({ 'sh', '-c', 'printf %s "$WARM_ENV"' })
+      assert.are.equal(0, r.exit_code)
+      assert.are.equal('given', r.stdout)
+      -- the claim made no create of its own; the set refills in the background
+      assert.is_true(made <= 3, 'creates: ' .. made)
+      wait_for('the refill', function() return p:warm_ready() == 2 end)
+      assert.are.equal(3, creates())
+      if s.name == 'daytona' then
+        -- Daytona was told the asked lifetime (a minute), not the warm one's
+        assert.are.equal(1, #svc:calls('POST', '/api/sandbox/{id}/ttl/{minutes}'))
+        assert.are.equal('1', svc:calls('POST', '/api/sandbox/{id}/ttl/{minutes}')[1].params.minutes)
+      end
+      if s.name == 'e2b' then
+        -- E2B was told the asked lifetime, not the warm one's
+        local timeouts = svc:calls('POST', '/sandboxes/{id}/timeout')
+        assert.are.equal(1, #timeouts)
+        assert.are.equal(60, timeouts[1].json.timeout)
+      end
+      sb:release()
+      pool:close()
+      assert.are.equal(0, s.alive(state, svc))
+    end)
+
+    it('a create of another shape is made cold; warm ones count in max_sandboxes and are evicted for it',
+      function()
+        local p = s.provider(svc, 2)
+        local pool = sandbox.create_sandboxes(p, {
+          max_sandboxes = 2, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
+        })
+        wait_for('two warm sandboxes', function() return p:warm_ready() == 2 end)
+        assert.are.equal(2, p:warm_held())
+        -- labels of its own: not the warm shape; every slot is warm, so one of them goes
+        local other = pool:create({ lifetime_ms = 60000, network = s.network, labels = { own = 'x' } })
+        assert.are.equal(3, creates())
+        local body = svc:calls(s.create_route[1], s.create_route[2])[3].json
+        local meta = body.metadata or (body.config and body.config.metadata) or body.tags or body.labels
+        assert.are.equal('x', meta.own)
+        assert.are.equal(1, p:warm_held())
+        local warm_one = pool:create({ lifetime_ms = 60000, network = s.network })
+        assert.are.equal(3, creates())
+        assert.raises_code('LIMIT_EXCEEDED', pool.create, pool, { lifetime_ms = 60000, network = s.network })
+        other:release()
+        warm_one:release()
+        pool:close()
+        assert.are.equal(0, s.alive(state, svc))
+        assert.are.equal(0, p:warm_held())
+      end)
+
+    it('a warm sandbox the service ended meanwhile gives way to a cold create', function()
+      local p = s.provider(svc, 1)
+      local pool = sandbox.create_sandboxes(p, {
+        max_sandboxes = 3, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
+      })
+      wait_for('a warm sandbox', function() return p:warm_ready() == 1 end)
+      local made = p:warm_made()
+      assert.are.equal(1, #made)
+      local res = s.kill(svc, made[1])
+      assert.is_true(res.status >= 200 and res.status < 300, 'kill: ' .. res.status)
+      local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'cold' } })
+      assert.are_not.equal(made[1].id, sb.id)
+      assert.is_true(creates() >= 2)
+      local r = sb:exec({ 'sh', '-c', 'printf %s "$WARM_ENV"' })
+      assert.are.equal('cold', r.stdout)
+      sb:release()
+      pool:close()
+      assert.are.equal(0, s.alive(state, svc))
+    end)
+  end)
+end
