@@ -1,5 +1,5 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly and Vercel over real local sandboxes: made ahead with the pool's labels, claimed
+-- stand-ins of E2B, Fly, Vercel and Daytona over real local sandboxes: made ahead with the pool's labels, claimed
 -- by a create of their shape (no create call then, and the create's env and lifetime taken),
 -- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
@@ -13,6 +13,8 @@ local e2b_service = require('support.e2b_service')
 local fly_service = require('support.fly_service')
 local vercel = require('mayura.sandbox.vercel')
 local vercel_service = require('support.vercel_service')
+local daytona = require('mayura.sandbox.daytona')
+local daytona_service = require('support.daytona_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
 local TOKEN = 'fo1_warmspectoken0123456789'
@@ -74,6 +76,17 @@ local services = {
     end,
     network = 'none',
   },
+  {
+    name = 'daytona',
+    -- the Daytona stand-in makes its own service and backing
+    start = function() return daytona_service.new({ api_key = KEY }) end,
+    provider = function(svc, warm)
+      return daytona.daytona_sandboxes({ api_key = KEY, base_url = svc:url('/api'), retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/api/sandbox' },
+    alive = function(_, svc) return svc.daytona.count() end,
+    network = 'none',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -81,6 +94,7 @@ describe('warm = N on hosted providers: failure modes', function()
     for _, bad in ipairs({ -1, 65, 1.5, 'two', true }) do
       assert.raises_code('INVALID_CONFIG', e2b.e2b_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
+      assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
         project_id = VERCEL.project_id, warm = bad })
     end
@@ -92,13 +106,17 @@ for _, s in ipairs(services) do
     local svc, backing, state
 
     before_each(function()
+      if s.start then
+        svc, backing = s.start(), nil
+        return
+      end
       svc = stand_in.new()
       backing = stand_in.local_backing({ max_sandboxes = 6 })
       state = s.install(svc, backing)
     end)
 
     after_each(function()
-      backing:close()
+      if backing then backing:close() end
       svc:close()
     end)
 
@@ -117,7 +135,7 @@ for _, s in ipairs(services) do
       end
       -- made with the pool's labels (and the kit's create tag)
       for _, b in ipairs(warm_bodies) do
-        local meta = b.metadata or (b.config and b.config.metadata) or b.tags
+        local meta = b.metadata or (b.config and b.config.metadata) or b.tags or b.labels
         assert.are.equal('w', meta.team)
       end
 
@@ -153,7 +171,7 @@ for _, s in ipairs(services) do
         local other = pool:create({ lifetime_ms = 60000, network = s.network, labels = { own = 'x' } })
         assert.are.equal(3, creates())
         local body = svc:calls(s.create_route[1], s.create_route[2])[3].json
-        local meta = body.metadata or (body.config and body.config.metadata) or body.tags
+        local meta = body.metadata or (body.config and body.config.metadata) or body.tags or body.labels
         assert.are.equal('x', meta.own)
         assert.are.equal(1, p:warm_held())
         local warm_one = pool:create({ lifetime_ms = 60000, network = s.network })
