@@ -11,6 +11,7 @@ local process = require('mayura.process')
 local daytona = require('mayura.sandbox.daytona')
 local daytona_service = require('support.daytona_service')
 local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local util = require('support.util')
 local stop_cases = require('support.stop_cases')
 
@@ -122,12 +123,6 @@ describe('mayura.sandbox.daytona', function()
     end
   end)
 
-  -- What a sandbox holds under its home and /tmp, as `<type> <mode> <path> <content or link>` lines.
-  local LISTING = 'cd / && find workspace tmp -mindepth 1 ! -name ".mayura-*" ! -path "*/.mayura-*" '
-    .. '! -name ".svc-*" | sort | while read -r f; do '
-    .. 'if [ -h "$f" ]; then echo "l $f $(readlink "$f")"; elif [ -d "$f" ]; then echo "d $(stat -c %a "$f") $f"; '
-    .. 'else echo "f $(stat -c %a "$f") $f $(cat "$f")"; fi; done'
-
   local function live_snapshots()
     local n = 0
     for _ in pairs(svc.daytona.snapshots) do n = n + 1 end
@@ -141,9 +136,8 @@ describe('mayura.sandbox.daytona', function()
     local ok, err = pcall(function()
       local base = pl:create({ lifetime_ms = 120000 })
       assert.are.equal('native', base.features.snapshots)
-      assert.are.equal(0, base:exec({ 'sh', '-c', 'mkdir -p s/d && printf one > s/a.txt && chmod 640 s/a.txt && '
-        .. 'chmod 700 s/d && ln -s a.txt s/link && printf t > /tmp/t.txt' }).exit_code)
-      local before = base:exec({ 'sh', '-c', LISTING }).stdout
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
       local snap = base:snapshot()
       local native = snap._held.native
       local sn = svc.daytona.snapshots[native.id]
@@ -160,14 +154,9 @@ describe('mayura.sandbox.daytona', function()
       local fork = pl:create({ lifetime_ms = 120000, snapshot = snap })
       local creates = svc:calls('POST', '/api/sandbox')
       assert.are.equal(native.name, creates[#creates].json.snapshot)
-      assert.are.equal(before, fork:exec({ 'sh', '-c', LISTING }).stdout)
-      assert.truthy(before:find('f 640 workspace/s/a.txt one', 1, true), before)
-      assert.truthy(before:find('l workspace/s/link a.txt', 1, true), before)
+      suite.same_files(before, fork)
       -- another pool's create, or one with an image too, is refused before any call
-      local n = #svc:calls('POST', '/api/sandbox')
-      assert.raises_code('INVALID_INPUT', other.create, other, { lifetime_ms = 60000, snapshot = snap })
-      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap, image = 'x' })
-      assert.are.equal(n, #svc:calls('POST', '/api/sandbox'))
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/api/sandbox') end)
       fork:release()
       base:release()
       snap:release()

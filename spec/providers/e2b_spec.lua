@@ -331,12 +331,6 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     assert.is_nil(backing:get(s.id))
   end)
 
-  -- What a sandbox holds under its home and /tmp, as `<type> <mode> <path> <content or link>` lines.
-  local LISTING = 'cd / && find workspace tmp -mindepth 1 ! -name ".mayura-*" ! -path "*/.mayura-*" '
-    .. '! -name ".svc-*" | sort | while read -r f; do '
-    .. 'if [ -h "$f" ]; then echo "l $f $(readlink "$f")"; elif [ -d "$f" ]; then echo "d $(stat -c %a "$f") $f"; '
-    .. 'else echo "f $(stat -c %a "$f") $f $(cat "$f")"; fi; done'
-
   it('snapshots natively: a create from one has exactly its files, release deletes it on the service', function()
     local pl = sandbox.create_sandboxes(make_provider(), { max_sandboxes = 3, max_lifetime_ms = 600000,
       max_snapshots = 2 })
@@ -344,9 +338,8 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     local ok, err = pcall(function()
       local base = pl:create({ lifetime_ms = 120000 })
       assert.are.equal('native', base.features.snapshots)
-      assert.are.equal(0, base:exec({ 'sh', '-c', 'mkdir -p s/d && printf one > s/a.txt && chmod 640 s/a.txt && '
-        .. 'chmod 700 s/d && ln -s a.txt s/link && printf t > /tmp/t.txt' }).exit_code)
-      local before = base:exec({ 'sh', '-c', LISTING }).stdout
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
       local snap = base:snapshot()
       local native = snap._held.native.id
       assert.truthy(service.snapshots[native], 'the service holds the snapshot')
@@ -358,15 +351,10 @@ describe('mayura.sandbox.e2b against the stand-in', function()
       base:write_file('s/later.txt', 'later')
       local fork = pl:create({ lifetime_ms = 120000, snapshot = snap })
       assert.are.equal(native, last('POST', '/v2/sandboxes').json.templateID)
-      assert.are.equal(before, fork:exec({ 'sh', '-c', LISTING }).stdout)
-      assert.truthy(before:find('f 640 workspace/s/a.txt one', 1, true), before)
-      assert.truthy(before:find('l workspace/s/link a.txt', 1, true), before)
+      suite.same_files(before, fork)
       -- the snapshot outlives its sandbox; another pool's create refuses it before any call
       base:release()
-      local n = #svc:calls('POST', '/v2/sandboxes')
-      assert.raises_code('INVALID_INPUT', other.create, other, { lifetime_ms = 60000, snapshot = snap })
-      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap, image = 'base' })
-      assert.are.equal(n, #svc:calls('POST', '/v2/sandboxes'))
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/v2/sandboxes') end)
       local again = pl:create({ lifetime_ms = 120000, snapshot = snap })
       assert.are.equal('one', again:read_file('s/a.txt'))
       again:release()

@@ -278,12 +278,6 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       p:close()
     end)
 
-    -- What a sandbox holds under its workdir and /tmp, as `<type> <mode> <path> <content or link>` lines.
-    local LISTING = 'cd / && find workspace tmp -mindepth 1 ! -name ".mayura-*" ! -path "*/.mayura-*" '
-      .. '| sort | while read -r f; do '
-      .. 'if [ -h "$f" ]; then echo "l $f $(readlink "$f")"; elif [ -d "$f" ]; then echo "d $(stat -c %a "$f") $f"; '
-      .. 'else echo "f $(stat -c %a "$f") $f $(cat "$f")"; fi; done'
-
     local function own_pool(extra)
       local o = { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'none', 'all' } }
       for k, v in pairs(extra or {}) do o[k] = v end
@@ -298,9 +292,8 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       local ok, err = pcall(function()
         local base = pl:create({ lifetime_ms = 120000, network = 'none' })
         assert.are.equal('native', base.features.snapshots)
-        assert.are.equal(0, base:exec({ 'sh', '-c', 'mkdir -p s/d && printf one > s/a.txt && chmod 640 s/a.txt && '
-          .. 'chmod 700 s/d && ln -s a.txt s/link && printf t > /tmp/t.txt' }).exit_code)
-        local before = base:exec({ 'sh', '-c', LISTING }).stdout
+        assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+        local before = suite.listing(base)
         local snap = base:snapshot()
         local image = snap._held.native.id
         assert.are.same({ image }, stand:snapshots())
@@ -314,16 +307,11 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
         local fork = pl:create({ lifetime_ms = 120000, network = 'none', snapshot = snap })
         local creates = stand:calls('SandboxCreateV2')
         assert.are.equal(image, creates[#creates].request.definition.image_id)
-        assert.are.equal(before, fork:exec({ 'sh', '-c', LISTING }).stdout)
-        assert.truthy(before:find('f 640 workspace/s/a.txt one', 1, true), before)
-        assert.truthy(before:find('l workspace/s/link a.txt', 1, true), before)
+        suite.same_files(before, fork)
         assert.truthy(before:find('f 644 tmp/t.txt t', 1, true), before)
         assert.are.equal('two', base:read_file('s/a.txt'))
         -- another pool's create, or one with an image too, is refused before any call
-        local n = #stand:calls('SandboxCreateV2')
-        assert.raises_code('INVALID_INPUT', other.create, other, { lifetime_ms = 60000, snapshot = snap })
-        assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap, image = 'alpine' })
-        assert.are.equal(n, #stand:calls('SandboxCreateV2'))
+        suite.snapshot_refusals(pl, other, snap, function() return #stand:calls('SandboxCreateV2') end)
         fork:release()
         base:release()
         snap:release()

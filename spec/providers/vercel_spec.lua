@@ -221,12 +221,6 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
       base_url = svc:url('/api'), workdir = '/workspace', retry_base_ms = 20, retries = 0 }), o)
   end
 
-  -- What a sandbox holds under its home and /tmp, as `<type> <mode> <path> <content or link>` lines.
-  local LISTING = 'cd / && find workspace tmp -mindepth 1 ! -name ".mayura-*" ! -path "*/.mayura-*" '
-    .. '! -name ".svc-*" | sort | while read -r f; do '
-    .. 'if [ -h "$f" ]; then echo "l $f $(readlink "$f")"; elif [ -d "$f" ]; then echo "d $(stat -c %a "$f") $f"; '
-    .. 'else echo "f $(stat -c %a "$f") $f $(cat "$f")"; fi; done'
-
   local function last(method, pattern)
     local calls = svc:calls(method, pattern)
     return calls[#calls]
@@ -239,9 +233,8 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     local ok, err = pcall(function()
       local base = pl:create({ lifetime_ms = 120000 })
       assert.are.equal('native', base.features.snapshots)
-      assert.are.equal(0, base:exec({ 'sh', '-c', 'mkdir -p s/d && printf one > s/a.txt && chmod 640 s/a.txt && '
-        .. 'chmod 700 s/d && ln -s a.txt s/link && printf t > /tmp/t.txt' }).exit_code)
-      local before = base:exec({ 'sh', '-c', LISTING }).stdout
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
       local snap = base:snapshot()
       local native = snap._held.native.id
       local sn = state.snapshots[native]
@@ -259,14 +252,9 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
       local body = last('POST', '/api/v3/sandboxes').json
       assert.are.same({ type = 'snapshot', snapshotId = native }, body.source)
       assert.is_nil(body.image)
-      assert.are.equal(before, fork:exec({ 'sh', '-c', LISTING }).stdout)
-      assert.truthy(before:find('f 640 workspace/s/a.txt one', 1, true), before)
-      assert.truthy(before:find('l workspace/s/link a.txt', 1, true), before)
+      suite.same_files(before, fork)
       -- another pool's create, or one with an image too, is refused before any call
-      local n = #svc:calls('POST', '/api/v3/sandboxes')
-      assert.raises_code('INVALID_INPUT', other.create, other, { lifetime_ms = 60000, snapshot = snap })
-      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap, image = 'x' })
-      assert.are.equal(n, #svc:calls('POST', '/api/v3/sandboxes'))
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/api/v3/sandboxes') end)
       fork:release()
       snap:release()
       assert.are.equal('deleted', sn.status, 'release deleted the snapshot on the service')
