@@ -49,7 +49,8 @@
 -- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
 -- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
 -- snapshot of its own, `{ size_bytes, release }` and optionally `archive()` for restore, which its
--- create gets as `spec.snapshot`),
+-- create gets as `spec.snapshot`; one made `{ until_release = true }` is made the generic way, so
+-- that restore can put it back on any provider),
 -- false (none), or by default 'generic' (mayura.sandbox._snapshot: an archive made in the
 -- sandbox, kept in this process's memory and unpacked in the new sandbox before it is handed out).
 --
@@ -652,7 +653,8 @@ function Sandbox:snapshot(options)
   pool._snap_count = pool._snap_count + 1
   local ok, held, size = pcall(function()
     local timeout = pool.call_timeout_ms
-    if kind == 'native' and type(self._backend.snapshot) == 'function' then
+    -- one held with its sandbox is for going back in it (restore): an archive, whatever the provider
+    if kind == 'native' and not options.until_release and type(self._backend.snapshot) == 'function' then
       -- one made after the deadline is released as it comes
       local backend = self._backend
       local made, native = pcall(with_deadline, timeout, function()

@@ -44,7 +44,15 @@
 -- `gone`, ...), never with Modal's text; no token is in a message. A command that fails is
 -- checked with SandboxWaitV2 (timeout 0): a sandbox with a result has ended, and is `gone`.
 --
--- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop.
+-- Snapshots are Modal's own (`features.snapshots` 'native'): sandbox:snapshot() is the command
+-- service's TaskSnapshotFilesystem (the sandbox's filesystem as an image, the sandbox running on;
+-- kept by Modal a day, `ttl_seconds`, so one a lost host leaves goes by itself), a create from it
+-- starts from that image id, release is ImageDelete (NOT_FOUND: gone already). Modal says no size
+-- of it: its size_bytes is 0. Modal lists no snapshots by sandbox: one whose answer was lost stays
+-- until its day is over.
+--
+-- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop,
+-- snapshots 'native'.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
@@ -65,6 +73,7 @@ local STATUS_SUCCESS = 1
 local NETWORK_OPEN, NETWORK_BLOCKED, NETWORK_ALLOWLIST = 1, 2, 3
 local TOKEN_MARGIN_S = 300           -- an auth token is fetched again this long before its exp
 local EXEC_TIMEOUT_MS = 60000        -- one backend script (each is short: the commands run in the background)
+M.SNAPSHOT_TTL_S = 86400            -- how long Modal keeps a snapshot's image
 
 local function random_hex(n)
   local f = io.open('/dev/urandom', 'rb')
@@ -222,7 +231,8 @@ function M.modal_sandboxes(options)
 
   local provider = {
     id = 'modal',
-    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' },
     workdir = workdir,
     max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
   }
@@ -236,7 +246,16 @@ function M.modal_sandboxes(options)
     local function later() return control(base) end
     c = later():with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
     local app = app_id(c)
-    local img = image_id(c, image_option(spec.image, 'image') or image, app)
+    local img
+    if spec.snapshot ~= nil then
+      -- Modal's own snapshot is an image
+      if spec.image ~= nil then
+        errors.raise('INVALID_INPUT', 'modal: a snapshot is an image of its own; image cannot be given with it', nil, 0)
+      end
+      img = spec.snapshot.id
+    else
+      img = image_id(c, image_option(spec.image, 'image') or image, app)
+    end
     local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
     local name = 'mayura-' .. random_hex(8)
     local def = {
@@ -273,6 +292,9 @@ function M.modal_sandboxes(options)
       req.secret_sources = { { env = { contents = env } } }
     end
     local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
+    if not made and spec.snapshot ~= nil and errors.is(resp, 'SANDBOX_ERROR') and resp.reason == 'not_found' then
+      error(errors.new('INVALID_INPUT', 'modal: the service no longer has the snapshot'), 0)
+    end
     if not made then
       if errors.is(resp, 'SANDBOX_ERROR') and (resp.reason == 'timeout' or resp.reason == 'unavailable'
           or resp.reason == 'failed') then
@@ -292,7 +314,8 @@ function M.modal_sandboxes(options)
       if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
     end
 
-    return hosted.command_backend('modal', 'modal-' .. id, workdir, destroy, function()
+    local snapshot_of   -- the transport's snapshot, once it is set up
+    local backend = hosted.command_backend('modal', 'modal-' .. id, workdir, destroy, function()
       local task_id = resp.task_id
       if type(task_id) ~= 'string' or task_id == '' then
         local t = c:call(API .. 'SandboxGetTaskIdV2', { sandbox_id = id, timeout = 55, wait_until_ready = true },
@@ -356,6 +379,42 @@ function M.modal_sandboxes(options)
 
       local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir }
       function t.url(_, port) return urls[port] end
+
+      -- a snapshot of the filesystem, by the command service (a JWT that expired is fetched again, once)
+      function snapshot_of(o)
+        local body = { task_id = task_id, snapshot_id = uuid(), ttl_seconds = M.SNAPSHOT_TTL_S }
+        local call_opts = { gone = true, timeout_ms = o and o.timeout_ms, retries = 0 }
+        local ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
+        if not ok and errors.is(res, 'SANDBOX_ERROR') and res.reason == 'authentication' then
+          access = nil
+          connect()
+          ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
+        end
+        if not ok then
+          if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+              and res.reason ~= 'rate_limited' then
+            check_alive()
+          end
+          error(res, 0)
+        end
+        local img_id = type(res) == 'table' and res.image_id
+        if type(img_id) ~= 'string' or not img_id:match('^im%-[%w]+$') or #img_id > 128 then
+          error(errors.sandbox('failed', 'modal: TaskSnapshotFilesystem gave no image'), 0)
+        end
+        return {
+          id = img_id, size_bytes = 0,
+          release = function(snap)
+            if snap._released then return end
+            snap._released = true
+            local gone_ok, err = pcall(function()
+              later():call(API .. 'ImageDelete', { image_id = img_id }, { idempotent = true })
+            end)
+            if not gone_ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then
+              error(err, 0)
+            end
+          end,
+        }
+      end
       function t.run(_, command, o)
         local exec_id = uuid()
         local call_opts = { gone = true, signal = o.signal, timeout_ms = math.min(EXEC_TIMEOUT_MS, c.call_timeout_ms) }
@@ -421,6 +480,8 @@ function M.modal_sandboxes(options)
       end
       return t
     end)
+    function backend.snapshot(_, o) return snapshot_of(o) end
+    return backend
   end
 
   return provider

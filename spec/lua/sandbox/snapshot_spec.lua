@@ -506,6 +506,31 @@ describe('a provider\'s own (native) snapshots, through the pool', function()
     assert.is_true(b._released)
   end)
 
+  it('makes one held with its sandbox (a checkpoint) the generic way, so that restore puts it back', function()
+    -- local sandboxes that say their snapshots are their own
+    local p = require('mayura.sandbox.local').local_sandboxes()
+    local features = {}
+    for k, v in pairs(p.features) do features[k] = v end
+    features.snapshots = 'native'
+    p.features, p.made = features, {}
+    local create = p.create
+    function p.create(self, spec, ...)
+      local b = create(self, spec, ...)
+      function b.snapshot() p.made[#p.made + 1] = true error('not this way') end
+      return b
+    end
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000 })
+    local sb = pool:create({ lifetime_ms = 60000 })
+    sb:write_file('kept.txt', 'before')
+    local cp = sb:snapshot({ until_release = true })
+    assert.are.equal(0, #p.made)
+    assert.is_true(cp.size_bytes > 0)
+    sb:write_file('kept.txt', 'after')
+    sb:restore(cp)
+    assert.are.equal('before', sb:read_file('kept.txt'))
+    pool:close()
+  end)
+
   it('a snapshot the provider makes after the call timeout is released when it comes', function()
     local p = native_provider()
     local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000, call_timeout_ms = 100 })
