@@ -1,0 +1,362 @@
+-- mayura.sandbox.kubernetes: its options, the Pod and NetworkPolicy it sends (checked against
+-- core/v1 and networking.k8s.io/v1 field names), what it makes of a Pod's status, its errors
+-- against a loopback server answering as an API server does, and the agent's --stdio mode it
+-- relies on (the agent's frames on standard input and output, two descriptors).
+local core = require('mayura.core')
+local kubernetes = require('mayura.sandbox.kubernetes')
+local pod = require('mayura.sandbox._kube_pod')
+local sandbox = require('mayura.sandbox')
+local task = require('mayura._task')
+local server = require('support.http_server')
+local uv = require('luv')
+
+local AGENT = os.getenv('MAYURA_AGENT') or ((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura-agent')
+local TOKEN = 'eyJhbGciOiJSUzI1NiJ9.k8sTOKENword'
+
+local function base(extra)
+  local o = { server = 'https://10.1.2.3:6443', token = TOKEN, agent_image = 'mayura/agent:1' }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+local function run_until(pred, ms)
+  local timer = uv.new_timer()
+  local expired = false
+  timer:start(ms or 20000, 0, function() expired = true end)
+  while not pred() and not expired do core.run_once() end
+  timer:stop()
+  timer:close()
+  return pred()
+end
+
+describe('kubernetes_sandboxes options', function()
+  it('needs a server and one way to the agent, and never shows the token', function()
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, nil)
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, { token = 'x', agent_image = 'a' })
+    -- the agent comes from an image of its own or from the sandbox's image
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, { server = 'https://k:6443', token = 'x' })
+    for _, bad in ipairs({
+      { server = 'ftp://x' }, { server = 'https://x/path' }, { namespace = 'Not_A_Name' },
+      { namespace = string.rep('a', 64) },
+      { agent_in_image = true }, { image = 'bad image' }, { agent_path = 'relative' },
+      { agent_path = '/a/../b' }, { pull_policy = 'Always' }, { runtime_class = 'Bad_Class' },
+      { uid = 0 }, { cpus = 0 }, { memory_mib = 8 }, { workdir = 'rel' }, { cluster_cidrs = { '10.0.0.0/33' } },
+      { cluster_cidrs = { 'nope' } }, { ca_file = 'rel.pem' }, { client_cert = '/c.pem' }, { unknown = 1 },
+      { network_policy_enforced = 'yes' }, { client_cert = '/c', client_key = '/k' },
+    }) do
+      local ok, e = pcall(kubernetes.kubernetes_sandboxes, base(bad))
+      assert.is_false(ok, core.json.encode(bad))
+      assert.are.equal('INVALID_CONFIG', e.code, core.json.encode(bad))
+    end
+    local err = assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes,
+      base({ token = TOKEN .. '\n' }))
+    assert.is_falsy(tostring(err):find(TOKEN, 1, true))
+    local p = kubernetes.kubernetes_sandboxes(base())
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all' } }, p.features)
+    -- the API cannot tell whether the cluster's network plugin enforces NetworkPolicies
+    assert.is_false(p.enforced.network)
+    assert.is_false(p.enforced.pids)
+    assert.is_true(kubernetes.kubernetes_sandboxes(base({ network_policy_enforced = true })).enforced.network)
+    assert.are.equal('/workspace', p.workdir)
+    -- client certificates instead of a token
+    local o = base({ client_cert = '/c.pem', client_key = '/k.pem' })
+    o.token = nil
+    kubernetes.kubernetes_sandboxes(o)
+  end)
+end)
+
+describe('the Pod of a sandbox', function()
+  local p = kubernetes.kubernetes_sandboxes(base({ memory_mib = 512, cpus = 2, workspace_mib = 1024, tmp_mib = 64,
+    runtime_class = 'gvisor' }))
+  local spec = { lifetime_ms = 90500, labels = { team = 'a', ['example.com/run'] = 'r-1' }, env = { SECRET = 's3' } }
+  local m = pod.manifest(p, 'mayura-abc', spec, { lifetime_ms = 90500, expires_s = 2000000000 })
+
+  it('is locked down as a Docker sandbox is', function()
+    local s = m.spec
+    assert.are.equal('Never', s.restartPolicy)
+    assert.are.equal(91, s.activeDeadlineSeconds)   -- the lifetime, rounded up: the cluster ends it
+    assert.is_false(s.automountServiceAccountToken)
+    assert.is_false(s.enableServiceLinks)
+    assert.is_false(s.hostNetwork)
+    assert.is_false(s.hostPID)
+    assert.is_false(s.hostIPC)
+    assert.are.equal('gvisor', s.runtimeClassName)
+    assert.are.equal(1300000, s.securityContext.runAsUser)
+    assert.is_true(s.securityContext.runAsNonRoot)
+    for _, c in ipairs({ s.containers[1], s.initContainers[1] }) do
+      local sc = c.securityContext
+      assert.are.equal(1300000, sc.runAsUser)
+      assert.are.equal(1300000, sc.runAsGroup)
+      assert.is_true(sc.runAsNonRoot)
+      assert.is_false(sc.allowPrivilegeEscalation)
+      assert.is_false(sc.privileged)
+      assert.is_true(sc.readOnlyRootFilesystem)
+      assert.are.same({ 'ALL' }, sc.capabilities.drop)
+      assert.are.equal('RuntimeDefault', sc.seccompProfile.type)
+      assert.are.equal('IfNotPresent', c.imagePullPolicy)
+    end
+  end)
+
+  it('runs the agent --stdio as the first process, copied in by an init container', function()
+    local c = m.spec.containers[1]
+    assert.are.equal('sandbox', c.name)
+    assert.are.same({ '/.mayura/agent' }, c.command)
+    assert.are.same({ '--stdio', '--lifetime-ms', '90500', '--workdir', '/workspace' }, c.args)
+    assert.is_true(c.stdin)
+    assert.is_false(c.stdinOnce)
+    assert.is_false(c.tty)
+    assert.are.same({ cpu = '2000m', memory = '512Mi' }, c.resources.limits)
+    assert.are.same(c.resources.limits, c.resources.requests)
+    local init = m.spec.initContainers[1]
+    assert.are.equal('mayura/agent:1', init.image)
+    assert.are.same({ 'cp', '/mayura-agent', '/.mayura/agent' }, init.command)
+    local mounts = {}
+    for _, v in ipairs(c.volumeMounts) do mounts[v.mountPath] = v end
+    assert.is_true(mounts['/.mayura'].readOnly)   -- the sandbox cannot replace its agent
+    local vols = {}
+    for _, v in ipairs(m.spec.volumes) do vols[v.name] = v end
+    -- tmpfs within the memory limit
+    assert.are.same({ medium = 'Memory', sizeLimit = '512Mi' }, vols.workdir.emptyDir)
+    assert.are.same({ medium = 'Memory', sizeLimit = '64Mi' }, vols.tmp.emptyDir)
+    assert.are.equal('workdir', mounts['/workspace'].name)
+    assert.are.equal('tmp', mounts['/tmp'].name)
+    -- the env goes through the agent's setup, never into the Pod
+    assert.is_falsy(core.json.encode(m):find('s3', 1, true))
+  end)
+
+  it('carries the labels and ours, and the image the create names', function()
+    local l = m.metadata.labels
+    assert.are.equal('a', l.team)
+    assert.are.equal('r-1', l['example.com/run'])
+    assert.are.equal('mayura-abc', l['mayura.io/sandbox'])
+    assert.are.equal(p.pool_id, l['mayura.io/pool'])
+    assert.are.equal('2000000000', l['mayura.io/expires'])
+    local other = pod.manifest(p, 'x', { lifetime_ms = 1000, image = 'alpine:3' }, { lifetime_ms = 1000, expires_s = 1 })
+    assert.are.equal('alpine:3', other.spec.containers[1].image)
+  end)
+
+  it('needs no init container when the image holds the agent; pull = true pulls always', function()
+    local q = kubernetes.kubernetes_sandboxes({ server = 'http://127.0.0.1:8001', agent_in_image = true,
+      agent_path = '/usr/local/bin/mayura-agent', pull = true })
+    local n = pod.manifest(q, 'x', { lifetime_ms = 1000 }, { lifetime_ms = 1000, expires_s = 1 })
+    assert.is_nil(n.spec.initContainers)
+    assert.are.same({ '/usr/local/bin/mayura-agent' }, n.spec.containers[1].command)
+    assert.are.equal('Always', n.spec.containers[1].imagePullPolicy)
+    for _, v in ipairs(n.spec.volumes) do assert.are_not.equal('mayura-agent', v.name) end
+    local never = kubernetes.kubernetes_sandboxes(base({ pull_policy = 'Never' }))
+    local nv = pod.manifest(never, 'x', { lifetime_ms = 1000 }, { lifetime_ms = 1000, expires_s = 1 })
+    assert.are.equal('Never', nv.spec.containers[1].imagePullPolicy)
+  end)
+end)
+
+describe('the NetworkPolicy of a sandbox', function()
+  local p = kubernetes.kubernetes_sandboxes(base())
+  it("'none' selects the Pod alone and allows nothing", function()
+    local n = pod.network_policy(p, 'mayura-abc', 'none', 5)
+    assert.are.same({ ['mayura.io/sandbox'] = 'mayura-abc' }, n.spec.podSelector.matchLabels)
+    assert.are.same({ 'Ingress', 'Egress' }, n.spec.policyTypes)
+    assert.are.same({}, n.spec.ingress)
+    assert.are.same({}, n.spec.egress)
+  end)
+  it("'all' allows egress but to the cluster's ranges, and DNS to kube-dns alone", function()
+    local a = pod.network_policy(p, 'mayura-abc', 'all', 5)
+    assert.are.same({}, a.spec.ingress)
+    local any = a.spec.egress[1].to
+    assert.are.equal('0.0.0.0/0', any[1].ipBlock.cidr)
+    local except = table.concat(any[1].ipBlock.except, ' ')
+    for _, r in ipairs({ '10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '169.254.0.0/16' }) do
+      assert.truthy(except:find(r, 1, true), r)
+    end
+    assert.are.equal('::/0', any[2].ipBlock.cidr)
+    assert.are.same({ 'fc00::/7', 'fe80::/10' }, any[2].ipBlock.except)
+    local dns = a.spec.egress[2]
+    assert.are.equal('kube-dns', dns.to[1].podSelector.matchLabels['k8s-app'])
+    assert.are.same({ 53, 53 }, { dns.ports[1].port, dns.ports[2].port })
+    local own = kubernetes.kubernetes_sandboxes(base({ cluster_cidrs = { '10.96.0.0/12' } }))
+    assert.are.same({ '10.96.0.0/12' }, pod.network_policy(own, 'x', 'all', 5).spec.egress[1].to[1].ipBlock.except)
+  end)
+end)
+
+describe('labels', function()
+  it('must be Kubernetes labels, none of ours', function()
+    pod.check_labels({ a = '', ['app.kubernetes.io/name'] = 'web-1', x = string.rep('v', 63) })
+    for _, bad in ipairs({
+      { ['-a'] = 'x' }, { a = '-x' }, { a = string.rep('v', 64) }, { [string.rep('k', 64)] = 'x' },
+      { ['Bad_Prefix/a'] = 'x' }, { ['a/b/c'] = 'x' }, { a = 'sp ace' }, { ['mayura.io/pool'] = 'x' },
+      { ['x.mayura.io/y'] = 'x' }, { a = 'x\n' },
+    }) do
+      assert.raises_code('INVALID_INPUT', pod.check_labels, bad)
+    end
+  end)
+end)
+
+describe("a Pod's status", function()
+  local function st(s, meta) return pod.status({ status = s, metadata = meta or {} }) end
+  it('says running, waiting, failed (with a reason) or ended', function()
+    assert.are.equal('running', (st({ phase = 'Running',
+      containerStatuses = { { name = 'sandbox', state = { running = { startedAt = 'x' } } } } })))
+    assert.are.equal('waiting', (st({ phase = 'Pending' })))
+    for _, r in ipairs({ 'ImagePullBackOff', 'ErrImagePull', 'InvalidImageName', 'CreateContainerConfigError' }) do
+      local state, why = st({ phase = 'Pending',
+        containerStatuses = { { name = 'sandbox', state = { waiting = { reason = r, message = 'SERVER TEXT' } } } } })
+      assert.are.equal('failed', state)
+      assert.truthy(why:find(r, 1, true))
+      assert.is_falsy(why:find('SERVER TEXT', 1, true))
+    end
+    local state, why = st({ phase = 'Pending',
+      initContainerStatuses = { { name = 'mayura-agent', state = { terminated = { exitCode = 1 } } } } })
+    assert.are.equal('failed', state)
+    assert.truthy(why:find('init container', 1, true))
+    assert.are.equal('ended', (st({ phase = 'Failed', reason = 'DeadlineExceeded' })))
+    assert.are.equal('ended', (st({ phase = 'Running' }, { deletionTimestamp = '2026-01-01T00:00:00Z' })))
+    local _, unsched = st({ phase = 'Pending', conditions = { { type = 'PodScheduled', status = 'False',
+      reason = 'Unschedulable' } } })
+    assert.truthy(unsched:find('scheduled', 1, true))
+  end)
+end)
+
+describe('kubernetes errors', function()
+  local srv, seen
+  local answer = { status = 403, headers = {} }
+  before_each(function()
+    seen = {}
+    srv = server.tcp(function(s, client, req)
+      seen[#seen + 1] = req
+      local headers = { { 'Content-Type', 'application/json' } }
+      for _, h in ipairs(answer.headers) do headers[#headers + 1] = h end
+      s:respond(client, answer.status, headers, core.json.encode({ kind = 'Status', status = 'Failure',
+        message = 'SERVER TEXT ' .. TOKEN, reason = 'Forbidden', code = answer.status }))
+    end)
+  end)
+  after_each(function() srv:close() end)
+
+  local function create_error(status, extra)
+    answer.status, answer.headers = status, extra or {}
+    local p = kubernetes.kubernetes_sandboxes(base({ server = srv:url(''):gsub('/$', ''), retries = 0 }))
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'none', 'all' } })
+    local err
+    task.run(function()
+      local ok, e = pcall(pool.create, pool, { lifetime_ms = 60000 })
+      err = not ok and e or 'created'
+      pool:close()
+    end)
+    assert(run_until(function() return err ~= nil end, 20000))
+    return err
+  end
+
+  it("maps the API server's statuses to coded errors without its text or the token", function()
+    for status, reason in pairs({ [401] = 'authentication', [403] = 'authentication', [409] = 'conflict',
+        [422] = 'failed', [500] = 'unavailable' }) do
+      local err = create_error(status)
+      assert.are.equal('SANDBOX_ERROR', err.code, tostring(status))
+      assert.are.equal(reason, err.reason, tostring(status))
+      assert.are.equal(status, err.status)
+      local text = tostring(err) .. core.json.encode({ m = err.message })
+      assert.is_falsy(text:find('SERVER TEXT', 1, true))
+      assert.is_falsy(text:find(TOKEN, 1, true))
+    end
+    -- the token travelled in the Authorization header alone, the policy went first
+    local req = seen[#seen]
+    assert.are.equal('Bearer ' .. TOKEN, req.headers.authorization)
+    assert.are.equal('POST', req.method)
+    assert.are.equal('/apis/networking.k8s.io/v1/namespaces/default/networkpolicies', req.target)
+  end)
+
+  it('says when to come back on a 429', function()
+    local err = create_error(429, { { 'Retry-After', '120' } })
+    assert.are.equal('rate_limited', err.reason)
+    assert.are.equal(120000, err.retry_after_ms)
+  end)
+
+  it('refuses bad labels, and ports without network all, before any call', function()
+    local p = kubernetes.kubernetes_sandboxes(base({ server = srv:url(''):gsub('/$', '') }))
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'none', 'all' } })
+    local errs = {}
+    task.run(function()
+      for _, s in ipairs({ { lifetime_ms = 60000, labels = { ['-bad'] = 'x' } },
+          { lifetime_ms = 60000, ports = { 8080 } } }) do
+        local ok, e = pcall(pool.create, pool, s)
+        errs[#errs + 1] = not ok and e or 'created'
+      end
+      pool:close()
+    end)
+    assert(run_until(function() return #errs == 2 end, 20000))
+    for _, e in ipairs(errs) do assert.are.equal('INVALID_INPUT', e.code) end
+    assert.are.equal(0, #seen)
+  end)
+end)
+
+describe('the agent --stdio', function()
+  -- The agent reads frames on one socket pair (its stdin) and writes them on another (its stdout);
+  -- the spec joins the two into one channel through a third pair.
+  local function start_stdio(extra)
+    local in_host, in_agent = core.socketpair()
+    local out_agent, out_host = core.socketpair()
+    local mine, relay = core.socketpair()
+    local argv = { '/bin/sh', '-c', 'exec "$0" --stdio --lifetime-ms 60000 --workdir /tmp ' .. (extra or '')
+      .. ' <&3 >&4', AGENT }
+    local ag = {}
+    ag.proc = assert(core.spawn({ argv = argv, fds = { in_agent, out_agent } }, function(r) ag.result = r end))
+    core.close_fd(in_agent)
+    core.close_fd(out_agent)
+    local to_agent, from_agent, joined = uv.new_pipe(false), uv.new_pipe(false), uv.new_pipe(false)
+    to_agent:open(in_host)
+    from_agent:open(out_host)
+    joined:open(relay)
+    joined:read_start(function(err, data)
+      if err or not data then return to_agent:close() end
+      to_agent:write(data)
+    end)
+    from_agent:read_start(function(err, data)
+      if err or not data then return joined:close() end
+      joined:write(data)
+    end)
+    ag.ch = core.channel(mine, { on_close = function() ag.closed = true end })
+    function ag.call(req)
+      local r
+      ag.ch:call(req, function(x, e) r = x or e end)
+      assert(run_until(function() return r ~= nil end, 10000))
+      return r
+    end
+    function ag.stop()
+      if not to_agent:is_closing() then to_agent:close() end
+    end
+    return ag
+  end
+
+  it('serves the protocol on standard input and output, and ends with its input', function()
+    local ag = start_stdio()
+    assert.is_truthy(ag.call({ op = 'hello' }).version)
+    assert.is_true(ag.call({ op = 'setup', workdir = '/tmp', env = { K8S = 'yes' } }).ok ~= false)
+    local r = ag.call({ op = 'exec', argv = { '/bin/sh', '-c', 'echo "$K8S"; ls /proc/self/fd' }, timeout_ms = 5000 })
+    assert.are.equal(0, r.exit_code)
+    local lines = {}
+    for l in r.stdout:gmatch('[^\n]+') do lines[#lines + 1] = l end
+    assert.are.equal('yes', lines[1])
+    -- a command holds none of the agent's descriptors: 0, 1, 2 and ls's own directory
+    assert.are.same({ '0', '1', '2', '3' }, { lines[2], lines[3], lines[4], lines[5] })
+    assert.is_nil(lines[6])
+    local big = string.rep('k', 3 * 1048576 + 17)
+    assert.is_nil(ag.call({ op = 'write', path = '/tmp/mayura-k8s-stdio-' .. ag.proc:pid(), data = big }).error)
+    local back = ag.call({ op = 'read', path = '/tmp/mayura-k8s-stdio-' .. ag.proc:pid(), max_bytes = 8 * 1048576,
+      offset = 0, length = 8 * 1048576 })
+    assert.are.equal(#big, #back.data)
+    os.remove('/tmp/mayura-k8s-stdio-' .. ag.proc:pid())
+    ag.stop()
+    assert(run_until(function() return ag.result ~= nil end, 10000))
+    assert.are.equal(0, ag.result.exit_code)
+  end)
+
+  it('refuses --stdio with --fd or --listen', function()
+    for _, argv in ipairs({
+      { AGENT, '--stdio', '--fd', '0', '--lifetime-ms', '100' },
+      { AGENT, '--stdio', '--listen', '/tmp/mayura-k8s-x', '--lifetime-ms', '100' },
+      { AGENT, '--stdio' },
+    }) do
+      local r
+      core.spawn({ argv = argv }, function(x) r = x end)
+      assert(run_until(function() return r ~= nil end, 5000))
+      assert.are.equal(2, r.exit_code, table.concat(argv, ' '))
+    end
+  end)
+end)
