@@ -30,10 +30,12 @@ local M = {}
 local STDIN, STDOUT, ERROR, CLOSE = 0, 1, 3, 255
 local MAX_MESSAGE = 16 * 1048576
 
--- A WebSocket to the server: CONNECT_FAILED with a status is that status's SANDBOX_ERROR.
+-- A WebSocket to the server (`c`: ws_base, headers(), status_error(status, path) and the TLS
+-- files): CONNECT_FAILED with a status is that status's SANDBOX_ERROR.
 local function open(c, path, protocols, timeout_ms)
   local ok, conn = pcall(ws.connect, { url = c.ws_base .. path, headers = c.headers(), protocols = protocols,
-    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000 })
+    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000, ca_file = c.ca_file,
+    client_cert = c.client_cert, client_key = c.client_key })
   if ok then return conn end
   if errors.is(conn, 'CONNECT_FAILED') and conn.status then
     local e = c.status_error(conn.status, path)

@@ -295,6 +295,7 @@ function M.kubernetes_sandboxes(options)
   local token = options.token
   local conn = {
     ws_base = o.server:gsub('^http', 'ws'),
+    ca_file = options.ca_file, client_cert = options.client_cert, client_key = options.client_key,
     headers = function()
       local h = { ['User-Agent'] = hosted.USER_AGENT }
       if token then h.Authorization = 'Bearer ' .. token end
