@@ -163,7 +163,9 @@ local function read_options(options)
     fail('runtime_class is not a RuntimeClass name')
   end
   local cpus = options.cpus or 1
-  if type(cpus) ~= 'number' or cpus ~= cpus or cpus < 0.001 or cpus > 1024 then fail('cpus must be a number from 0.001') end
+  if type(cpus) ~= 'number' or cpus ~= cpus or cpus < 0.001 or cpus > 1024 then
+    fail('cpus must be a number from 0.001')
+  end
   o.cpus = cpus
   if type(o.cluster_cidrs) ~= 'table' or #o.cluster_cidrs > 64 then fail('cluster_cidrs must be a list of CIDRs') end
   for _, v in ipairs(o.cluster_cidrs) do
