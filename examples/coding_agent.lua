@@ -62,6 +62,11 @@
 -- MODAL_TOKEN_SECRET (read here); MODAL_IMAGE (an image with Node.js,
 -- node:22-bookworm-slim by default) and MODAL_SERVER_URL for a service speaking
 -- the same gRPC API elsewhere. Modal keeps sandboxes offline: network 'none'.
+-- `--provider kubernetes` makes each sandbox a Pod of the kubeconfig's current
+-- context (examples/kubernetes_kubeconfig.lua: kubectl reads KUBECONFIG), in
+-- KUBE_IMAGE (an image with Node.js, node:22-bookworm-slim by default), the
+-- agent copied in from KUBE_AGENT_IMAGE (an image holding build/mayura-agent at
+-- /mayura-agent and cp); a NetworkPolicy keeps each one offline.
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -122,10 +127,10 @@ do
       provider_name = arg[i + 1]
       local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
         cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true,
-        codesandbox = true, modal = true }
+        codesandbox = true, modal = true, kubernetes = true }
       if not known[provider_name] then
         usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, '
-          .. 'apple-container, railway, northflank, codesandbox or modal')
+          .. 'apple-container, railway, northflank, codesandbox, modal or kubernetes')
       end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
@@ -280,6 +285,12 @@ elseif provider_name == 'modal' then
     token_id = env('MODAL_TOKEN_ID', true), token_secret = env('MODAL_TOKEN_SECRET', true),
     image = env('MODAL_IMAGE') or 'node:22-bookworm-slim', server_url = env('MODAL_SERVER_URL'),
   })
+elseif provider_name == 'kubernetes' then
+  -- the cluster and its credentials: the kubeconfig's current context, read by the example's helper
+  local options = dofile(here() .. '/kubernetes_kubeconfig.lua').options({
+    image = env('KUBE_IMAGE') or 'node:22-bookworm-slim', agent_image = env('KUBE_AGENT_IMAGE', true),
+  })
+  provider = require('mayura.sandbox.kubernetes').kubernetes_sandboxes(options)
 else
   provider = require('mayura.sandbox.local').local_sandboxes()
 end
