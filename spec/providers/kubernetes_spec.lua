@@ -360,3 +360,131 @@ describe('the agent --stdio', function()
     end
   end)
 end)
+
+describe('the attach and port-forward streams', function()
+  local process = require('mayura.process')
+  local util = require('support.util')
+  local attach = require('mayura.sandbox._kube_attach')
+  local agent_backend = require('mayura.sandbox._agent_backend')
+  local f = io.open('spec/npm/node_modules/ws/package.json')
+  if not f then
+    pending('the ws package is not installed (sh scripts/setup.sh installs spec/npm)')
+    return
+  end
+  f:close()
+  local dir, srv, base_url
+  local function conn(token)
+    return {
+      ws_base = 'ws://127.0.0.1:' .. base_url,
+      headers = function() return { Authorization = 'Bearer ' .. (token or 'good') } end,
+      status_error = function(status)
+        local e = sandbox.sandbox_http_failure(status)
+        e.message = 'kubernetes: the API server answered HTTP ' .. status .. ' to an attach'
+        return e
+      end,
+    }
+  end
+
+  setup(function()
+    dir = util.tmpdir()
+    srv = task.spawn(function()
+      return process.run({ 'node', 'spec/npm/kube_streams.mjs', dir .. '/port', AGENT, dir }, { timeout_ms = 300000 })
+    end)
+    base_url = util.eventually(function()
+      local pf = io.open(dir .. '/port')
+      local p = pf and pf:read('a')
+      if pf then pf:close() end
+      return p ~= nil and p ~= '' and p
+    end, 10000)
+    assert(base_url)
+  end)
+
+  teardown(function()
+    task.run(function()
+      pcall(require('mayura.http').request, { url = 'http://127.0.0.1:' .. base_url .. '/quit', timeout_ms = 5000 })
+    end)
+    srv:wait()
+    util.rmdir(dir)
+  end)
+
+  local Backend = agent_backend.class()
+  function Backend.release() end
+
+  it("carry the agent's protocol over channels 0 and 1, and the Pod's end makes the sandbox gone", function()
+    task.run(function()
+      local b = setmetatable({ closed = false }, Backend)
+      b.ch, b.session = attach.agent(conn(), '/api/v1/namespaces/ns/pods/p1', function() b.closed = true end)
+      agent_backend.handshake(b, { FROM = 'setup' }, dir)
+      local r = b:exec({ '/bin/sh', '-c', 'echo "$FROM"; echo err >&2; exit 3' }, { timeout_ms = 5000 })
+      assert.are.same({ 3, 'setup\n', 'err\n' }, { r.exit_code, r.stdout, r.stderr })
+      -- streamed output, standard input, and files of several parts both ways
+      local chunks = {}
+      r = b:exec({ '/bin/sh', '-c', 'cat; echo one; sleep 0.1; echo two' }, { timeout_ms = 5000, stdin = 'in\n',
+        on_output = function(name, data) chunks[#chunks + 1] = name .. ':' .. data end })
+      assert.are.equal('in\none\ntwo\n', r.stdout)
+      assert.is_true(#chunks >= 2)
+      local big = string.rep('0123456789abcdef', 200000) .. 'end'
+      b:write_file(dir .. '/big', big)
+      assert.is_true(b:read_file(dir .. '/big', {}) == big)
+      -- a command's tree is killed at its timeout
+      r = b:exec({ '/bin/sh', '-c', 'sleep 30 & sleep 30' }, { timeout_ms = 300 })
+      assert.is_true(r.timed_out)
+      -- the Pod deleted behind the host: the attach ends, and every call is gone
+      require('mayura.http').request({ url = 'http://127.0.0.1:' .. base_url .. '/api/v1/namespaces/ns/pods/p1',
+        method = 'DELETE', timeout_ms = 5000 })
+      local ok, err = pcall(function()
+        for _ = 1, 50 do
+          b:exec({ 'true' }, { timeout_ms = 1000 })
+          task.await(function(done) task.after(50, done, true) end)
+        end
+      end)
+      assert.is_false(ok)
+      assert.are.equal('gone', err.reason)
+      assert.is_true(b.closed)
+    end)
+  end)
+
+  it('maps a refused handshake to its coded error', function()
+    task.run(function()
+      local ok, err = pcall(attach.agent, conn('bad'), '/api/v1/namespaces/ns/pods/p2')
+      assert.is_false(ok)
+      assert.are.equal('authentication', err.reason, err.message)
+      assert.are.equal(403, err.status)
+    end)
+  end)
+
+  it('serves a port of the Pod on 127.0.0.1, one port-forward a connection', function()
+    task.run(function()
+      -- a TCP echo server standing for the Pod's port
+      local echo = uv.new_tcp()
+      echo:bind('127.0.0.1', 0)
+      echo:listen(8, function()
+        local c = uv.new_tcp()
+        echo:accept(c)
+        c:read_start(function(err, data)
+          if err or not data then return c:close() end
+          c:write('echo:' .. data)
+        end)
+      end)
+      local port = echo:getsockname().port
+      local fwd = attach.forward(conn(), '/api/v1/namespaces/ns/pods/p3', port)
+      assert.matches('^http://127%.0%.0%.1:%d+$', fwd.url)
+      for round = 1, 2 do
+        local got = task.await(function(done)
+          local c = uv.new_tcp()
+          c:connect('127.0.0.1', tonumber(fwd.url:match(':(%d+)$')), function(err)
+            if err then return done(nil) end
+            c:read_start(function(_, data)
+              c:close()
+              done(data)
+            end)
+            c:write('ping' .. round)
+          end)
+        end)
+        assert.are.equal('echo:ping' .. round, got)
+      end
+      fwd.close()
+      echo:close()
+    end)
+  end)
+end)

@@ -58,21 +58,17 @@ function M.agent(c, path, on_close)
   pipe:open(its)
   local session, ended = {}, false
   local ch
+  -- the attach's end is the sandbox's: the pair closes, and the channel with it
   local function finish()
     if ended then return end
     ended = true
     pcall(pipe.read_stop, pipe)
-    if not pipe:is_closing() then pipe:close() end
+    pipe:close()
     pcall(conn.close, conn)
+    if on_close then on_close() end
   end
   session.close = finish
-  ch = core.channel(mine, {
-    max_frame_bytes = agent_backend.MAX_FRAME_BYTES,
-    on_close = function()
-      finish()
-      if on_close then on_close() end
-    end,
-  })
+  ch = core.channel(mine, { max_frame_bytes = agent_backend.MAX_FRAME_BYTES, on_close = finish })
   -- the agent's frames out: stdin of the container
   local stdin = string.char(STDIN)
   pipe:read_start(function(err, data)
@@ -89,7 +85,6 @@ function M.agent(c, path, on_close)
       if not ok or msg == nil or #msg == 0 then break end
       local which = msg:byte(1)
       if which == STDOUT and #msg > 1 then
-        if pipe:is_closing() then break end
         pipe:write(msg:sub(2))
       elseif which == ERROR or which == CLOSE then
         -- the status of the attach's end (the container ended), or the server closing a stream
@@ -105,14 +100,14 @@ end
 local function forward_one(c, path, port, client)
   local ok, conn = pcall(open, c, path .. '/portforward?ports=' .. port, 'v4.channel.k8s.io, portforward.k8s.io', 15000)
   if not ok then
-    if not client:is_closing() then client:close() end
+    client:close()
     return
   end
   local done = false
   local function finish()
     if done then return end
     done = true
-    if not client:is_closing() then client:close() end
+    client:close()
     pcall(conn.close, conn)
   end
   local data = string.char(0)
@@ -133,7 +128,6 @@ local function forward_one(c, path, port, client)
         body = body:sub(3)
       end
       if which == 0 and #body > 0 then
-        if client:is_closing() then break end
         client:write(body)
       elseif which == 1 and #body > 0 then
         break   -- the server could not reach the port
@@ -166,11 +160,12 @@ function M.forward(c, path, port)
   end)
   local addr = server:getsockname()
   local f = { url = 'http://127.0.0.1:' .. addr.port }
+  local closed = false
   function f.close()
-    if not server:is_closing() then server:close() end
-    for client in pairs(conns) do
-      if not client:is_closing() then client:close() end
-    end
+    if closed then return end
+    closed = true
+    server:close()
+    for client in pairs(conns) do pcall(client.close, client) end
   end
   return f
 end
