@@ -35,11 +35,8 @@ const server = http.createServer((req, res) => {
     return;
   }
   if (req.url === '/quit') {
-    res.end();
     for (const child of pods.values()) child.kill('SIGKILL');
-    wss.close();
-    server.close();
-    server.closeAllConnections();
+    res.end(() => process.exit(0));
     return;
   }
   res.writeHead(404);
