@@ -1,0 +1,124 @@
+// The HTTPS and WebSocket front of the Kubernetes stand-in (spec/support/kube_service.lua), a Node
+// process on node:https and the `ws` package (no hand-written TLS or framing):
+//
+//   node spec/npm/kube_front.mjs <stand-in origin> <port file> <cert file> <key file>
+//
+// It writes its port to the port file and serves HTTPS on 127.0.0.1 with the certificate given.
+// Every request is passed on as it is to the stand-in (plain HTTP on loopback), its answer passed
+// back as it comes (a watch streams). A WebSocket upgrade (attach, exec, portforward) is asked of
+// the stand-in first: the same request with `X-Kube-Upgrade: <the subprotocols offered>`. An
+// answer other than 101 is the client's answer (a Status, as an API server refuses a handshake);
+// a 101 names the subprotocol in `X-Kube-Protocol`, the handshake is finished with it, and then
+// every message goes both ways as it is: to the stand-in as a 4-byte big-endian length and the
+// message's bytes (the channel byte first), and back the same way. The stand-in closing its
+// connection closes the WebSocket (1000); the client closing the WebSocket closes the connection.
+// `GET /_front/quit` ends the process.
+import { readFileSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import { WebSocketServer } from 'ws';
+
+const [origin, portFile, certFile, keyFile] = process.argv.slice(2);
+const target = new URL(origin);
+
+const server = https.createServer({ cert: readFileSync(certFile), key: readFileSync(keyFile) }, (req, res) => {
+  if (req.url === '/_front/quit') {
+    res.end('bye', () => process.exit(0));
+    return;
+  }
+  const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url,
+    headers: req.headers }, (answer) => {
+    res.writeHead(answer.statusCode, answer.headers);
+    answer.pipe(res);
+    answer.on('error', () => res.destroy());
+  });
+  up.on('error', () => {
+    if (!res.headersSent) res.writeHead(502);
+    res.end();
+  });
+  req.pipe(up);
+  res.on('close', () => up.destroy());
+});
+server.keepAliveTimeout = 5000;
+
+const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, maxPayload: 64 * 1024 * 1024,
+  handleProtocols: (offered, req) => req.kubeProtocol ?? false });
+
+function refuse(socket, head, body) {
+  socket.end(head + body);
+}
+
+server.on('upgrade', (req, socket, head) => {
+  const lines = [`${req.method} ${req.url} HTTP/1.1`];
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    const name = req.rawHeaders[i];
+    if (/^(connection|upgrade|content-length|transfer-encoding|sec-websocket-.*)$/i.test(name)) continue;
+    lines.push(`${name}: ${req.rawHeaders[i + 1]}`);
+  }
+  lines.push(`X-Kube-Upgrade: ${req.headers['sec-websocket-protocol'] ?? ''}`);
+  lines.push('Content-Length: 0');
+  const back = net.connect({ host: target.hostname, port: Number(target.port) });
+  let buf = Buffer.alloc(0);
+  let ws = null;
+  let pending = [];
+  back.on('error', () => {
+    if (ws) ws.close(1011); else socket.destroy();
+  });
+  back.write(lines.join('\r\n') + '\r\n\r\n');
+  const onData = (data) => {
+    buf = Buffer.concat([buf, data]);
+    if (ws === null) {
+      const end = buf.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      const headText = buf.subarray(0, end).toString('latin1');
+      const status = Number(headText.split(' ')[1]);
+      if (status !== 101) {
+        // the stand-in's refusal is the client's answer, whole
+        back.removeListener('data', onData);
+        const chunks = [buf];
+        back.on('data', (d) => chunks.push(d));
+        back.on('end', () => { socket.end(Buffer.concat(chunks)); });
+        return;
+      }
+      const m = headText.match(/\r\nX-Kube-Protocol: *([^\r\n]*)/i);
+      req.kubeProtocol = m ? m[1] : undefined;
+      buf = buf.subarray(end + 4);
+      ws = 'pending';
+      wss.handleUpgrade(req, socket, head, (client) => {
+        ws = client;
+        client.on('message', (msg) => {
+          const len = Buffer.alloc(4);
+          len.writeUInt32BE(msg.length);
+          back.write(Buffer.concat([len, msg]));
+        });
+        client.on('close', () => back.end());
+        client.on('error', () => back.destroy());
+        for (const p of pending) client.send(p, { binary: true });
+        pending = [];
+        flush();
+        if (back.readableEnded) client.close(1000);
+      });
+      return;
+    }
+    flush();
+  };
+  function flush() {
+    while (buf.length >= 4) {
+      const n = buf.readUInt32BE(0);
+      if (buf.length < 4 + n) break;
+      const msg = buf.subarray(4, 4 + n);
+      buf = buf.subarray(4 + n);
+      if (ws === 'pending') pending.push(Buffer.from(msg)); else ws.send(msg, { binary: true });
+    }
+  }
+  back.on('data', onData);
+  back.on('end', () => {
+    if (ws && ws !== 'pending') ws.close(1000);
+  });
+  socket.on('error', () => back.destroy());
+});
+
+server.listen(0, '127.0.0.1', () => {
+  writeFileSync(portFile, String(server.address().port));
+});
