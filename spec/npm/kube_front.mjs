@@ -30,6 +30,7 @@ const server = https.createServer({ cert: readFileSync(certFile), key: readFileS
   const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url,
     headers: req.headers }, (answer) => {
     res.writeHead(answer.statusCode, answer.headers);
+    res.flushHeaders();   // a watch's head goes before its first event
     answer.pipe(res);
     answer.on('error', () => res.destroy());
   });
@@ -44,10 +45,6 @@ server.keepAliveTimeout = 5000;
 
 const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, maxPayload: 64 * 1024 * 1024,
   handleProtocols: (offered, req) => req.kubeProtocol ?? false });
-
-function refuse(socket, head, body) {
-  socket.end(head + body);
-}
 
 server.on('upgrade', (req, socket, head) => {
   const lines = [`${req.method} ${req.url} HTTP/1.1`];

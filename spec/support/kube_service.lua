@@ -476,7 +476,8 @@ function M.install(svc, _, opts)
   local function body_of(req)
     local ct = (req.headers['content-type'] or 'application/json'):lower()
     if req.method == 'PATCH' then
-      if not ct:find('application/merge-patch+json', 1, true) then
+      if not ct:find('application/merge-patch+json', 1, true) and
+        not ct:find('application/strategic-merge-patch+json', 1, true) then
         return nil, fail(415, 'UnsupportedMediaType', ('the body of the request was in an unknown format - ' ..
           'accepted media types include: application/merge-patch+json (the stand-in has no %s)'):format(ct))
       end
@@ -1528,12 +1529,47 @@ function M.install(svc, _, opts)
     if not ok then return fail(404, 'NotFound', 'the server could not find the requested resource') end
     return { json = resource_list(req.params.group .. '/' .. req.params.version, g.plurals) }
   end)
-  for _, p in ipairs({ '/openapi/v2', '/openapi/v3' }) do
-    route('GET', p, function()
-      return fail(404, 'NotFound', 'the server could not find the requested resource (the stand-in has no OpenAPI ' ..
-        'documents)')
-    end)
+  -- OpenAPI v3: the index and, per group version, its paths with the operations' GVK and their
+  -- fieldValidation parameter (what kubectl looks for before it validates on the server); no
+  -- schemas. OpenAPI v2 is not served.
+  local function gv_paths()
+    local out = { { 'api/v1', '/api/v1', '', 'v1', { 'pods' } },
+      { 'apis/networking.k8s.io/v1', '/apis/networking.k8s.io/v1', 'networking.k8s.io', 'v1', { 'networkpolicies' } } }
+    for _, v in ipairs(CR_VERSIONS) do
+      out[#out + 1] = { 'apis/' .. AS .. '/' .. v, '/apis/' .. AS .. '/' .. v, AS, v, { 'sandboxes' } }
+      out[#out + 1] = { 'apis/' .. AX .. '/' .. v, '/apis/' .. AX .. '/' .. v, AX, v,
+        { 'sandboxtemplates', 'sandboxclaims', 'sandboxwarmpools' } }
+    end
+    return out
   end
+  route('GET', '/openapi/v3', function()
+    local paths = object()
+    for _, gv in ipairs(gv_paths()) do
+      paths[gv[1]] = object({ serverRelativeURL = '/openapi/v3/' .. gv[1] .. '?hash=stand-in' })
+    end
+    return { json = object({ paths = paths }) }
+  end)
+  local function openapi_doc(gv)
+    local paths = object()
+    local param = object({ name = 'fieldValidation', ['in'] = 'query', schema = object({ type = 'string' }),
+      description = 'Strict, Warn or Ignore' })
+    for _, plural in ipairs(gv[5]) do
+      local gvk = object({ group = gv[3], version = gv[4], kind = KINDS[plural].kind })
+      local function op(id) return object({ operationId = id, parameters = array({ param }),
+        ['x-kubernetes-group-version-kind'] = gvk, responses = object() }) end
+      paths[gv[2] .. '/namespaces/{namespace}/' .. plural] = object({ post = op('create' .. KINDS[plural].kind) })
+      paths[gv[2] .. '/namespaces/{namespace}/' .. plural .. '/{name}'] = object({
+        put = op('replace' .. KINDS[plural].kind), patch = op('patch' .. KINDS[plural].kind) })
+    end
+    return object({ openapi = '3.0.0', info = object({ title = 'Kubernetes', version = 'v1.32.0' }), paths = paths,
+      components = object({ schemas = object() }) })
+  end
+  for _, gv in ipairs(gv_paths()) do
+    route('GET', '/openapi/v3/' .. gv[1], function() return { json = openapi_doc(gv) } end)
+  end
+  route('GET', '/openapi/v2', function()
+    return fail(404, 'NotFound', 'the server could not find the requested resource')
+  end)
 
   -- }------------------------------------------------------
 
@@ -1656,10 +1692,91 @@ function M.install(svc, _, opts)
       end }
   end
 
+  local function age(ts)
+    local t = state.parse_time(ts)
+    if not t then return '<unknown>' end
+    local s = math.max(0, math.floor((core.now_ms() - t) / 1000))
+    if s < 120 then return s .. 's' end
+    local m = math.floor(s / 60)
+    if m < 10 then return ('%dm%ds'):format(m, s % 60) end
+    if m < 180 then return m .. 'm' end
+    local h = math.floor(m / 60)
+    if h < 48 then return ('%dh%dm'):format(h, m % 60) end
+    return math.floor(h / 24) .. 'd'
+  end
+
+  local function pod_cells(pod)
+    local ready, total, restarts, reason = 0, 0, 0, pod.status.reason or pod.status.phase
+    for _, st in ipairs(pod.status.containerStatuses or {}) do
+      total = total + 1
+      if st.ready then ready = ready + 1 end
+      restarts = restarts + (st.restartCount or 0)
+      if st.state.waiting and st.state.waiting.reason then reason = st.state.waiting.reason end
+      if st.state.terminated and st.state.terminated.reason and pod.status.phase ~= 'Running' then
+        reason = st.state.terminated.reason
+      end
+    end
+    if total == 0 then total = #pod.spec.containers end
+    if pod.metadata.deletionTimestamp then reason = 'Terminating' end
+    return { pod.metadata.name, ('%d/%d'):format(ready, total), reason, restarts, age(pod.metadata.creationTimestamp),
+      pod.status.podIP or '<none>', pod.spec.nodeName or '<none>', '<none>', '<none>' }
+  end
+
+  -- A Table (meta.k8s.io/v1), as kubectl asks for with its Accept header.
+  local function table_of(plural, items)
+    local cols = { { 'Name', 'string', 'name', 0 } }
+    if plural == 'pods' then
+      cols = { { 'Name', 'string', 'name', 0 }, { 'Ready', 'string', '', 0 }, { 'Status', 'string', '', 0 },
+        { 'Restarts', 'string', '', 0 }, { 'Age', 'string', '', 0 }, { 'IP', 'string', '', 1 },
+        { 'Node', 'string', '', 1 }, { 'Nominated Node', 'string', '', 1 }, { 'Readiness Gates', 'string', '', 1 } }
+    elseif plural == 'networkpolicies' then
+      cols[#cols + 1] = { 'Pod-Selector', 'string', '', 0 }
+      cols[#cols + 1] = { 'Age', 'date', '', 0 }
+    elseif plural == 'sandboxes' or plural == 'sandboxclaims' then
+      cols[#cols + 1] = { 'Ready', 'string', '', 0 }
+      cols[#cols + 1] = { 'Age', 'date', '', 0 }
+    else
+      cols[#cols + 1] = { 'Age', 'date', '', 0 }
+    end
+    local defs = array()
+    for _, c in ipairs(cols) do
+      defs[#defs + 1] = object({ name = c[1], type = c[2], format = c[3], description = c[1], priority = c[4] })
+    end
+    local rows = array()
+    for _, obj in ipairs(items) do
+      local cells
+      if plural == 'pods' then cells = pod_cells(obj)
+      else
+        cells = { obj.metadata.name }
+        if plural == 'networkpolicies' then
+          local sel = {}
+          for k, v in pairs(obj.spec.podSelector and obj.spec.podSelector.matchLabels or {}) do sel[#sel + 1] = k .. '=' .. v end
+          table.sort(sel)
+          cells[#cells + 1] = #sel > 0 and table.concat(sel, ',') or '<none>'
+        elseif plural == 'sandboxes' or plural == 'sandboxclaims' then
+          local r = 'Unknown'
+          for _, c in ipairs(obj.status and obj.status.conditions or {}) do if c.type == 'Ready' then r = c.status end end
+          cells[#cells + 1] = r
+        end
+        cells[#cells + 1] = age(obj.metadata.creationTimestamp)
+      end
+      local meta = copy(obj.metadata)
+      rows[#rows + 1] = object({ cells = array(cells), object = object({ kind = 'PartialObjectMetadata',
+        apiVersion = 'meta.k8s.io/v1', metadata = meta }) })
+    end
+    return object({ kind = 'Table', apiVersion = 'meta.k8s.io/v1', metadata = object({
+      resourceVersion = tostring(state.rv) }), columnDefinitions = defs, rows = rows })
+  end
+  local function wants_table(req)
+    return (req.headers.accept or ''):find('as=Table', 1, true) ~= nil
+  end
+  state.wants_table, state.table_of = wants_table, table_of
+
   local function list_answer(plural, ns, req, version)
     if req.query.watch == 'true' or req.query.watch == '1' then return watch(plural, ns, req, version) end
     local items, err = list_items(plural, ns, req)
     if not items then return err end
+    if wants_table(req) then return { json = table_of(plural, items) } end
     local out = array()
     local core_type = KINDS[plural].group == ''
     for _, obj in ipairs(items) do
@@ -1728,6 +1845,7 @@ function M.install(svc, _, opts)
   local function read(plural, req, ns, version)
     local obj = get(plural, ns, req.params.name)
     if not obj then return not_found(plural, req.params.name) end
+    if wants_table(req) then return { json = table_of(plural, { obj }) } end
     return { json = typed(plural, obj, version) }
   end
 
