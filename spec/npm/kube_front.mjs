@@ -1,9 +1,10 @@
 // The HTTPS and WebSocket front of the Kubernetes stand-in (spec/support/kube_service.lua), a Node
 // process on node:https and the `ws` package (no hand-written TLS or framing):
 //
-//   node spec/npm/kube_front.mjs <stand-in origin> <port file> <cert file> <key file>
+//   node spec/npm/kube_front.mjs <stand-in origin> <port file> [<cert file> <key file>]
 //
-// It writes its port to the port file and serves HTTPS on 127.0.0.1 with the certificate given.
+// It writes its port to the port file and serves HTTPS on 127.0.0.1 with the certificate given
+// (plain HTTP without one).
 // Every request is passed on as it is to the stand-in (plain HTTP on loopback), its answer passed
 // back as it comes (a watch streams). A WebSocket upgrade (attach, exec, portforward) is asked of
 // the stand-in first: the same request with `X-Kube-Upgrade: <the subprotocols offered>`. An
@@ -22,7 +23,7 @@ import { WebSocketServer } from 'ws';
 const [origin, portFile, certFile, keyFile] = process.argv.slice(2);
 const target = new URL(origin);
 
-const server = https.createServer({ cert: readFileSync(certFile), key: readFileSync(keyFile) }, (req, res) => {
+function serve(req, res) {
   if (req.url === '/_front/quit') {
     res.end('bye', () => process.exit(0));
     return;
@@ -40,7 +41,10 @@ const server = https.createServer({ cert: readFileSync(certFile), key: readFileS
   });
   req.pipe(up);
   res.on('close', () => up.destroy());
-});
+}
+const server = certFile
+  ? https.createServer({ cert: readFileSync(certFile), key: readFileSync(keyFile) }, serve)
+  : http.createServer(serve);
 server.keepAliveTimeout = 5000;
 
 const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, maxPayload: 64 * 1024 * 1024,

@@ -15,7 +15,7 @@
 -- images the node has already: any other one is pulled on first use, unless pulling it is
 -- scripted to fail in `state.pull_failures[image]`), `agent_images` (images that hold the agent
 -- at /.mayura/agent themselves), `start_ms` (how long a container takes to start, 30),
--- `tls` (false: plain HTTP at state.server, no ca_file).
+-- `tls` (false: plain HTTP and WebSocket at state.server, no ca_file).
 --
 -- Transport: HTTPS with a CA and a server certificate (127.0.0.1, localhost) made with openssl
 -- in a temporary directory, served by spec/npm/kube_front.mjs (node:https and the `ws`
@@ -71,7 +71,7 @@
 --
 -- Attach, exec and portforward: WebSocket upgrades (through the front) with the subprotocols
 -- v5.channel.k8s.io, v4.channel.k8s.io (and v3, v2, channel.k8s.io for exec and attach;
--- portforward takes v4.channel.k8s.io and portforward.k8s.io): binary messages whose first byte is
+-- portforward takes v4.channel.k8s.io, as the kubelet's WebSocket port forward): binary messages whose first byte is
 -- the channel (0 stdin, 1 stdout, 2 stderr, 3 error: a Status JSON at the end (v4, v5), 4
 -- resize (ignored); v5's 255 + a channel closes that stream: 255 0 closes the process's
 -- stdin). Exec's command comes in repeated `command` parameters; the Status says Success or
@@ -2052,7 +2052,7 @@ function M.install(svc, _, opts)
 
   local STREAM_PROTOCOLS = { 'v5.channel.k8s.io', 'v4.channel.k8s.io', 'v3.channel.k8s.io', 'v2.channel.k8s.io',
     'channel.k8s.io' }
-  local PF_PROTOCOLS = { 'v4.channel.k8s.io', 'portforward.k8s.io' }
+  local PF_PROTOCOLS = { 'v4.channel.k8s.io' }
 
   local function pick(req, supported)
     local offered = {}
@@ -2201,17 +2201,11 @@ function M.install(svc, _, opts)
         local function closed()
           for _, c in pairs(conns) do c.close() end
         end
-        local first = {}
         b = bridge(client, proto, function(msg)
           local ch = msg:byte(1)
           local data = msg:sub(2)
           local i = math.floor(ch / 2) + 1
           if ch % 2 == 1 or not ports[i] then return end
-          -- the client's first message on a data channel carries the port again
-          if not first[ch] then
-            first[ch] = true
-            data = data:sub(3)
-          end
           if #data > 0 and conns[i] then conns[i].write(data) end
         end, closed)
         for i, port in ipairs(ports) do
@@ -2254,9 +2248,7 @@ function M.install(svc, _, opts)
     local root = src:match('^(.*)/spec/support/kube_service%.lua$') or '.'
     return root .. '/spec/npm/kube_front.mjs'
   end
-  if opts.tls == false then
-    state.server = svc:url('')
-  else
+  if opts.tls ~= false then
     run({ 'openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
       '-days', '2', '-subj', '/CN=stand-in-ca', '-keyout', dir .. '/ca.key', '-out', dir .. '/ca.crt',
       '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign' })
@@ -2269,9 +2261,15 @@ function M.install(svc, _, opts)
     run({ 'openssl', 'x509', '-req', '-in', dir .. '/server.csr', '-CA', dir .. '/ca.crt', '-CAkey', dir .. '/ca.key',
       '-CAcreateserial', '-days', '2', '-extfile', dir .. '/ext.cnf', '-out', dir .. '/server.crt' })
     state.ca_file = dir .. '/ca.crt'
+  end
+  do
     local port_file = dir .. '/port'
-    state.front = core.spawn({ argv = { 'node', front_script(), svc:url(''), port_file, dir .. '/server.crt',
-      dir .. '/server.key' }, env = { PATH = os.getenv('PATH') }, max_output_bytes = 65536 },
+    local argv = { 'node', front_script(), svc:url(''), port_file }
+    if opts.tls ~= false then
+      argv[#argv + 1] = dir .. '/server.crt'
+      argv[#argv + 1] = dir .. '/server.key'
+    end
+    state.front = core.spawn({ argv = argv, env = { PATH = os.getenv('PATH') }, max_output_bytes = 65536 },
       function(res) state.front_result = res end)
     local deadline = core.hrtime_ms() + 15000
     local port
@@ -2282,7 +2280,7 @@ function M.install(svc, _, opts)
         tostring(state.front_result and state.front_result.stderr))
       task.sleep(20)
     end
-    state.server = 'https://127.0.0.1:' .. port
+    state.server = (opts.tls == false and 'http' or 'https') .. '://127.0.0.1:' .. port
   end
 
   --- Ends every pod, the front, and removes the certificates.
