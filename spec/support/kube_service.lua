@@ -1221,6 +1221,14 @@ function M.install(svc, _, opts)
     put(plural, obj, 'ADDED')
   end
 
+  -- A Sandbox goes with its pod (its owner reference).
+  local function delete_sandbox(sb)
+    local pod = get('pods', sb.metadata.namespace, sb.metadata.name)
+    if get('sandboxes', sb.metadata.namespace, sb.metadata.name) == sb then finish_delete('sandboxes', sb) end
+    if pod then delete_pod(pod, 0) end
+  end
+  state.delete_sandbox = delete_sandbox
+
   local function parse_time(s)
     if type(s) ~= 'string' then return nil end
     local y, mo, d, h, mi, se = s:match('^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)')
@@ -1356,7 +1364,7 @@ function M.install(svc, _, opts)
             cl._expired = true
             set_cond(cl, 'Ready', 'False', 'ClaimExpired')
             put('sandboxclaims', cl)
-            if sb then finish_delete('sandboxes', sb) end
+            if sb then delete_sandbox(sb) end
           end
         end
       end
@@ -1366,8 +1374,7 @@ function M.install(svc, _, opts)
           local pod = get('pods', ns, sb.metadata.name)
           local shut = parse_time(sb.spec.shutdownTime)
           if shut and core.now_ms() >= shut then
-            if pod then delete_pod(pod, 0) end
-            finish_delete('sandboxes', sb)
+            delete_sandbox(sb)
           elseif not pod and not sb._pod_made and (sb.spec.operatingMode or 'Running') == 'Running' then
             sb._pod_made = true
             local p = sandbox_pod_spec(sb)
@@ -1668,7 +1675,7 @@ function M.install(svc, _, opts)
           end
         end
         local deadline = core.hrtime_ms() + timeout * 1000
-        local ok = pcall(function()
+        local ok, werr = pcall(function()
           while not state.closed and core.hrtime_ms() < deadline do
             while #queue > 0 do
               local ev = table.remove(queue, 1)
@@ -1681,14 +1688,14 @@ function M.install(svc, _, opts)
             if left <= 0 then break end
             task.await(function(done)
               wake = done
-              task.after(math.min(left, 1000), function() if wake == done then wake = nil; done() end end, true)
+              task.after(math.max(1, math.floor(math.min(left, 1000))), function() if wake == done then wake = nil; done() end end, true)
             end)
             if req.signal.cancelled then return end
             if not send('') then return end
           end
         end)
         state.watchers[w] = nil
-        if not ok then error('watch failed', 0) end
+        if not ok then error(werr, 0) end
       end }
   end
 
@@ -1865,24 +1872,17 @@ function M.install(svc, _, opts)
       return { json = typed(plural, obj, version) }
     end
     finish_delete(plural, obj)
-    -- a Sandbox takes its pod; a claim its sandbox (owner references)
+    -- a Sandbox takes its pod; a claim its sandbox; a warm pool its sandboxes (owner references)
     if plural == 'sandboxes' then
-      local pod = get('pods', ns, obj.metadata.name)
-      if pod then delete_pod(pod, 0) end
+      delete_sandbox(obj)
     elseif plural == 'sandboxclaims' then
       local name = obj.status and obj.status.sandbox and obj.status.sandbox.name
       local sb = name and get('sandboxes', ns, name)
-      if sb then
-        finish_delete('sandboxes', sb)
-        local pod = get('pods', ns, sb.metadata.name)
-        if pod then delete_pod(pod, 0) end
-      end
+      if sb then delete_sandbox(sb) end
     elseif plural == 'sandboxwarmpools' then
       for _, sb in pairs(state.objects.sandboxes[ns] or {}) do
         if (sb.metadata.labels or {})['agents.x-k8s.io/warm-pool-sandbox'] == obj.metadata.name then
-          finish_delete('sandboxes', sb)
-          local pod = get('pods', ns, sb.metadata.name)
-          if pod then delete_pod(pod, 0) end
+          delete_sandbox(sb)
         end
       end
     end
