@@ -211,6 +211,32 @@ describe('the Kubernetes API server stand-in', function()
       assert.is_true(util.eventually(function() return not ct.running end, 5000))
     end)
 
+  it('puts the agent where an init container copies it into an emptyDir at /.mayura, and nowhere else', function()
+    local probe = { 'sh', '-c', 'if [ -x /.mayura/agent ]; then echo agent-there; else echo no-agent; fi; ' ..
+      'exec sleep 30' }
+    local with = pod_body('with-agent', probe, { container = { volumeMounts = { { name = 'mayura',
+      mountPath = '/.mayura' } } }, spec = { volumes = { { name = 'mayura', emptyDir = {} } },
+      initContainers = { { name = 'agent', image = 'busybox:1', command = { 'cp', '/agent', '/.mayura/agent' },
+        volumeMounts = { { name = 'mayura', mountPath = '/.mayura' } } } } } })
+    assert.are.equal(201, call('POST', pod_path(), with).status)
+    assert.are.equal(201, call('POST', pod_path(), pod_body('without-agent', probe)).status)
+    local pod = wait_pod('with-agent', function(p) return p.status.phase == 'Running' end)
+    assert.are.equal('Completed', pod.status.initContainerStatuses[1].state.terminated.reason)
+    wait_pod('without-agent', function(p) return p.status.phase == 'Running' end)
+    local function log(name)
+      local text
+      util.eventually(function()
+        text = call('GET', pod_path(name) .. '/log').body
+        return text:find('agent', 1, true) ~= nil
+      end, 5000)
+      return text
+    end
+    assert.are.equal('agent-there\n', log('with-agent'))
+    assert.are.equal('no-agent\n', log('without-agent'))
+    call('DELETE', pod_path('with-agent') .. '?gracePeriodSeconds=0')
+    call('DELETE', pod_path('without-agent') .. '?gracePeriodSeconds=0')
+  end)
+
   it('ends a pod at activeDeadlineSeconds: Failed, DeadlineExceeded, its process gone', function()
     call('POST', pod_path(), pod_body('deadline', { 'sleep', '60' }, { spec = { activeDeadlineSeconds = 1 } }))
     local pod = wait_pod('deadline', function(p) return p.status.phase == 'Running' end)
@@ -472,5 +498,68 @@ describe('the Kubernetes API server stand-in', function()
     assert.is_nil(r.stderr:find(TOKEN, 1, true))
     util.rmdir(dir)
     task.sleep(0)
+  end)
+
+  describe('over plain HTTP (tls = false), through mayura.ws as libwebsockets speaks it', function()
+    local plain_svc, plain
+    setup(function()
+      plain_svc = stand_in.new()
+      plain = kube.install(plain_svc, nil, { token = TOKEN, namespace = NS, images = { 'busybox:1' }, tls = false })
+    end)
+    teardown(function()
+      plain_svc:close()
+      assert.are.same({}, plain_svc.failures)
+    end)
+
+    local function pcall_json(method, path, body)
+      local r = http.request({ url = plain.server .. path, method = method, timeout_ms = 10000, body = body and
+        json.encode(body), headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' } })
+      return r.status, json.decode(r.body)
+    end
+
+    it('attaches with v4.channel.k8s.io to the first process, and execs with the Status on channel 3', function()
+      local ws = require('mayura.ws')
+      assert.is_nil(plain.ca_file)
+      assert.is_truthy(plain.server:match('^http://127%.0%.0%.1:%d+$'))
+      local status = pcall_json('POST', pod_path(), pod_body('ws-pod', { 'sh', '-c',
+        'while read l; do echo "echo:$l"; done' }, { container = { stdin = true } }))
+      assert.are.equal(201, status)
+      assert.is_true(util.eventually(function()
+        local _, p = pcall_json('GET', pod_path('ws-pod'))
+        return p.status.phase == 'Running'
+      end, 10000))
+      local base = plain.server:gsub('^http', 'ws') .. pod_path('ws-pod')
+      local conn = ws.connect({ url = base .. '/attach?container=sandbox&stdin=true&stdout=true&stderr=true',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+      assert.are.equal('v4.channel.k8s.io', conn.protocol)
+      conn:send('\0hello\n', true)
+      local msg = conn:receive({ timeout_ms = 5000 })
+      assert.are.equal('\1echo:hello\n', msg)
+      conn:close()
+      local ex = ws.connect({ url = base .. '/exec?container=sandbox&command=sh&command=-c&command=echo%20x%3B%20exit%207' ..
+        '&stdout=true&stderr=true', headers = { Authorization = 'Bearer ' .. TOKEN },
+        protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+      local got = {}
+      while true do
+        local m = ex:receive({ timeout_ms = 5000 })
+        if not m then break end
+        got[#got + 1] = m
+      end
+      assert.are.equal('\1x\n', got[1])
+      local st = json.decode(got[#got]:sub(2))
+      assert.are.equal(3, got[#got]:byte(1))
+      assert.are.equal('NonZeroExitCode', st.reason)
+      assert.are.equal('7', st.details.causes[1].message)
+      -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404
+      local ok, err = pcall(ws.connect, { url = base .. '/attach?stdin=true', protocols = 'v4.channel.k8s.io',
+        timeout_ms = 5000 })
+      assert.is_false(ok)
+      assert.are.equal(401, err.status)
+      ok, err = pcall(ws.connect, { url = base .. '-gone/attach?stdin=true', protocols = 'v4.channel.k8s.io',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, timeout_ms = 5000 })
+      assert.is_false(ok)
+      assert.are.equal(404, err.status)
+      pcall_json('DELETE', pod_path('ws-pod') .. '?gracePeriodSeconds=0')
+    end)
   end)
 end)

@@ -97,6 +97,7 @@ local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
 local stand_in = require('support.stand_in')
 local pods_rt = require('support.kube_pods')
+local is_int = require('mayura._check').is_int
 
 local json = core.json
 
@@ -606,7 +607,7 @@ function M.install(svc, _, opts)
     if type(sc) ~= 'table' then return end
     for _, k in ipairs({ 'runAsUser', 'runAsGroup', 'fsGroup' }) do
       local v = sc[k]
-      if v ~= nil and (math.type(v) ~= 'integer' or v < 0 or v > 2147483647) then
+      if v ~= nil and (not is_int(v) or v < 0 or v > 2147483647) then
         causes[#causes + 1] = { field = path .. '.' .. k, message = ('Invalid value: %s: must be between 0 and ' ..
           '2147483647, inclusive'):format(tostring(v)) }
       end
@@ -683,7 +684,7 @@ function M.install(svc, _, opts)
       for j, port in ipairs(c.ports or {}) do
         local pp = ('%s.ports[%d]'):format(p, j - 1)
         local n = type(port) == 'table' and port.containerPort
-        if math.type(n) ~= 'integer' or n < 1 or n > 65535 then
+        if not is_int(n) or n < 1 or n > 65535 then
           causes[#causes + 1] = { field = pp .. '.containerPort', message = ('Invalid value: %s: must be between ' ..
             '1 and 65535, inclusive'):format(tostring(n)) }
         end
@@ -735,12 +736,12 @@ function M.install(svc, _, opts)
           :format(show(spec.restartPolicy)) }
     end
     local ad = spec.activeDeadlineSeconds
-    if ad ~= nil and (math.type(ad) ~= 'integer' or ad < 1) then
+    if ad ~= nil and (not is_int(ad) or ad < 1) then
       causes[#causes + 1] = { field = 'spec.activeDeadlineSeconds', message = ('Invalid value: %s: must be ' ..
         'between 1 and 2147483647, inclusive'):format(tostring(ad)) }
     end
     local tg = spec.terminationGracePeriodSeconds
-    if tg ~= nil and (math.type(tg) ~= 'integer' or tg < 0) then
+    if tg ~= nil and (not is_int(tg) or tg < 0) then
       causes[#causes + 1] = { field = 'spec.terminationGracePeriodSeconds', message = ('Invalid value: %s: must ' ..
         'be greater than or equal to 0'):format(tostring(tg)) }
     end
@@ -808,7 +809,7 @@ function M.install(svc, _, opts)
               '"TCP", "UDP"'):format(show(port.protocol)) }
           end
           local pn = port.port
-          if math.type(pn) == 'integer' and (pn < 1 or pn > 65535) then
+          if is_int(pn) and (pn < 1 or pn > 65535) then
             causes[#causes + 1] = { field = ('%s.ports[%d].port'):format(rp, j - 1), message = ('Invalid value: %d: ' ..
               'must be between 1 and 65535, inclusive'):format(pn) }
           end
@@ -1861,7 +1862,7 @@ function M.install(svc, _, opts)
     if not obj then return not_found(plural, req.params.name) end
     local grace = tonumber(req.query.gracePeriodSeconds or '')
     local body = type(req.json) == 'table' and req.json or {}
-    if grace == nil and math.type(body.gracePeriodSeconds) == 'integer' then grace = body.gracePeriodSeconds end
+    if grace == nil and is_int(body.gracePeriodSeconds) then grace = body.gracePeriodSeconds end
     local pre = body.preconditions
     if type(pre) == 'table' and pre.uid and pre.uid ~= obj.metadata.uid then
       return fail(409, 'Conflict', ('Precondition failed: UID in precondition: %s, UID in object meta: %s')
@@ -2187,7 +2188,7 @@ function M.install(svc, _, opts)
       for _, v in ipairs(query_all(req, 'ports')) do
         for p in v:gmatch('[^,]+') do
           local n = tonumber(p)
-          if not n or math.type(n) ~= 'integer' or n < 1 or n > 65535 then
+          if not n or not is_int(n) or n < 1 or n > 65535 then
             return fail(400, 'BadRequest', ('invalid port: %q'):format(p))
           end
           ports[#ports + 1] = n
