@@ -237,6 +237,47 @@ describe('the Kubernetes API server stand-in', function()
     call('DELETE', pod_path('without-agent') .. '?gracePeriodSeconds=0')
   end)
 
+  it('validates fields: Strict refuses one a Pod does not have, the default warns and drops it', function()
+    local b = pod_body('typo', { 'sleep', '30' }, { container = { stdinOnec = true }, spec = { activeDeadline = 5 } })
+    local r = call('POST', pod_path() .. '?fieldValidation=Strict', b)
+    assert.are.equal(400, r.status)
+    assert.are.equal('BadRequest', r.json.reason)
+    assert.is_truthy(r.json.message:find('unknown field "spec.activeDeadline"', 1, true), r.json.message)
+    assert.is_truthy(r.json.message:find('unknown field "spec.containers[0].stdinOnec"', 1, true), r.json.message)
+    r = call('POST', pod_path(), b)
+    assert.are.equal(201, r.status)
+    assert.is_truthy(r.headers.warning:find('unknown field \\"spec.activeDeadline\\"', 1, true), r.headers.warning)
+    assert.is_nil(r.json.spec.activeDeadline)
+    assert.is_nil(r.json.spec.containers[1].stdinOnec)
+    call('DELETE', pod_path('typo') .. '?gracePeriodSeconds=0')
+  end)
+
+  it('keeps a pod Pending as a kubelet and scheduler do: runAsNonRoot as root, requests above the node', function()
+    call('POST', pod_path(), pod_body('asroot', { 'true' }, { container = { securityContext = { runAsNonRoot = true } } }))
+    local pod = wait_pod('asroot', function(p)
+      local st = p.status.containerStatuses
+      return st and st[1].state.waiting and st[1].state.waiting.reason == 'CreateContainerConfigError'
+    end)
+    assert.are.equal('Pending', pod.status.phase)
+    assert.is_nil(state.containers[pod.metadata.uid])
+    call('POST', pod_path(), pod_body('huge', { 'true' }, { container = { resources = { requests = { cpu = '64' } } } }))
+    pod = wait_pod('huge', function(p) return cond(p, 'PodScheduled') == 'False' end)
+    assert.are.equal('Pending', pod.status.phase)
+    assert.are.equal('Unschedulable', pod.status.conditions[1].reason)
+    assert.is_truthy(pod.status.conditions[1].message:find('Insufficient cpu', 1, true))
+    assert.is_nil(pod.spec.nodeName)
+    -- as root with runAsNonRoot and a uid, it runs; its group is the image's (0) unless runAsGroup says
+    call('POST', pod_path(), pod_body('nonroot', { 'sh', '-c', 'id -u; id -g; exec sleep 30' }, { container = {
+      securityContext = { runAsNonRoot = true, runAsUser = 4321 } } }))
+    wait_pod('nonroot', function(p) return p.status.phase == 'Running' end)
+    local log
+    assert.is_true(util.eventually(function()
+      log = call('GET', pod_path('nonroot') .. '/log').body
+      return log == '4321\n0\n'
+    end, 5000), log)
+    for _, n in ipairs({ 'asroot', 'huge', 'nonroot' }) do call('DELETE', pod_path(n) .. '?gracePeriodSeconds=0') end
+  end)
+
   it('ends a pod at activeDeadlineSeconds: Failed, DeadlineExceeded, its process gone', function()
     call('POST', pod_path(), pod_body('deadline', { 'sleep', '60' }, { spec = { activeDeadlineSeconds = 1 } }))
     local pod = wait_pod('deadline', function(p) return p.status.phase == 'Running' end)

@@ -9,8 +9,9 @@
 --   * each emptyDir volume mount is a tmpfs of its own (`size` from its sizeLimit, 64 MiB by
 --     default), the agent copied into `agent_dir`'s (the init container's copy) at
 --     `agent_dir`/agent (mode 0555);
---   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account), with no
---     capabilities and no_new_privs (bubblewrap's --cap-drop ALL and its seccomp-less default);
+--   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, picked at
+--     random), with no capabilities, no_new_privs and no user namespaces of its own to make
+--     (bubblewrap's --cap-drop ALL and --disable-userns); no seccomp filter;
 --   * run as root, memory, cpus and pids are cgroups the launcher makes, joins, kills and removes
 --     (mayura.sandbox._local_cgroup), as for a local sandbox;
 --   * its standard input, output and error are socket pairs to the host (stdin shut at once
@@ -117,11 +118,11 @@ function M.start(c)
   seq = seq + 1
   local id = ('kpod-%d-%s'):format(seq, host.random_hex(4))
   local uid, gid = c.uid or 0, c.gid or c.uid or 0
-  local host_uid = HOST_UID_BASE + (seq % 65536)
+  local host_uid = HOST_UID_BASE + (tonumber(host.random_hex(2), 16) or seq) % 65536
   local a = { bin('mayura-launch'), host.find_in_path('bwrap'),
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-net', '--unshare-cgroup-try',
     '--uid', tostring(uid), '--gid', tostring(gid), '--hostname', c.name or 'pod',
-    '--new-session', '--die-with-parent', '--cap-drop', 'ALL', '--info-fd', '4',
+    '--new-session', '--die-with-parent', '--disable-userns', '--cap-drop', 'ALL', '--info-fd', '4',
     '--ro-bind', '/usr', '/usr' }
   local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
   for _, d in ipairs(root_fs.ROOT_DIRS) do

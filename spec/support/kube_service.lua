@@ -15,83 +15,103 @@
 -- images the node has already: any other one is pulled on first use, unless pulling it is
 -- scripted to fail in `state.pull_failures[image]`), `agent_images` (images that hold the agent
 -- at /.mayura/agent themselves), `start_ms` (how long a container takes to start, 30),
--- `tls` (false: plain HTTP and WebSocket at state.server, no ca_file).
+-- `node_cpu`, `node_memory` (the node's allocatable resources, '4' and '8Gi'), `tls` (false:
+-- plain HTTP and WebSocket at state.server, no ca_file). Scripted at run time:
+-- `state.unschedulable = true` (no node fits: pods stay Pending, PodScheduled False),
+-- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), svc:fault(...).
 --
 -- Transport: HTTPS with a CA and a server certificate (127.0.0.1, localhost) made with openssl
 -- in a temporary directory, served by spec/npm/kube_front.mjs (node:https and the `ws`
 -- package), which passes every request on to the stand-in on loopback and bridges WebSockets.
--- Every answer closes its connection (HTTP/1.1 keep-alive is the front's, to the client).
+-- Every answer of the stand-in closes its connection (keep-alive is the front's, to the client).
 --
 -- Every call needs `Authorization: Bearer <token>`: else 401 with a Status (reason
 -- Unauthorized) that echoes nothing. Errors are Status objects (`kind: Status, status:
 -- Failure, message, reason, code, details`) as the API server sends them: 404 NotFound, 409
 -- AlreadyExists (and Conflict for a stale resourceVersion on update), 422 Invalid (with
--- details.causes), 400 BadRequest, 405 MethodNotAllowed. Faults: svc:fault(method, pattern,
+-- details.causes), 400 BadRequest, 415 UnsupportedMediaType. Faults: svc:fault(method, pattern,
 -- kube_service.too_many_requests(seconds), times) answers 429 TooManyRequests with Retry-After.
 --
 -- Served (core/v1, networking.k8s.io/v1, and the Agent Sandbox groups agents.x-k8s.io and
--- extensions.agents.x-k8s.io, versions v1beta1 (stored) and v1alpha1):
---   discovery: /version, /api, /api/v1, /apis, /apis/<group>, /apis/<group>/<version>
+-- extensions.agents.x-k8s.io, versions v1beta1 (stored) and v1alpha1, without conversion):
+--   discovery: /version, /api, /api/v1, /apis, /apis/<group>, /apis/<group>/<version>, and
+--         /openapi/v3 with each group version's paths (their GVK and fieldValidation parameter,
+--         what kubectl looks for; no schemas; /openapi/v2 is 404)
 --   namespaces: list, get (create is refused: the stand-in's namespaces are fixed)
 --   pods: create, get, list, watch, delete (gracePeriodSeconds), deletecollection
---         (labelSelector), status, log, attach, exec, portforward
+--         (labelSelector), status, log (whole, no follow), attach, exec, portforward
 --   networkpolicies, sandboxes, sandboxtemplates, sandboxclaims, sandboxwarmpools: create,
---         get, list, watch, replace (PUT, resourceVersion checked), merge patch, delete,
+--         get, list, watch, replace (PUT, resourceVersion checked), patch, delete,
 --         deletecollection
 -- List and watch take labelSelector (=, ==, !=, in, notin, exists, !exists) and fieldSelector
--- (metadata.name, metadata.namespace, status.phase); watch=true streams WatchEvents (ADDED,
--- MODIFIED, DELETED; ERROR 410 Expired for a resourceVersion older than the kept history) as
--- newline-delimited JSON, with the current objects ADDED first unless resourceVersion is given;
--- timeoutSeconds ends it. Every change takes the next resourceVersion.
+-- (metadata.name, metadata.namespace, status.phase, spec.nodeName); `limit` is not applied;
+-- watch=true streams WatchEvents (ADDED, MODIFIED, DELETED; ERROR 410 Expired for a
+-- resourceVersion older than the 2000 changes kept) as newline-delimited JSON, with the current
+-- objects ADDED first unless resourceVersion is given; timeoutSeconds ends it; no bookmarks.
+-- Every change takes the next resourceVersion. Lists and gets asked for `as=Table` (kubectl
+-- get) answer a meta.k8s.io/v1 Table.
 --
 -- Admission: names (DNS-1123 subdomain; container, port and volume names DNS-1123 labels),
 -- generateName, label keys and values, containers required with an image, unique container
 -- names, volume mounts naming a volume, imagePullPolicy, restartPolicy, activeDeadlineSeconds
 -- (> 0), resource quantities (400 when one does not parse, 422 for requests above limits),
--- securityContext ids (>= 0), NetworkPolicy policyTypes, ports and CIDRs.
+-- securityContext ids (>= 0), NetworkPolicy policyTypes, ports and CIDRs. Field validation of a
+-- Pod's create (core/v1's fields of a Pod, its spec, containers, security contexts, resources,
+-- mounts, env, ports, volumes): `fieldValidation=Strict` refuses an unknown field (400, strict
+-- decoding error), Warn (the default) answers a `Warning: 299` header, and both Warn and
+-- Ignore drop it from the object. A Pod's update may not change its spec (422).
 --
--- A Pod: Pending (no conditions), then scheduled (PodScheduled, nodeName), its images checked
--- (one the node lacks with imagePullPolicy Never: waiting ErrImageNeverPull; a pull scripted to
--- fail: ErrImagePull, then ImagePullBackOff; it stays Pending), its init containers marked
--- Completed, then its first container started: Running with Initialized, ContainersReady and
--- Ready. The process ending makes it Succeeded or Failed (restartPolicy Never or OnFailure with
--- 0) or leaves the container waiting in CrashLoopBackOff (it is not restarted).
--- activeDeadlineSeconds (from startTime) ends it: phase Failed, reason DeadlineExceeded. A
--- delete with a grace period marks it (deletionTimestamp, MODIFIED), sends SIGTERM to the
--- container's process and SIGKILL (the namespace's end) after the grace; then DELETED.
--- `state:evict(ns, name)` fails it as the kubelet evicts (reason Evicted).
+-- A Pod: Pending (no conditions), then scheduled (PodScheduled, nodeName; requests above the
+-- node's allocatable resources, or `state.unschedulable`, keep it Pending with PodScheduled
+-- False, reason Unschedulable), its images checked (one the node lacks with imagePullPolicy
+-- Never: waiting ErrImageNeverPull; a pull scripted to fail: ErrImagePull, then
+-- ImagePullBackOff; it stays Pending), its init containers marked Completed, runAsNonRoot with
+-- uid 0 refused (waiting CreateContainerConfigError), then its main container started: Running
+-- with Initialized, ContainersReady and Ready. The process ending makes it Succeeded or Failed
+-- (restartPolicy Never or OnFailure with 0) or leaves the container waiting in CrashLoopBackOff
+-- (it is not restarted). activeDeadlineSeconds (from startTime) ends it: phase Failed, reason
+-- DeadlineExceeded. A delete with a grace period (the pod's terminationGracePeriodSeconds, 30,
+-- by default) marks it (deletionTimestamp, MODIFIED: it still lists, Terminating), sends
+-- SIGTERM to the container's process and ends the pod's namespaces after the grace; then
+-- DELETED. A pod not running goes at once.
 --
 -- The main container (the first one, or `kubectl.kubernetes.io/default-container`): its command
 -- and args run in a sandbox of support/kube_pods.lua: the host's /usr read-only, emptyDir
 -- volumes as tmpfs (sizeLimit, else 64 MiB), readOnlyRootFilesystem, runAsUser/runAsGroup
--- (pod or container level), memory/cpu limits as cgroups, its env (value only; valueFrom is
--- refused), workingDir, stdin/stdinOnce. The agent: an emptyDir that an init container mounts
--- and the main container mounts at the directory of /.mayura/agent gets build/mayura-agent
--- there (the init container's copy), as does /.mayura with an image in `agent_images`.
+-- (pod or container level; the group is 0 unless given, as for an image's root user), memory
+-- and cpu limits as cgroups (512 pids), its env (value only; valueFrom is refused), workingDir,
+-- stdin/stdinOnce; always no capabilities and no_new_privs. The agent: an emptyDir that an init
+-- container mounts and the main container mounts at /.mayura gets build/mayura-agent at
+-- /.mayura/agent (the init container's copy), as does /.mayura with an image in
+-- `agent_images`; elsewhere there is none. Other containers of a pod show as running, never
+-- ready, and do not run.
 --
 -- Attach, exec and portforward: WebSocket upgrades (through the front) with the subprotocols
 -- v5.channel.k8s.io, v4.channel.k8s.io (and v3, v2, channel.k8s.io for exec and attach;
--- portforward takes v4.channel.k8s.io, as the kubelet's WebSocket port forward): binary messages whose first byte is
--- the channel (0 stdin, 1 stdout, 2 stderr, 3 error: a Status JSON at the end (v4, v5), 4
--- resize (ignored); v5's 255 + a channel closes that stream: 255 0 closes the process's
--- stdin). Exec's command comes in repeated `command` parameters; the Status says Success or
--- NonZeroExitCode (details.causes ExitCode). Portforward: per port two channels (2i data, 2i+1
--- error), whose first message carries the port (2 bytes, little-endian), the data a connection
--- to 127.0.0.1:<port> in the pod's network namespace.
+-- portforward takes v4.channel.k8s.io, as the kubelet's WebSocket port forward): binary
+-- messages whose first byte is the channel (0 stdin, 1 stdout, 2 stderr, 3 error: a Status JSON
+-- at the end (v4, v5), 4 resize (ignored); v5's 255 + a channel closes that stream: 255 0 closes
+-- the process's stdin). Exec's command comes in repeated `command` parameters; the Status says
+-- Success or NonZeroExitCode (details.causes ExitCode). Attach joins the main process's stdin and
+-- output from then on (what came before is in the log; stdin only with the container's `stdin`;
+-- with `stdinOnce` the first attach's end closes it). Portforward: per port two channels (2i
+-- data, 2i+1 error), whose first message from the server carries the port (2 bytes,
+-- little-endian), the data a connection to 127.0.0.1:<port> in the pod's network namespace. A
+-- refused upgrade is a Status (401, 404, 400 for a pod not running or a completed one).
 --
 -- Where it differs from a real API server: one node; images are names (every container runs
 -- on the host's /usr, whatever its image); init containers are not run (marked Completed, see
--- the agent above); a container's processes' stderr and stdout are separate, but a pod's
--- restarts are not made; NetworkPolicies are stored and returned, NOT enforced (every pod has
--- its own network namespace with only a loopback: no pod reaches another or the internet);
--- RuntimeClass, seccomp profiles, priority, affinity, tolerations, probes and services are
--- recorded as given, not acted on; the Agent Sandbox controller's work is done by the stand-in
--- (a Sandbox makes its Pod of the same name; a SandboxClaim a Sandbox from its template, or
--- takes one of its warm pool's; a SandboxWarmPool keeps `replicas` Sandboxes) without services
--- or PVCs; no server-side apply, no strategic merge patch (merge patch and JSON patch are not
--- the same: only application/merge-patch+json is taken; kubectl apply of a changed object
--- fails); no /openapi documents (kubectl needs --validate=false); no authorization (one token,
--- every verb); TTY is refused.
+-- the agent above); restarts are not made; NetworkPolicies are stored and returned, NOT
+-- enforced (every pod has its own network namespace with only a loopback: no pod reaches
+-- another or the internet); RuntimeClass, seccompProfile, capabilities, privileged, priority,
+-- affinity, tolerations, probes, hostNetwork and services are recorded as given, not acted on;
+-- the Agent Sandbox controller's work is done by the stand-in (a Sandbox makes its Pod of the
+-- same name; a SandboxClaim a Sandbox from its template (v1alpha1's sandboxTemplateRef) or its
+-- warm pool's (v1beta1's warmPoolRef), taking a warm one when there is one; a SandboxWarmPool
+-- keeps `replicas` Sandboxes; shutdownTime ends a claim's or a Sandbox's) without services or
+-- PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
+-- replaced, not merged by key); no authorization (one token, every verb); no client
+-- certificates; TTY is refused.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
@@ -374,6 +394,96 @@ end
 
 -- }======================================================
 
+-- {======================================================
+-- The fields a Pod may have (core/v1's OpenAPI), for field validation
+-- =======================================================
+
+local function set(list)
+  local t = {}
+  for _, k in ipairs(list) do t[k] = true end
+  return t
+end
+
+local META = set({ 'name', 'generateName', 'namespace', 'selfLink', 'uid', 'resourceVersion', 'generation',
+  'creationTimestamp', 'deletionTimestamp', 'deletionGracePeriodSeconds', 'labels', 'annotations', 'ownerReferences',
+  'finalizers', 'managedFields' })
+local SC = { 'capabilities', 'privileged', 'seLinuxOptions', 'windowsOptions', 'runAsUser', 'runAsGroup',
+  'runAsNonRoot', 'readOnlyRootFilesystem', 'allowPrivilegeEscalation', 'procMount', 'seccompProfile',
+  'appArmorProfile' }
+local POD_SC = set({ 'seLinuxOptions', 'windowsOptions', 'runAsUser', 'runAsGroup', 'runAsNonRoot',
+  'supplementalGroups', 'supplementalGroupsPolicy', 'fsGroup', 'sysctls', 'fsGroupChangePolicy', 'seccompProfile',
+  'appArmorProfile', 'seLinuxChangePolicy' })
+local CONTAINER = set({ 'name', 'image', 'command', 'args', 'workingDir', 'ports', 'envFrom', 'env', 'resources',
+  'resizePolicy', 'restartPolicy', 'volumeMounts', 'volumeDevices', 'livenessProbe', 'readinessProbe', 'startupProbe',
+  'lifecycle', 'terminationMessagePath', 'terminationMessagePolicy', 'imagePullPolicy', 'securityContext', 'stdin',
+  'stdinOnce', 'tty' })
+local POD_SPEC = set({ 'volumes', 'initContainers', 'containers', 'ephemeralContainers', 'restartPolicy',
+  'terminationGracePeriodSeconds', 'activeDeadlineSeconds', 'dnsPolicy', 'nodeSelector', 'serviceAccountName',
+  'serviceAccount', 'automountServiceAccountToken', 'nodeName', 'hostNetwork', 'hostPID', 'hostIPC',
+  'shareProcessNamespace', 'securityContext', 'imagePullSecrets', 'hostname', 'subdomain', 'affinity', 'schedulerName',
+  'tolerations', 'hostAliases', 'priorityClassName', 'priority', 'dnsConfig', 'readinessGates', 'runtimeClassName',
+  'enableServiceLinks', 'preemptionPolicy', 'overhead', 'topologySpreadConstraints', 'setHostnameAsFQDN', 'os',
+  'hostUsers', 'schedulingGates', 'resourceClaims', 'resources' })
+local KNOWN = {
+  pod = set({ 'apiVersion', 'kind', 'metadata', 'spec', 'status' }),
+  spec = POD_SPEC, container = CONTAINER, sc = set(SC), pod_sc = POD_SC, meta = META,
+  resources = set({ 'limits', 'requests', 'claims' }),
+  mount = set({ 'name', 'readOnly', 'recursiveReadOnly', 'mountPath', 'subPath', 'mountPropagation', 'subPathExpr' }),
+  env = set({ 'name', 'value', 'valueFrom' }),
+  port = set({ 'name', 'hostPort', 'containerPort', 'protocol', 'hostIP' }),
+  volume = set({ 'name', 'hostPath', 'emptyDir', 'gcePersistentDisk', 'awsElasticBlockStore', 'gitRepo', 'secret',
+    'nfs', 'iscsi', 'glusterfs', 'persistentVolumeClaim', 'rbd', 'flexVolume', 'cinder', 'cephfs', 'flocker',
+    'downwardAPI', 'fc', 'azureFile', 'configMap', 'vsphereVolume', 'quobyte', 'azureDisk', 'photonPersistentDisk',
+    'projected', 'portworxVolume', 'scaleIO', 'storageos', 'csi', 'ephemeral', 'image' }),
+  empty_dir = set({ 'medium', 'sizeLimit' }),
+}
+
+-- The fields of `pod` that a Pod does not have, as paths (`spec.containers[0].foo`), removed
+-- from it as the API server's decoder drops them.
+local function unknown_fields(pod)
+  local out = {}
+  local function walk(t, known, path)
+    if type(t) ~= 'table' or getmetatable(t) == json.array_mt then return end
+    local names = {}
+    for k in pairs(t) do names[#names + 1] = k end
+    table.sort(names)
+    for _, k in ipairs(names) do
+      if not known[k] then
+        out[#out + 1] = path .. k
+        t[k] = nil
+      end
+    end
+  end
+  local function each(list, known, path, inner)
+    if type(list) ~= 'table' then return end
+    for i, x in ipairs(list) do
+      local p = ('%s[%d]'):format(path, i - 1)
+      walk(x, known, p .. '.')
+      if inner and type(x) == 'table' then inner(x, p .. '.') end
+    end
+  end
+  walk(pod, KNOWN.pod, '')
+  walk(pod.metadata, KNOWN.meta, 'metadata.')
+  local spec = pod.spec
+  walk(spec, KNOWN.spec, 'spec.')
+  if type(spec) ~= 'table' then return out end
+  walk(spec.securityContext, KNOWN.pod_sc, 'spec.securityContext.')
+  each(spec.volumes, KNOWN.volume, 'spec.volumes', function(v, p) walk(v.emptyDir, KNOWN.empty_dir, p .. 'emptyDir.') end)
+  for _, which in ipairs({ 'initContainers', 'containers' }) do
+    each(spec[which], KNOWN.container, 'spec.' .. which, function(c, p)
+      walk(c.securityContext, KNOWN.sc, p .. 'securityContext.')
+      walk(c.resources, KNOWN.resources, p .. 'resources.')
+      each(c.volumeMounts, KNOWN.mount, p .. 'volumeMounts')
+      each(c.env, KNOWN.env, p .. 'env')
+      each(c.ports, KNOWN.port, p .. 'ports')
+    end)
+  end
+  return out
+end
+M.unknown_fields = unknown_fields
+
+-- }======================================================
+
 --- Installs the API server on `svc` (see the header). Returns the state: `server`, `ca_file`,
 -- `token`, `objects` (plural -> ns -> name -> object), `containers` (uid -> kube_pods
 -- container), `pull_failures` (image -> true), `images` (image -> true), `events` (every
@@ -387,6 +497,7 @@ function M.install(svc, _, opts)
     pull_failures = {}, images = {}, agent_images = {}, events = {}, logs = {}, attached = {}, ip_seq = 0,
     namespaces = { default = true, ['kube-system'] = true, ['kube-public'] = true },
     start_ms = opts.start_ms or 30, closed = false,
+    node = { cpu = M.quantity(opts.node_cpu or '4'), memory = M.quantity(opts.node_memory or '8Gi') },
   }
   if opts.namespace then state.namespaces[opts.namespace] = true end
   for _, i in ipairs(opts.images or {}) do state.images[i] = true end
@@ -957,7 +1068,7 @@ function M.install(svc, _, opts)
     local sc = pod.spec.securityContext or {}
     local csc = c.securityContext or {}
     local uid = csc.runAsUser or sc.runAsUser or 0
-    local gid = csc.runAsGroup or sc.runAsGroup or uid
+    local gid = csc.runAsGroup or sc.runAsGroup or 0   -- the image's group: root's, in the stand-in's images
     local mounts = {}
     local volumes = {}
     for _, v in ipairs(pod.spec.volumes or {}) do volumes[v.name] = v end
@@ -1023,9 +1134,36 @@ function M.install(svc, _, opts)
   end
 
   -- The kubelet's work for one pod.
+  -- Why the scheduler finds no node for the pod, or nil: its requests above the node's allocatable
+  -- resources, or `state.unschedulable` (a scripted full cluster).
+  local function unschedulable(pod)
+    if state.unschedulable then return 'Insufficient cpu' end
+    local want = { cpu = 0, memory = 0 }
+    for _, c in ipairs(pod.spec.containers) do
+      local req = c.resources and c.resources.requests or {}
+      for k in pairs(want) do want[k] = want[k] + (M.quantity(req[k]) or 0) end
+    end
+    if want.cpu > state.node.cpu then return 'Insufficient cpu' end
+    if want.memory > state.node.memory then return 'Insufficient memory' end
+    return nil
+  end
+
   local function run_pod(pod)
     task.sleep(10)
     if not alive(pod) then return end
+    local why = unschedulable(pod)
+    while why do
+      -- it stays Pending, as the scheduler retries
+      local msg = ('0/1 nodes are available: 1 %s. preemption: 0/1 nodes are available: 1 No preemption victims ' ..
+        'found for incoming pod.'):format(why)
+      if not pod.status.conditions then
+        condition(pod, 'PodScheduled', 'False', 'Unschedulable', msg)
+        put('pods', pod)
+      end
+      task.sleep(100)
+      if not alive(pod) then return end
+      why = unschedulable(pod)
+    end
     pod.spec.nodeName = 'stand-in-node'
     condition(pod, 'PodScheduled', 'True')
     put('pods', pod)
@@ -1088,8 +1226,20 @@ function M.install(svc, _, opts)
     task.sleep(state.start_ms)
     if not alive(pod) or pod.status.phase ~= 'Pending' then return end
     local c = pod.spec.containers[mi]
-    local ok, ct = pcall(start_container, pod, c)
     local st = pod.status.containerStatuses[mi]
+    -- runAsNonRoot with uid 0 (given, or the image's root) is refused by the kubelet
+    local sc, csc = pod.spec.securityContext or {}, c.securityContext or {}
+    local non_root = csc.runAsNonRoot
+    if non_root == nil then non_root = sc.runAsNonRoot end
+    if non_root == true and (csc.runAsUser or sc.runAsUser or 0) == 0 then
+      st.state = object({ waiting = object({ reason = 'CreateContainerConfigError', message = (csc.runAsUser or
+        sc.runAsUser) and 'container\'s runAsUser breaks non-root policy (pod: "' .. pod.metadata.name ..
+        '", container: ' .. c.name .. ')' or 'container has runAsNonRoot and image will run as root (pod: "' ..
+        pod.metadata.name .. '", container: ' .. c.name .. ')' }) })
+      put('pods', pod)
+      return
+    end
+    local ok, ct = pcall(start_container, pod, c)
     if not ok then
       st.state = object({ waiting = object({ reason = 'CreateContainerError', message = 'the stand-in could not ' ..
         'start the container' }) })
@@ -1820,6 +1970,24 @@ function M.install(svc, _, opts)
         :format(tostring(body.kind), want_kind))
     end
     local obj = copy(body)
+    -- field validation: Strict refuses a field a Pod does not have, Warn (the default) and Ignore drop it
+    local warnings
+    if plural == 'pods' then
+      local unknown = unknown_fields(obj)
+      if #unknown > 0 then
+        local mode = req.query.fieldValidation or 'Warn'
+        if mode == 'Strict' then
+          local quoted = {}
+          for i, u in ipairs(unknown) do quoted[i] = ('unknown field "%s"'):format(u) end
+          return fail(400, 'BadRequest', ('Pod in version "v1" cannot be handled as a Pod: strict decoding error: %s')
+            :format(table.concat(quoted, ', ')))
+        elseif mode == 'Warn' then
+          local w = {}
+          for i, u in ipairs(unknown) do w[i] = ('299 - "unknown field \\"%s\\""'):format(u) end
+          warnings = table.concat(w, ', ')
+        end
+      end
+    end
     obj.kind, obj.apiVersion = nil, nil
     e = admit(plural, obj, ns)
     if e then return e end
@@ -1847,7 +2015,7 @@ function M.install(svc, _, opts)
     end
     put(plural, obj, 'ADDED')
     if plural == 'pods' then task.spawn(run_pod, obj) end
-    return { status = 201, json = typed(plural, obj, version) }
+    return { status = 201, json = typed(plural, obj, version), headers = warnings and { Warning = warnings } }
   end
 
   local function read(plural, req, ns, version)
