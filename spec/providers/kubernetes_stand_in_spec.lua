@@ -591,6 +591,13 @@ describe('the Kubernetes API server stand-in', function()
       assert.are.equal(3, got[#got]:byte(1))
       assert.are.equal('NonZeroExitCode', st.reason)
       assert.are.equal('7', st.details.causes[1].message)
+      -- a MiB of standard input in one message, through exec
+      local big = ws.connect({ url = base .. '/exec?container=sandbox&command=sh&command=-c&command=' ..
+        'head%20-c%201048576%20%7C%20wc%20-c&stdin=true&stdout=true&stderr=true',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+      big:send('\0' .. string.rep('x', 1048576), true)
+      assert.are.equal('\1' .. '1048576\n', big:receive({ timeout_ms = 10000 }))
+      assert.are.equal('Success', json.decode(big:receive({ timeout_ms = 10000 }):sub(2)).status)
       -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404
       local ok, err = pcall(ws.connect, { url = base .. '/attach?stdin=true', protocols = 'v4.channel.k8s.io',
         timeout_ms = 5000 })

@@ -2186,7 +2186,8 @@ function M.install(svc, _, opts)
   local function bridge(client, protocol, on_message, on_close)
     local b = { open = true }
     client:write('HTTP/1.1 101 Switching Protocols\r\nX-Kube-Protocol: ' .. protocol .. '\r\n\r\n')
-    local buf = ''
+    -- chunks are joined once per message (its head, then its whole), not once per chunk
+    local parts, have, need = {}, 0, nil
     client:read_start(function(err, data)
       if err or not data then
         if b.open then
@@ -2196,12 +2197,19 @@ function M.install(svc, _, opts)
         svc:release(client)
         return
       end
-      buf = buf .. data
-      while #buf >= 4 do
-        local n = ((buf:byte(1) * 256 + buf:byte(2)) * 256 + buf:byte(3)) * 256 + buf:byte(4)
-        if #buf < 4 + n then break end
-        local msg = buf:sub(5, 4 + n)
-        buf = buf:sub(5 + n)
+      parts[#parts + 1] = data
+      have = have + #data
+      while true do
+        if not need then
+          if have < 4 then break end
+          local buf = table.concat(parts)
+          parts = { buf }
+          need = 4 + ((buf:byte(1) * 256 + buf:byte(2)) * 256 + buf:byte(3)) * 256 + buf:byte(4)
+        end
+        if have < need then break end
+        local buf = table.concat(parts)
+        local msg, rest = buf:sub(5, need), buf:sub(need + 1)
+        parts, have, need = { rest }, #rest, nil
         on_message(msg)
       end
     end)
