@@ -1,10 +1,14 @@
 // The HTTPS and WebSocket front of the Kubernetes stand-in (spec/support/kube_service.lua), a Node
 // process on node:https and the `ws` package (no hand-written TLS or framing):
 //
-//   node spec/npm/kube_front.mjs <stand-in origin> <port file> [<cert file> <key file>]
+//   KUBE_FRONT_SECRET=<secret> node spec/npm/kube_front.mjs <stand-in origin> <port file>
+//     [<cert file> <key file> <client CA file>]
 //
 // It writes its port to the port file and serves HTTPS on 127.0.0.1 with the certificate given
-// (plain HTTP without one).
+// (plain HTTP without one). A client certificate the client CA signed is checked here: the
+// stand-in gets its subject's CN in `X-Kube-Client`, and every request the front passes on
+// carries `X-Kube-Front: <secret>`, without which the stand-in believes no X-Kube-Client (the
+// client's own X-Kube-* headers are dropped).
 // Every request is passed on as it is to the stand-in (plain HTTP on loopback), its answer passed
 // back as it comes (a watch streams). A WebSocket upgrade (attach, exec, portforward) is asked of
 // the stand-in first: the same request with `X-Kube-Upgrade: <the subprotocols offered>`. An
@@ -20,8 +24,27 @@ import https from 'node:https';
 import net from 'node:net';
 import { WebSocketServer } from 'ws';
 
-const [origin, portFile, certFile, keyFile] = process.argv.slice(2);
+const [origin, portFile, certFile, keyFile, clientCaFile] = process.argv.slice(2);
 const target = new URL(origin);
+const secret = process.env.KUBE_FRONT_SECRET ?? '';
+
+// The CN of a client certificate the client CA signed, or null.
+function clientUser(req) {
+  const s = req.socket;
+  if (!s.authorized || typeof s.getPeerCertificate !== 'function') return null;
+  const cn = s.getPeerCertificate()?.subject?.CN;
+  return typeof cn === 'string' && cn !== '' ? cn : null;
+}
+
+// The request's headers as the stand-in gets them.
+function inner(req) {
+  const h = {};
+  for (const [k, v] of Object.entries(req.headers)) if (!k.startsWith('x-kube-')) h[k] = v;
+  h['x-kube-front'] = secret;
+  const user = clientUser(req);
+  if (user) h['x-kube-client'] = user;
+  return h;
+}
 
 function serve(req, res) {
   if (req.url === '/_front/quit') {
@@ -29,7 +52,7 @@ function serve(req, res) {
     return;
   }
   const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url,
-    headers: req.headers }, (answer) => {
+    headers: inner(req) }, (answer) => {
     res.writeHead(answer.statusCode, answer.headers);
     res.flushHeaders();   // a watch's head goes before its first event
     answer.pipe(res);
@@ -43,7 +66,8 @@ function serve(req, res) {
   res.on('close', () => up.destroy());
 }
 const server = certFile
-  ? https.createServer({ cert: readFileSync(certFile), key: readFileSync(keyFile) }, serve)
+  ? https.createServer({ cert: readFileSync(certFile), key: readFileSync(keyFile), ca: readFileSync(clientCaFile),
+    requestCert: true, rejectUnauthorized: false }, serve)
   : http.createServer(serve);
 server.keepAliveTimeout = 5000;
 
@@ -52,10 +76,9 @@ const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, maxP
 
 server.on('upgrade', (req, socket, head) => {
   const lines = [`${req.method} ${req.url} HTTP/1.1`];
-  for (let i = 0; i < req.rawHeaders.length; i += 2) {
-    const name = req.rawHeaders[i];
+  for (const [name, value] of Object.entries(inner(req))) {
     if (/^(connection|upgrade|content-length|transfer-encoding|sec-websocket-.*)$/i.test(name)) continue;
-    lines.push(`${name}: ${req.rawHeaders[i + 1]}`);
+    for (const v of Array.isArray(value) ? value : [value]) lines.push(`${name}: ${v}`);
   }
   lines.push(`X-Kube-Upgrade: ${req.headers['sec-websocket-protocol'] ?? ''}`);
   lines.push('Content-Length: 0');

@@ -101,6 +101,10 @@ describe('the Kubernetes API server stand-in', function()
       reason = 'Unauthorized', code = 401 }, r.json)
     assert.is_nil(r.body:find(wrong, 1, true))
     assert.are.equal(401, call('GET', '/api', nil, { token = '' }).status)
+    -- straight to the stand-in behind the front, a claimed client certificate is not believed
+    local direct = http.request({ url = svc:url('/api'), timeout_ms = 5000,
+      headers = { ['X-Kube-Client'] = state.client_user, ['X-Kube-Front'] = 'guess' } })
+    assert.are.equal(401, direct.status)
   end)
 
   it('rejects at admission what a real API server rejects, and keeps nothing of it', function()
@@ -537,6 +541,16 @@ describe('the Kubernetes API server stand-in', function()
     r = kubectl('get', 'pods', '--token', 'not-it')
     assert.are_not.equal(0, r.exit_code)
     assert.is_nil(r.stderr:find(TOKEN, 1, true))
+    -- the client certificate instead of the token
+    f = io.open(dir .. '/config', 'w')
+    f:write(('apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: %s\n' ..
+      '    certificate-authority: %s\nusers:\n- name: u\n  user:\n    client-certificate: %s\n' ..
+      '    client-key: %s\ncontexts:\n- name: c\n  context:\n    cluster: s\n    user: u\n    namespace: %s\n' ..
+      'current-context: c\n'):format(state.server, state.ca_file, state.client_cert_file, state.client_key_file, NS))
+    f:close()
+    r = kubectl('get', 'namespace', NS, '-o', 'name')
+    assert.are.equal(0, r.exit_code, r.stderr)
+    assert.are.equal('namespace/' .. NS .. '\n', r.stdout)
     util.rmdir(dir)
     task.sleep(0)
   end)

@@ -16,7 +16,9 @@
 -- scripted to fail in `state.pull_failures[image]`), `agent_images` (images that hold the agent
 -- at /.mayura/agent themselves), `start_ms` (how long a container takes to start, 30),
 -- `node_cpu`, `node_memory` (the node's allocatable resources, '4' and '8Gi'), `tls` (false:
--- plain HTTP and WebSocket at state.server, no ca_file). Scripted at run time:
+-- plain HTTP and WebSocket at state.server, no ca_file), `client_user` (the CN of the client
+-- certificate made: 'mayura'). With TLS, `state.client_cert_file` and `state.client_key_file`
+-- (PEM, signed by the CA of state.ca_file) authenticate as well as the token does. Scripted at run time:
 -- `state.unschedulable = true` (no node fits: pods stay Pending, PodScheduled False),
 -- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), svc:fault(...).
 --
@@ -25,8 +27,8 @@
 -- package), which passes every request on to the stand-in on loopback and bridges WebSockets.
 -- Every answer of the stand-in closes its connection (keep-alive is the front's, to the client).
 --
--- Every call needs `Authorization: Bearer <token>`: else 401 with a Status (reason
--- Unauthorized) that echoes nothing. Errors are Status objects (`kind: Status, status:
+-- Every call needs `Authorization: Bearer <token>` or the client certificate: else 401 with a
+-- Status (reason Unauthorized) that echoes nothing. Errors are Status objects (`kind: Status, status:
 -- Failure, message, reason, code, details`) as the API server sends them: 404 NotFound, 409
 -- AlreadyExists (and Conflict for a stale resourceVersion on update), 422 Invalid (with
 -- details.causes), 400 BadRequest, 415 UnsupportedMediaType. Faults: svc:fault(method, pattern,
@@ -110,8 +112,8 @@
 -- warm pool's (v1beta1's warmPoolRef), taking a warm one when there is one; a SandboxWarmPool
 -- keeps `replicas` Sandboxes; shutdownTime ends a claim's or a Sandbox's) without services or
 -- PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
--- replaced, not merged by key); no authorization (one token, every verb); no client
--- certificates; TTY is refused.
+-- replaced, not merged by key); no authorization (the token and the client certificate may
+-- do everything); TTY is refused.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
@@ -565,10 +567,16 @@ function M.install(svc, _, opts)
   -- Requests
   -- -------------------------------------------------------
 
+  -- A bearer token, or a client certificate the front checked (its CN, passed on with the front's
+  -- secret: a request straight to the stand-in's own port cannot claim one).
   local function refuse(req)
     local auth = req.headers.authorization
-    if auth ~= 'Bearer ' .. state.token then return fail(401, 'Unauthorized', 'Unauthorized') end
-    return nil
+    if auth == 'Bearer ' .. state.token then return nil end
+    if auth == nil and state.client_user and req.headers['x-kube-front'] == state.front_secret and
+      req.headers['x-kube-client'] == state.client_user then
+      return nil
+    end
+    return fail(401, 'Unauthorized', 'Unauthorized')
   end
 
   -- every value of a repeated query parameter, in order
@@ -2438,15 +2446,29 @@ function M.install(svc, _, opts)
     run({ 'openssl', 'x509', '-req', '-in', dir .. '/server.csr', '-CA', dir .. '/ca.crt', '-CAkey', dir .. '/ca.key',
       '-CAcreateserial', '-days', '2', '-extfile', dir .. '/ext.cnf', '-out', dir .. '/server.crt' })
     state.ca_file = dir .. '/ca.crt'
+    -- a client certificate for `client_user` (O=system:masters), signed by the same CA
+    state.client_user = opts.client_user or 'mayura'
+    run({ 'openssl', 'req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
+      '-subj', '/O=system:masters/CN=' .. state.client_user, '-keyout', dir .. '/client.key',
+      '-out', dir .. '/client.csr' })
+    ext = io.open(dir .. '/client.cnf', 'w')
+    ext:write('basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n')
+    ext:close()
+    run({ 'openssl', 'x509', '-req', '-in', dir .. '/client.csr', '-CA', dir .. '/ca.crt', '-CAkey', dir .. '/ca.key',
+      '-CAcreateserial', '-days', '2', '-extfile', dir .. '/client.cnf', '-out', dir .. '/client.crt' })
+    state.client_cert_file, state.client_key_file = dir .. '/client.crt', dir .. '/client.key'
   end
+  state.front_secret = host.random_hex(16)
   do
     local port_file = dir .. '/port'
     local argv = { 'node', front_script(), svc:url(''), port_file }
     if opts.tls ~= false then
       argv[#argv + 1] = dir .. '/server.crt'
       argv[#argv + 1] = dir .. '/server.key'
+      argv[#argv + 1] = dir .. '/ca.crt'
     end
-    state.front = core.spawn({ argv = argv, env = { PATH = os.getenv('PATH') }, max_output_bytes = 65536 },
+    state.front = core.spawn({ argv = argv, env = { PATH = os.getenv('PATH'), KUBE_FRONT_SECRET = state.front_secret },
+      max_output_bytes = 65536 },
       function(res) state.front_result = res end)
     local deadline = core.hrtime_ms() + 15000
     local port
