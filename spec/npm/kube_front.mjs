@@ -17,7 +17,7 @@
 // every message goes both ways as it is: to the stand-in as a 4-byte big-endian length and the
 // message's bytes (the channel byte first), and back the same way. The stand-in closing its
 // connection closes the WebSocket (1000); the client closing the WebSocket closes the connection.
-// `GET /_front/quit` ends the process.
+// The end of the process that started it ends it.
 import { readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
@@ -47,10 +47,6 @@ function inner(req) {
 }
 
 function serve(req, res) {
-  if (req.url === '/_front/quit') {
-    res.end('bye', () => process.exit(0));
-    return;
-  }
   const up = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url,
     headers: inner(req) }, (answer) => {
     res.writeHead(answer.statusCode, answer.headers);
@@ -142,6 +138,10 @@ server.on('upgrade', (req, socket, head) => {
   });
   socket.on('error', () => back.destroy());
 });
+
+// the stand-in's process gone (this one handed to another parent), the front goes too
+const parent = process.ppid;
+setInterval(() => { if (process.ppid !== parent) process.exit(0); }, 500).unref();
 
 server.listen(0, '127.0.0.1', () => {
   writeFileSync(portFile, String(server.address().port));
