@@ -237,8 +237,19 @@ describe('the Kubernetes API server stand-in', function()
     end
     assert.are.equal('agent-there\n', log('with-agent'))
     assert.are.equal('no-agent\n', log('without-agent'))
-    call('DELETE', pod_path('with-agent') .. '?gracePeriodSeconds=0')
-    call('DELETE', pod_path('without-agent') .. '?gracePeriodSeconds=0')
+    -- the agent as the first program where there is none: the runtime's StartError
+    call('POST', pod_path(), pod_body('no-agent', { '/.mayura/agent', '--stdio' }))
+    pod = wait_pod('no-agent', function(p) return p.status.phase == 'Failed' end)
+    local term = pod.status.containerStatuses[1].state.terminated
+    assert.are.equal('StartError', term.reason)
+    assert.are.equal(128, term.exitCode)
+    assert.is_truthy(term.message:find('/.mayura/agent', 1, true))
+    call('POST', pod_path(), pod_body('no-program', { 'no-such-program' }))
+    pod = wait_pod('no-program', function(p) return p.status.phase == 'Failed' end)
+    assert.is_truthy(pod.status.containerStatuses[1].state.terminated.message:find('not found in $PATH', 1, true))
+    for _, n in ipairs({ 'with-agent', 'without-agent', 'no-agent', 'no-program' }) do
+      call('DELETE', pod_path(n) .. '?gracePeriodSeconds=0')
+    end
   end)
 
   it('validates fields: Strict refuses one a Pod does not have, the default warns and drops it', function()

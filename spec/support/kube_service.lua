@@ -68,7 +68,9 @@
 -- False, reason Unschedulable), its images checked (one the node lacks with imagePullPolicy
 -- Never: waiting ErrImageNeverPull; a pull scripted to fail: ErrImagePull, then
 -- ImagePullBackOff; it stays Pending), its init containers marked Completed, runAsNonRoot with
--- uid 0 refused (waiting CreateContainerConfigError), then its main container started: Running
+-- uid 0 refused (waiting CreateContainerConfigError), a first program its files do not hold
+-- (the agent where there is none, a name not on the PATH) a StartError (terminated, 128: Failed
+-- with restartPolicy Never), then its main container started: Running
 -- with Initialized, ContainersReady and Ready. The process ending makes it Succeeded or Failed
 -- (restartPolicy Never or OnFailure with 0) or leaves the container waiting in CrashLoopBackOff
 -- (it is not restarted). activeDeadlineSeconds (from startTime) ends it: phase Failed, reason
@@ -1072,6 +1074,27 @@ function M.install(svc, _, opts)
     return nil
   end
 
+  -- Why the container's first program cannot be run, or nil: its files are the host's /usr (and the
+  -- root links), the agent where agent_dir puts it, and empty volumes.
+  local function no_program(pod, c)
+    local prog = (c.command or {})[1] or (c.args or {})[1] or '/bin/sh'
+    local dir = agent_dir(pod, c)
+    if dir and prog == dir .. '/agent' then return nil end
+    local msg = 'failed to create containerd task: failed to create shim task: OCI runtime create failed: ' ..
+      'runc create failed: unable to start container process: exec: "%s": %s'
+    if prog:sub(1, 1) == '/' then
+      local top = prog:match('^/([^/]+)/')
+      local host_path = ({ usr = true, bin = true, sbin = true, lib = true, lib64 = true })[top or ''] and prog
+      if host_path and not prog:find('/%.%./') and host.exists(host_path) then return nil end
+      return msg:format(prog, 'stat ' .. prog .. ': no such file or directory')
+    end
+    if prog:find('/', 1, true) then return nil end   -- relative to the working directory: left to the run
+    for d in ('/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'):gmatch('[^:]+') do
+      if host.exists(d .. '/' .. prog) then return nil end
+    end
+    return msg:format(prog, 'executable file not found in $PATH')
+  end
+
   local function start_container(pod, c)
     local sc = pod.spec.securityContext or {}
     local csc = c.securityContext or {}
@@ -1244,6 +1267,20 @@ function M.install(svc, _, opts)
         sc.runAsUser) and 'container\'s runAsUser breaks non-root policy (pod: "' .. pod.metadata.name ..
         '", container: ' .. c.name .. ')' or 'container has runAsNonRoot and image will run as root (pod: "' ..
         pod.metadata.name .. '", container: ' .. c.name .. ')' }) })
+      put('pods', pod)
+      return
+    end
+    -- the runtime's exec of the entrypoint: a program the container's files do not hold fails to start
+    local missing = no_program(pod, c)
+    if missing then
+      st.state = object({ terminated = object({ exitCode = 128, reason = 'StartError', message = missing,
+        startedAt = '1970-01-01T00:00:00Z', finishedAt = timestamp() }) })
+      if pod.spec.restartPolicy == 'Never' then
+        pod_ended(pod, 'Failed')
+      else
+        st.lastState = st.state
+        st.state = object({ waiting = object({ reason = 'CrashLoopBackOff', message = missing }) })
+      end
       put('pods', pod)
       return
     end
