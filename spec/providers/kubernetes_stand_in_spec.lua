@@ -217,9 +217,9 @@ describe('the Kubernetes API server stand-in', function()
 
   it('puts the agent where an init container copies it into an emptyDir at /.mayura, and nowhere else', function()
     local probe = { 'sh', '-c', 'if [ -x /.mayura/agent ]; then echo agent-there; else echo no-agent; fi; ' ..
-      'exec sleep 30' }
+      'touch /.mayura/x 2>/dev/null && echo agent-dir-writable; exec sleep 30' }
     local with = pod_body('with-agent', probe, { container = { volumeMounts = { { name = 'mayura',
-      mountPath = '/.mayura' } } }, spec = { volumes = { { name = 'mayura', emptyDir = {} } },
+      mountPath = '/.mayura', readOnly = true } } }, spec = { volumes = { { name = 'mayura', emptyDir = {} } },
       initContainers = { { name = 'agent', image = 'busybox:1', command = { 'cp', '/agent', '/.mayura/agent' },
         volumeMounts = { { name = 'mayura', mountPath = '/.mayura' } } } } } })
     assert.are.equal(201, call('POST', pod_path(), with).status)

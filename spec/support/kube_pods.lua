@@ -7,8 +7,8 @@
 --     hosts) and the host's ld.so.cache, /proc and a minimal /dev; read-only with
 --     `read_only_root`; nothing else of the host's files;
 --   * each emptyDir volume mount is a tmpfs of its own (`size` from its sizeLimit, 64 MiB by
---     default), the agent copied into `agent_dir`'s (the init container's copy) at
---     `agent_dir`/agent (mode 0555);
+--     default; read-only when the mount says so), the agent copied into `agent_dir`'s (the init
+--     container's copy) at `agent_dir`/agent (mode 0555);
 --   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, picked at
 --     random), with no capabilities, no_new_privs and no user namespaces of its own to make
 --     (bubblewrap's --cap-drop ALL and --disable-userns); no seccomp filter;
@@ -109,7 +109,7 @@ end
 local WRAP = 'exec "$@" <&3 >&6 2>&7 3<&- 4>&- 5>&- 6>&- 7>&- 8<&- 9<&-'
 
 --- Starts a container: `c` = { name (the hostname), argv, env (name -> value), workdir, uid,
--- gid, mounts ({ path, mib } emptyDirs), agent_dir (a mount that gets the agent), read_only_root,
+-- gid, mounts ({ path, mib, read_only } emptyDirs), agent_dir (a mount that gets the agent), read_only_root,
 -- memory_mib, cpus, pids, lifetime_ms, stdin, stdin_once, on_output(stream, bytes) (stream 1
 -- stdout, 2 stderr), on_exit(result) }. Returns the container: `pid` (the host pid of its
 -- first process, once started), `write(bytes)`, `close_stdin()`, `kill()`, `exec(argv, o)`,
@@ -135,6 +135,9 @@ function M.start(c)
     add('--size', tostring((m.mib or 64) * MIB), '--perms', '1777', '--tmpfs', m.path)
   end
   if c.agent_dir then add('--perms', '0555', '--file', '0', c.agent_dir .. '/agent') end
+  for _, m in ipairs(c.mounts or {}) do
+    if m.read_only then add('--remount-ro', m.path) end
+  end
   if c.read_only_root then add('--remount-ro', '/') end
   -- the launcher's variables are not the container's
   for _, v in ipairs({ 'MAYURA_LIFE', 'MAYURA_CG', 'MAYURA_CG_SET', 'MAYURA_FREEZER', 'MAYURA_CGKILL',

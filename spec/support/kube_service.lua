@@ -81,7 +81,7 @@
 --
 -- The main container (the first one, or `kubectl.kubernetes.io/default-container`): its command
 -- and args run in a sandbox of support/kube_pods.lua: the host's /usr read-only, emptyDir
--- volumes as tmpfs (sizeLimit, else 64 MiB), readOnlyRootFilesystem, runAsUser/runAsGroup
+-- volumes as tmpfs (sizeLimit, else 64 MiB; a readOnly mount read-only), readOnlyRootFilesystem, runAsUser/runAsGroup
 -- (pod or container level; the group is 0 unless given, as for an image's root user), memory
 -- and cpu limits as cgroups (512 pids), its env (value only; valueFrom is refused), workingDir,
 -- stdin/stdinOnce; always no capabilities and no_new_privs. The agent: an emptyDir that an init
@@ -1108,7 +1108,8 @@ function M.install(svc, _, opts)
       local v = volumes[m.name]
       if v and v.emptyDir then
         local limit = type(v.emptyDir) == 'table' and M.quantity(v.emptyDir.sizeLimit)
-        mounts[#mounts + 1] = { path = m.mountPath, mib = limit and math.max(1, math.ceil(limit / 1048576)) or 64 }
+        mounts[#mounts + 1] = { path = m.mountPath, mib = limit and math.max(1, math.ceil(limit / 1048576)) or 64,
+          read_only = m.readOnly == true }
       end
     end
     if dir and not mounted then mounts[#mounts + 1] = { path = dir, mib = 8 } end
