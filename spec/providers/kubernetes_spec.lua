@@ -488,3 +488,156 @@ describe('the attach and port-forward streams', function()
     end)
   end)
 end)
+
+-- {======================================================
+-- Against the API server stand-in (support/kube_service.lua): Pods as real namespaced processes
+-- =======================================================
+
+describe('kubernetes sandboxes on the API server stand-in', function()
+  local pods_rt = require('support.kube_pods')
+  if not pods_rt.available() then
+    pending('needs root, bubblewrap, nsenter, setpriv and build/mayura-launch')
+    return
+  end
+  local stand_in = require('support.stand_in')
+  local kube = require('support.kube_service')
+  local suite = require('support.stand_in_suite')
+  local util = require('support.util')
+  local NS = 'sandboxes'
+  local svc, state, provider, pool, sb
+
+  local function options(extra)
+    local o = { server = state.server, ca_file = state.ca_file, token = TOKEN, namespace = NS,
+      image = 'busybox:1', agent_image = 'mayura/agent:1', retry_base_ms = 20, start_timeout_ms = 20000 }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return o
+  end
+
+  local function api(method, path)
+    local r = require('mayura.http').request({ url = state.server .. path, method = method,
+      headers = { Authorization = 'Bearer ' .. TOKEN, Accept = 'application/json' }, ca_file = state.ca_file,
+      timeout_ms = 20000 })
+    local ok, v = pcall(core.json.decode, r.body)
+    return r.status, ok and v or nil
+  end
+
+  local function pod_path(name) return '/api/v1/namespaces/' .. NS .. '/pods/' .. name end
+
+  setup(function()
+    svc = stand_in.new()
+    state = kube.install(svc, nil, { token = TOKEN, namespace = NS, images = { 'busybox:1', 'mayura/agent:1' } })
+    provider = kubernetes.kubernetes_sandboxes(options())
+    pool = sandbox.create_sandboxes(provider, { max_sandboxes = 4, max_lifetime_ms = 600000,
+      network = { 'none', 'all' }, labels = { suite = 'k8s' } })
+    sb = pool:create({ lifetime_ms = 600000, labels = { case = 'conformance' } })
+  end)
+  teardown(function()
+    pool:close()
+    svc:close()
+    assert.are.same({}, svc.failures)
+  end)
+
+  it('makes a locked-down Pod and its NetworkPolicy, and deletes both at release', function()
+    local name = sb._backend.id
+    local status, p = api('GET', pod_path(name))
+    assert.are.equal(200, status)
+    assert.are.equal('Running', p.status.phase)
+    assert.are.equal('k8s', p.metadata.labels.suite)
+    assert.are.equal('conformance', p.metadata.labels.case)
+    assert.are.equal(name, p.metadata.labels['mayura.io/sandbox'])
+    local c = p.spec.containers[1]
+    assert.are.same({ 'ALL' }, c.securityContext.capabilities.drop)
+    assert.is_true(c.securityContext.readOnlyRootFilesystem)
+    local np_path = '/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies/' .. name
+    local np_status, np = api('GET', np_path)
+    assert.are.equal(200, np_status)
+    assert.are.same({}, np.spec.egress or {})
+    -- inside: the uid of no account, the read-only root, the tmpfs workdir
+    local r = sb:exec('id -u; touch /etc/x 2>/dev/null && echo writable; pwd; echo hi > f && cat f')
+    assert.are.equal('1300000\n/workspace\nhi\n', r.stdout)
+    local other = pool:create({ lifetime_ms = 60000, network = 'all' })
+    local oname = other._backend.id
+    local _, onp = api('GET', '/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies/' .. oname)
+    assert.are.equal('0.0.0.0/0', onp.spec.egress[1].to[1].ipBlock.cidr)
+    other:release()
+    assert.is_true(util.eventually(function() return (api('GET', pod_path(oname))) == 404 end, 10000))
+    assert.are.equal(404, (api('GET', '/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies/' .. oname)))
+  end)
+
+  suite.conformance(function() return sb end)
+
+  it('is gone when its Pod is deleted or evicted behind the pool', function()
+    for _, how in ipairs({ 'delete', 'evict' }) do
+      local s = pool:create({ lifetime_ms = 60000 })
+      assert.are.equal('ok\n', s:exec('echo ok').stdout)
+      if how == 'delete' then
+        api('DELETE', pod_path(s._backend.id) .. '?gracePeriodSeconds=0')
+      else
+        state:evict(NS, s._backend.id)
+      end
+      local ok, err = pcall(function()
+        for _ = 1, 100 do
+          s:exec('true')
+          task.await(function(done) task.after(50, done, true) end)
+        end
+      end)
+      assert.is_false(ok, how)
+      assert.are.equal('SANDBOX_ERROR', err.code, how)
+      assert.are.equal('gone', err.reason, how)
+      s:release()
+    end
+  end)
+
+  it('fails a create whose image cannot be pulled, or that cannot be scheduled, with a reason', function()
+    state.pull_failures = state.pull_failures or {}
+    state.pull_failures['nowhere/image:1'] = true
+    local ok, err = pcall(pool.create, pool, { lifetime_ms = 60000, image = 'nowhere/image:1' })
+    assert.is_false(ok)
+    assert.are.equal('failed', err.reason)
+    assert.truthy(err.message:find('pulled', 1, true), err.message)
+    state.unschedulable = true
+    local quick = kubernetes.kubernetes_sandboxes(options({ start_timeout_ms = 1500 }))
+    local qpool = sandbox.create_sandboxes(quick, { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    ok, err = pcall(qpool.create, qpool, { lifetime_ms = 60000 })
+    state.unschedulable = false
+    qpool:close()
+    assert.is_false(ok)
+    assert.are.equal('unavailable', err.reason)
+    assert.truthy(err.message:find('scheduled', 1, true), err.message)
+    -- nothing of either is left
+    local _, list = api('GET', '/api/v1/namespaces/' .. NS .. '/pods?labelSelector=mayura.io%2Fsandbox')
+    for _, item in ipairs(list.items) do
+      assert.is_truthy(item.metadata.labels.suite, 'a pod of a failed create is left: ' .. item.metadata.name)
+    end
+  end)
+
+  it('serves a port of a network all sandbox on 127.0.0.1 through a port-forward', function()
+    local s = pool:create({ lifetime_ms = 60000, network = 'all', ports = { 8080 } })
+    s:exec('mkdir -p www && echo served > www/index.html')
+    s:start('cd www && exec busybox httpd -f -p 127.0.0.1:8080')
+    local url = s:url(8080)
+    assert.matches('^http://127%.0%.0%.1:%d+$', url)
+    local body
+    assert.is_true(util.eventually(function()
+      local okr, res = pcall(require('mayura.http').request, { url = url .. '/index.html', timeout_ms = 5000 })
+      body = okr and res.status == 200 and res.body or nil
+      return body ~= nil
+    end, 10000))
+    assert.are.equal('served\n', body)
+    s:release()
+  end)
+
+  it('authenticates with a client certificate instead of a token', function()
+    if not state.client_cert_file then
+      pending('the stand-in made no client certificate')
+      return
+    end
+    local o = options({ client_cert = state.client_cert_file, client_key = state.client_key_file })
+    o.token = nil
+    local cpool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(o), { max_sandboxes = 1,
+      max_lifetime_ms = 600000 })
+    local s = cpool:create({ lifetime_ms = 60000 })
+    assert.are.equal('cert\n', s:exec('echo cert').stdout)
+    cpool:close()
+  end)
+end)
