@@ -553,7 +553,7 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     assert.are.equal(200, np_status)
     assert.are.same({}, np.spec.egress or {})
     -- inside: the uid of no account, the read-only root, the tmpfs workdir
-    local r = sb:exec('id -u; touch /etc/x 2>/dev/null && echo writable; pwd; echo hi > f && cat f')
+    local r = sb:exec({ 'sh', '-c', 'id -u; touch /etc/x 2>/dev/null && echo writable; pwd; echo hi > f && cat f' })
     assert.are.equal('1300000\n/workspace\nhi\n', r.stdout)
     local other = pool:create({ lifetime_ms = 60000, network = 'all' })
     local oname = other._backend.id
@@ -569,7 +569,7 @@ describe('kubernetes sandboxes on the API server stand-in', function()
   it('is gone when its Pod is deleted or evicted behind the pool', function()
     for _, how in ipairs({ 'delete', 'evict' }) do
       local s = pool:create({ lifetime_ms = 60000 })
-      assert.are.equal('ok\n', s:exec('echo ok').stdout)
+      assert.are.equal('ok\n', s:exec({ 'echo', 'ok' }).stdout)
       if how == 'delete' then
         api('DELETE', pod_path(s._backend.id) .. '?gracePeriodSeconds=0')
       else
@@ -577,7 +577,7 @@ describe('kubernetes sandboxes on the API server stand-in', function()
       end
       local ok, err = pcall(function()
         for _ = 1, 100 do
-          s:exec('true')
+          s:exec({ 'true' })
           task.await(function(done) task.after(50, done, true) end)
         end
       end)
@@ -602,7 +602,7 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     state.unschedulable = false
     qpool:close()
     assert.is_false(ok)
-    assert.are.equal('unavailable', err.reason)
+    assert.are.equal('unavailable', err.reason, err.message)
     assert.truthy(err.message:find('scheduled', 1, true), err.message)
     -- nothing of either is left
     local _, list = api('GET', '/api/v1/namespaces/' .. NS .. '/pods?labelSelector=mayura.io%2Fsandbox')
@@ -613,8 +613,8 @@ describe('kubernetes sandboxes on the API server stand-in', function()
 
   it('serves a port of a network all sandbox on 127.0.0.1 through a port-forward', function()
     local s = pool:create({ lifetime_ms = 60000, network = 'all', ports = { 8080 } })
-    s:exec('mkdir -p www && echo served > www/index.html')
-    s:start('cd www && exec busybox httpd -f -p 127.0.0.1:8080')
+    s:exec({ 'sh', '-c', 'mkdir -p www && echo served > www/index.html' })
+    s:start({ 'sh', '-c', 'cd www && exec busybox httpd -f -p 127.0.0.1:8080' })
     local url = s:url(8080)
     assert.matches('^http://127%.0%.0%.1:%d+$', url)
     local body
@@ -637,7 +637,7 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     local cpool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(o), { max_sandboxes = 1,
       max_lifetime_ms = 600000 })
     local s = cpool:create({ lifetime_ms = 60000 })
-    assert.are.equal('cert\n', s:exec('echo cert').stdout)
+    assert.are.equal('cert\n', s:exec({ 'echo', 'cert' }).stdout)
     cpool:close()
   end)
 end)

@@ -63,7 +63,7 @@ function M.agent(c, path, on_close)
     if ended then return end
     ended = true
     pcall(pipe.read_stop, pipe)
-    pipe:close()
+    pcall(pipe.close, pipe)
     pcall(conn.close, conn)
     if on_close then on_close() end
   end
@@ -107,7 +107,7 @@ local function forward_one(c, path, port, client)
   local function finish()
     if done then return end
     done = true
-    client:close()
+    pcall(client.close, client)
     pcall(conn.close, conn)
   end
   local data = string.char(0)

@@ -280,7 +280,7 @@ local function wait_running(p, c, path, deadline)
       error(errors.sandbox('unavailable', 'kubernetes: the sandbox container did not start within '
         .. p.start_timeout_ms .. ' ms' .. (why and (' (' .. why .. ')') or '')), 0)
     end
-    task.await(function(done) task.after(math.min(delay, left), done, true) end)
+    task.await(function(done) task.after(math.ceil(math.min(delay, left)), done, true) end)
     delay = math.min(delay * 2, 1000)
   end
 end
