@@ -10,7 +10,12 @@ local task = require('mayura._task')
 local server = require('support.http_server')
 local uv = require('luv')
 
+-- the agent of the build (a LuaJIT build, build/luajit, shares build/'s)
 local AGENT = os.getenv('MAYURA_AGENT') or ((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura-agent')
+do
+  local f = io.open(AGENT)
+  if f then f:close() else AGENT = 'build/mayura-agent' end
+end
 local TOKEN = 'eyJhbGciOiJSUzI1NiJ9.k8sTOKENword'
 
 local function base(extra)
