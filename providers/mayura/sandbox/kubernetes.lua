@@ -219,6 +219,33 @@ function Backend:release()
   if not ok then error(err, 0) end
 end
 
+-- The container's count of processes killed for memory, from its cgroup as the agent sees it
+-- (cgroup v2's memory.events, v1's memory.oom_control): nil where neither can be read.
+local OOM_FILES = { '/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control' }
+local function oom_count(self)
+  for _, path in ipairs(OOM_FILES) do
+    local ok, text = pcall(self.read_file, self, path, { max_bytes = 65536 })
+    local n = ok and type(text) == 'string' and tonumber(text:match('oom_kill (%d+)'))
+    if n then return n end
+  end
+  return nil
+end
+
+-- An exec killed by SIGKILL (or a shell's 137) is `oom_killed` when the container's count of OOM
+-- kills grew since it was last read: read once at the start, then only after such a kill.
+local shared_exec = Backend.exec
+function Backend:exec(argv, o)
+  local res = shared_exec(self, argv, o)
+  if (res.signal == 9 or res.exit_code == 137) and self.oom_seen then
+    local n = oom_count(self)
+    if n and n > self.oom_seen then
+      self.oom_seen = n
+      res.oom_killed = true
+    end
+  end
+  return res
+end
+
 -- The host's own end of the lifetime (as the cluster's deadline, and the agent's own).
 function Backend:arm(ms)
   local uv = require('luv')
@@ -373,6 +400,7 @@ function M.kubernetes_sandboxes(options)
       wait_running(self, c, path, started + math.min(self.start_timeout_ms, c.call_timeout_ms))
       backend.ch, backend.session = attach.agent(conn, path, function() backend.closed = true end)
       agent_backend.hello(backend)
+      backend.oom_seen = oom_count(backend)
     end)
     if not ok then agent_backend.start_failed(backend, err) end
     backend.image_name = image or self.image
