@@ -632,6 +632,50 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     s:release()
   end)
 
+  it('deletes what a host that died left: Pods and policies past their expiry, and Pods that ended', function()
+    local http = require('mayura.http')
+    local function post(path, body)
+      local r = http.request({ url = state.server .. path, method = 'POST', ca_file = state.ca_file, timeout_ms = 20000,
+        headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' },
+        body = core.json.encode(body) })
+      assert(r.status == 201, r.body)
+    end
+    local past = tostring(math.floor(core.now_ms() / 1000) - 60)
+    local future = tostring(math.floor(core.now_ms() / 1000) + 3600)
+    local function left(name, expires, command)
+      local labels = { ['mayura.io/sandbox'] = name, ['mayura.io/pool'] = 'dead01', ['mayura.io/expires'] = expires }
+      post('/api/v1/namespaces/' .. NS .. '/pods', { apiVersion = 'v1', kind = 'Pod',
+        metadata = { name = name, labels = labels },
+        spec = { restartPolicy = 'Never', containers = { { name = 'sandbox', image = 'busybox:1', command = command } } } })
+      post('/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies', { apiVersion = 'networking.k8s.io/v1',
+        kind = 'NetworkPolicy', metadata = { name = name, labels = labels },
+        spec = { podSelector = { matchLabels = { ['mayura.io/sandbox'] = name } }, policyTypes = { 'Ingress' } } })
+    end
+    left('mayura-expired', past, { 'sleep', '600' })
+    left('mayura-ended', future, { 'true' })
+    left('mayura-alive', future, { 'sleep', '600' })
+    assert.is_true(util.eventually(function()
+      local _, p = api('GET', pod_path('mayura-ended'))
+      return p and p.status and p.status.phase == 'Succeeded'
+    end, 10000))
+    -- a provider made after the host's death sweeps at its first create
+    local later = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options()), { max_sandboxes = 1,
+      max_lifetime_ms = 600000 })
+    later:create({ lifetime_ms = 60000 }):release()
+    local policies = '/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies/'
+    assert.is_true(util.eventually(function()
+      return (api('GET', pod_path('mayura-expired'))) == 404 and (api('GET', pod_path('mayura-ended'))) == 404
+        and (api('GET', policies .. 'mayura-expired')) == 404
+    end, 10000))
+    -- what is not past its time stays: another host's live sandbox
+    assert.are.equal(200, (api('GET', pod_path('mayura-alive'))))
+    assert.are.equal(200, (api('GET', policies .. 'mayura-alive')))
+    later:close()
+    api('DELETE', pod_path('mayura-alive') .. '?gracePeriodSeconds=0')
+    api('DELETE', policies .. 'mayura-alive')
+    api('DELETE', policies .. 'mayura-ended')
+  end)
+
   it('authenticates with a client certificate instead of a token', function()
     if not state.client_cert_file then
       pending('the stand-in made no client certificate')
