@@ -676,6 +676,43 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     api('DELETE', policies .. 'mayura-ended')
   end)
 
+  it("runs through the Agent Sandbox controller: a Sandbox of its Pod, or a claim of a template", function()
+    local http = require('mayura.http')
+    local ax = '/apis/extensions.agents.x-k8s.io/v1alpha1/namespaces/' .. NS
+    local as = '/apis/agents.x-k8s.io/v1beta1/namespaces/' .. NS
+    -- a template an operator made: the provider's own Pod, with the agent --stdio
+    local tpl_pod = pod.manifest(kubernetes.kubernetes_sandboxes(options()), 'tpl', { lifetime_ms = 600000 },
+      { lifetime_ms = 600000, expires_s = 1 })
+    local r = http.request({ url = state.server .. ax .. '/sandboxtemplates', method = 'POST', ca_file = state.ca_file,
+      headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' }, timeout_ms = 20000,
+      body = core.json.encode({ apiVersion = 'extensions.agents.x-k8s.io/v1alpha1', kind = 'SandboxTemplate',
+        metadata = { name = 'coder' }, spec = { podTemplate = { spec = tpl_pod.spec } } }) })
+    assert.are.equal(201, r.status, r.body)
+    for _, o in ipairs({ { mode = 'agent-sandbox' }, { mode = 'agent-sandbox', template = 'coder' } }) do
+      local apool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options(o)), { max_sandboxes = 1,
+        max_lifetime_ms = 600000 })
+      local s = apool:create({ lifetime_ms = 60000, labels = { via = 'agent-sandbox' } })
+      assert.are.equal('via the controller\n', s:exec({ 'echo', 'via the controller' }).stdout)
+      local name = s._backend.id
+      local resource = o.template and (ax .. '/sandboxclaims/' .. name) or (as .. '/sandboxes/' .. name)
+      local status, obj = api('GET', resource)
+      assert.are.equal(200, status, resource)
+      assert.truthy(obj.spec.shutdownTime or obj.spec.lifecycle.shutdownTime)
+      -- its Pod carries our labels: the policy selects it
+      local _, p = api('GET', s._backend.path:gsub('^/api/v1/namespaces/[^/]+/pods/', '/api/v1/namespaces/' .. NS
+        .. '/pods/'))
+      assert.are.equal(name, p.metadata.labels['mayura.io/sandbox'])
+      assert.are.equal('agent-sandbox', p.metadata.labels.via)
+      local pod_api = s._backend.path
+      s:release()
+      assert.are.equal(404, (api('GET', resource)))
+      assert.is_true(util.eventually(function() return (api('GET', pod_api)) == 404 end, 10000))
+      apool:close()
+    end
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ template = 'coder' }))
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ mode = 'vm' }))
+  end)
+
   it('authenticates with a client certificate instead of a token', function()
     if not state.client_cert_file then
       pending('the stand-in made no client certificate')
