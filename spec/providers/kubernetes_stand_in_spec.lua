@@ -446,7 +446,25 @@ describe('the Kubernetes API server stand-in', function()
         sb = call('GET', AS .. '/sb-one').json
         return cond(sb, 'Ready') == 'True'
       end, 10000), json.encode(sb))
-      assert.are.equal('Running', call('GET', pod_path('sb-one')).json.status.phase)
+      local first_uid = call('GET', pod_path('sb-one')).json.metadata.uid
+      -- its pod deleted behind it is made again; suspended, it has none; running again, one more
+      assert.are.equal(200, call('DELETE', pod_path('sb-one') .. '?gracePeriodSeconds=0').status)
+      assert.is_true(util.eventually(function()
+        local p = call('GET', pod_path('sb-one')).json
+        return p.metadata and p.metadata.uid ~= first_uid and p.status.phase == 'Running'
+      end, 10000))
+      local r2 = call('PATCH', AS .. '/sb-one', { spec = { operatingMode = 'Suspended' } },
+        { content_type = 'application/merge-patch+json' })
+      assert.are.equal(200, r2.status, r2.body)
+      assert.is_true(util.eventually(function()
+        return call('GET', pod_path('sb-one')).status == 404 and cond(call('GET', AS .. '/sb-one').json, 'Suspended') == 'True'
+      end, 5000))
+      call('PATCH', AS .. '/sb-one', { spec = { operatingMode = 'Running' } },
+        { content_type = 'application/merge-patch+json' })
+      assert.is_true(util.eventually(function()
+        return cond(call('GET', AS .. '/sb-one').json, 'Ready') == 'True'
+      end, 10000))
+      assert.are.equal('False', cond(call('GET', AS .. '/sb-one').json, 'Suspended'))
       assert.are.equal(200, call('DELETE', AS .. '/sb-one').status)
       assert.is_true(util.eventually(function() return call('GET', pod_path('sb-one')).status == 404 end, 5000))
       -- v1alpha1: a claim names its template
@@ -457,7 +475,7 @@ describe('the Kubernetes API server stand-in', function()
       local past = os.date('!%Y-%m-%dT%H:%M:%SZ', math.floor(core.now_ms() / 1000) + 3)
       assert.are.equal(201, call('POST', AX .. '/sandboxclaims', { apiVersion = 'extensions.agents.x-k8s.io/v1alpha1',
         kind = 'SandboxClaim', metadata = { name = 'claim' }, spec = { sandboxTemplateRef = { name = 'tpl' },
-        lifecycle = { shutdownTime = past, shutdownPolicy = 'Delete' } } }).status)
+        lifecycle = { shutdownTime = past, shutdownPolicy = 'Retain' } } }).status)
       local claim
       assert.is_true(util.eventually(function()
         claim = call('GET', AX .. '/sandboxclaims/claim').json
@@ -480,7 +498,10 @@ describe('the Kubernetes API server stand-in', function()
     if not suite.npm_installed('@kubernetes/client-node', 'the Kubernetes client') then return end
     local r = suite.node('spec/npm/kubernetes_sdk.mjs', { STAND_IN_SERVER = state.server, STAND_IN_CA = state.ca_file,
       STAND_IN_TOKEN = TOKEN, STAND_IN_NAMESPACE = NS })
-    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr .. tostring(r.signal))
+    if r.exit_code ~= 0 then
+      error(('the client exited %s (signal %s, timed out %s): %s %s'):format(tostring(r.exit_code),
+        tostring(r.signal), tostring(r.timed_out), r.stdout, r.stderr), 0)
+    end
     local res = json.decode(r.stdout:match('RESULT (%b{})'))
     assert.is_nil(res.error)
     assert.are.equal('Pending', res.created_phase)

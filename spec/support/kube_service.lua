@@ -112,8 +112,10 @@
 -- the Agent Sandbox controller's work is done by the stand-in (a Sandbox makes its Pod of the
 -- same name; a SandboxClaim a Sandbox from its template (v1alpha1's sandboxTemplateRef) or its
 -- warm pool's (v1beta1's warmPoolRef), taking a warm one when there is one; a SandboxWarmPool
--- keeps `replicas` Sandboxes; shutdownTime ends a claim's or a Sandbox's) without services or
--- PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
+-- keeps `replicas` Sandboxes; a Sandbox's pod deleted behind it is made again, operatingMode
+-- Suspended deletes it; shutdownTime ends a claim's sandbox or a Sandbox's pod, and
+-- shutdownPolicy Retain (the default) keeps the object expired, Delete deletes it) without
+-- services or PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
 -- replaced, not merged by key); no authorization (the token and the client certificate may
 -- do everything); TTY is refused.
 local core = require('mayura.core')
@@ -1292,7 +1294,8 @@ function M.install(svc, _, opts)
       put('pods', pod)
       return
     end
-    ct:wait_pid(5000)
+    -- Running once its command is there (not merely its namespaces)
+    ct:wait_command(5000)
     if not alive(pod) or pod.status.phase ~= 'Pending' then return end
     st.containerID = 'standin://' .. ct.id
     if ct.running then
@@ -1328,15 +1331,6 @@ function M.install(svc, _, opts)
     return true
   end
 
-  -- The host pids of the processes directly under a pod's first process.
-  local function main_pids(ct)
-    if not ct.pid then return {} end
-    local text = host.read_plain(('/proc/%d/task/%d/children'):format(ct.pid, ct.pid)) or ''
-    local out = {}
-    for n in text:gmatch('%d+') do out[#out + 1] = tonumber(n) end
-    return out
-  end
-
   local function finish_delete(plural, obj)
     if plural == 'pods' then
       local ct = state.containers[obj.metadata.uid]
@@ -1364,8 +1358,14 @@ function M.install(svc, _, opts)
     put('pods', pod)
     task.spawn(function()
       local uv = require('luv')
-      for _, p in ipairs(main_pids(ct)) do pcall(uv.kill, p, 'sigterm') end
       local deadline = core.hrtime_ms() + grace * 1000
+      -- SIGTERM to the command (once it is there), then the grace
+      local pids = ct:command_pids()
+      while #pids == 0 and ct.running and core.hrtime_ms() < deadline do
+        task.sleep(10)
+        pids = ct:command_pids()
+      end
+      for _, p in ipairs(pids) do pcall(uv.kill, p, 'sigterm') end
       while ct.running and core.hrtime_ms() < deadline do task.sleep(20) end
       if alive(pod) then finish_delete('pods', pod) end
     end)
@@ -1558,10 +1558,15 @@ function M.install(svc, _, opts)
           -- the claim's shutdown time
           local shut = parse_time(cl.spec.lifecycle and cl.spec.lifecycle.shutdownTime)
           if shut and core.now_ms() >= shut and not cl._expired then
+            -- its sandbox goes; the claim stays, expired (Retain, the default), or goes too
             cl._expired = true
-            set_cond(cl, 'Ready', 'False', 'ClaimExpired')
-            put('sandboxclaims', cl)
             if sb then delete_sandbox(sb) end
+            if (cl.spec.lifecycle.shutdownPolicy or 'Retain') == 'Retain' then
+              set_cond(cl, 'Ready', 'False', 'ClaimExpired')
+              put('sandboxclaims', cl)
+            else
+              finish_delete('sandboxclaims', cl)
+            end
           end
         end
       end
@@ -1570,10 +1575,32 @@ function M.install(svc, _, opts)
         for _, sb in pairs(sbs) do
           local pod = get('pods', ns, sb.metadata.name)
           local shut = parse_time(sb.spec.shutdownTime)
+          local mode = sb.spec.operatingMode or 'Running'
           if shut and core.now_ms() >= shut then
-            delete_sandbox(sb)
-          elseif not pod and not sb._pod_made and (sb.spec.operatingMode or 'Running') == 'Running' then
-            sb._pod_made = true
+            -- its pod goes; the Sandbox stays, expired (Retain, the default), or goes too
+            if not sb._expired then
+              sb._expired = true
+              if pod then delete_pod(pod, 0) end
+              if sb.spec.shutdownPolicy == 'Delete' then
+                delete_sandbox(sb)
+              else
+                sb.status = object({ conditions = sb.status and sb.status.conditions })
+                set_cond(sb, 'Ready', 'False', 'SandboxExpired', 'the sandbox expired')
+                put('sandboxes', sb)
+              end
+            end
+          elseif mode == 'Suspended' then
+            -- suspended: no pod
+            if pod then delete_pod(pod, 0) end
+            if not sb._suspended then
+              sb._suspended, sb._was_suspended = true, true
+              set_cond(sb, 'Suspended', 'True', 'PodTerminated', 'the pod was deleted')
+              set_cond(sb, 'Ready', 'False', 'SandboxSuspended', 'the sandbox is suspended')
+              put('sandboxes', sb)
+            end
+          elseif not pod and not sb._finished then
+            -- a pod of the Sandbox's, made again when it was deleted behind its back
+            sb._suspended = false
             local p = sandbox_pod_spec(sb)
             local e = admit_pod(p, ns)
             if e then
@@ -1591,6 +1618,7 @@ function M.install(svc, _, opts)
               sb.status.service = sb.metadata.name
               sb.status.serviceFQDN = ('%s.%s.svc.cluster.local'):format(sb.metadata.name, ns)
               set_cond(sb, 'Ready', 'False', 'DependenciesNotReady', 'Pod is not ready')
+              if sb._was_suspended then set_cond(sb, 'Suspended', 'False', 'NotSuspended') end
               put('sandboxes', sb)
             end
           elseif pod then
