@@ -166,6 +166,7 @@ describe('the Kubernetes API server stand-in', function()
           spec = { volumes = { { name = 'work', emptyDir = { sizeLimit = '8Mi' } } } } }))
       assert.are.equal(201, r.status, r.body)
       assert.are.equal('Pending', r.json.status.phase)
+      assert.are.equal('Burstable', r.json.status.qosClass)
       assert.is_nil(r.json.status.conditions)
       assert.is_truthy(tonumber(r.json.metadata.resourceVersion))
       assert.are.equal('IfNotPresent', r.json.spec.containers[1].imagePullPolicy)
@@ -282,8 +283,10 @@ describe('the Kubernetes API server stand-in', function()
     assert.is_truthy(pod.status.conditions[1].message:find('Insufficient cpu', 1, true))
     assert.is_nil(pod.spec.nodeName)
     -- as root with runAsNonRoot and a uid, it runs; its group is the image's (0) unless runAsGroup says
-    call('POST', pod_path(), pod_body('nonroot', { 'sh', '-c', 'id -u; id -g; exec sleep 30' }, { container = {
-      securityContext = { runAsNonRoot = true, runAsUser = 4321 } } }))
+    local nr = call('POST', pod_path(), pod_body('nonroot', { 'sh', '-c', 'id -u; id -g; exec sleep 30' }, {
+      container = { securityContext = { runAsNonRoot = true, runAsUser = 4321 },
+        resources = { limits = { cpu = '500m', memory = '64Mi' } } } }))
+    assert.are.equal('Guaranteed', nr.json.status.qosClass)
     wait_pod('nonroot', function(p) return p.status.phase == 'Running' end)
     local log
     assert.is_true(util.eventually(function()

@@ -982,6 +982,25 @@ function M.install(svc, _, opts)
   -- Pods on the node
   -- -------------------------------------------------------
 
+  -- Guaranteed: every container has cpu and memory limits, its requests equal to them; BestEffort:
+  -- none asks for anything; else Burstable.
+  local function qos_class(pod)
+    local any, all = false, true
+    for _, list in ipairs({ pod.spec.initContainers or {}, pod.spec.containers }) do
+      for _, c in ipairs(list) do
+        local lim = c.resources and c.resources.limits or {}
+        local req = c.resources and c.resources.requests or {}
+        if next(lim) or next(req) then any = true end
+        for _, k in ipairs({ 'cpu', 'memory' }) do
+          local l, r = M.quantity(lim[k]), M.quantity(req[k] or lim[k])
+          if not l or l ~= r then all = false end
+        end
+      end
+    end
+    if not any then return 'BestEffort' end
+    return all and 'Guaranteed' or 'Burstable'
+  end
+
   local function condition(pod, ctype, status, reason, message)
     local conds = pod.status.conditions
     if not conds then conds = array(); pod.status.conditions = conds end
@@ -1608,7 +1627,7 @@ function M.install(svc, _, opts)
               put('sandboxes', sb)
             else
               create_object('pods', p, ns)
-              p.status = object({ phase = 'Pending', qosClass = 'BestEffort' })
+              p.status = object({ phase = 'Pending', qosClass = qos_class(p) })
               task.spawn(run_pod, p)
               sb.metadata.annotations = sb.metadata.annotations or object()
               sb.metadata.annotations['agents.x-k8s.io/pod-name'] = p.metadata.name
@@ -2078,11 +2097,7 @@ function M.install(svc, _, opts)
     obj.metadata.generation = 1
     obj.metadata.managedFields = nil
     if plural == 'pods' then
-      -- qosClass from the main containers' resources
-      local qos = 'BestEffort'
-      for _, c in ipairs(obj.spec.containers) do
-        if next(c.resources.limits or {}) or next(c.resources.requests or {}) then qos = 'Burstable' end
-      end
+      local qos = qos_class(obj)
       obj.status = object({ phase = 'Pending', qosClass = qos })
     elseif plural ~= 'networkpolicies' then
       obj.status = nil
