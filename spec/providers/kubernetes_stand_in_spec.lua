@@ -415,6 +415,16 @@ describe('the Kubernetes API server stand-in', function()
     assert.are.equal('TooManyRequests', r.json.reason)
     assert.are.equal(3, r.json.details.retryAfterSeconds)
     assert.are.equal(200, call('GET', pod_path()).status)
+    -- RBAC's refusal, scripted: 403 with a Status naming the verb and resource, not the token
+    state.forbidden['create pods'] = true
+    local f = call('POST', pod_path(), pod_body('forbidden', { 'true' }))
+    state.forbidden['create pods'] = nil
+    assert.are.equal(403, f.status)
+    assert.are.equal('Forbidden', f.json.reason)
+    assert.is_truthy(f.json.message:find('cannot create resource "pods" in API group "" in the namespace "' .. NS .. '"',
+      1, true), f.json.message)
+    assert.is_nil(f.body:find(TOKEN, 1, true))
+    assert.are.equal(404, call('GET', pod_path('forbidden')).status)
   end)
 
   it('stores and returns NetworkPolicies (not enforced), checking them as admission does', function()
@@ -647,7 +657,13 @@ describe('the Kubernetes API server stand-in', function()
       big:send('\0' .. string.rep('x', 1048576), true)
       assert.are.equal('\1' .. '1048576\n', big:receive({ timeout_ms = 10000 }))
       assert.are.equal('Success', json.decode(big:receive({ timeout_ms = 10000 }):sub(2)).status)
-      -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404
+      -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404; RBAC, 403
+      plain.forbidden['create pods/attach'] = true
+      local fok, ferr = pcall(ws.connect, { url = base .. '/attach?stdin=true&stdout=true', protocols = 'v4.channel.k8s.io',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, timeout_ms = 5000 })
+      plain.forbidden['create pods/attach'] = nil
+      assert.is_false(fok)
+      assert.are.equal(403, ferr.status)
       local ok, err = pcall(ws.connect, { url = base .. '/attach?stdin=true', protocols = 'v4.channel.k8s.io',
         timeout_ms = 5000 })
       assert.is_false(ok)

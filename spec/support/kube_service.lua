@@ -20,6 +20,9 @@
 -- certificate made: 'mayura'). With TLS, `state.client_cert_file` and `state.client_key_file`
 -- (PEM, signed by the CA of state.ca_file) authenticate as well as the token does. Scripted at run time:
 -- `state.unschedulable = true` (no node fits: pods stay Pending, PodScheduled False),
+-- `state.forbidden['<verb> <resource>'] = true` (RBAC refuses it: 403 Forbidden; verbs get,
+-- list, watch, create, update, patch, delete, deletecollection; resources such as pods,
+-- pods/exec, pods/attach, pods/portforward, networkpolicies, sandboxclaims),
 -- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), svc:fault(...).
 --
 -- Transport: HTTPS with a CA and a server certificate (127.0.0.1, localhost) made with openssl
@@ -117,7 +120,7 @@
 -- shutdownPolicy Retain (the default) keeps the object expired, Delete deletes it) without
 -- services or PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
 -- replaced, not merged by key); no authorization (the token and the client certificate may
--- do everything); TTY is refused.
+-- do everything state.forbidden does not refuse); TTY is refused.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
@@ -500,7 +503,8 @@ function M.install(svc, _, opts)
   assert(type(opts.token) == 'string' and #opts.token > 0, 'kube_service.install: a token')
   local state = {
     token = opts.token, rv = 1000, objects = {}, containers = {}, watchers = {}, history = {},
-    pull_failures = {}, images = {}, agent_images = {}, events = {}, logs = {}, attached = {}, ip_seq = 0,
+    pull_failures = {}, images = {}, agent_images = {}, forbidden = {}, events = {}, logs = {}, attached = {},
+    ip_seq = 0,
     namespaces = { default = true, ['kube-system'] = true, ['kube-public'] = true },
     start_ms = opts.start_ms or 30, closed = false,
     node = { cpu = M.quantity(opts.node_cpu or '4'), memory = M.quantity(opts.node_memory or '8Gi') },
@@ -1744,10 +1748,25 @@ function M.install(svc, _, opts)
     return object({ name = name, versions = versions, preferredVersion = versions[1] })
   end
 
-  local function route(method, pattern, fn)
+  -- `verb` (a function of the request, or a word) and `resource` (`plural[/sub]`) for
+  -- state.forbidden: RBAC's refusal, 403, as a scripted fault ({ ['create pods'] = true, ... }).
+  local function route(method, pattern, fn, verb, resource)
     svc:route(method, pattern, function(req)
       local no = refuse(req)
       if no then return no end
+      if resource then
+        local v = type(verb) == 'function' and verb(req) or verb
+        if state.forbidden[v .. ' ' .. resource] then
+          local plural, sub = resource:match('^([^/]+)/?(.*)$')
+          local group = KINDS[plural] and KINDS[plural].group or ''
+          local user = req.headers.authorization and ('system:serviceaccount:%s:mayura'):format(opts.namespace or
+            'default') or tostring(state.client_user)
+          local where = req.params.ns and (' in the namespace "' .. req.params.ns .. '"') or ' at the cluster scope'
+          return fail(403, 'Forbidden', ('%s%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s"%s')
+            :format(plural, req.params.name and (' "' .. req.params.name .. '"') or '', user, v, resource, group, where),
+            object({ name = req.params.name, group = group, kind = plural .. (sub ~= '' and ('/' .. sub) or '') }))
+        end
+      end
       return fn(req)
     end)
   end
@@ -2213,33 +2232,24 @@ function M.install(svc, _, opts)
   end
 
   local function resource_routes(prefix, plural, version)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural, function(req)
+    local coll, one = prefix .. '/namespaces/{ns}/' .. plural, prefix .. '/namespaces/{ns}/' .. plural .. '/{name}'
+    local function list_verb(req) return (req.query.watch == 'true' or req.query.watch == '1') and 'watch' or 'list' end
+    route('GET', coll, function(req)
       local e = check_ns(req.params.ns)
       if e then return e end
       return list_answer(plural, req.params.ns, req, version)
-    end)
-    route('GET', prefix .. '/' .. plural, function(req) return list_answer(plural, nil, req, version) end)
-    route('POST', prefix .. '/namespaces/{ns}/' .. plural, function(req)
-      return create(plural, req, req.params.ns, version)
-    end)
-    route('DELETE', prefix .. '/namespaces/{ns}/' .. plural, function(req)
-      return delete_collection(plural, req, req.params.ns, version)
-    end)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return read(plural, req, req.params.ns, version)
-    end)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}/status', function(req)
-      return read(plural, req, req.params.ns, version)
-    end)
-    route('DELETE', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return delete(plural, req, req.params.ns, version)
-    end)
-    route('PUT', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return replace(plural, req, req.params.ns, version, false)
-    end)
-    route('PATCH', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return replace(plural, req, req.params.ns, version, true)
-    end)
+    end, list_verb, plural)
+    route('GET', prefix .. '/' .. plural, function(req) return list_answer(plural, nil, req, version) end,
+      list_verb, plural)
+    route('POST', coll, function(req) return create(plural, req, req.params.ns, version) end, 'create', plural)
+    route('DELETE', coll, function(req) return delete_collection(plural, req, req.params.ns, version) end,
+      'deletecollection', plural)
+    route('GET', one, function(req) return read(plural, req, req.params.ns, version) end, 'get', plural)
+    route('GET', one .. '/status', function(req) return read(plural, req, req.params.ns, version) end, 'get',
+      plural .. '/status')
+    route('DELETE', one, function(req) return delete(plural, req, req.params.ns, version) end, 'delete', plural)
+    route('PUT', one, function(req) return replace(plural, req, req.params.ns, version, false) end, 'update', plural)
+    route('PATCH', one, function(req) return replace(plural, req, req.params.ns, version, true) end, 'patch', plural)
   end
 
   resource_routes('/api/v1', 'pods', 'v1')
@@ -2444,8 +2454,11 @@ function M.install(svc, _, opts)
   end
 
   for _, m in ipairs({ 'GET', 'POST' }) do
-    route(m, '/api/v1/namespaces/{ns}/pods/{name}/attach', function(req) return stream_session(req, 'attach') end)
-    route(m, '/api/v1/namespaces/{ns}/pods/{name}/exec', function(req) return stream_session(req, 'exec') end)
+    -- RBAC: a WebSocket's GET needs `create` as the POST does (the API server's check since 1.30)
+    route(m, '/api/v1/namespaces/{ns}/pods/{name}/attach', function(req) return stream_session(req, 'attach') end,
+      'create', 'pods/attach')
+    route(m, '/api/v1/namespaces/{ns}/pods/{name}/exec', function(req) return stream_session(req, 'exec') end,
+      'create', 'pods/exec')
     route(m, '/api/v1/namespaces/{ns}/pods/{name}/portforward', function(req)
       local pod, ct, proto = upgrade_target(req, PF_PROTOCOLS)
       if not pod then return ct end
@@ -2493,7 +2506,7 @@ function M.install(svc, _, opts)
           end
         end
       end }
-    end)
+    end, 'create', 'pods/portforward')
   end
 
   -- }------------------------------------------------------
