@@ -713,6 +713,33 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ mode = 'vm' }))
   end)
 
+  it("maps RBAC's refusals and a 429 to coded errors, leaving nothing made", function()
+    local function count(plural)
+      local n = 0
+      for _ in pairs((state.objects[plural] or {})[NS] or {}) do n = n + 1 end
+      return n
+    end
+    local before_pods, before_policies = count('pods'), count('networkpolicies')
+    for _, rule in ipairs({ 'create pods/attach', 'create pods', 'create networkpolicies' }) do
+      state.forbidden[rule] = true
+      local ok, err = pcall(pool.create, pool, { lifetime_ms = 60000 })
+      state.forbidden[rule] = nil
+      assert.is_false(ok, rule)
+      assert.are.equal('authentication', err.reason, rule .. ': ' .. tostring(err.message))
+      assert.are.equal(403, err.status, rule)
+      assert.is_falsy(tostring(err.message):find('forbidden', 1, true), rule)
+      assert.is_true(util.eventually(function()
+        return count('pods') == before_pods and count('networkpolicies') == before_policies
+      end, 10000), rule .. ': something was left')
+    end
+    svc:fault('POST', '/api/v1/namespaces/{ns}/pods', kube.too_many_requests(90), 1)
+    local ok, err = pcall(pool.create, pool, { lifetime_ms = 60000 })
+    assert.is_false(ok)
+    assert.are.equal('rate_limited', err.reason)
+    assert.are.equal(90000, err.retry_after_ms)
+    assert.is_true(util.eventually(function() return count('networkpolicies') == before_policies end, 10000))
+  end)
+
   it('authenticates with a client certificate instead of a token', function()
     if not state.client_cert_file then
       pending('the stand-in made no client certificate')
