@@ -41,7 +41,8 @@ describe('kubernetes_sandboxes options', function()
     -- the agent comes from an image of its own or from the sandbox's image
     assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, { server = 'https://k:6443', token = 'x' })
     for _, bad in ipairs({
-      { server = 'ftp://x' }, { server = 'https://x/path' }, { namespace = 'Not_A_Name' },
+      { server = 'ftp://x' }, { server = 'https://x/path' }, { server = 'http://10.1.2.3:8080' },
+      { server = 'http://127.0.0.1.evil.example:80' }, { namespace = 'Not_A_Name' },
       { namespace = string.rep('a', 64) },
       { agent_in_image = true }, { image = 'bad image' }, { agent_path = 'relative' },
       { agent_path = '/a/../b' }, { pull_policy = 'Always' }, { runtime_class = 'Bad_Class' },
@@ -445,6 +446,17 @@ describe('the attach and port-forward streams', function()
       end)
       assert.is_false(ok)
       assert.are.equal('gone', err.reason)
+      assert.is_true(b.closed)
+    end)
+  end)
+
+  it('falls back to v4.channel.k8s.io where the server has no v5', function()
+    task.run(function()
+      local b = setmetatable({ closed = false }, Backend)
+      b.ch, b.session = attach.agent(conn(), '/api/v1/namespaces/ns/pods/v4-p', function() b.closed = true end)
+      agent_backend.handshake(b, nil, dir)
+      assert.are.equal('v4\n', b:exec({ 'echo', 'v4' }, { timeout_ms = 5000 }).stdout)
+      b.session.close()
       assert.is_true(b.closed)
     end)
   end)

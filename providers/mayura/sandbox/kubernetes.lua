@@ -120,6 +120,12 @@ local function read_options(options)
   if type(server) ~= 'string' or not server:match('^https?://[%w%.%-%[%]:]+/?$') then
     fail('server must be the API server\'s https:// URL (scheme, host and port)')
   end
+  -- the token or the certificate's session would cross the network in the clear
+  local plain_host = server:match('^http://([^/]+)')
+  if plain_host and not (plain_host:match('^127%.0%.0%.1:?%d*$') or plain_host:match('^localhost:?%d*$')
+      or plain_host:match('^%[::1%]:?%d*$')) then
+    fail('server may be http:// only on this machine (a local proxy such as kubectl proxy): use https://')
+  end
   if options.token ~= nil and options.client_cert ~= nil then fail('give token or client_cert, not both') end
   for _, name in ipairs({ 'ca_file', 'client_cert', 'client_key' }) do
     local v = options[name]
