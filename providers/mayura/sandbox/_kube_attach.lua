@@ -34,7 +34,7 @@ local MAX_MESSAGE = 16 * 1048576
 -- files): CONNECT_FAILED with a status is that status's SANDBOX_ERROR.
 local function open(c, path, protocols, timeout_ms)
   local ok, conn = pcall(ws.connect, { url = c.ws_base .. path, headers = c.headers(), protocols = protocols,
-    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000, ca_file = c.ca_file,
+    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000, ca_file = c.ca_file, ca_pem = c.ca_pem,
     client_cert = c.client_cert, client_key = c.client_key })
   if ok then return conn end
   if errors.is(conn, 'CONNECT_FAILED') and conn.status then

@@ -8,8 +8,9 @@
 --   })
 --   local sandboxes = sandbox.create_sandboxes(provider, { max_sandboxes = 4 })
 --
--- Options: `server` (required: the API server's https:// URL; http:// for a local proxy such as
--- `kubectl proxy`), `ca_file` (a PEM file of the cluster's authority), `token` (a bearer token) or
+-- Options: `server` (required: the API server's https:// URL; http:// only on this machine, for a
+-- local proxy such as `kubectl proxy`), `ca_file` (a PEM file of the cluster's authority) or
+-- `ca_data` (its PEM text, a kubeconfig's certificate-authority-data decoded), `token` (a bearer token) or
 -- `client_cert` with `client_key` (PEM files), `namespace` ('default'), `image` (the sandboxes'
 -- image: sh and coreutils or BusyBox; a create's `image` names another), `agent_image` (an image
 -- holding the static agent, build/mayura-agent, at `agent_path` ('/mayura-agent') and `cp`: an
@@ -83,7 +84,7 @@ local IMAGE_PATTERN = '^[%w][%w%._/:@%-]*$'
 local C = 'INVALID_CONFIG'
 
 local option_keys = {
-  server = true, ca_file = true, token = true, client_cert = true, client_key = true, namespace = true,
+  server = true, ca_file = true, ca_data = true, token = true, client_cert = true, client_key = true, namespace = true,
   image = true, agent_image = true, agent_in_image = true, agent_path = true, pull = true, pull_policy = true,
   runtime_class = true, uid = true, cpus = true, memory_mib = true, workspace_mib = true, tmp_mib = true,
   workdir = true, max_lifetime_ms = true, start_timeout_ms = true, cluster_cidrs = true,
@@ -127,6 +128,11 @@ local function read_options(options)
     fail('server may be http:// only on this machine (a local proxy such as kubectl proxy): use https://')
   end
   if options.token ~= nil and options.client_cert ~= nil then fail('give token or client_cert, not both') end
+  local ca_data = options.ca_data
+  if ca_data ~= nil and (type(ca_data) ~= 'string' or not ca_data:find('-----BEGIN CERTIFICATE-----', 1, true)
+      or #ca_data > 1048576 or ca_data:find('%z') or options.ca_file ~= nil) then
+    fail('ca_data must be the cluster authority\'s PEM text (and not with ca_file)')
+  end
   for _, name in ipairs({ 'ca_file', 'client_cert', 'client_key' }) do
     local v = options[name]
     if v ~= nil and (type(v) ~= 'string' or v:sub(1, 1) ~= '/' or v:find('%z')) then
@@ -361,6 +367,7 @@ function M.kubernetes_sandboxes(options)
   local o = read_options(options)
   local api = hosted.client({
     label = 'kubernetes', base_url = o.server, api_key = options.token, ca_file = options.ca_file,
+    ca_pem = options.ca_data,
     client_cert = options.client_cert, client_key = options.client_key,
     retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
     max_response_bytes = 16 * MIB,
@@ -368,7 +375,8 @@ function M.kubernetes_sandboxes(options)
   local token = options.token
   local conn = {
     ws_base = o.server:gsub('^http', 'ws'),
-    ca_file = options.ca_file, client_cert = options.client_cert, client_key = options.client_key,
+    ca_file = options.ca_file, ca_pem = options.ca_data, client_cert = options.client_cert,
+    client_key = options.client_key,
     headers = function()
       local h = { ['User-Agent'] = hosted.USER_AGENT }
       if token then h.Authorization = 'Bearer ' .. token end
