@@ -20,7 +20,7 @@
 -- `uid` (the sandboxes' uid and gid, of no account: 1300000), `cpus` (1), `memory_mib` (1024),
 -- `workspace_mib` (512) and `tmp_mib` (128) (tmpfs, within memory_mib), `workdir` (/workspace),
 -- `max_lifetime_ms` (24 h), `start_timeout_ms` (120000: how long a Pod may stay Pending),
--- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10,
+-- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10, 127.0.0.0/8,
 -- 169.254.0.0/16 with the cloud metadata address, fc00::/7, fe80::/10), `network_policy_enforced`
 -- (false), `warm` (0), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
 -- `mode = 'agent-sandbox'` makes each sandbox through the Agent Sandbox controller
@@ -58,7 +58,8 @@
 --
 -- `features`: stdin, ports (port-forward), network { 'none', 'all' }, no desktop. `enforced`:
 -- memory, cpus, lifetime and the tmpfs sizes by the cluster; no process cap (Kubernetes has none
--- per Pod); network as said.
+-- per Pod); network as said. An exec killed by SIGKILL is `oom_killed` when the container's cgroup
+-- (read through the agent) counts a new OOM kill.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
