@@ -674,5 +674,32 @@ describe('the Kubernetes API server stand-in', function()
       assert.are.equal(404, err.status)
       pcall_json('DELETE', pod_path('ws-pod') .. '?gracePeriodSeconds=0')
     end)
+
+    it('runs exec with the host\'s own programs, whatever PATH the pod\'s env names', function()
+      local ws = require('mayura.ws')
+      local dir = util.tmpdir()
+      for _, name in ipairs({ 'sh', 'nsenter', 'setpriv' }) do
+        local f = io.open(dir .. '/' .. name, 'w')
+        f:write('#!/bin/sh\ntouch ' .. dir .. '/ran-' .. name .. '\nexit 0\n')
+        f:close()
+        os.execute('chmod 755 ' .. dir .. '/' .. name)
+      end
+      pcall_json('POST', pod_path(), pod_body('path-pod', { '/usr/bin/sleep', '30' }, { container = {
+        env = { { name = 'PATH', value = dir } } } }))
+      assert.is_true(util.eventually(function()
+        local _, p = pcall_json('GET', pod_path('path-pod'))
+        return p.status.phase == 'Running'
+      end, 10000))
+      local base = plain.server:gsub('^http', 'ws') .. pod_path('path-pod')
+      local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/printenv&command=PATH&stdout=true',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+      -- the command gets the pod's env; the host ran none of the directory's programs
+      assert.are.equal('\1' .. dir .. '\n', ex:receive({ timeout_ms = 5000 }))
+      for _, name in ipairs({ 'sh', 'nsenter', 'setpriv' }) do
+        assert.is_nil(io.open(dir .. '/ran-' .. name), name)
+      end
+      pcall_json('DELETE', pod_path('path-pod') .. '?gracePeriodSeconds=0')
+      util.rmdir(dir)
+    end)
   end)
 end)

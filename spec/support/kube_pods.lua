@@ -42,10 +42,19 @@ local function bin(name)
   return p
 end
 
---- Whether pods can run here: root, bubblewrap, nsenter, setpriv and the launcher.
+-- The host's programs, by absolute path: never looked up on a PATH a pod's env gives. setpriv
+-- runs inside a pod too, where only /usr is the host's.
+local programs
+local function prog(name)
+  programs = programs or {}
+  if programs[name] == nil then programs[name] = host.find_in_path(name) or false end
+  return programs[name] or nil
+end
+
+--- Whether pods can run here: root, bubblewrap, nsenter, setpriv (under /usr), bash and the launcher.
 function M.available()
-  return host.uid() == 0 and host.find_in_path('bwrap') ~= nil and host.find_in_path('nsenter') ~= nil
-    and host.find_in_path('setpriv') ~= nil and host.exists(bin('mayura-launch'))
+  return host.uid() == 0 and prog('bwrap') ~= nil and prog('nsenter') ~= nil and prog('bash') ~= nil
+    and (prog('setpriv') or ''):match('^/usr/') ~= nil and prog('sh') ~= nil and host.exists(bin('mayura-launch'))
 end
 
 -- A byte stream over one end of a socket pair (a luv pipe), with on_data(bytes) / on_end().
@@ -119,7 +128,7 @@ function M.start(c)
   local id = ('kpod-%d-%s'):format(seq, host.random_hex(4))
   local uid, gid = c.uid or 0, c.gid or c.uid or 0
   local host_uid = HOST_UID_BASE + (tonumber(host.random_hex(2), 16) or seq) % 65536
-  local a = { bin('mayura-launch'), host.find_in_path('bwrap'),
+  local a = { bin('mayura-launch'), prog('bwrap'),
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-net', '--unshare-cgroup-try',
     '--uid', tostring(uid), '--gid', tostring(gid), '--hostname', c.name or 'pod',
     '--new-session', '--die-with-parent', '--disable-userns', '--cap-drop', 'ALL', '--info-fd', '4',
@@ -142,7 +151,7 @@ function M.start(c)
   -- the launcher's variables are not the container's
   for _, v in ipairs({ 'MAYURA_LIFE', 'MAYURA_CG', 'MAYURA_CG_SET', 'MAYURA_FREEZER', 'MAYURA_CGKILL',
     'MAYURA_UID', 'MAYURA_INFO' }) do add('--unsetenv', v) end
-  add('--chdir', c.workdir or '/', '--', '/bin/sh', '-c', WRAP, 'sh')
+  add('--chdir', c.workdir or '/', '--', '/usr/bin/sh', '-c', WRAP, 'sh')
   for _, x in ipairs(c.argv) do add(x) end
 
   local life = (c.lifetime_ms or 86400000) + 1000
@@ -289,12 +298,12 @@ function Container:exec(argv, o)
   if not pid or not self.running then error('the container is not running', 0) end
   -- nsenter takes the uid inside (with the capabilities joining the user namespace gave); the
   -- program after it has none unless it is uid 0 there, whose are dropped by setpriv
-  local a = { 'sh', '-c', ENTER, 'enter', 'nsenter', '-t', tostring(pid), '-U', '-m', '-p', '-n', '-i', '-u',
-    '-S', tostring(self.uid), '-G', tostring(self.gid), '--', 'setpriv', '--no-new-privs' }
+  local a = { prog('sh'), '-c', ENTER, 'enter', prog('nsenter'), '-t', tostring(pid), '-U', '-m', '-p', '-n', '-i',
+    '-u', '-S', tostring(self.uid), '-G', tostring(self.gid), '--', prog('setpriv'), '--no-new-privs' }
   if self.uid == 0 then
     for _, x in ipairs({ '--bounding-set', '-all', '--inh-caps', '-all' }) do a[#a + 1] = x end
   end
-  for _, x in ipairs({ '--', '/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. WRAP, self.workdir }) do
+  for _, x in ipairs({ '--', '/usr/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. WRAP, self.workdir }) do
     a[#a + 1] = x
   end
   for _, x in ipairs(argv) do a[#a + 1] = x end
@@ -353,8 +362,8 @@ local CONNECT = 'exec 4<>/dev/tcp/127.0.0.1/"$0" || exit 1; cat <&4 >&3 & cat <&
 function Container:connect(port, o)
   local pid = self:wait_pid(5000)
   if not pid or not self.running then error('the container is not running', 0) end
-  local a = { 'nsenter', '-t', tostring(pid), '-n', '--', 'setpriv', '--reuid', '65534', '--regid', '65534',
-    '--clear-groups', '--no-new-privs', '--', 'bash', '-c', CONNECT, tostring(port) }
+  local a = { prog('nsenter'), '-t', tostring(pid), '-n', '--', prog('setpriv'), '--reuid', '65534', '--regid',
+    '65534', '--clear-groups', '--no-new-privs', '--', prog('bash'), '-c', CONNECT, tostring(port) }
   local s_host, s_child = pair()
   local c = {}
   local proc, err = core.spawn({ argv = a, env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' }, max_output_bytes = 4096,
