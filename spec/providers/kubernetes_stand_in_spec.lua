@@ -701,5 +701,43 @@ describe('the Kubernetes API server stand-in', function()
       pcall_json('DELETE', pod_path('path-pod') .. '?gracePeriodSeconds=0')
       util.rmdir(dir)
     end)
+
+    it('gives the loader\'s variables and its own names of a pod\'s env to the pod alone, not to host programs',
+      function()
+        local ws = require('mayura.ws')
+        local dir = util.tmpdir()
+        local env = { { name = 'LD_DEBUG', value = 'libs' }, { name = 'LD_DEBUG_OUTPUT', value = dir .. '/dbg' },
+          { name = 'MAYURA_UID', value = '1000' }, { name = 'MAYURA_CG', value = dir },
+          { name = 'KPOD_CG', value = dir }, { name = 'PLAIN', value = 'kept' } }
+        pcall_json('POST', pod_path(), pod_body('env-pod', { '/usr/bin/sleep', '30' }, { container = { env = env } }))
+        assert.is_true(util.eventually(function()
+          local _, p = pcall_json('GET', pod_path('env-pod'))
+          return p.status.phase == 'Running'
+        end, 10000))
+        local _, p = pcall_json('GET', pod_path('env-pod'))
+        local ct = plain.containers[p.metadata.uid]
+        -- the launcher took its own uid, not the pod's MAYURA_UID
+        local status = io.open('/proc/' .. ct.pid .. '/status'):read('a')
+        assert.is_nil(status:match('\nUid:%s+1000%s'), status:match('\nUid:[^\n]*'))
+        local base = plain.server:gsub('^http', 'ws') .. pod_path('env-pod')
+        local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/env&stdout=true',
+          headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+        local out = {}
+        while true do
+          local m = ex:receive({ timeout_ms = 5000 })
+          if not m then break end
+          if m:byte(1) == 1 then out[#out + 1] = m:sub(2) end
+          if m:byte(1) == 3 then assert.are.equal('Success', json.decode(m:sub(2)).status) end
+        end
+        local text = table.concat(out)
+        -- inside, the pod's env is whole, and nothing of the host's carrying shows
+        for _, e in ipairs(env) do assert.is_truthy(text:find('\n' .. e.name .. '=' .. e.value .. '\n', 1, true), e.name) end
+        assert.is_nil(text:find('KPOD_X_', 1, true))
+        -- no host program wrote the loader's debug output
+        local listing = io.popen('ls -A ' .. dir):read('a')
+        assert.are.equal('', listing)
+        pcall_json('DELETE', pod_path('env-pod') .. '?gracePeriodSeconds=0')
+        util.rmdir(dir)
+      end)
   end)
 end)

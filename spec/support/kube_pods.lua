@@ -117,6 +117,39 @@ end
 -- Inside the container: its streams onto 0, 1 and 2, the others closed, then its command.
 local WRAP = 'exec "$@" <&3 >&6 2>&7 3<&- 4>&- 5>&- 6>&- 7>&- 8<&- 9<&-'
 
+-- Variables the dynamic loader or the C library act on (glibc's list for setuid programs, and any
+-- LD_*), and the names of the launcher's and this file's own (MAYURA_*, KPOD_*): a pod's env
+-- never gives them to a program of the host (the launcher, bubblewrap, nsenter, sh run as root),
+-- but they travel as KPOD_X_<name> and are set again inside, just before its command.
+local LOADER_VARS = {}
+for _, n in ipairs({ 'GCONV_PATH', 'GETCONF_DIR', 'HOSTALIASES', 'LOCALDOMAIN', 'LOCPATH', 'MALLOC_TRACE',
+  'NIS_PATH', 'NLSPATH', 'RESOLV_HOST_CONF', 'RES_OPTIONS', 'TMPDIR', 'TZDIR', 'GLIBC_TUNABLES' }) do
+  LOADER_VARS[n] = true
+end
+
+-- The pod's env as host programs may carry it (into `out`), and the shell text that sets the
+-- loader's variables again inside.
+local function carry_env(env, out)
+  local names = {}
+  for k, v in pairs(env or {}) do
+    if LOADER_VARS[k] or k:match('^LD_') or k:match('^MAYURA_') or k:match('^KPOD_') then
+      out['KPOD_X_' .. k] = v
+      names[#names + 1] = k
+    else
+      out[k] = v
+    end
+  end
+  table.sort(names)
+  local set = {}
+  for _, k in ipairs(names) do
+    -- a name of the pod's env is [-._a-zA-Z][-._a-zA-Z0-9]* (admission); only plain ones reach here
+    if k:match('^[%a_][%w_]*$') then
+      set[#set + 1] = ('export %s="$KPOD_X_%s"; unset KPOD_X_%s; '):format(k, k, k)
+    end
+  end
+  return table.concat(set)
+end
+
 --- Starts a container: `c` = { name (the hostname), argv, env (name -> value), workdir, uid,
 -- gid, mounts ({ path, mib, read_only } emptyDirs), agent_dir (a mount that gets the agent), read_only_root,
 -- memory_mib, cpus, pids, lifetime_ms, stdin, stdin_once, on_output(stream, bytes) (stream 1
@@ -151,14 +184,20 @@ function M.start(c)
   -- the launcher's variables are not the container's
   for _, v in ipairs({ 'MAYURA_LIFE', 'MAYURA_CG', 'MAYURA_CG_SET', 'MAYURA_FREEZER', 'MAYURA_CGKILL',
     'MAYURA_UID', 'MAYURA_INFO' }) do add('--unsetenv', v) end
-  add('--chdir', c.workdir or '/', '--', '/usr/bin/sh', '-c', WRAP, 'sh')
+  add('--chdir', c.workdir or '/', '--', '/usr/bin/sh', '-c', '@WRAP@', 'sh')
   for _, x in ipairs(c.argv) do add(x) end
 
   local life = (c.lifetime_ms or 86400000) + 1000
-  local env = { PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME = '/',
-    HOSTNAME = c.name or 'pod', MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
-    MAYURA_UID = tostring(host_uid), MAYURA_INFO = '1' }
-  for k, v in pairs(c.env or {}) do env[k] = v end
+  local env = {}
+  local reset = carry_env(c.env, env)
+  env.PATH = env.PATH or '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  env.HOME, env.HOSTNAME = env.HOME or '/', env.HOSTNAME or c.name or 'pod'
+  -- the launcher's own, after the pod's (none of whose names are these)
+  env.MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000)
+  env.MAYURA_UID, env.MAYURA_INFO = tostring(host_uid), '1'
+  for i, x in ipairs(a) do
+    if x == '@WRAP@' then a[i] = reset .. WRAP; break end
+  end
   local parts = host.uid() == 0 and cgroups()
   local cg_dirs = {}
   if parts then
@@ -303,13 +342,15 @@ function Container:exec(argv, o)
   if self.uid == 0 then
     for _, x in ipairs({ '--bounding-set', '-all', '--inh-caps', '-all' }) do a[#a + 1] = x end
   end
-  for _, x in ipairs({ '--', '/usr/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. WRAP, self.workdir }) do
+  local env = {}
+  local reset = carry_env(self.env, env)
+  env.PATH = env.PATH or '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  env.HOME = env.HOME or '/'
+  env.KPOD_CG = table.concat(self.cg_dirs, ' ')
+  for _, x in ipairs({ '--', '/usr/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. reset .. WRAP, self.workdir }) do
     a[#a + 1] = x
   end
   for _, x in ipairs(argv) do a[#a + 1] = x end
-  local env = { PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME = '/',
-    KPOD_CG = table.concat(self.cg_dirs, ' ') }
-  for k, v in pairs(self.env) do env[k] = v end
   local x = { running = true }
   local in_host, in_child = pair()
   local out_host, out_child = pair()
