@@ -174,7 +174,7 @@ function M.start(c)
   if host.exists('/etc/ld.so.cache') then add('--ro-bind', '/etc/ld.so.cache', '/etc/ld.so.cache') end
   add('--proc', '/proc', '--dev', '/dev')
   for _, m in ipairs(c.mounts or {}) do
-    add('--size', tostring((m.mib or 64) * MIB), '--perms', '1777', '--tmpfs', m.path)
+    add('--size', ('%d'):format(math.floor((m.mib or 64) * MIB)), '--perms', '1777', '--tmpfs', m.path)
   end
   if c.agent_dir then add('--perms', '0555', '--file', '0', c.agent_dir .. '/agent') end
   for _, m in ipairs(c.mounts or {}) do
