@@ -617,18 +617,25 @@ describe('the Kubernetes API server stand-in', function()
       return r.status, json.decode(r.body)
     end
 
+    -- Creates a pod and waits for it to run; the ws:// base of its path and its body.
+    local function running(body)
+      local status = pcall_json('POST', pod_path(), body)
+      assert.are.equal(201, status)
+      local pod
+      assert.is_true(util.eventually(function()
+        local _, p = pcall_json('GET', pod_path(body.metadata.name))
+        pod = p
+        return p.status.phase == 'Running'
+      end, 10000))
+      return plain.server:gsub('^http', 'ws') .. pod_path(body.metadata.name), pod
+    end
+
     it('attaches with v4.channel.k8s.io to the first process, and execs with the Status on channel 3', function()
       local ws = require('mayura.ws')
       assert.is_nil(plain.ca_file)
       assert.is_truthy(plain.server:match('^http://127%.0%.0%.1:%d+$'))
-      local status = pcall_json('POST', pod_path(), pod_body('ws-pod', { 'sh', '-c',
-        'while read l; do echo "echo:$l"; done' }, { container = { stdin = true } }))
-      assert.are.equal(201, status)
-      assert.is_true(util.eventually(function()
-        local _, p = pcall_json('GET', pod_path('ws-pod'))
-        return p.status.phase == 'Running'
-      end, 10000))
-      local base = plain.server:gsub('^http', 'ws') .. pod_path('ws-pod')
+      local base = running(pod_body('ws-pod', { 'sh', '-c', 'while read l; do echo "echo:$l"; done' },
+        { container = { stdin = true } }))
       local conn = ws.connect({ url = base .. '/attach?container=sandbox&stdin=true&stdout=true&stderr=true',
         headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
       assert.are.equal('v4.channel.k8s.io', conn.protocol)
@@ -684,13 +691,8 @@ describe('the Kubernetes API server stand-in', function()
         f:close()
         os.execute('chmod 755 ' .. dir .. '/' .. name)
       end
-      pcall_json('POST', pod_path(), pod_body('path-pod', { '/usr/bin/sleep', '30' }, { container = {
+      local base = running(pod_body('path-pod', { '/usr/bin/sleep', '30' }, { container = {
         env = { { name = 'PATH', value = dir } } } }))
-      assert.is_true(util.eventually(function()
-        local _, p = pcall_json('GET', pod_path('path-pod'))
-        return p.status.phase == 'Running'
-      end, 10000))
-      local base = plain.server:gsub('^http', 'ws') .. pod_path('path-pod')
       local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/printenv&command=PATH&stdout=true',
         headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
       -- the command gets the pod's env; the host ran none of the directory's programs
@@ -709,17 +711,11 @@ describe('the Kubernetes API server stand-in', function()
         local env = { { name = 'LD_DEBUG', value = 'libs' }, { name = 'LD_DEBUG_OUTPUT', value = dir .. '/dbg' },
           { name = 'MAYURA_UID', value = '1000' }, { name = 'MAYURA_CG', value = dir },
           { name = 'KPOD_CG', value = dir }, { name = 'PLAIN', value = 'kept' } }
-        pcall_json('POST', pod_path(), pod_body('env-pod', { '/usr/bin/sleep', '30' }, { container = { env = env } }))
-        assert.is_true(util.eventually(function()
-          local _, p = pcall_json('GET', pod_path('env-pod'))
-          return p.status.phase == 'Running'
-        end, 10000))
-        local _, p = pcall_json('GET', pod_path('env-pod'))
+        local base, p = running(pod_body('env-pod', { '/usr/bin/sleep', '30' }, { container = { env = env } }))
         local ct = plain.containers[p.metadata.uid]
         -- the launcher took its own uid, not the pod's MAYURA_UID
         local status = io.open('/proc/' .. ct.pid .. '/status'):read('a')
         assert.is_nil(status:match('\nUid:%s+1000%s'), status:match('\nUid:[^\n]*'))
-        local base = plain.server:gsub('^http', 'ws') .. pod_path('env-pod')
         local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/env&stdout=true',
           headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
         local out = {}
