@@ -9,8 +9,8 @@
 --   * each emptyDir volume mount is a tmpfs of its own (`size` from its sizeLimit, 64 MiB by
 --     default; read-only when the mount says so), the agent copied into `agent_dir`'s (the init
 --     container's copy) at `agent_dir`/agent (mode 0555);
---   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, picked at
---     random), with no capabilities, no_new_privs and no user namespaces of its own to make
+--   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, its own
+--     among this process's pods), with no capabilities, no_new_privs and no user namespaces of its own to make
 --     (bubblewrap's --cap-drop ALL and --disable-userns); no seccomp filter;
 --   * run as root, memory, cpus and pids are cgroups the launcher makes, joins, kills and removes
 --     (mayura.sandbox._local_cgroup), as for a local sandbox;
@@ -33,7 +33,7 @@ local M = {}
 
 local MIB = 1048576
 local HOST_UID_BASE = 1400000   -- host uids for pods: [base, base + 65536)
-local seq = 0
+local seq, uid_start = 0, nil
 
 local function bin(name)
   local build = os.getenv('MAYURA_BUILD') or 'build'
@@ -160,7 +160,9 @@ function M.start(c)
   seq = seq + 1
   local id = ('kpod-%d-%s'):format(seq, host.random_hex(4))
   local uid, gid = c.uid or 0, c.gid or c.uid or 0
-  local host_uid = HOST_UID_BASE + (tonumber(host.random_hex(2), 16) or seq) % 65536
+  -- a host uid of its own: a random start per process, then one more per pod
+  uid_start = uid_start or tonumber(host.random_hex(2), 16) or 0
+  local host_uid = HOST_UID_BASE + (uid_start + seq) % 65536
   local a = { bin('mayura-launch'), prog('bwrap'),
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-net', '--unshare-cgroup-try',
     '--uid', tostring(uid), '--gid', tostring(gid), '--hostname', c.name or 'pod',
