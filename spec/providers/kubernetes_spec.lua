@@ -726,6 +726,29 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ mode = 'vm' }))
   end)
 
+  it('keeps an idle attach busy with the agent\'s ping, and stops at the release', function()
+    local kpool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options({ keepalive_ms = 1000 })),
+      { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local s = kpool:create({ lifetime_ms = 60000 })
+    local b = s._backend
+    -- count the agent's answers: each ping is a request and its reply through the attach
+    local calls, real = 0, b.ch
+    b.ch = {
+      call = function(_, req, ...)
+        if req.op == 'ping' then calls = calls + 1 end
+        return real:call(req, ...)
+      end,
+      close = function() return real:close() end,
+    }
+    task.await(function(done) task.after(2600, done, true) end)
+    assert.is_true(calls >= 2, calls .. ' pings')
+    assert.are.equal('idle\n', s:exec({ 'echo', 'idle' }).stdout)
+    s:release()
+    assert.is_nil(b.pinger)
+    kpool:close()
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ keepalive_ms = 10 }))
+  end)
+
   it("maps RBAC's refusals and a 429 to coded errors, leaving nothing made", function()
     local function count(plural)
       local n = 0

@@ -22,7 +22,9 @@
 -- `max_lifetime_ms` (24 h), `start_timeout_ms` (120000: how long a Pod may stay Pending),
 -- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10, 127.0.0.0/8,
 -- 169.254.0.0/16 with the cloud metadata address, fc00::/7, fe80::/10), `network_policy_enforced`
--- (false), `warm` (0), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
+-- (false), `warm` (0), `keepalive_ms` (30000: an idle attach carries the agent's ping this often,
+-- so that no proxy or load balancer before the API server, nor the kubelet's idle timeout, ends
+-- it), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
 -- `mode = 'agent-sandbox'` makes each sandbox through the Agent Sandbox controller
 -- (kubernetes-sigs/agent-sandbox), where the cluster runs it: a Sandbox (agents.x-k8s.io/v1beta1)
 -- whose Pod template is the Pod below, or, with `template`, a SandboxClaim
@@ -90,7 +92,7 @@ local option_keys = {
   runtime_class = true, uid = true, cpus = true, memory_mib = true, workspace_mib = true, tmp_mib = true,
   workdir = true, max_lifetime_ms = true, start_timeout_ms = true, cluster_cidrs = true,
   network_policy_enforced = true, warm = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
-  mode = true, template = true,
+  mode = true, template = true, keepalive_ms = true,
 }
 
 local function fail(msg)
@@ -159,6 +161,7 @@ local function read_options(options)
     start_timeout_ms = check.int(options.start_timeout_ms, 'start_timeout_ms', 1000, 3600000, C, 4, 120000),
     enforced_network = bool_option(options.network_policy_enforced, 'network_policy_enforced'),
     warm = check.int(options.warm, 'warm', 0, 1000, C, 4, 0),
+    keepalive_ms = check.int(options.keepalive_ms, 'keepalive_ms', 1000, 3600000, C, 4, 30000),
     cluster_cidrs = options.cluster_cidrs or CLUSTER_CIDRS,
   }
   if not pod.dns_label(o.namespace) then fail('namespace is not a Kubernetes namespace name') end
@@ -230,6 +233,7 @@ function Backend:release()
     if not self.timer:is_closing() then self.timer:close() end
     self.timer = nil
   end
+  self:stop_keepalive()
   for _, f in pairs(self.forwards) do pcall(f.close) end
   -- an Agent Sandbox resource first (its controller would make the Pod again), then the Pod at once
   local ok, err = true, nil
@@ -276,6 +280,25 @@ function Backend:exec(argv, o)
     end
   end
   return res
+end
+
+-- Pings the agent every `ms` while the attach is open: an idle stream is not one a proxy, a load
+-- balancer or the kubelet ends. The timer keeps no script running.
+function Backend:keepalive(ms)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  self.pinger = timer
+  timer:start(ms, ms, function()
+    if self.closed then return self:stop_keepalive() end
+    pcall(self.ch.call, self.ch, { op = 'ping' }, function() end)
+  end)
+  timer:unref()
+end
+
+function Backend:stop_keepalive()
+  local timer = self.pinger
+  self.pinger = nil
+  if timer and not timer:is_closing() then timer:close() end
 end
 
 -- The host's own end of the lifetime (as the cluster's deadline, and the agent's own).
@@ -468,9 +491,13 @@ function M.kubernetes_sandboxes(options)
         backend.path = path
       end
       wait_running(self, c, path, deadline, workload ~= nil)
-      backend.ch, backend.session = attach.agent(conn, path, function() backend.closed = true end)
+      backend.ch, backend.session = attach.agent(conn, path, function()
+        backend.closed = true
+        backend:stop_keepalive()
+      end)
       agent_backend.hello(backend)
       backend.oom_seen = oom_count(backend)
+      backend:keepalive(self.keepalive_ms)
     end)
     if not ok then agent_backend.start_failed(backend, err) end
     backend.image_name = image or self.image
