@@ -82,7 +82,7 @@ function M.agent(c, path, on_close)
   task.spawn(function()
     while not ended do
       local ok, msg = pcall(conn.receive, conn)
-      if not ok or msg == nil or #msg == 0 then break end
+      if ended or not ok or msg == nil or #msg == 0 then break end
       local which = msg:byte(1)
       if which == STDOUT and #msg > 1 then
         pipe:write(msg:sub(2))
@@ -119,7 +119,7 @@ local function forward_one(c, path, port, client)
     local seen = {}
     while not done do
       local rok, msg = pcall(conn.receive, conn)
-      if not rok or msg == nil or #msg == 0 then break end
+      if done or not rok or msg == nil or #msg == 0 then break end
       local which = msg:byte(1)
       local body = msg:sub(2)
       -- the first message of each channel is its port
