@@ -142,18 +142,6 @@ local option_keys = {
   retries = true, retry_base_ms = true, max_retry_after_ms = true, exec_rate = true,
 }
 
--- `exec_rate`: `{ per_second, burst }` of exec calls per machine (Fly documents 1 and 3).
-local function rate_option(v)
-  if v == nil then return { per_second = 1, burst = 3 } end
-  if type(v) ~= 'table' then errors.raise('INVALID_CONFIG', 'fly: exec_rate must be { per_second, burst }', nil, 4) end
-  check.keys(v, { per_second = true, burst = true }, 'fly exec_rate', 'INVALID_CONFIG', 4)
-  local ps, burst = v.per_second, v.burst
-  if type(ps) ~= 'number' or ps <= 0 or ps > 1000 or ps ~= ps then
-    errors.raise('INVALID_CONFIG', 'fly: exec_rate.per_second must be a number above 0, at most 1000', nil, 4)
-  end
-  return { per_second = ps, burst = check.int(burst, 'exec_rate.burst', 1, 1000, 'INVALID_CONFIG', 4, 1) }
-end
-
 local function name_option(v, what, pattern)
   return check.word(v, pattern, 'fly: ' .. what .. ' is not a valid name', 'INVALID_CONFIG', 4)
 end
@@ -181,7 +169,8 @@ function M.fly_sandboxes(options)
     max_response_bytes = 16 * MIB,
   })
   local base = '/v1/apps/' .. hosted.escape(app) .. '/machines'
-  local rate = rate_option(options.exec_rate)
+  -- `exec_rate`: exec calls per machine (Fly documents 1 a second, bursts of 3)
+  local rate = hosted.rate_option(options.exec_rate, 'fly', 'exec_rate', { per_second = 1, burst = 3 })
 
   local provider = {
     id = 'fly',
