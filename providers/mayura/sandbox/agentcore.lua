@@ -15,7 +15,9 @@
 -- some AWS services, so only an interpreter made without any egress should be declared 'none'),
 -- `endpoint` (https://bedrock-agentcore.<region>.amazonaws.com), `workdir` (/tmp/workspace, made
 -- with the first command), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
--- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s).
+-- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s),
+-- `exec_rate` (the invokes' rate, which the provider's sandboxes keep together: `{ per_second =
+-- 15, burst = 15 }` by default, half of AWS's documented quota of 30 a second per account).
 --
 -- Every request is signed with AWS Signature V4 by libcurl itself (CURLOPT_AWS_SIGV4, service
 -- `bedrock-agentcore`); the key pair goes only to libcurl's signer and the session token only in
@@ -110,6 +112,7 @@ end
 local option_keys = {
   region = true, credentials = true, interpreter = true, network = true, endpoint = true, workdir = true,
   max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true, idle_timeout_ms = true,
+  exec_rate = true,
 }
 
 --- The provider: see the module's comment for the options.
@@ -146,7 +149,7 @@ function M.agentcore_sandboxes(options)
   local base = '/code-interpreters/' .. hosted.escape(interpreter)
   -- AWS's quota on InvokeCodeInterpreter is 30 a second per account: the provider's sandboxes share
   -- a bucket of half of it (15 at once, 15 more a second), never past 30 in any second
-  local rate = { per_second = 15, burst = 15 }
+  local rate = hosted.rate_option(options.exec_rate, 'agentcore', 'exec_rate', { per_second = 15, burst = 15 })
 
   local provider = {
     id = 'agentcore',
