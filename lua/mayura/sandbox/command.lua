@@ -807,7 +807,7 @@ function M.command_sandbox_backend(id, transport, release)
   local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
     or ''
   -- the setup goes with the backend's first call (it ends the call early when it fails)
-  self._setup = mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+  self._setup = mk .. 'mkdir -p -m 700 -- ' .. q(state) .. ' 2>/dev/null||{ echo "E state";exit 0;}\n' ..
     'm=;for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||{ echo "M $t";m=1;};done\n' ..
     '[ -z "$m" ]||exit 0\necho ' .. READY .. '\n'
   return self
