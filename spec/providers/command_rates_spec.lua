@@ -52,6 +52,23 @@ suite.describe('command_sandbox_backend: calls per command', function()
         b:release()
       end)
 
+      it('leaves no process behind a short command that left none, and ends what one left', function()
+        local b = backend({ wait_ms = 20000 })
+        local function procs()
+          return sb:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do tr "\\000" " " <"$p/cmdline" 2>/dev/null; echo; done' })
+            .stdout
+        end
+        for _ = 1, 3 do assert.are.equal(0, b:exec({ 'true' }, {}).exit_code) end
+        -- no timer, no delayed kill: nothing of the backend's outlives the call
+        assert.is_nil(procs():find('sleep'), procs())
+        b:exec({ 'sh', '-c', 'sleep 31 </dev/null >/dev/null 2>&1 &' }, {})
+        assert.is_truthy(procs():find('sleep 31'))
+        local deadline = core.hrtime_ms() + 5000
+        while procs():find('sleep 31') and core.hrtime_ms() < deadline do require('mayura._task').sleep(100) end
+        assert.is_nil(procs():find('sleep 31'))
+        b:release()
+      end)
+
       it('keeps a 5 s command within 1 call a second (bursts of 3), in a few calls', function()
         local rate = { per_second = 1, burst = 3 }
         local b, t = backend({ wait_ms = 2000, rate = rate })
