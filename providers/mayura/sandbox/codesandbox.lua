@@ -367,6 +367,8 @@ function M.codesandbox_sandboxes(options)
       transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env,
         wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
+      -- no `rate`: the pitcher documents none (the service's hourly limits are its API's, per plan,
+      -- and a command sends none of those requests)
       -- the pitcher joined at create, as the SDK's connect does (the workdir comes with the first command)
       transport:_pitcher()
       backend = command.command_sandbox_backend(id, transport, function()
