@@ -15,7 +15,9 @@
 -- some AWS services, so only an interpreter made without any egress should be declared 'none'),
 -- `endpoint` (https://bedrock-agentcore.<region>.amazonaws.com), `workdir` (/tmp/workspace, made
 -- with the first command), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
--- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s).
+-- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s),
+-- `exec_rate` (the invokes' rate, which the provider's sandboxes keep together: `{ per_second =
+-- 15, burst = 15 }` by default, half of AWS's documented quota of 30 a second per account).
 --
 -- Every request is signed with AWS Signature V4 by libcurl itself (CURLOPT_AWS_SIGV4, service
 -- `bedrock-agentcore`); the key pair goes only to libcurl's signer and the session token only in
@@ -29,7 +31,9 @@
 -- (core.stream_parser('eventstream'): CRCs checked, as bytes arrive) whose `result` event holds
 -- the exit code and stdout. command_sandbox_backend starts commands in the background, polls
 -- them, moves files as base64 inside the scripts (executeCommand has no standard input) and
--- kills a command's every process by a tag at its timeout or a cancel.
+-- kills a command's every process by a tag at its timeout or a cancel. A short command is one
+-- invoke (the call waits for it in the session); the invokes of the provider's sandboxes keep
+-- half of AWS's documented 30 a second per account (`transport.rate`).
 --
 -- Failures: AWS's JSON errors become SANDBOX_ERROR through the kit (403 authentication, 404 a
 -- session that ended: gone, 429 rate_limited with `retry_after_ms`, 5xx unavailable), as do the
@@ -67,10 +71,10 @@ local function uuid()
   return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
 end
 
--- The transport: one executeCommand invoke (an event stream) per script.
-local function transport(api, base, session, workdir, env, idle)
+-- The transport: one executeCommand invoke (an event stream) per script, within `rate`.
+local function transport(api, base, session, workdir, env, idle, rate)
   -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, rate = rate,
     wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)) }
   function t.run(_, command, o)
     local result, failure
@@ -108,6 +112,7 @@ end
 local option_keys = {
   region = true, credentials = true, interpreter = true, network = true, endpoint = true, workdir = true,
   max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true, idle_timeout_ms = true,
+  exec_rate = true,
 }
 
 --- The provider: see the module's comment for the options.
@@ -142,6 +147,9 @@ function M.agentcore_sandboxes(options)
     retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
   })
   local base = '/code-interpreters/' .. hosted.escape(interpreter)
+  -- AWS's quota on InvokeCodeInterpreter is 30 a second per account: the provider's sandboxes share
+  -- a bucket of half of it (15 at once, 15 more a second), never past 30 in any second
+  local rate = hosted.rate_option(options.exec_rate, 'agentcore', 'exec_rate', { per_second = 15, burst = 15 })
 
   local provider = {
     id = 'agentcore',
@@ -169,7 +177,7 @@ function M.agentcore_sandboxes(options)
       c:json('PUT', base .. '/sessions/stop', nil, { query = { sessionId = session }, allow = { 404 } })
     end
     local ok, backend = pcall(function()
-      local t = transport(c, base, session, workdir, spec.env, idle)
+      local t = transport(c, base, session, workdir, spec.env, idle, rate)
       t.make_workdir = true   -- with the backend's first command
       return sandbox.command_sandbox_backend('agentcore-' .. session, t, function() stop() end)
     end)

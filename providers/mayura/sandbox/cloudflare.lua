@@ -56,7 +56,8 @@ local function random_hex(n)
   return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
 end
 
--- The transport: one exec (an SSE stream) per script.
+-- The transport: one exec (an SSE stream) per script. No `rate`: the bridge is the user's own
+-- Worker and documents no rate of its own.
 local function transport(api, path, workdir, env, idle)
   local state = '/tmp/.mayura-' .. random_hex(8)
   local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state,

@@ -25,8 +25,9 @@
 --     of MessagePack (core.msgpack) — `client/join` once, then for each backend command
 --     `shell/create` with the command, whose output comes as `shell/out` notifications and its end
 --     as `shell/exit`. The pitcher runs commands in a terminal, which merges stdout and stderr
---     and may rewrite line ends, so each command's stdout goes to a file and comes back as base64
---     between markers; its standard error is dropped, and its standard input is /dev/null (the
+--     and may rewrite line ends, so each command's stdout and then its exit code come back
+--     through base64 between markers (nothing else runs around the command); its standard error
+--     is dropped, and its standard input is /dev/null (the
 --     backend passes input through files). A timeout or a cancel sends `shell/terminate` and
 --     the backend kills the command's processes by their tag;
 --   * network: 'all' only (the service has no egress policy); no ports (preview URLs need the
@@ -223,11 +224,10 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  -- its output file takes the kit's own prefix under /tmp, which a snapshot leaves out
-  local wrapped = 'f=$(mktemp /tmp/.mayura-out.XXXXXX) || exit 125; sh -c ' .. scripts.quote(script)
-    .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
-    .. 'printf \'\\n' .. BEGIN .. '\'; base64 <"$f" | tr -d \'\\n\\r\'; printf \'' .. END .. '\\n\'; '
-    .. 'rm -f "$f"; exit $c'
+  -- the script's stdout and then its exit code (after a last newline) go through base64 between
+  -- markers, past the terminal's rewriting; no file, no process but sh and base64
+  local wrapped = "printf '\\n%s' '" .. BEGIN .. "';{ sh -c " .. scripts.quote(script)
+    .. " </dev/null 2>/dev/null;printf '\\n%s' \"$?\";}|base64;printf '%s\\n' '" .. END .. "'"
   local ok, p = pcall(self._pitcher, self, o.signal)
   if not ok then return self:_why(p) end
   local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
@@ -264,9 +264,10 @@ function Transport:run(script, o)
   end
   local text = table.concat(s.out)
   local body = text:match(BEGIN:gsub('%p', '%%%0') .. '([%w+/=%s]*)' .. END:gsub('%p', '%%%0'))
-  local out = body and b64.decode((body:gsub('%s', '')))
+  local all = body and b64.decode((body:gsub('%s', '')))
+  local out, code = (all or ''):match('^(.*)\n(%d+)$')
   if not out then error(c:bad_answer('a command\'s output without its markers'), 0) end
-  return { exit_code = s.exit, stdout = out }
+  return { exit_code = math.tointeger and math.tointeger(tonumber(code)) or tonumber(code), stdout = out }
 end
 
 -- }======================================================
@@ -366,6 +367,8 @@ function M.codesandbox_sandboxes(options)
       transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env,
         wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
+      -- no `rate`: the pitcher documents none (the service's hourly limits are its API's, per plan,
+      -- and a command sends none of those requests)
       -- the pitcher joined at create, as the SDK's connect does (the workdir comes with the first command)
       transport:_pitcher()
       backend = command.command_sandbox_backend(id, transport, function()
