@@ -1,10 +1,9 @@
 // The official @aws-sdk/client-bedrock-agentcore's side of bench/agentcore.lua: against the
-// Code Interpreter stand-in the Lua side serves (STAND_IN_URL), the median time to a first
-// command (StartCodeInterpreterSession, then executeCommand 'true'; the stop after it is not
-// timed) over N_FIRST runs, and of executeCommand 'true' in one session over N_EXEC runs, each
-// after two untimed ones. Prints `RESULT {"first_ms":..,"exec_ms":..}`.
+// Code Interpreter stand-in the Lua side serves (STAND_IN_URL), the time to a first command
+// (StartCodeInterpreterSession, then executeCommand 'true'; the stop after it is not timed) and of
+// executeCommand 'true' in one session (bench/_sdk_timing.mjs). Prints `RESULT {"first_ms":..,"exec_ms":..}`.
 import { createRequire } from 'node:module';
-import { performance } from 'node:perf_hooks';
+import { firstAndExec } from './_sdk_timing.mjs';
 
 const require = createRequire(`${process.cwd()}/spec/npm/package.json`);
 const {
@@ -18,45 +17,16 @@ const client = new BedrockAgentCoreClient({
   credentials: { accessKeyId: process.env.AWS_KEY_ID, secretAccessKey: process.env.AWS_SECRET },
 });
 
-function median(xs) {
-  xs.sort((a, b) => a - b);
-  const n = xs.length;
-  return n % 2 ? xs[(n - 1) / 2] : (xs[n / 2 - 1] + xs[n / 2]) / 2;
-}
-
-async function timed(n, fn) {
-  for (let i = 0; i < 2; i++) await fn();
-  const xs = [];
-  for (let i = 0; i < n; i++) xs.push(await fn());
-  return median(xs);
-}
-
-async function exec(sessionId) {
-  const out = await client.send(new InvokeCodeInterpreterCommand({ codeInterpreterIdentifier: CI, sessionId,
-    name: 'executeCommand', arguments: { command: 'true' } }));
-  for await (const ev of out.stream) {
-    if (!ev.result || ev.result.structuredContent.exitCode !== 0) throw new Error('true failed');
-  }
-}
-
-const start = async () => (await client.send(new StartCodeInterpreterSessionCommand({
-  codeInterpreterIdentifier: CI, sessionTimeoutSeconds: 600 }))).sessionId;
-const stop = (sessionId) => client.send(new StopCodeInterpreterSessionCommand({ codeInterpreterIdentifier: CI,
-  sessionId }));
-
-const first = await timed(Number(process.env.N_FIRST), async () => {
-  const t0 = performance.now();
-  const id = await start();
-  await exec(id);
-  const ms = performance.now() - t0;
-  await stop(id);
-  return ms;
+await firstAndExec({
+  open: async () => (await client.send(new StartCodeInterpreterSessionCommand({
+    codeInterpreterIdentifier: CI, sessionTimeoutSeconds: 600 }))).sessionId,
+  exec: async (sessionId) => {
+    const out = await client.send(new InvokeCodeInterpreterCommand({ codeInterpreterIdentifier: CI, sessionId,
+      name: 'executeCommand', arguments: { command: 'true' } }));
+    for await (const ev of out.stream) {
+      if (!ev.result || ev.result.structuredContent.exitCode !== 0) throw new Error('true failed');
+    }
+  },
+  close: (sessionId) => client.send(new StopCodeInterpreterSessionCommand({ codeInterpreterIdentifier: CI,
+    sessionId })),
 });
-const id = await start();
-const execMs = await timed(Number(process.env.N_EXEC), async () => {
-  const t0 = performance.now();
-  await exec(id);
-  return performance.now() - t0;
-});
-await stop(id);
-console.log('RESULT ' + JSON.stringify({ first_ms: first, exec_ms: execMs }));

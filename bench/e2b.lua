@@ -6,7 +6,7 @@
 --
 -- Rows: the time to a first command (create, then exec `true`), and a command's round trip
 -- (exec `true` on a live sandbox), through mayura and through the SDK (a Node process:
--- spec/npm/e2b_sdk_bench.mjs, timed inside it). The SDK runs every command as `/bin/bash -l -c`, so
+-- bench/e2b_sdk.mjs, timed inside it). The SDK runs every command as `/bin/bash -l -c`, so
 -- mayura's exec of that same argv is a row too. A ratio below 1 is mayura faster. Needs local
 -- sandboxes, and node with the npm clients of spec/npm (sh scripts/setup.sh).
 local core = require('mayura.core')
@@ -54,12 +54,12 @@ local m_bash = bench.measure(EXECS, function()
 end)
 sb:release()
 
-local r = process.run({ 'node', 'spec/npm/e2b_sdk_bench.mjs' }, {
+local r = process.run({ 'node', 'bench/e2b_sdk.mjs' }, {
   env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), E2B_API_KEY = KEY, E2B_API_URL = svc:url(''),
-    E2B_SANDBOX_URL = svc:url(''), CREATES = tostring(CREATES), EXECS = tostring(EXECS) },
+    E2B_SANDBOX_URL = svc:url(''), N_FIRST = tostring(CREATES), N_EXEC = tostring(EXECS) },
   timeout_ms = 600000,
 })
-local sdk = r.exit_code == 0 and core.json.decode(r.stdout:match('([^\n]+)\n?$')) or nil
+local sdk = r.exit_code == 0 and core.json.decode(r.stdout:match('RESULT (%b{})')) or nil
 
 pool:close()
 backing:close()

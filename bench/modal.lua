@@ -19,9 +19,9 @@
 local sandbox = require('mayura.sandbox')
 local process = require('mayura.process')
 local core = require('mayura.core')
-local uv = require('luv')
 package.path = 'bench/?.lua;spec/?.lua;' .. package.path
 local bench = require('_util')
+local timing = require('_first_command')
 local modal_stand_in = require('support.modal_stand_in')
 local modal = require('mayura.sandbox.modal')
 
@@ -41,24 +41,8 @@ local pool = sandbox.create_sandboxes(modal.modal_sandboxes({
   token_id = TOKEN_ID, token_secret = TOKEN_SECRET, server_url = stand.url,
 }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'none' } })
 
-local function first_command()
-  local t0 = uv.hrtime()
-  local sb = pool:create({ lifetime_ms = 600000, network = 'none' })
-  assert(sb:exec({ 'true' }).exit_code == 0)
-  local ms = (uv.hrtime() - t0) / 1e6
-  sb:release()
-  return ms
-end
-for _ = 1, 2 do first_command() end
-local xs = {}
-for i = 1, N_FIRST do xs[i] = first_command() end
-local m_first = bench.median(xs)
-
-local sb = pool:create({ lifetime_ms = 600000, network = 'none' })
-local before = #stand:calls('TaskExecStart')
-local m_exec = bench.measure(N_EXEC, function() assert(sb:exec({ 'true' }).exit_code == 0) end)
-local exec_calls = (#stand:calls('TaskExecStart') - before) / (N_EXEC + 2)   -- the 2 warm-up runs count
-sb:release()
+local m_first, m_exec, exec_calls = timing.first_and_exec(pool, { lifetime_ms = 600000, network = 'none' },
+  N_FIRST, N_EXEC, function() return #stand:calls('TaskExecStart') end)
 pool:close()
 
 -- mayura over TLS (HTTP/2 by ALPN, connections reused) against the same stand-in served over TLS
@@ -84,9 +68,9 @@ stand:stop()
 if r.exit_code ~= 0 then error('the SDK run failed: ' .. r.stderr, 0) end
 local sdk = core.json.decode(r.stdout:match('RESULT (%b{})'))
 
-print(('%-40s %12s %12s %8s'):format('operation (median)', 'mayura ms', 'SDK ms', 'ratio'))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('first command (create + exec true)', m_first, sdk.first_ms,
-  m_first / sdk.first_ms))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('exec true (round trip)', m_exec, sdk.exec_ms, m_exec / sdk.exec_ms))
-print(('%-40s %12.3f %12s %7.2fx'):format('exec true over TLS (h2 reused)', m_exec_tls, '-', m_exec_tls / sdk.exec_ms))
+timing.print_rows('mayura', 'SDK', {
+  { 'time to first command (create + exec true)', m_first, sdk.first_ms },
+  { 'exec round trip (true)', m_exec, sdk.exec_ms },
+  { 'exec round trip (true), mayura over TLS', m_exec_tls, sdk.exec_ms },   -- h2 by ALPN, connections reused
+})
 print(('command runs (TaskExecStart) per mayura exec: %.1f'):format(exec_calls))

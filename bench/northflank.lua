@@ -18,9 +18,8 @@
 local sandbox = require('mayura.sandbox')
 local process = require('mayura.process')
 local core = require('mayura.core')
-local uv = require('luv')
 package.path = 'bench/?.lua;spec/?.lua;' .. package.path
-local bench = require('_util')
+local timing = require('_first_command')
 local stand_in = require('support.stand_in')
 local northflank_service = require('support.northflank_service')
 local northflank = require('mayura.sandbox.northflank')
@@ -41,24 +40,8 @@ local pool = sandbox.create_sandboxes(northflank.northflank_sandboxes({
   token = TOKEN, project_id = PROJECT, api_url = svc:url(''), exec_url = state.exec_url,
 }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
 
-local function first_command()
-  local t0 = uv.hrtime()
-  local sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-  assert(sb:exec({ 'true' }).exit_code == 0)
-  local ms = (uv.hrtime() - t0) / 1e6
-  sb:release()
-  return ms
-end
-for _ = 1, 2 do first_command() end
-local xs = {}
-for i = 1, N_FIRST do xs[i] = first_command() end
-local m_first = bench.median(xs)
-
-local sb = pool:create({ lifetime_ms = 600000, network = 'all' })
-local before = #svc:calls('POST', '/exec')
-local m_exec = bench.measure(N_EXEC, function() assert(sb:exec({ 'true' }).exit_code == 0) end)
-local exec_calls = (#svc:calls('POST', '/exec') - before) / (N_EXEC + 2)   -- the 2 warm-up runs count
-sb:release()
+local m_first, m_exec, exec_calls = timing.first_and_exec(pool, { lifetime_ms = 600000, network = 'all' },
+  N_FIRST, N_EXEC, function() return #svc:calls('POST', '/exec') end)
 pool:close()
 
 local r = process.run({ 'node', 'bench/northflank_sdk.mjs' }, {
@@ -75,8 +58,8 @@ state.close_all()
 backing:close()
 svc:close()
 
-print(('%-40s %12s %12s %8s'):format('operation (median)', 'mayura ms', 'client ms', 'ratio'))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('first command (create + exec true)', m_first, sdk.first_ms,
-  m_first / sdk.first_ms))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('exec true (round trip)', m_exec, sdk.exec_ms, m_exec / sdk.exec_ms))
+timing.print_rows('mayura', 'client', {
+  { 'time to first command (create + exec true)', m_first, sdk.first_ms },
+  { 'exec round trip (true)', m_exec, sdk.exec_ms },
+})
 print(('exec calls per mayura exec: %.1f'):format(exec_calls))

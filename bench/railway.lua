@@ -16,9 +16,7 @@
 -- The stand-in answers every request on its own connection (Connection: close) and shares this
 -- process's loop with the provider's client.
 local sandbox = require('mayura.sandbox')
-local uv = require('luv')
 package.path = 'bench/?.lua;spec/?.lua;' .. package.path
-local bench = require('_util')
 local stand_in = require('support.stand_in')
 local railway_service = require('support.railway_service')
 local railway = require('mayura.sandbox.railway')
@@ -35,24 +33,9 @@ local state = railway_service.install(svc, backing, { token = TOKEN, environment
 local dir = util.tmpdir()
 local ws_url = state:start_front(dir)
 
+local timing = require('_first_command')
 local function measure(pool, create_options)
-  local function first_command()
-    local t0 = uv.hrtime()
-    local sb = pool:create(create_options)
-    assert(sb:exec({ 'true' }).exit_code == 0)
-    local ms = (uv.hrtime() - t0) / 1e6
-    sb:release()
-    return ms
-  end
-  for _ = 1, 2 do first_command() end
-  local xs = {}
-  for i = 1, N_FIRST do xs[i] = first_command() end
-  local sb = pool:create(create_options)
-  local before = #svc.requests
-  local m_exec = bench.measure(N_EXEC, function() assert(sb:exec({ 'true' }).exit_code == 0) end)
-  local calls = #svc.requests - before
-  sb:release()
-  return bench.median(xs), m_exec, calls / (N_EXEC + 2)   -- the 2 warm-up runs count
+  return timing.first_and_exec(pool, create_options, N_FIRST, N_EXEC, function() return #svc.requests end)
 end
 
 local results = {}
@@ -69,7 +52,7 @@ local l_first, l_exec = measure(backing.pool, { lifetime_ms = 600000, network = 
 local ws_pool = sandbox.create_sandboxes(railway.railway_sandboxes({
   token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), ws_url = ws_url,
 }), { max_sandboxes = 2, max_lifetime_ms = 600000, network = { 'all' } })
-require('_first_command').against_sdk({ label = 'railway', sdk_label = 'railway sdk', pool = ws_pool, n = N_FIRST,
+timing.against_sdk({ label = 'railway', sdk_label = 'railway sdk', pool = ws_pool, n = N_FIRST,
   create = { lifetime_ms = 600000, network = 'all' }, package = 'railway', script = 'bench/railway_sdk.mjs',
   env = { STAND_IN_URL = svc:url(railway_service.PATH), STAND_IN_WS = ws_url, STAND_IN_TOKEN = TOKEN,
     STAND_IN_ENV = ENV } })

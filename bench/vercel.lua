@@ -16,9 +16,8 @@
 local sandbox = require('mayura.sandbox')
 local process = require('mayura.process')
 local core = require('mayura.core')
-local uv = require('luv')
 package.path = 'bench/?.lua;spec/?.lua;' .. package.path
-local bench = require('_util')
+local timing = require('_first_command')
 local stand_in = require('support.stand_in')
 local vercel_service = require('support.vercel_service')
 local vercel = require('mayura.sandbox.vercel')
@@ -46,22 +45,7 @@ local pool = sandbox.create_sandboxes(vercel.vercel_sandboxes({
 -- the routes that begin and end a sandbox, to count what each client sent in between
 local CREATE, STOP = 'POST /api/v3/sandboxes', 'POST /api/v2/sandboxes/sessions/{sid}/stop'
 
-local function first_command()
-  local t0 = uv.hrtime()
-  local sb = pool:create({ lifetime_ms = 600000 })
-  assert(sb:exec({ 'true' }).exit_code == 0)
-  local ms = (uv.hrtime() - t0) / 1e6
-  sb:release()
-  return ms
-end
-for _ = 1, 2 do first_command() end
-local xs = {}
-for i = 1, N_FIRST do xs[i] = first_command() end
-local m_first = bench.median(xs)
-
-local sb = pool:create({ lifetime_ms = 600000 })
-local m_exec = bench.measure(N_EXEC, function() assert(sb:exec({ 'true' }).exit_code == 0) end)
-sb:release()
+local m_first, m_exec = timing.first_and_exec(pool, { lifetime_ms = 600000 }, N_FIRST, N_EXEC)
 pool:close()
 local mayura_end = #svc.requests
 
@@ -108,9 +92,9 @@ svc:close()
 
 -- }======================================================
 
-print(('%-40s %12s %12s %8s'):format('operation (median)', 'mayura ms', 'SDK ms', 'ratio'))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('first command (create + exec true)', m_first, sdk.first_ms,
-  m_first / sdk.first_ms))
-print(('%-40s %12.3f %12.3f %7.2fx'):format('exec true (round trip)', m_exec, sdk.exec_ms, m_exec / sdk.exec_ms))
+timing.print_rows('mayura', 'SDK', {
+  { 'time to first command (create + exec true)', m_first, sdk.first_ms },
+  { 'exec round trip (true)', m_exec, sdk.exec_ms },
+})
 print(('requests per first command: mayura %d, the SDK %d; per exec: mayura %.1f, the SDK %.1f'):format(
   m_first_n, s_first_n, m_exec_n, s_exec_n))

@@ -3,6 +3,8 @@
 --   build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]
 --   NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore,
 --         apple-container, railway, northflank, codesandbox or modal
+--         (mayura.sandbox's provider of that name, '-' as '_': sandbox.provider(name, options),
+--         with the options its entry in PROVIDERS below makes from the environment)
 --
 -- The agent gets a task, writes files in a sandbox of its own (made the first
 -- time one of its tools needs it, released when the run ends), runs
@@ -87,11 +89,78 @@ local function here()
   return dir or '.'
 end
 
+-- {======================================================
+-- The providers --provider can name
+-- =======================================================
+
+-- For each: the environment variables it cannot do without (`needs`), and its options made from the
+-- environment once it is chosen (`env(NAME)` is the variable NAME, nil when unset or empty). The
+-- provider is then mayura.sandbox's by that name ('-' as '_'); the library itself reads no environment.
+local PROVIDERS = {
+  ['local'] = {},
+  docker = { options = function() return { image = 'mayura-test/node:1' } end },
+  e2b = { needs = { 'E2B_API_KEY' }, options = function(env) return {
+    api_key = env('E2B_API_KEY'), template = env('E2B_TEMPLATE') or 'base',   -- an E2B template with Node.js
+    -- these four only for a self-hosted E2B or a stand-in
+    domain = env('E2B_DOMAIN'), api_url = env('E2B_API_URL'), sandbox_url = env('E2B_SANDBOX_URL'),
+    workdir = env('E2B_WORKDIR'),
+  } end },
+  vercel = { needs = { 'VERCEL_TOKEN', 'VERCEL_TEAM_ID', 'VERCEL_PROJECT_ID' }, options = function(env) return {
+    token = env('VERCEL_TOKEN'), team_id = env('VERCEL_TEAM_ID'), project_id = env('VERCEL_PROJECT_ID'),
+    base_url = env('VERCEL_API_URL'), workdir = env('VERCEL_WORKDIR'),
+  } end },
+  daytona = { needs = { 'DAYTONA_API_KEY' }, options = function(env) return {
+    api_key = env('DAYTONA_API_KEY'), base_url = env('DAYTONA_API_URL'),   -- nil: Daytona's own API
+  } end },
+  fly = { needs = { 'FLY_API_TOKEN', 'FLY_APP' }, options = function(env) return {
+    token = env('FLY_API_TOKEN'), app = env('FLY_APP'), image = env('FLY_IMAGE'), base_url = env('FLY_API_URL'),
+  } end },
+  cloudflare = { needs = { 'CLOUDFLARE_SANDBOX_URL', 'CLOUDFLARE_SANDBOX_API_KEY' }, options = function(env) return {
+    worker_url = env('CLOUDFLARE_SANDBOX_URL'), api_key = env('CLOUDFLARE_SANDBOX_API_KEY'),
+  } end },
+  agentcore = { needs = { 'AWS_REGION', 'AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY' }, options = function(env) return {
+    region = env('AWS_REGION'), endpoint = env('AGENTCORE_ENDPOINT'),
+    credentials = { access_key_id = env('AWS_ACCESS_KEY_ID'), secret_access_key = env('AWS_SECRET_ACCESS_KEY'),
+      session_token = env('AWS_SESSION_TOKEN') },
+  } end },
+  ['apple-container'] = { options = function(env) return {
+    image = env('CONTAINER_IMAGE'), executable = env('CONTAINER_CLI'),
+  } end },
+  railway = { needs = { 'RAILWAY_API_TOKEN', 'RAILWAY_ENVIRONMENT_ID' }, options = function(env) return {
+    token = env('RAILWAY_API_TOKEN'), environment_id = env('RAILWAY_ENVIRONMENT_ID'),
+    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), ws_url = env('RAILWAY_TCP_PROXY_WS_ENDPOINT'),
+    workdir = env('RAILWAY_WORKDIR'),
+  } end },
+  northflank = { needs = { 'NORTHFLANK_API_TOKEN', 'NORTHFLANK_PROJECT_ID' }, options = function(env) return {
+    token = env('NORTHFLANK_API_TOKEN'), project_id = env('NORTHFLANK_PROJECT_ID'),
+    api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
+  } end },
+  codesandbox = { needs = { 'CSB_API_KEY' }, options = function(env) return {
+    token = env('CSB_API_KEY'), base_url = env('CSB_BASE_URL'), workdir = env('CSB_WORKDIR'),
+  } end },
+  modal = { needs = { 'MODAL_TOKEN_ID', 'MODAL_TOKEN_SECRET' }, options = function(env) return {
+    token_id = env('MODAL_TOKEN_ID'), token_secret = env('MODAL_TOKEN_SECRET'),
+    image = env('MODAL_IMAGE') or 'node:22-bookworm-slim', server_url = env('MODAL_SERVER_URL'),
+  } end },
+}
+
+-- 'a, b and c' (or `last`, for 'and')
+local function listing(words, last)
+  if #words < 2 then return words[1] or '' end
+  return table.concat(words, ', ', 1, #words - 1) .. ' ' .. (last or 'and') .. ' ' .. words[#words]
+end
+
+local function provider_names()
+  local names = {}
+  for name in pairs(PROVIDERS) do names[#names + 1] = name end
+  table.sort(names)
+  return names
+end
+
 local function usage_error(message)
   io.stderr:write('coding_agent: ', message, '\n',
     'usage: build/mayura examples/coding_agent.lua [--provider NAME] [TASK...]\n',
-    '  NAME: local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, apple-container, railway,'
-      .. ' northflank, codesandbox or modal\n')
+    '  NAME: ', listing(provider_names(), 'or'), '\n')
   os.exit(2)
 end
 
@@ -120,13 +189,7 @@ do
     local a = arg[i]
     if a == '--provider' then
       provider_name = arg[i + 1]
-      local known = { ['local'] = true, docker = true, e2b = true, vercel = true, daytona = true, fly = true,
-        cloudflare = true, agentcore = true, ['apple-container'] = true, railway = true, northflank = true,
-        codesandbox = true, modal = true }
-      if not known[provider_name] then
-        usage_error('--provider takes local, docker, e2b, vercel, daytona, fly, cloudflare, agentcore, '
-          .. 'apple-container, railway, northflank, codesandbox or modal')
-      end
+      if not PROVIDERS[provider_name] then usage_error('--provider takes one of the names below') end
       i = i + 2
     elseif a:sub(1, 2) == '--' and #words == 0 then
       usage_error('unknown option ' .. a)
@@ -199,90 +262,12 @@ local function setting(name)
   return v
 end
 
--- A setting the chosen provider cannot do without (`required`), or one it may go without.
-local function env(name, required)
-  local v = setting(name)
-  if required and not v then usage_error('--provider ' .. provider_name .. ' needs ' .. name) end
-  return v
+-- The chosen provider, by name, with its options from the environment.
+local chosen = PROVIDERS[provider_name]
+for _, name in ipairs(chosen.needs or {}) do
+  if not setting(name) then usage_error('--provider ' .. provider_name .. ' needs ' .. listing(chosen.needs)) end
 end
-
-local provider
-if provider_name == 'docker' then
-  provider = require('mayura.sandbox.docker').docker_sandboxes({ image = 'mayura-test/node:1' })
-elseif provider_name == 'e2b' then
-  local key = setting('E2B_API_KEY')
-  if not key then usage_error('--provider e2b needs E2B_API_KEY') end
-  provider = require('mayura.sandbox.e2b').e2b_sandboxes({
-    api_key = key,                                   -- the library reads no environment: the key comes from here
-    template = setting('E2B_TEMPLATE') or 'base',    -- an E2B template with Node.js
-    domain = setting('E2B_DOMAIN'),
-    api_url = setting('E2B_API_URL'),                -- these three only for a self-hosted E2B or a stand-in
-    sandbox_url = setting('E2B_SANDBOX_URL'),
-    workdir = setting('E2B_WORKDIR'),
-  })
-elseif provider_name == 'vercel' then
-  provider = require('mayura.sandbox.vercel').vercel_sandboxes({
-    token = env('VERCEL_TOKEN', true), team_id = env('VERCEL_TEAM_ID', true),
-    project_id = env('VERCEL_PROJECT_ID', true),
-    base_url = env('VERCEL_API_URL'), workdir = env('VERCEL_WORKDIR'),
-  })
-elseif provider_name == 'daytona' then
-  local key, url = os.getenv('DAYTONA_API_KEY'), os.getenv('DAYTONA_API_URL')
-  if not key or key == '' then usage_error('--provider daytona needs DAYTONA_API_KEY') end
-  provider = require('mayura.sandbox.daytona').daytona_sandboxes({
-    api_key = key,
-    base_url = url ~= '' and url or nil,   -- nil: Daytona's own API
-  })
-elseif provider_name == 'fly' then
-  local token, app = setting('FLY_API_TOKEN'), setting('FLY_APP')
-  if not token or not app then usage_error('--provider fly needs FLY_API_TOKEN and FLY_APP') end
-  provider = require('mayura.sandbox.fly').fly_sandboxes({
-    token = token, app = app, image = setting('FLY_IMAGE'), base_url = setting('FLY_API_URL'),
-  })
-elseif provider_name == 'cloudflare' then
-  local url, key = setting('CLOUDFLARE_SANDBOX_URL'), setting('CLOUDFLARE_SANDBOX_API_KEY')
-  if not url or not key then
-    usage_error('--provider cloudflare needs CLOUDFLARE_SANDBOX_URL and CLOUDFLARE_SANDBOX_API_KEY')
-  end
-  provider = require('mayura.sandbox.cloudflare').cloudflare_sandboxes({ worker_url = url, api_key = key })
-elseif provider_name == 'agentcore' then
-  local region, id, secret = setting('AWS_REGION'), setting('AWS_ACCESS_KEY_ID'), setting('AWS_SECRET_ACCESS_KEY')
-  if not region or not id or not secret then
-    usage_error('--provider agentcore needs AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY')
-  end
-  provider = require('mayura.sandbox.agentcore').agentcore_sandboxes({
-    region = region, endpoint = setting('AGENTCORE_ENDPOINT'),
-    credentials = { access_key_id = id, secret_access_key = secret, session_token = setting('AWS_SESSION_TOKEN') },
-  })
-elseif provider_name == 'apple-container' then
-  provider = require('mayura.sandbox.apple_container').apple_container_sandboxes({
-    image = setting('CONTAINER_IMAGE'), executable = setting('CONTAINER_CLI'),
-  })
-elseif provider_name == 'railway' then
-  provider = require('mayura.sandbox.railway').railway_sandboxes({
-    token = env('RAILWAY_API_TOKEN', true), environment_id = env('RAILWAY_ENVIRONMENT_ID', true),
-    endpoint = env('RAILWAY_GRAPHQL_ENDPOINT'), ws_url = env('RAILWAY_TCP_PROXY_WS_ENDPOINT'),
-    workdir = env('RAILWAY_WORKDIR'),
-  })
-elseif provider_name == 'northflank' then
-  provider = require('mayura.sandbox.northflank').northflank_sandboxes({
-    token = env('NORTHFLANK_API_TOKEN', true), project_id = env('NORTHFLANK_PROJECT_ID', true),
-    api_url = env('NORTHFLANK_API_URL'), exec_url = env('NORTHFLANK_EXEC_URL'),
-  })
-elseif provider_name == 'codesandbox' then
-  local token = setting('CSB_API_KEY')
-  if not token then usage_error('--provider codesandbox needs CSB_API_KEY') end
-  provider = require('mayura.sandbox.codesandbox').codesandbox_sandboxes({
-    token = token, base_url = setting('CSB_BASE_URL'), workdir = setting('CSB_WORKDIR'),
-  })
-elseif provider_name == 'modal' then
-  provider = require('mayura.sandbox.modal').modal_sandboxes({
-    token_id = env('MODAL_TOKEN_ID', true), token_secret = env('MODAL_TOKEN_SECRET', true),
-    image = env('MODAL_IMAGE') or 'node:22-bookworm-slim', server_url = env('MODAL_SERVER_URL'),
-  })
-else
-  provider = require('mayura.sandbox.local').local_sandboxes()
-end
+local provider = sandbox.provider((provider_name:gsub('-', '_')), chosen.options and chosen.options(setting))
 -- A provider that cannot keep sandboxes off the network gets a pool of what it can give.
 do
   local offline = false

@@ -17,7 +17,7 @@ end
 -- What each page's program prints, in part.
 local PRINTS = {
   ['docs/host.md'] = { '1\n2\n3\n' },
-  ['docs/sandboxes.md'] = { '0\thi from sandbox' },
+  ['docs/sandboxes.md'] = { '0\thi from sandbox', 'local\tnone\nfalse\tINVALID_INPUT\t../local\n' },
   ['docs/policies.md'] = { 'hello from a policy\nINVALID_INPUT\ttrue\n',
     "INVALID_CONFIG: typo.lua:1: pool 'w': unknown key 'netwrk'\n" },
   ['docs/snapshots.md'] = { '42\t41\n', 'answer.txt\n' },

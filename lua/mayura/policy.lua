@@ -14,7 +14,7 @@
 -- A policy file declares, each with a call that records its file and line:
 --
 --   pool 'workspace' {                 -- a pool of sandboxes (create_sandboxes) over a provider
---     provider = 'local',              -- mayura.sandbox.<provider>, its <provider>_sandboxes(...)
+--     provider = 'local',              -- a provider by name: mayura.sandbox.provider(name, provider_options)
 --     provider_options = { ... },      -- what that function takes (local: none needed)
 --     max_sandboxes = 4, max_lifetime_ms = 1800000,   -- required, as for create_sandboxes
 --     network = { 'none' }, exec_timeout_ms, max_exec_timeout_ms, max_output_bytes, max_file_bytes,
@@ -430,15 +430,12 @@ local HOST_OPTIONS = {
   apple_container = { executable = 'a host program' },
 }
 
--- The provider of pool declaration `d`: the host's own options (`host`, by provider name) with the
--- policy's provider_options added; a policy that sets one the host set, to another value, is refused.
+-- The provider of pool declaration `d`, found by name (mayura.sandbox.provider): the host's own options
+-- (`host`, by provider name) with the policy's provider_options added; a policy that sets one the host
+-- set, to another value, is refused.
 -- Checking makes it with `{ check = true }`: nothing is run, made or started.
 local function provider_of(d, host, checking)
   local name = d.def.provider
-  if not name:match('^[%a][%w_]*$') then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
-  local ok, mod = pcall(require, 'mayura.sandbox.' .. name)
-  local make = ok and type(mod) == 'table' and mod[name .. '_sandboxes'] or nil
-  if type(make) ~= 'function' then fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider') end
   local refused = HOST_OPTIONS[name] or {}
   local options = host and host[name] and copy(host[name]) or nil
   for _, k in ipairs(sorted_keys(d.def.provider_options or {})) do
@@ -460,7 +457,15 @@ local function provider_of(d, host, checking)
     fail(d, "'sandbox.image' names " .. refused.image .. ': only the host program\'s own code may, not a '
       .. 'policy file', 'sandbox.image')
   end
-  return as_problem(d, make, options, checking and { check = true } or nil)
+  local find, how = require('mayura.sandbox').provider, checking and { check = true } or nil
+  return as_problem(d, function()
+    local ok, provider = pcall(find, name, options, how)
+    if ok then return provider end
+    if errors.is(provider, 'INVALID_INPUT') and provider.unknown_provider == name then
+      fail(d, "unknown provider '" .. name .. "' in 'provider'", 'provider')
+    end
+    error(provider, 0)
+  end)
 end
 
 local pool_options = {

@@ -16,7 +16,6 @@ local stop_cases = require('support.stop_cases')
 local TOKEN = 'nf_0123456789abcdefTOKEN'
 local PROJECT = 'sandboxes'
 local SDK_SCRIPT = 'spec/npm/northflank_sdk.mjs'
-local SDK_H2_SCRIPT = 'spec/npm/northflank_sdk_h2.mjs'
 
 describe('northflank_sandboxes options', function()
   it('needs a token and a project, and never shows the token', function()
@@ -134,8 +133,8 @@ suite.describe('the Northflank stand-in, over real local sandboxes', function()
     assert.are.equal('in\0put', sb:exec({ 'cat' }, { stdin = 'in\0put' }).stdout)
     assert.is_true(#svc:calls('POST', '/exec') > before)
     if not suite.npm_installed('@northflank/js-client', 'the client') then return end
-    local r = suite.node(SDK_H2_SCRIPT, { STAND_IN_URL = svc:url(''), STAND_IN_TOKEN = TOKEN,
-      STAND_IN_PROJECT = PROJECT })
+    local r = suite.node(SDK_SCRIPT, { STAND_IN_URL = svc:url(''), STAND_IN_TOKEN = TOKEN,
+      STAND_IN_PROJECT = PROJECT, EXEC_PATH = 'http2' })
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
     local result = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.equal(3, result.exit_code)
@@ -149,5 +148,7 @@ suite.describe('the Northflank stand-in, over real local sandboxes', function()
     assert.are.equal('refused', result.wrong_token)
     assert.are.equal(4, result.streams)   -- every command on an HTTP/2 stream of the exec host
     assert.is_true(result.deleted)
+    assert.is_true(result.missing_is_404)
+    assert.is_true(result.wrong_token_refused)
   end)
 end)

@@ -19,6 +19,9 @@
 -- core.report, never raised into the provider). The allow-list's events are
 -- `{ type = 'network_refused', sandbox, host, port, reason }` (mayura.sandbox._egress).
 --
+-- Providers by name: `provider(name, options)` is mayura.sandbox.<name>'s `sandboxes(options)`
+-- (`providers()` lists mayura's own); a name of another shape, or of no provider, is INVALID_INPUT.
+--
 -- A provider is a table (docs/writing-a-provider.md; ARCHITECTURE.md):
 --   { id, features = { stdin, ports, desktop, network = { 'none', 'all', 'allowlist' } },
 --     workdir, max_lifetime_ms, create = function(self, spec) return backend end }
@@ -1306,6 +1309,59 @@ function M.sandbox_http_failure(status)
 end
 
 M.with_deadline = with_deadline
+
+-- {======================================================
+-- Providers by name
+-- =======================================================
+
+-- The providers mayura ships: each is the module mayura.sandbox.<name>, whose `sandboxes` is its
+-- own `<name>_sandboxes`.
+local PROVIDERS = { 'agentcore', 'apple_container', 'cloudflare', 'codesandbox', 'daytona', 'docker', 'e2b',
+  'e2b_desktop', 'fly', 'local', 'modal', 'northflank', 'railway', 'vercel' }
+-- The library's own modules of the same namespace: never providers, never loaded by name.
+local NOT_PROVIDERS = { init = true, command = true, per_run = true, scripts = true, testing = true,
+  tools = true }
+
+local function bad_provider(name, message)
+  errors.raise('INVALID_INPUT', message, { unknown_provider = name }, 3)
+end
+
+--- The names of the providers mayura ships, sorted (a new list each call).
+function M.providers()
+  local out = {}
+  for i, name in ipairs(PROVIDERS) do out[i] = name end
+  return out
+end
+
+--- The provider named `name`: `require('mayura.sandbox.' .. name).sandboxes(options, how)`, the same
+-- function as that module's `<name>_sandboxes` (`how`: local and Docker take `{ check = true }`).
+-- A name is lowercase letters, digits and `_`, starting with a letter: one of providers(), or the
+-- module of another provider on the module path (one that exports a `sandboxes` function). Any
+-- other name raises INVALID_INPUT (with `unknown_provider` = the name) having loaded nothing but,
+-- for a well-formed name, the module mayura.sandbox.<name> when there is one.
+function M.provider(name, options, how)
+  if type(name) ~= 'string' then bad_provider(name, 'a provider name must be a string') end
+  if #name > 64 or not name:match('^[a-z][a-z0-9_]*$') then
+    bad_provider(name, 'provider name ' .. string.format('%q', name:sub(1, 64)) .. ' is not valid: lowercase '
+      .. 'letters, digits and _, starting with a letter, at most 64 bytes')
+  end
+  if NOT_PROVIDERS[name] then bad_provider(name, 'mayura.sandbox.' .. name .. ' is not a provider') end
+  local module = 'mayura.sandbox.' .. name
+  local ok, mod = pcall(require, module)
+  if not ok then
+    -- no such module: an unknown name; a module that fails as it loads fails as itself
+    if type(mod) == 'string' and mod:find("module '" .. module .. "' not found", 1, true) then
+      bad_provider(name, "unknown provider '" .. name .. "' (mayura's: " .. table.concat(PROVIDERS, ', ') .. ')')
+    end
+    error(mod, 0)
+  end
+  if type(mod) ~= 'table' or type(mod.sandboxes) ~= 'function' then
+    bad_provider(name, module .. ' is not a provider: it exports no sandboxes(options)')
+  end
+  return mod.sandboxes(options, how)
+end
+
+-- }======================================================
 
 --- Tools that let an agent work in a sandbox (mayura.sandbox.tools).
 function M.sandbox_tools(source, options)

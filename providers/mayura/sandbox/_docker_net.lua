@@ -110,14 +110,7 @@ local function start_proxy(backend, eng, container, spec, resolve)
     uv.fs_close(ns_fd)
     fail('the sandbox ended')
   end
-  local ok, proxy = pcall(egress.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event,
-    resolve = resolve })
-  if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
-  backend.proxy = proxy
-  for _, port in ipairs(spec.ports or {}) do
-    backend.ports[port] = proxy:forward(port)
-    if not backend.ports[port] then fail('cannot forward port ' .. port) end
-  end
+  backend.proxy = egress.start_sandbox(ns_fd, spec, resolve, backend.ports)
 end
 
 M.ensure, M.start_proxy = ensure_network, start_proxy

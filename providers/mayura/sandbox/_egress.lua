@@ -56,6 +56,7 @@
 -- `proxy:close()` ends the listener, the forwards and every connection, and closes `ns_fd`.
 local core = require('mayura.core')
 local task = require('mayura._task')
+local errors = require('mayura.errors')
 
 local M = {}
 
@@ -77,7 +78,7 @@ local MAX_READS = 64            -- reads a head, and then a ClientHello, may tak
 function M.check_resolve(v, level)
   if v == nil then return nil end
   local function bad()
-    require('mayura.errors').raise('INVALID_CONFIG',
+    errors.raise('INVALID_CONFIG',
       'proxy_resolve must map host names to an address or a list of addresses', nil, level + 2)
   end
   if type(v) ~= 'table' then bad() end
@@ -704,6 +705,23 @@ function M.start(ns_fd, options)
   self.port = server:getsockname().port
   self:_accepting(server, function(conn) return self:_serve(conn) end)
   return self
+end
+
+--- The proxy of a sandbox created with an allow-list, as both providers start it: in the namespace
+-- `ns_fd` (owned from here), with the create `spec`'s `network.allow` and `on_event`, `resolve`
+-- (tests only), and a forward of each of `spec.ports`, put in `ports` (port -> host port). Returns
+-- the proxy; a failure closes what it started and raises SANDBOX_ERROR reason `unavailable`.
+function M.start_sandbox(ns_fd, spec, resolve, ports)
+  local function fail(what)
+    error(errors.sandbox('unavailable', 'cannot connect the sandbox\'s network: ' .. what), 0)
+  end
+  local ok, proxy = pcall(M.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event, resolve = resolve })
+  if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
+  for _, port in ipairs(spec.ports or {}) do
+    ports[port] = proxy:forward(port)
+    if not ports[port] then proxy:close(); fail('cannot forward port ' .. port) end
+  end
+  return proxy
 end
 
 --- Serves the sandbox's `port` on a host port of 127.0.0.1; returns that port.

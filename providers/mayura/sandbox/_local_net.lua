@@ -260,14 +260,7 @@ function M.connect(p, backend, spec, info)
   if type(spec.network) == 'table' then
     -- an allow-list: nothing but the loopback bubblewrap brings up, and the proxy's socket on it
     if not wait_setup_done(pid, 10000) then uv.fs_close(ns_fd); fail('bubblewrap did not get ready') end
-    local ok, proxy = pcall(egress.start, ns_fd, { allow = spec.network.allow, on_event = spec.on_event,
-      resolve = p.proxy_resolve })
-    if not ok then fail('the egress proxy cannot listen: ' .. tostring(proxy)) end
-    net.proxy = proxy
-    for _, port in ipairs(spec.ports or {}) do
-      net.ports[port] = proxy:forward(port)
-      if not net.ports[port] then fail('cannot forward port ' .. port) end
-    end
+    net.proxy = egress.start_sandbox(ns_fd, spec, p.proxy_resolve, net.ports)
     return
   end
   -- the host's table around the stacks' sockets (loaded again when 30 s have passed)

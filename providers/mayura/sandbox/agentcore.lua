@@ -184,4 +184,5 @@ function M.agentcore_sandboxes(options)
   return provider
 end
 
+M.sandboxes = M.agentcore_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

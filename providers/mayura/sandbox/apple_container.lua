@@ -171,4 +171,5 @@ function M.apple_container_sandboxes(options)
   return provider
 end
 
+M.sandboxes = M.apple_container_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

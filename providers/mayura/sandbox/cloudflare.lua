@@ -167,4 +167,5 @@ function M.cloudflare_sandboxes(options)
   return provider
 end
 
+M.sandboxes = M.cloudflare_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -386,4 +386,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.codesandbox_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -908,4 +908,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.daytona_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

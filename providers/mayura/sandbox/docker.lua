@@ -684,4 +684,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.docker_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

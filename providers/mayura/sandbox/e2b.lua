@@ -50,4 +50,5 @@ function M.e2b_sandboxes(options)
   return e2b.provider(config, { id = 'e2b', features = features })
 end
 
+M.sandboxes = M.e2b_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -301,4 +301,5 @@ function M.e2b_desktop_sandboxes(options)
   })
 end
 
+M.sandboxes = M.e2b_desktop_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -239,4 +239,5 @@ function M.fly_sandboxes(options)
   })
 end
 
+M.sandboxes = M.fly_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -601,4 +601,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.local_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

@@ -426,4 +426,5 @@ function M.modal_sandboxes(options)
   return provider
 end
 
+M.sandboxes = M.modal_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

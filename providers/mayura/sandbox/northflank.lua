@@ -312,4 +312,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.northflank_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

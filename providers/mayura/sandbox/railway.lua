@@ -445,4 +445,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.railway_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M

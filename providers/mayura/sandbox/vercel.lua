@@ -623,4 +623,5 @@ end
 
 -- }======================================================
 
+M.sandboxes = M.vercel_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls
 return M
