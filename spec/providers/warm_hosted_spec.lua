@@ -1,5 +1,5 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly and Vercel over real local sandboxes: made ahead with the pool's labels, claimed
+-- stand-ins of E2B, Fly, Vercel and Northflank over real local sandboxes: made ahead with the pool's labels, claimed
 -- by a create of their shape (no create call then, and the create's env and lifetime taken),
 -- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
@@ -13,11 +13,19 @@ local e2b_service = require('support.e2b_service')
 local fly_service = require('support.fly_service')
 local vercel = require('mayura.sandbox.vercel')
 local vercel_service = require('support.vercel_service')
+local northflank = require('mayura.sandbox.northflank')
+local northflank_service = require('support.northflank_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
 local TOKEN = 'fo1_warmspectoken0123456789'
 local APP = 'warm-app'
 local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
+local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
+
+-- The labels a create body carries (nil where the service takes none).
+local function labels_of(b)
+  return b.metadata or (b.config and b.config.metadata) or b.tags
+end
 
 local function wait_for(what, fn)
   local deadline = core.hrtime_ms() + 30000
@@ -74,6 +82,26 @@ local services = {
     end,
     network = 'none',
   },
+  {
+    name = 'northflank',
+    install = function(svc, backing)
+      return northflank_service.install_with_exec_host(svc, backing, NORTHFLANK)
+    end,
+    provider = function(svc, warm, state)
+      return northflank.northflank_sandboxes({ token = NORTHFLANK.token, project_id = NORTHFLANK.project_id,
+        api_url = svc:url(''), exec_url = state.exec_url, retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/v1/projects/{p}/services/deployment' },
+    alive = function(state)
+      local n = 0
+      for _, rec in pairs(state.services) do
+        if not rec.deleted then n = n + 1 end
+      end
+      return n
+    end,
+    labels_of = function() return nil end,   -- a Northflank service carries no labels
+    network = 'all',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -83,6 +111,8 @@ describe('warm = N on hosted providers: failure modes', function()
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
       assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
         project_id = VERCEL.project_id, warm = bad })
+      assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
+        project_id = NORTHFLANK.project_id, warm = bad })
     end
   end)
 end)
@@ -98,14 +128,17 @@ for _, s in ipairs(services) do
     end)
 
     after_each(function()
+      if state.close_all then state.close_all() end
       backing:close()
       svc:close()
     end)
 
+    local labels = s.labels_of or labels_of
+
     local function creates() return #svc:calls(s.create_route[1], s.create_route[2]) end
 
     it('a create of the warm shape takes a ready one: no create call, its env and lifetime, a refill', function()
-      local p = s.provider(svc, 2)
+      local p = s.provider(svc, 2, state)
       local pool = sandbox.create_sandboxes(p, {
         max_sandboxes = 4, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
       })
@@ -117,8 +150,8 @@ for _, s in ipairs(services) do
       end
       -- made with the pool's labels (and the kit's create tag)
       for _, b in ipairs(warm_bodies) do
-        local meta = b.metadata or (b.config and b.config.metadata) or b.tags
-        assert.are.equal('w', meta.team)
+        local meta = labels(b)
+        if meta then assert.are.equal('w', meta.team) end
       end
 
       local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'given' } })
@@ -143,7 +176,7 @@ for _, s in ipairs(services) do
 
     it('a create of another shape is made cold; warm ones count in max_sandboxes and are evicted for it',
       function()
-        local p = s.provider(svc, 2)
+        local p = s.provider(svc, 2, state)
         local pool = sandbox.create_sandboxes(p, {
           max_sandboxes = 2, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
         })
@@ -153,8 +186,8 @@ for _, s in ipairs(services) do
         local other = pool:create({ lifetime_ms = 60000, network = s.network, labels = { own = 'x' } })
         assert.are.equal(3, creates())
         local body = svc:calls(s.create_route[1], s.create_route[2])[3].json
-        local meta = body.metadata or (body.config and body.config.metadata) or body.tags
-        assert.are.equal('x', meta.own)
+        local meta = labels(body)
+        if meta then assert.are.equal('x', meta.own) end
         assert.are.equal(1, p:warm_held())
         local warm_one = pool:create({ lifetime_ms = 60000, network = s.network })
         assert.are.equal(3, creates())

@@ -219,7 +219,7 @@ local function wait_ready(d, ctx, handle)
     end
     if d.ready(ctx, handle, left) then return end
     if interval > 0 then
-      local pause = math.min(interval, math.max(1, ctx.started + ctx.timeout_ms - core.hrtime_ms()))
+      local pause = math.ceil(math.min(interval, math.max(1, ctx.started + ctx.timeout_ms - core.hrtime_ms())))
       task.await(function(done) task.after(pause, done, true) end)
     end
   end
