@@ -1,5 +1,5 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel and Northflank over real local sandboxes: made ahead with the pool's labels, claimed
+-- stand-ins of E2B, Fly, Vercel, Northflank and Railway over real local sandboxes: made ahead with the pool's labels, claimed
 -- by a create of their shape (no create call then, and the create's env and lifetime taken),
 -- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
@@ -15,11 +15,14 @@ local vercel = require('mayura.sandbox.vercel')
 local vercel_service = require('support.vercel_service')
 local northflank = require('mayura.sandbox.northflank')
 local northflank_service = require('support.northflank_service')
+local railway = require('mayura.sandbox.railway')
+local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
 local TOKEN = 'fo1_warmspectoken0123456789'
 local APP = 'warm-app'
 local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
+local RAILWAY = { token = 'railway-warm-token-0123456789', environment_id = 'env-warm' }
 local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
 
 -- The labels a create body carries (nil where the service takes none).
@@ -102,6 +105,28 @@ local services = {
     labels_of = function() return nil end,   -- a Northflank service carries no labels
     network = 'all',
   },
+  {
+    name = 'railway',
+    install = function(svc, backing) return railway_service.install_with_front(svc, backing, RAILWAY) end,
+    provider = function(svc, warm, state)
+      return railway.railway_sandboxes({ token = RAILWAY.token, environment_id = RAILWAY.environment_id,
+        endpoint = svc:url(railway_service.PATH), ws_url = state.ws_url, retry_base_ms = 20, warm = warm })
+    end,
+    create_bodies = function(state)
+      local out = {}
+      for i, o in ipairs(state:calls('sandboxCreate')) do out[i] = o.variables.input end
+      return out
+    end,
+    alive = function(state)
+      local n = 0
+      for _, rec in pairs(state.sandboxes) do
+        if rec.backing_id then n = n + 1 end
+      end
+      return n
+    end,
+    labels_of = function() return nil end,   -- a Railway sandbox carries no labels
+    network = 'all',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -111,6 +136,8 @@ describe('warm = N on hosted providers: failure modes', function()
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
       assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
         project_id = VERCEL.project_id, warm = bad })
+      assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = RAILWAY.token,
+        environment_id = RAILWAY.environment_id, warm = bad })
       assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
         project_id = NORTHFLANK.project_id, warm = bad })
     end
@@ -135,7 +162,14 @@ for _, s in ipairs(services) do
 
     local labels = s.labels_of or labels_of
 
-    local function creates() return #svc:calls(s.create_route[1], s.create_route[2]) end
+    -- the create calls' bodies, in order
+    local function bodies()
+      if s.create_bodies then return s.create_bodies(state) end
+      local out = {}
+      for i, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do out[i] = req.json end
+      return out
+    end
+    local function creates() return #bodies() end
 
     it('a create of the warm shape takes a ready one: no create call, its env and lifetime, a refill', function()
       local p = s.provider(svc, 2, state)
@@ -145,9 +179,7 @@ for _, s in ipairs(services) do
       wait_for('two warm sandboxes', function() return p:warm_ready() == 2 end)
       assert.are.equal(2, creates())
       local warm_bodies = {}
-      for _, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do
-        warm_bodies[#warm_bodies + 1] = req.json
-      end
+      for _, b in ipairs(bodies()) do warm_bodies[#warm_bodies + 1] = b end
       -- made with the pool's labels (and the kit's create tag)
       for _, b in ipairs(warm_bodies) do
         local meta = labels(b)
@@ -185,7 +217,7 @@ for _, s in ipairs(services) do
         -- labels of its own: not the warm shape; every slot is warm, so one of them goes
         local other = pool:create({ lifetime_ms = 60000, network = s.network, labels = { own = 'x' } })
         assert.are.equal(3, creates())
-        local body = svc:calls(s.create_route[1], s.create_route[2])[3].json
+        local body = bodies()[3]
         local meta = labels(body)
         if meta then assert.are.equal('x', meta.own) end
         assert.are.equal(1, p:warm_held())
