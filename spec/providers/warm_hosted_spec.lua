@@ -1,7 +1,8 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Northflank and Railway over real local sandboxes: made ahead with the pool's labels, claimed
--- by a create of their shape (no create call then, and the create's env and lifetime taken),
--- passed over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
+-- stand-ins of E2B, Fly, Vercel, Daytona, Northflank and Railway over real local sandboxes: made
+-- ahead with the pool's labels, claimed by a create of their shape (no create call then, and the
+-- create's env and lifetime taken), passed over by a create of another shape, counted in
+-- max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
@@ -13,6 +14,8 @@ local e2b_service = require('support.e2b_service')
 local fly_service = require('support.fly_service')
 local vercel = require('mayura.sandbox.vercel')
 local vercel_service = require('support.vercel_service')
+local daytona = require('mayura.sandbox.daytona')
+local daytona_service = require('support.daytona_service')
 local northflank = require('mayura.sandbox.northflank')
 local northflank_service = require('support.northflank_service')
 local railway = require('mayura.sandbox.railway')
@@ -27,7 +30,7 @@ local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-proj
 
 -- The labels a create body carries (nil where the service takes none).
 local function labels_of(b)
-  return b.metadata or (b.config and b.config.metadata) or b.tags
+  return b.metadata or (b.config and b.config.metadata) or b.tags or b.labels
 end
 
 local function wait_for(what, fn)
@@ -86,6 +89,17 @@ local services = {
     network = 'none',
   },
   {
+    name = 'daytona',
+    -- the Daytona stand-in makes its own service and backing
+    start = function() return daytona_service.new({ api_key = KEY }) end,
+    provider = function(svc, warm)
+      return daytona.daytona_sandboxes({ api_key = KEY, base_url = svc:url('/api'), retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/api/sandbox' },
+    alive = function(_, svc) return svc.daytona.count() end,
+    network = 'none',
+  },
+  {
     name = 'northflank',
     install = function(svc, backing)
       return northflank_service.install_with_exec_host(svc, backing, NORTHFLANK)
@@ -134,6 +148,7 @@ describe('warm = N on hosted providers: failure modes', function()
     for _, bad in ipairs({ -1, 65, 1.5, 'two', true }) do
       assert.raises_code('INVALID_CONFIG', e2b.e2b_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
+      assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
         project_id = VERCEL.project_id, warm = bad })
       assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = RAILWAY.token,
@@ -149,14 +164,18 @@ for _, s in ipairs(services) do
     local svc, backing, state
 
     before_each(function()
+      if s.start then
+        svc, backing, state = s.start(), nil, nil
+        return
+      end
       svc = stand_in.new()
       backing = stand_in.local_backing({ max_sandboxes = 6 })
       state = s.install(svc, backing)
     end)
 
     after_each(function()
-      if state.close_all then state.close_all() end
-      backing:close()
+      if state and state.close_all then state.close_all() end
+      if backing then backing:close() end
       svc:close()
     end)
 

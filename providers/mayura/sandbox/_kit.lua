@@ -30,8 +30,9 @@
 -- turns it into a handle. A create that failed in a way that may have made a sandbox (a timeout,
 -- no connection, a 5xx, or a bad answer) is swept: `find(ctx, tag)` lists what carries the tag and
 -- each is destroyed (`sweep_after_ms`, default { 0 }: when to look, and `sweep_in_background`);
--- the caller gets the first error. Then `ready` is polled every `ready_interval_ms` (500) until it
--- says true or the call timeout passes (SANDBOX_ERROR `timeout`), and `backend` builds the
+-- the caller gets the first error. Then `ready` is polled every `ready_interval_ms` (500; doubled
+-- after each poll up to `ready_backoff_max_ms`) until it says true or the call timeout passes
+-- (SANDBOX_ERROR `timeout`), and `backend` builds the
 -- backend; where either raises, the sandbox is destroyed and the error goes on (an uncoded one as
 -- SANDBOX_ERROR `failed`).
 --
@@ -212,6 +213,7 @@ end
 
 local function wait_ready(d, ctx, handle)
   local interval = d.ready_interval_ms or 500
+  local max = d.ready_backoff_max_ms or interval
   while true do
     local left = ctx.started + ctx.timeout_ms - core.hrtime_ms()
     if left <= 0 then
@@ -221,6 +223,7 @@ local function wait_ready(d, ctx, handle)
     if interval > 0 then
       local pause = math.ceil(math.min(interval, math.max(1, ctx.started + ctx.timeout_ms - core.hrtime_ms())))
       task.await(function(done) task.after(pause, done, true) end)
+      interval = math.min(interval * 2, max)
     end
   end
 end
@@ -245,12 +248,6 @@ local function cold(p, d, spec)
     error(backend, 0)
   end
   return backend
-end
-
-local function same_labels(a, b)
-  for k, v in pairs(a or {}) do if b[k] ~= v then return false end end
-  for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
-  return true
 end
 
 local function has(list, x)
@@ -281,7 +278,7 @@ function M.provider(d)
       matches = function(_, spec, labels)
         return spec.network == net and spec.image == nil and spec.cpus == nil and spec.memory_mib == nil
           and not spec.desktop and (d.warm_ports or not (spec.ports and #spec.ports > 0))
-          and same_labels(spec.labels, labels)
+          and warm.same_labels(spec.labels, labels)
       end,
       hand_out = d.hand_out,
     })

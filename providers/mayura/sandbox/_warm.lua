@@ -10,6 +10,14 @@ local task = require('mayura._task')
 
 local M = {}
 
+--- Whether two label tables are the same (nil is none): a warm sandbox's labels are fixed when it
+-- is made, so only a create asking for exactly the pool's takes one.
+function M.same_labels(a, b)
+  for k, v in pairs(a or {}) do if (b or {})[k] ~= v then return false end end
+  for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
+  return true
+end
+
 -- A sandbox whose hand_out failed: released, and the failure raised.
 local function failed(backend, err)
   pcall(backend.release, backend)

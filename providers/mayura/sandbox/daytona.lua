@@ -13,7 +13,9 @@
 -- Daytona's computer-use desktop and has `sandbox.desktop`), `max_lifetime_ms`
 -- (24 h), `wait_ms` (the longest one execute waits for a command before the next
 -- call takes over: 10 s), `retries` and `retry_base_ms` (the kit's, for 429 and 5xx
--- answers).
+-- answers), `warm` (sandboxes made ahead for the pool, 0 to 64, none by default: a create with
+-- the pool's labels, no image, cpus or memory and the network 'none' takes one (any ports), its env
+-- going with each command; mayura.sandbox._kit).
 --
 -- The control plane (`{base_url}/sandbox`, Bearer key) makes the sandbox:
 -- `snapshot`, `env`, `labels`, `networkBlockAll` for 'none', `domainAllowList`
@@ -87,6 +89,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
@@ -117,14 +120,6 @@ local STARTING = {
 local CONFIRM = { [400] = true, [401] = true, [403] = true, [404] = true, [409] = true, [410] = true,
   [500] = true, [502] = true, [503] = true, [504] = true }
 
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-
 local function gone(message)
   return errors.sandbox('gone', message or 'daytona: the sandbox is gone')
 end
@@ -138,12 +133,6 @@ local lines_of = scripts.lines
 local function int_of(s)
   if type(s) ~= 'string' or not s:match('^%-?%d+$') or #s > 15 then return nil end
   return math.tointeger and math.tointeger(tonumber(s)) or tonumber(s)
-end
-
-local function object(t)
-  local o = setmetatable({}, json.object_mt)
-  for k, v in pairs(t or {}) do o[k] = v end
-  return o
 end
 
 -- An http(s) URL from the service, or nil: no blanks, no credentials.
@@ -320,7 +309,7 @@ end
 -- Uploads `data` to `path` (POST /files/bulk-upload).
 function Backend:_upload(path, data)
   local boundary
-  repeat boundary = 'mayura-' .. random_hex(16) until not data:find(boundary, 1, true)
+  repeat boundary = 'mayura-' .. kit.random_hex(16) until not data:find(boundary, 1, true)
   local body = table.concat({
     '--', boundary, '\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n', path, '\r\n',
     '--', boundary, '\r\nContent-Disposition: form-data; name="files[0].file"; filename="file"\r\n',
@@ -403,10 +392,7 @@ function Backend:write_file(path, data)
 end
 
 function Backend:list_files(path)
-  local out = self:_script(scripts.list(path))
-  local ok, res = pcall(scripts.parse_listing, out)
-  if not ok then error(res, 0) end
-  return res
+  return scripts.parse_listing(self:_script(scripts.list(path)))
 end
 
 function Backend:remove_file(path, o)
@@ -523,7 +509,9 @@ function Backend:exec(argv, o)
   local cap = o.max_output_bytes or MIB
   local started = core.hrtime_ms()
   local deadline = started + (o.timeout_ms or 60000)
-  local env = o.env or {}
+  local env = {}
+  for k, v in pairs(self._env) do env[k] = v end   -- a warm sandbox's: its create's env
+  for k, v in pairs(o.env or {}) do env[k] = v end
   local token = o.signal
   local stdin_inline, stdin_file
   if o.stdin then
@@ -743,135 +731,125 @@ end
 -- The provider
 -- =======================================================
 
-local option_keys = {
-  api_key = true, base_url = true, snapshot = true, target = true, user = true, workdir = true, desktop = true,
-  max_lifetime_ms = true, retries = true, retry_base_ms = true, wait_ms = true,
-}
+local CREATE_LABEL = 'mayura-create'   -- Daytona's label of a create: what finds one whose answer was lost
 
-local function check_name(v, what)
+local function name_option(v, _, name)
   if v == nil then return nil end
   if type(v) ~= 'string' or v == '' or #v > 256 or v:find('[%c]') then
-    errors.raise('INVALID_CONFIG', 'daytona: ' .. what .. ' must be a non-empty string', nil, 4)
+    errors.raise('INVALID_CONFIG', 'daytona: ' .. name .. ' must be a non-empty string', nil, 0)
   end
   return v
 end
 
--- Deletes, in the background, every sandbox carrying the label of a create whose answer was lost
--- (looked for now and twice more, for a create the service finishes late). Its waits do not keep
--- a script's loop alive: a sandbox it misses still ends at its ttlMinutes.
-local function sweep(api, token)
-  task.spawn(function()
-    for _, wait in ipairs({ 0, 2000, 10000 }) do
-      if wait > 0 then task.await(function(done) task.after(wait, done, true) end) end
-      pcall(function()
-        local body = api:json('GET', '/sandbox', nil, {
-          query = { labels = json.encode(object({ ['mayura-create'] = token })) },
-        })
-        local items = type(body) == 'table' and (body.items or body) or {}
-        for _, s in ipairs(type(items) == 'table' and items or {}) do
-          if type(s) == 'table' and type(s.id) == 'string' and type(s.labels) == 'table'
-            and s.labels['mayura-create'] == token then
-            pcall(api.json, api, 'DELETE', '/sandbox/' .. hosted.escape(s.id), nil, { allow = { 404 } })
-          end
-        end
-      end)
-    end
-  end)
+local function workdir_option(v)
+  if v ~= nil and (type(v) ~= 'string' or not v:match('^/[%w%._%-/]*$') or #v > 256
+      or v:find('/%.%.?/') or v:find('/%.%.?$')) then
+    errors.raise('INVALID_CONFIG', 'daytona: workdir must be an absolute path of letters, digits, . _ - and /', nil, 0)
+  end
+  return v
 end
+
+local function key_option(v)
+  -- its form is checked by the kit's client, which keeps it out of every message
+  if v == nil then errors.raise('INVALID_CONFIG', 'daytona: api_key is required', nil, 0) end
+  return v
+end
+
+local function taken(v) return v end
 
 --- The provider: see the module's comment for the options.
 function M.daytona_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then errors.raise(C, 'daytona_sandboxes needs an options table with api_key', nil, 2) end
-  check.keys(options, option_keys, 'daytona options', C, 3)
-  if options.api_key == nil then errors.raise(C, 'daytona: api_key is required', nil, 2) end
-  local base_url = options.base_url or DEFAULT_BASE_URL
+  local o = kit.options(options, {
+    { api_key = key_option }, { base_url = kit.url(DEFAULT_BASE_URL) }, { workdir = workdir_option },
+    { desktop = kit.bool(false) }, { snapshot = name_option }, { target = name_option }, { user = name_option },
+    { wait_ms = kit.int(100, 600000, WAIT_MS) },
+    { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
+    { retries = taken }, { retry_base_ms = taken },
+    { warm = kit.int(0, 64, 0) },
+  }, 'daytona', 'daytona_sandboxes needs an options table with api_key')
   local api = hosted.client({
-    label = 'daytona', base_url = base_url, api_key = options.api_key,
-    retries = options.retries, retry_base_ms = options.retry_base_ms, max_response_bytes = MAX_RESPONSE,
+    label = 'daytona', base_url = o.base_url, api_key = o.api_key,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_response_bytes = MAX_RESPONSE,
   })
-  local secure = base_url:match('^https://') ~= nil
-  local workdir = options.workdir
-  if workdir ~= nil and (type(workdir) ~= 'string' or not workdir:match('^/[%w%._%-/]*$') or #workdir > 256
-      or workdir:find('/%.%.?/') or workdir:find('/%.%.?$')) then
-    errors.raise(C, 'daytona: workdir must be an absolute path of letters, digits, . _ - and /', nil, 2)
-  end
-  if options.desktop ~= nil and type(options.desktop) ~= 'boolean' then
-    errors.raise(C, 'daytona: desktop must be a boolean', nil, 2)
-  end
-  local snapshot = check_name(options.snapshot, 'snapshot')
-  local target = check_name(options.target, 'target')
-  local user = check_name(options.user, 'user')
-  local desktop = options.desktop == true
-  local wait_ms = check.int(options.wait_ms, 'wait_ms', 100, 600000, C, 3, WAIT_MS)
+  local secure = o.base_url:match('^https://') ~= nil
+  local desktop = o.desktop
+  local learned = o.workdir ~= nil
 
-  local provider = {
-    id = 'daytona',
+  return kit.provider({
+    id = 'daytona', label = 'daytona', client = api, warm = o.warm, warm_ports = true,
     features = { stdin = true, ports = true, desktop = desktop, network = { 'none', 'all', 'allowlist' } },
-    workdir = workdir or '/home/daytona',
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3,
-      DEFAULT_MAX_LIFETIME_MS),
-  }
-  local learned = workdir ~= nil
+    workdir = o.workdir or '/home/daytona', max_lifetime_ms = o.max_lifetime_ms,
+    -- a create the service finishes late is looked for now and twice more; one missed still ends at
+    -- its ttlMinutes (the waits do not keep a script's loop alive)
+    sweep_after_ms = { 0, 2000, 10000 }, sweep_in_background = true,
+    ready_interval_ms = 50, ready_backoff_max_ms = 1000,
 
-  function provider.create(_, spec)
-    local c = api
-    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local started = core.hrtime_ms()
-    local minutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min' })
-    local labels = {}
-    for k, v in pairs(spec.labels or {}) do labels[k] = v end
-    local token = random_hex(12)
-    labels['mayura-create'] = token
-    local net = spec.network
-    local body = {
-      snapshot = spec.image or snapshot, target = target, user = user,
-      env = object(spec.env),
-      labels = hosted.metadata(labels, { max_keys = 64, max_key_bytes = 63, key_pattern = '^[%w][%w%._/%-]*$' }),
-      public = false,
-      networkBlockAll = net == 'none',
-      domainAllowList = type(net) == 'table' and table.concat(net.allow, ',') or nil,
-      ttlMinutes = minutes, autoStopInterval = minutes, autoDeleteInterval = 0,
-    }
-    if spec.cpus then body.cpu = math.ceil(spec.cpus) end
-    if spec.memory_mib then body.memory = math.ceil(spec.memory_mib / 1024) end
-    local ok, sb = pcall(c.json, c, 'POST', '/sandbox', body)
-    if not ok then
-      -- no answer, or a failure of the service's own: the sandbox may have been made all the same;
-      -- find it by its label and delete it (a 4xx refusal made none)
-      if errors.is(sb, 'SANDBOX_ERROR') and (sb.reason == 'timeout' or sb.reason == 'unavailable'
-          or (sb.status or 0) >= 500 or sb.status == nil) then
-        sweep(api, token)
+    create = function(ctx)
+      local spec = ctx.spec
+      local minutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min' })
+      local labels = {}
+      for k, v in pairs(spec.labels or {}) do labels[k] = v end
+      labels[CREATE_LABEL] = ctx.tag
+      local net = spec.network
+      local body = {
+        snapshot = spec.image or o.snapshot, target = o.target, user = o.user,
+        env = kit.object(spec.env),
+        labels = hosted.metadata(labels, { max_keys = 64, max_key_bytes = 63, key_pattern = '^[%w][%w%._/%-]*$' }),
+        public = false,
+        networkBlockAll = net == 'none',
+        domainAllowList = type(net) == 'table' and table.concat(net.allow, ',') or nil,
+        ttlMinutes = minutes, autoStopInterval = minutes, autoDeleteInterval = 0,
+      }
+      if spec.cpus then body.cpu = math.ceil(spec.cpus) end
+      if spec.memory_mib then body.memory = math.ceil(spec.memory_mib / 1024) end
+      return ctx.client:json('POST', '/sandbox', body)
+    end,
+
+    accept = function(ctx, sb)
+      if type(sb) ~= 'table' or type(sb.id) ~= 'string' or not sb.id:match('^[%w%._%-]+$') or #sb.id > 128 then
+        error(ctx.client:bad_answer('a sandbox without an id'), 0)
       end
-      error(sb, 0)
-    end
-    if type(sb) ~= 'table' or type(sb.id) ~= 'string' or not sb.id:match('^[%w%._%-]+$') or #sb.id > 128 then
-      sweep(api, token)
-      error(c:bad_answer('a sandbox without an id'), 0)
-    end
-    local id = sb.id
-    local self = setmetatable({
-      id = id, _api = c, _seq = 0, _trash = {}, _prefix = random_hex(8), _closed = false, _wait_ms = wait_ms,
-      _expires_at = started + spec.lifetime_ms,
-    }, Backend)
-    self._state = '/tmp/.mayura-' .. self._prefix
-    local built, err = pcall(function()
-      -- until it runs
-      local delay = 50
-      while sb.state ~= 'started' do
-        if not STARTING[sb.state] and sb.state ~= nil then
-          error(failed('the sandbox did not start (' .. (DOWN[sb.state] and sb.state or 'an unknown state') .. ')'), 0)
+      return { id = sb.id, sb = sb }
+    end,
+
+    find = function(_, tag)
+      local body = api:json('GET', '/sandbox', nil, {
+        query = { labels = json.encode(kit.object({ [CREATE_LABEL] = tag })) },
+      })
+      local found = {}
+      local items = type(body) == 'table' and (body.items or body) or {}
+      for _, s in ipairs(type(items) == 'table' and items or {}) do
+        if type(s) == 'table' and type(s.id) == 'string' and type(s.labels) == 'table'
+          and s.labels[CREATE_LABEL] == tag then
+          found[#found + 1] = { id = s.id }
         end
-        if core.hrtime_ms() + delay >= started + c.call_timeout_ms then
-          error(errors.sandbox('timeout', 'daytona: the sandbox did not start within ' .. c.call_timeout_ms
-            .. ' ms'), 0)
-        end
-        task.sleep(delay)
-        delay = math.min(delay * 2, 1000)
-        sb = c:json('GET', '/sandbox/' .. hosted.escape(id), nil, { gone = true })
-        if type(sb) ~= 'table' then error(c:bad_answer('a sandbox that is not an object'), 0) end
       end
-      local proxy = service_url(sb.toolboxProxyUrl)
+      return found
+    end,
+
+    -- until it runs: the create's answer first, then GET /sandbox/{id}
+    ready = function(ctx, h)
+      if h.polled then
+        h.sb = ctx.client:json('GET', '/sandbox/' .. hosted.escape(h.id), nil, { gone = true })
+        if type(h.sb) ~= 'table' then error(ctx.client:bad_answer('a sandbox that is not an object'), 0) end
+      end
+      h.polled = true
+      local state = h.sb.state
+      if state == 'started' then return true end
+      if not STARTING[state] and state ~= nil then
+        error(failed('the sandbox did not start (' .. (DOWN[state] and state or 'an unknown state') .. ')'), 0)
+      end
+      return false
+    end,
+
+    backend = function(ctx, h)
+      local c, id, p = ctx.client, h.id, ctx.provider
+      local self = setmetatable({
+        id = id, _api = c, _seq = 0, _trash = {}, _prefix = kit.random_hex(8), _closed = false,
+        _wait_ms = o.wait_ms, _expires_at = ctx.started + ctx.spec.lifetime_ms, _env = {},
+      }, Backend)
+      self._state = '/tmp/.mayura-' .. self._prefix
+      local proxy = service_url(h.sb.toolboxProxyUrl)
       if not proxy or (secure and not proxy:match('^https://')) then
         error(c:bad_answer('a toolbox URL that is not ' .. (secure and 'https' or 'http(s)')), 0)
       end
@@ -892,18 +870,23 @@ function M.daytona_sandboxes(options)
           error(c:bad_answer('a working directory that is not a plain absolute path'), 0)
         end
         d = d:gsub('(.)/+$', '%1')
-        if not learned then provider.workdir, learned = d, true end
+        if not learned then p.workdir, learned = d, true end
       end
-      self._workdir = provider.workdir
-    end)
-    if not built then
-      pcall(c.json, c, 'DELETE', '/sandbox/' .. hosted.escape(id), nil, { allow = { 404 } })
-      error(err, 0)
-    end
-    return self
-  end
+      self._workdir = p.workdir
+      return self
+    end,
 
-  return provider
+    destroy = function(ctx, h)
+      ctx.client:json('DELETE', '/sandbox/' .. hosted.escape(h.id), nil, { allow = { 404 } })
+    end,
+
+    -- a warm sandbox given to a create: its env goes with every command, and its signed URLs last
+    -- the asked lifetime (Daytona's ttl stays the warm one's: the pool ends it at the asked one)
+    hand_out = function(_, backend, spec)
+      for k, v in pairs(spec.env or {}) do backend._env[k] = v end
+      backend._expires_at = core.hrtime_ms() + spec.lifetime_ms
+    end,
+  })
 end
 
 -- }======================================================

@@ -87,6 +87,7 @@ local errors = require('mayura.errors')
 local task = require('mayura._task')
 local check = require('mayura._check')
 local agent_backend = require('mayura.sandbox._agent_backend')
+local warm_set = require('mayura.sandbox._warm')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
 local fw = require('mayura.sandbox._firewall')
@@ -653,11 +654,6 @@ function M.docker_sandboxes(options, how)
   -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
   -- desktop) with the pool's labels (a container's labels cannot change once it is made: a create
   -- adding labels of its own gets a cold one)
-  local function same_labels(a, b)
-    for k, v in pairs(a or {}) do if b[k] ~= v then return false end end
-    for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
-    return true
-  end
   agent_backend.add_warm(p, p.warm, {
     make = function(self, lifetime_ms, labels)
       return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
@@ -667,7 +663,7 @@ function M.docker_sandboxes(options, how)
         and (spec.image == nil or spec.image == self.image)
         and (spec.cpus == nil or spec.cpus >= self.cpus)
         and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
-        and same_labels(spec.labels, labels)
+        and warm_set.same_labels(spec.labels, labels)
     end,
     hand_out = function(self, backend, spec)
       finish(self, backend, spec, true)

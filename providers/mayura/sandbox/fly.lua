@@ -199,7 +199,7 @@ function M.fly_sandboxes(options)
 
     accept = function(ctx, m)
       if type(m) ~= 'table' or type(m.id) ~= 'string' or not m.id:match('^[%w]+$') or #m.id > 64 then
-        error(ctx:bad_answer('a machine without an id'), 0)
+        error(ctx.client:bad_answer('a machine without an id'), 0)
       end
       return { id = m.id, path = base .. '/' .. hosted.escape(m.id), started = m.state == 'started' }
     end,

@@ -384,26 +384,14 @@ function Backend:write_file(path, data)
   })
 end
 
-local function lines_of(text)
-  local out = {}
-  for line in text:gmatch('([^\n]*)\n') do out[#out + 1] = line end
-  return out
-end
-
 function Backend:list_files(path)
-  local out = self:_script(scripts.list(path))
-  local ok, res = pcall(scripts.parse_listing, out)
-  if not ok then error(res, 0) end
-  return res
+  return scripts.parse_listing(self:_script(scripts.list(path)))
 end
 
 function Backend:remove_file(path, o)
-  local lines = lines_of(self:_script(scripts.remove(path, o and o.recursive)))
-  local code = #lines == 1 and lines[1]:match('^E ([%w_]+)$')
-  if code then error(scripts.script_error(code, 'the path'), 0) end
-  if #lines ~= 1 or (lines[1] ~= 'OK' and lines[1] ~= 'N') then
-    error(self.client:bad_answer('a removal the provider cannot read'), 0)
-  end
+  scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function()
+    return self.client:bad_answer('a removal the provider cannot read')
+  end)
 end
 
 function Backend:url(port)
