@@ -229,7 +229,7 @@ function M.northflank_sandboxes(options)
   return kit.provider({
     id = 'northflank', label = 'northflank', client = client_for(o.api_url), warm = o.warm,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 250,
+    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
     create = function(ctx)
       local spec = ctx.spec

@@ -382,7 +382,7 @@ function M.railway_sandboxes(options)
   return kit.provider({
     id = 'railway', label = 'railway', client = client, warm = o.warm,
     features = { stdin = true, ports = isolation == 'PRIVATE', desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 250,
+    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
     create = function(ctx)
       local spec = ctx.spec
