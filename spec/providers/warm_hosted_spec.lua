@@ -1,8 +1,8 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Daytona, Northflank and Railway over real local sandboxes: made
--- ahead with the pool's labels, claimed by a create of their shape (no create call then, and the
--- create's env and lifetime taken), passed over by a create of another shape, counted in
--- max_sandboxes and ended at the pool's close.
+-- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway and CodeSandbox over real local
+-- sandboxes: made ahead with the pool's labels (where the service keeps labels), claimed by a
+-- create of their shape (no create call then, and the create's env and lifetime taken), passed
+-- over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
@@ -19,6 +19,9 @@ local daytona_service = require('support.daytona_service')
 local northflank = require('mayura.sandbox.northflank')
 local northflank_service = require('support.northflank_service')
 local railway = require('mayura.sandbox.railway')
+local codesandbox = require('mayura.sandbox.codesandbox')
+local codesandbox_service = require('support.codesandbox_service')
+local util = require('support.util')
 local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
@@ -26,6 +29,7 @@ local TOKEN = 'fo1_warmspectoken0123456789'
 local APP = 'warm-app'
 local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
 local RAILWAY = { token = 'railway-warm-token-0123456789', environment_id = 'env-warm' }
+local CODESANDBOX = 'csb_warm_token_0123456789'
 local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
 
 -- The labels a create body carries (nil where the service takes none).
@@ -141,6 +145,27 @@ local services = {
     labels_of = function() return nil end,   -- a Railway sandbox carries no labels
     network = 'all',
   },
+  {
+    name = 'codesandbox',
+    install = function(svc, backing)
+      local state = codesandbox_service.install(svc, backing, { token = CODESANDBOX })
+      state:start_front(util.tmpdir())
+      state.close_all = state.close
+      return state
+    end,
+    provider = function(svc, warm)
+      return codesandbox.codesandbox_sandboxes({ token = CODESANDBOX, base_url = svc:url(''),
+        workdir = codesandbox_service.WORKSPACE, retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'POST', '/sandbox/{template}/fork' },
+    alive = function(state)
+      local n = 0
+      for _ in pairs(state.sandboxes) do n = n + 1 end
+      return n
+    end,
+    labels_of = function() return nil end,   -- a CodeSandbox sandbox carries no labels
+    network = 'all',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -153,6 +178,7 @@ describe('warm = N on hosted providers: failure modes', function()
         project_id = VERCEL.project_id, warm = bad })
       assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = RAILWAY.token,
         environment_id = RAILWAY.environment_id, warm = bad })
+      assert.raises_code('INVALID_CONFIG', codesandbox.codesandbox_sandboxes, { token = CODESANDBOX, warm = bad })
       assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
         project_id = NORTHFLANK.project_id, warm = bad })
     end
