@@ -1,8 +1,9 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway and CodeSandbox over real local
--- sandboxes: made ahead with the pool's labels (where the service keeps labels), claimed by a
--- create of their shape (no create call then, and the create's env and lifetime taken), passed
--- over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
+-- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox and Cloudflare over
+-- real local sandboxes: made ahead with the pool's labels (where the service keeps labels),
+-- claimed by a create of their shape (no create call then, and the create's env and lifetime
+-- taken), passed over by a create of another shape, counted in max_sandboxes and ended at the
+-- pool's close.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
@@ -22,6 +23,8 @@ local railway = require('mayura.sandbox.railway')
 local codesandbox = require('mayura.sandbox.codesandbox')
 local codesandbox_service = require('support.codesandbox_service')
 local util = require('support.util')
+local cloudflare = require('mayura.sandbox.cloudflare')
+local cloudflare_service = require('support.cloudflare_service')
 local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
@@ -30,6 +33,7 @@ local APP = 'warm-app'
 local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', project_id = 'prj_warm' }
 local RAILWAY = { token = 'railway-warm-token-0123456789', environment_id = 'env-warm' }
 local CODESANDBOX = 'csb_warm_token_0123456789'
+local CLOUDFLARE = 'cf-warm-bridge-key-0123456789'
 local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
 
 -- The labels a create body carries (nil where the service takes none).
@@ -166,6 +170,20 @@ local services = {
     labels_of = function() return nil end,   -- a CodeSandbox sandbox carries no labels
     network = 'all',
   },
+  {
+    name = 'cloudflare',
+    install = function(svc, backing) return cloudflare_service.install(svc, backing, { api_key = CLOUDFLARE }) end,
+    provider = function(svc, warm)
+      return cloudflare.cloudflare_sandboxes({ worker_url = svc:url(''), api_key = CLOUDFLARE, retry_base_ms = 20,
+        warm = warm })
+    end,
+    create_route = { 'POST', '/v1/sandbox' },
+    alive = function(_, svc)
+      return #svc:calls('POST', '/v1/sandbox') - #svc:calls('DELETE', '/v1/sandbox/{id}')
+    end,
+    labels_of = function() return nil end,   -- the bridge keeps no labels
+    network = 'all',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -179,6 +197,8 @@ describe('warm = N on hosted providers: failure modes', function()
       assert.raises_code('INVALID_CONFIG', railway.railway_sandboxes, { token = RAILWAY.token,
         environment_id = RAILWAY.environment_id, warm = bad })
       assert.raises_code('INVALID_CONFIG', codesandbox.codesandbox_sandboxes, { token = CODESANDBOX, warm = bad })
+      assert.raises_code('INVALID_CONFIG', cloudflare.cloudflare_sandboxes, { worker_url = 'https://w.example.dev',
+        api_key = CLOUDFLARE, warm = bad })
       assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
         project_id = NORTHFLANK.project_id, warm = bad })
     end
@@ -211,7 +231,7 @@ for _, s in ipairs(services) do
     local function bodies()
       if s.create_bodies then return s.create_bodies(state) end
       local out = {}
-      for i, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do out[i] = req.json end
+      for i, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do out[i] = req.json or {} end
       return out
     end
     local function creates() return #bodies() end
