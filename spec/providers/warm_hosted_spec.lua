@@ -1,6 +1,6 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox and Cloudflare over
--- real local sandboxes: made ahead with the pool's labels (where the service keeps labels),
+-- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox, Cloudflare and
+-- AgentCore over real local sandboxes: made ahead with the pool's labels (where the service keeps labels),
 -- claimed by a create of their shape (no create call then, and the create's env and lifetime
 -- taken), passed over by a create of another shape, counted in max_sandboxes and ended at the
 -- pool's close.
@@ -25,6 +25,8 @@ local codesandbox_service = require('support.codesandbox_service')
 local util = require('support.util')
 local cloudflare = require('mayura.sandbox.cloudflare')
 local cloudflare_service = require('support.cloudflare_service')
+local agentcore = require('mayura.sandbox.agentcore')
+local agentcore_service = require('support.agentcore_service')
 local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
@@ -34,6 +36,8 @@ local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', 
 local RAILWAY = { token = 'railway-warm-token-0123456789', environment_id = 'env-warm' }
 local CODESANDBOX = 'csb_warm_token_0123456789'
 local CLOUDFLARE = 'cf-warm-bridge-key-0123456789'
+local AWS = { access_key_id = 'AKIAMAYURAWARM0KEYID', secret_access_key = 'mayura/Warm+Secret0123456789abcdefSECRET',
+  session_token = 'IQoJb3JpZ2luX2VjEMayuraWarmTOKEN0123' }
 local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
 
 -- The labels a create body carries (nil where the service takes none).
@@ -184,6 +188,27 @@ local services = {
     labels_of = function() return nil end,   -- the bridge keeps no labels
     network = 'all',
   },
+  {
+    name = 'agentcore',
+    install = function(svc, backing)
+      return agentcore_service.install(svc, backing, { access_key_id = AWS.access_key_id,
+        secret_access_key = AWS.secret_access_key, session_token = AWS.session_token, region = 'us-east-1' })
+    end,
+    provider = function(svc, warm)
+      return agentcore.agentcore_sandboxes({ region = 'us-east-1', credentials = AWS, endpoint = svc:url(''),
+        retry_base_ms = 20, warm = warm })
+    end,
+    create_route = { 'PUT', '/code-interpreters/{ci}/sessions/start' },
+    alive = function(state)
+      local n = 0
+      for _, session in pairs(state.sessions) do
+        if session.status == 'READY' then n = n + 1 end
+      end
+      return n
+    end,
+    labels_of = function() return nil end,   -- a session keeps no labels
+    network = 'all',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -199,6 +224,8 @@ describe('warm = N on hosted providers: failure modes', function()
       assert.raises_code('INVALID_CONFIG', codesandbox.codesandbox_sandboxes, { token = CODESANDBOX, warm = bad })
       assert.raises_code('INVALID_CONFIG', cloudflare.cloudflare_sandboxes, { worker_url = 'https://w.example.dev',
         api_key = CLOUDFLARE, warm = bad })
+      assert.raises_code('INVALID_CONFIG', agentcore.agentcore_sandboxes, { region = 'us-east-1', credentials = AWS,
+        warm = bad })
       assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
         project_id = NORTHFLANK.project_id, warm = bad })
     end
