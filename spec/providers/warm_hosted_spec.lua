@@ -1,9 +1,8 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox, Cloudflare and
--- AgentCore over real local sandboxes: made ahead with the pool's labels (where the service keeps labels),
--- claimed by a create of their shape (no create call then, and the create's env and lifetime
--- taken), passed over by a create of another shape, counted in max_sandboxes and ended at the
--- pool's close.
+-- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox, Cloudflare, AgentCore
+-- and Modal: made ahead with the pool's labels (where the service keeps labels), claimed by a
+-- create of their shape (no create call then, and the create's env and lifetime taken), passed
+-- over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
@@ -27,6 +26,8 @@ local cloudflare = require('mayura.sandbox.cloudflare')
 local cloudflare_service = require('support.cloudflare_service')
 local agentcore = require('mayura.sandbox.agentcore')
 local agentcore_service = require('support.agentcore_service')
+local modal = require('mayura.sandbox.modal')
+local modal_stand_in = require('support.modal_stand_in')
 local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
@@ -36,6 +37,7 @@ local VERCEL = { token = 'vercel_warm_token_0123456789', team_id = 'team_warm', 
 local RAILWAY = { token = 'railway-warm-token-0123456789', environment_id = 'env-warm' }
 local CODESANDBOX = 'csb_warm_token_0123456789'
 local CLOUDFLARE = 'cf-warm-bridge-key-0123456789'
+local MODAL = { token_id = 'ak-warm0123456789ID', token_secret = 'as-warm0123456789abcdefSECRET' }
 local AWS = { access_key_id = 'AKIAMAYURAWARM0KEYID', secret_access_key = 'mayura/Warm+Secret0123456789abcdefSECRET',
   session_token = 'IQoJb3JpZ2luX2VjEMayuraWarmTOKEN0123' }
 local NORTHFLANK = { token = 'nf-warm-token-0123456789', project_id = 'warm-project' }
@@ -209,6 +211,37 @@ local services = {
     labels_of = function() return nil end,   -- a session keeps no labels
     network = 'all',
   },
+  {
+    name = 'modal',
+    available = modal_stand_in.available,   -- a gRPC server on node's @grpc/grpc-js
+    start = function()
+      local stand = modal_stand_in.start(MODAL)
+      stand.close = stand.stop
+      return stand
+    end,
+    provider = function(stand, warm)
+      return modal.modal_sandboxes({ token_id = MODAL.token_id, token_secret = MODAL.token_secret,
+        server_url = stand.url, retry_base_ms = 20, warm = warm })
+    end,
+    create_bodies = function(_, stand)
+      local out = {}
+      for i, call in ipairs(stand:calls('SandboxCreateV2')) do out[i] = call.request end
+      return out
+    end,
+    alive = function(_, stand)
+      local n = 0
+      for _, sb in ipairs(stand:sandboxes()) do
+        if sb.state ~= 'ended' then n = n + 1 end
+      end
+      return n
+    end,
+    labels_of = function(req)   -- Modal's tags
+      local labels = {}
+      for _, tag in ipairs(req.tags or {}) do labels[tag.tag_name] = tag.tag_value end
+      return labels
+    end,
+    network = 'none',
+  },
 }
 
 describe('warm = N on hosted providers: failure modes', function()
@@ -226,6 +259,8 @@ describe('warm = N on hosted providers: failure modes', function()
         api_key = CLOUDFLARE, warm = bad })
       assert.raises_code('INVALID_CONFIG', agentcore.agentcore_sandboxes, { region = 'us-east-1', credentials = AWS,
         warm = bad })
+      assert.raises_code('INVALID_CONFIG', modal.modal_sandboxes, { token_id = MODAL.token_id,
+        token_secret = MODAL.token_secret, warm = bad })
       assert.raises_code('INVALID_CONFIG', northflank.northflank_sandboxes, { token = NORTHFLANK.token,
         project_id = NORTHFLANK.project_id, warm = bad })
     end
@@ -233,7 +268,11 @@ describe('warm = N on hosted providers: failure modes', function()
 end)
 
 for _, s in ipairs(services) do
-  suite.describe(s.name .. ': warm sandboxes through the kit', function()
+  local describe_it = suite.describe
+  if s.available and not s.available() then
+    describe_it = function(name) describe(name, function() pending('its stand-in cannot run here') end) end
+  end
+  describe_it(s.name .. ': warm sandboxes through the kit', function()
     local svc, backing, state
 
     before_each(function()
@@ -256,7 +295,7 @@ for _, s in ipairs(services) do
 
     -- the create calls' bodies, in order
     local function bodies()
-      if s.create_bodies then return s.create_bodies(state) end
+      if s.create_bodies then return s.create_bodies(state, svc) end
       local out = {}
       for i, req in ipairs(svc:calls(s.create_route[1], s.create_route[2])) do out[i] = req.json or {} end
       return out

@@ -74,6 +74,12 @@ M.TAG_LABEL = 'mayura.create'
 --- `n` random bytes as hex.
 M.random_hex = host.random_hex
 
+--- A random UUID (version 4).
+function M.uuid()
+  local h = M.random_hex(16)
+  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
+end
+
 --- A copy of `t` (or an empty table) that goes on the wire as a JSON object.
 function M.object(t)
   local o = setmetatable({}, json.object_mt)

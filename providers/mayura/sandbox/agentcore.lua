@@ -61,12 +61,6 @@ local EXCEPTIONS = {
   internalServerException = 'unavailable', serviceQuotaExceededException = 'rate_limited',
 }
 
--- A random UUID (version 4): a start's clientToken.
-local function uuid()
-  local h = kit.random_hex(16)
-  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
-end
-
 -- The transport: one executeCommand invoke (an event stream) per script.
 local function transport(api, base, session, workdir, env, idle)
   -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
@@ -166,7 +160,7 @@ function M.agentcore_sandboxes(options)
       end
       local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', min = 60, max = 28800 })
       return ctx.client:json('PUT', base .. '/sessions/start', {
-        name = 'mayura', sessionTimeoutSeconds = seconds, clientToken = uuid(),
+        name = 'mayura', sessionTimeoutSeconds = seconds, clientToken = kit.uuid(),
       }, { idempotent = true })
     end,
 
