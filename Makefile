@@ -219,6 +219,7 @@ bench: all $(AGENT_NOFILTER) $(FORKEXEC)
 	$(HOST) bench/desktop.lua
 	$(HOST) bench/proxy.lua
 	$(HOST) bench/e2b.lua
+	$(HOST) bench/warm_hosted.lua
 	$(HOST) bench/vercel.lua
 	$(HOST) bench/daytona.lua
 	$(HOST) bench/embed.lua

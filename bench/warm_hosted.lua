@@ -9,7 +9,7 @@
 -- alone starts in a few): the SDK and the cold creates wait for it, a warm create does not.
 -- Rows: create + a first command (exec `true`) through mayura with `warm = 2` (the set refilled
 -- between creates, untimed), through mayura cold (no warm), and through the SDK
--- (spec/npm/e2b_sdk_bench.mjs: Sandbox.create, then commands.run('true'), timed inside Node);
+-- (bench/e2b_sdk.mjs: Sandbox.create, then commands.run('true'), timed inside Node);
 -- and an exec round trip through mayura, what a warm create is set against. A ratio below 1 is
 -- the row faster than the SDK. Needs local sandboxes, and node with the npm clients of spec/npm.
 local core = require('mayura.core')
@@ -68,12 +68,12 @@ local cold_pool = sandbox.create_sandboxes(provider(0), { max_sandboxes = 2, max
 local m_cold = firsts(cold_pool)
 cold_pool:close()
 
-local r = process.run({ 'node', 'spec/npm/e2b_sdk_bench.mjs' }, {
+local r = process.run({ 'node', 'bench/e2b_sdk.mjs' }, {
   env = { PATH = os.getenv('PATH'), HOME = os.getenv('HOME'), E2B_API_KEY = KEY, E2B_API_URL = svc:url(''),
-    E2B_SANDBOX_URL = svc:url(''), CREATES = tostring(CREATES), EXECS = '4' },
+    E2B_SANDBOX_URL = svc:url(''), N_FIRST = tostring(CREATES), N_EXEC = '4' },
   timeout_ms = 600000,
 })
-local sdk = r.exit_code == 0 and core.json.decode(r.stdout:match('([^\n]+)\n?$')) or nil
+local sdk = r.exit_code == 0 and core.json.decode(r.stdout:match('RESULT (%b{})') or '') or nil
 
 backing:close()
 svc:close()

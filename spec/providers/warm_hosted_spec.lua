@@ -4,6 +4,7 @@
 -- create of their shape (no create call then, and the create's env and lifetime taken), passed
 -- over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
 local core = require('mayura.core')
+local http = require('mayura.http')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
 local e2b = require('mayura.sandbox.e2b')
@@ -66,6 +67,9 @@ local services = {
         workdir = '/workspace', retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'POST', '/v2/sandboxes' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
+    end,
     alive = function(state)
       local n = 0
       for id in pairs(state.sandboxes) do
@@ -83,8 +87,16 @@ local services = {
         exec_rate = { per_second = 100, burst = 20 }, warm = warm })
     end,
     create_route = { 'POST', '/v1/apps/{app}/machines' },
-    alive = function(_, svc)
-      return #svc:calls('POST', '/v1/apps/{app}/machines') - #svc:calls('DELETE', '/v1/apps/{app}/machines/{id}')
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/v1/apps/' .. APP .. '/machines/' .. b.machine_id
+        .. '?kill=true'), headers = { Authorization = 'Bearer ' .. TOKEN } })
+    end,
+    alive = function(state)
+      local n = 0
+      for _, m in pairs(state.machines) do
+        if m.state ~= 'destroyed' then n = n + 1 end
+      end
+      return n
     end,
     network = 'all',
   },
@@ -97,8 +109,14 @@ local services = {
         warm = warm })
     end,
     create_route = { 'POST', '/api/v3/sandboxes' },
-    alive = function(_, svc)
-      return #svc:calls('POST', '/api/v3/sandboxes') - #svc:calls('DELETE', '/api/v2/sandboxes/{name}')
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/api/v2/sandboxes/' .. b.name .. '?projectId='
+        .. VERCEL.project_id .. '&teamId=' .. VERCEL.team_id), headers = { Authorization = 'Bearer ' .. VERCEL.token } })
+    end,
+    alive = function(state)
+      local n = 0
+      for _ in pairs(state.sandboxes) do n = n + 1 end
+      return n
     end,
     network = 'none',
   },
@@ -110,6 +128,10 @@ local services = {
       return daytona.daytona_sandboxes({ api_key = KEY, base_url = svc:url('/api'), retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'POST', '/api/sandbox' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/api/sandbox/' .. b.id),
+        headers = { Authorization = 'Bearer ' .. KEY } })
+    end,
     alive = function(_, svc) return svc.daytona.count() end,
     network = 'none',
   },
@@ -326,6 +348,11 @@ for _, s in ipairs(services) do
       assert.is_true(made <= 3, 'creates: ' .. made)
       wait_for('the refill', function() return p:warm_ready() == 2 end)
       assert.are.equal(3, creates())
+      if s.name == 'daytona' then
+        -- Daytona was told the asked lifetime (a minute), not the warm one's
+        assert.are.equal(1, #svc:calls('POST', '/api/sandbox/{id}/ttl/{minutes}'))
+        assert.are.equal('1', svc:calls('POST', '/api/sandbox/{id}/ttl/{minutes}')[1].params.minutes)
+      end
       if s.name == 'e2b' then
         -- E2B was told the asked lifetime, not the warm one's
         local timeouts = svc:calls('POST', '/sandboxes/{id}/timeout')
@@ -361,5 +388,25 @@ for _, s in ipairs(services) do
         assert.are.equal(0, s.alive(state, svc))
         assert.are.equal(0, p:warm_held())
       end)
+
+    it('a warm sandbox the service ended meanwhile gives way to a cold create', function()
+      local p = s.provider(svc, 1)
+      local pool = sandbox.create_sandboxes(p, {
+        max_sandboxes = 3, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
+      })
+      wait_for('a warm sandbox', function() return p:warm_ready() == 1 end)
+      local made = p:warm_made()
+      assert.are.equal(1, #made)
+      local res = s.kill(svc, made[1])
+      assert.is_true(res.status >= 200 and res.status < 300, 'kill: ' .. res.status)
+      local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'cold' } })
+      assert.are_not.equal(made[1].id, sb.id)
+      assert.is_true(creates() >= 2)
+      local r = sb:exec({ 'sh', '-c', 'printf %s "$WARM_ENV"' })
+      assert.are.equal('cold', r.stdout)
+      sb:release()
+      pool:close()
+      assert.are.equal(0, s.alive(state, svc))
+    end)
   end)
 end

@@ -443,7 +443,7 @@ end
 function M.add_warm(p, n, hooks)
   local h = {}
   for k, v in pairs(hooks) do h[k] = v end
-  h.failed = M.start_failed
+  h.failed = function(_, b, err) M.start_failed(b, err) end
   return warm.add(p, n, h)
 end
 

@@ -41,7 +41,8 @@
 -- has it, else its first kind); a create asking for that network, the pool's labels and no image,
 -- cpus, memory, desktop (or ports, unless `warm_ports`) claims one, and `hand_out(p, backend,
 -- spec)` gives it the asked env and lifetime (the kit's `command_hand_out` does it for a backend
--- on command_sandbox_backend). They take slots of the pool's max_sandboxes and end with its close.
+-- on command_sandbox_backend); one the service says is gone there gives way to a cold create.
+-- They take slots of the pool's max_sandboxes and end with its close.
 --
 -- How to move a provider onto the kit:
 --   1. its options: one `kit.options` table (kit.secret, kit.word, kit.url, kit.int, kit.bool, or
@@ -58,6 +59,7 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
 local warm = require('mayura.sandbox._warm')
+local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
@@ -287,9 +289,28 @@ function M.provider(d)
           and warm.same_labels(spec.labels, labels)
       end,
       hand_out = d.hand_out,
+      -- one the service ended meanwhile (killed from outside, say) gives way to a cold create
+      failed = function(self, b, err, spec)
+        pcall(b.release, b)
+        if errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone' then return cold(self, d, spec) end
+        error(errors.is(err) and err or errors.sandbox('failed', d.label .. ': the sandbox could not be handed out'), 0)
+      end,
     })
   end
   return p
+end
+
+--- Gives the backend class `Backend`, whose `_script(text)` runs a sandbox script and returns its
+-- output, `list_files` and `remove_file` by the sandbox scripts (for a service whose own calls
+-- cannot: a listing that follows links, a delete that refuses an empty directory);
+-- `nonsense(backend)` is the error of an answer the scripts cannot read.
+function M.script_files(Backend, nonsense)
+  function Backend:list_files(path)
+    return scripts.parse_listing(self:_script(scripts.list(path)))
+  end
+  function Backend:remove_file(path, o)
+    scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function() return nonsense(self) end)
+  end
 end
 
 --- `hand_out` for a backend on command_sandbox_backend: every command gets the create's env (the

@@ -19,7 +19,7 @@ function M.same_labels(a, b)
 end
 
 -- A sandbox whose hand_out failed: released, and the failure raised.
-local function failed(backend, err)
+local function failed(_, backend, err)
   pcall(backend.release, backend)
   error(errors.is(err) and err or errors.sandbox('failed', 'the sandbox could not be handed out'), 0)
 end
@@ -31,8 +31,9 @@ end
 --   `matches(p, spec, labels)`: whether a create's spec asks for exactly that shape;
 --   `hand_out(p, backend, spec)`: what a claimed sandbox needs for this create (the agent's setup,
 --   the env and lifetime asked for, ...);
---   `failed(backend, err)` (optional): ends a sandbox whose hand_out failed and raises (by default
---   it is released and `err` raised, anything uncoded as SANDBOX_ERROR `failed`).
+--   `failed(p, backend, err, spec)` (optional): ends a sandbox whose hand_out failed, and raises
+--   or returns the backend the create gets instead (by default it is released and `err` raised,
+--   anything uncoded as SANDBOX_ERROR `failed`).
 -- The set belongs to one pool at a time (`warm_attach(budget)`, made by create_sandboxes): its
 -- sandboxes live `budget.max_lifetime_ms` (their own lifetime: at its end one is destroyed and
 -- replaced), carry `budget.labels`, and are started only while `budget.may_fill()` says the pool
@@ -214,7 +215,7 @@ function M.add(p, n, hooks)
       claimed[warm] = nil
       local b = warm.backend
       local ok, err = pcall(hooks.hand_out, self, b, spec)
-      if not ok then (hooks.failed or failed)(b, err) end
+      if not ok then return (hooks.failed or failed)(self, b, err, spec) end
       return b
     end
     return cold(self, spec)

@@ -235,7 +235,11 @@ function M.fly_sandboxes(options)
 
     destroy = destroy,
 
-    hand_out = kit.command_hand_out,
+    -- a warm machine given to a create, once Fly says it still runs: its env goes with every command
+    hand_out = function(self, backend, spec)
+      check_alive(api, base .. '/' .. hosted.escape(backend.machine_id))
+      kit.command_hand_out(self, backend, spec)
+    end,
   })
 end
 

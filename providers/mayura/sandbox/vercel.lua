@@ -384,15 +384,7 @@ function Backend:write_file(path, data)
   })
 end
 
-function Backend:list_files(path)
-  return scripts.parse_listing(self:_script(scripts.list(path)))
-end
-
-function Backend:remove_file(path, o)
-  scripts.remove_result(self:_script(scripts.remove(path, o and o.recursive)), function()
-    return self.client:bad_answer('a removal the provider cannot read')
-  end)
-end
+kit.script_files(Backend, function(b) return b.client:bad_answer('a removal the provider cannot read') end)
 
 function Backend:url(port)
   local url = self.routes[port]
@@ -601,9 +593,11 @@ function M.vercel_sandboxes(options)
 
     destroy = function(_, h) h.backend:release() end,
 
-    -- a warm sandbox given to a create: its env goes with every command (the session's own
-    -- timeout stays the warm one's: the pool ends the sandbox at the asked lifetime)
+    -- a warm sandbox given to a create, once its session still runs: its env goes with every
+    -- command (the session's own timeout stays the warm one's: the pool ends the sandbox at the
+    -- asked lifetime)
     hand_out = function(_, backend, spec)
+      if not backend:_running() then error(errors.sandbox('gone', 'vercel: the warm sandbox ended'), 0) end
       for k, v in pairs(spec.env or {}) do backend._env[k] = v end
     end,
   })
