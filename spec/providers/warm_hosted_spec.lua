@@ -29,6 +29,7 @@ local agentcore = require('mayura.sandbox.agentcore')
 local agentcore_service = require('support.agentcore_service')
 local modal = require('mayura.sandbox.modal')
 local modal_stand_in = require('support.modal_stand_in')
+local grpc = require('mayura.sandbox._grpc')
 local railway_service = require('support.railway_service')
 
 local KEY = 'e2b_0123456789abcdef0123456789abcdef'
@@ -145,6 +146,10 @@ local services = {
         api_url = svc:url(''), exec_url = state.exec_url, retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'POST', '/v1/projects/{p}/services/deployment' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/v1/projects/' .. NORTHFLANK.project_id .. '/services/'
+        .. b.id), headers = { Authorization = 'Bearer ' .. NORTHFLANK.token } })
+    end,
     alive = function(state)
       local n = 0
       for _, rec in pairs(state.services) do
@@ -166,6 +171,10 @@ local services = {
       local out = {}
       for i, o in ipairs(state:calls('sandboxCreate')) do out[i] = o.variables.input end
       return out
+    end,
+    kill = function(_, b, state)   -- destroyed behind the client's back
+      state:vanish(b.id)
+      return { status = 200 }
     end,
     alive = function(state)
       local n = 0
@@ -190,6 +199,10 @@ local services = {
         workdir = codesandbox_service.WORKSPACE, retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'POST', '/sandbox/{template}/fork' },
+    kill = function(_, b, state)   -- deleted behind the client's back: its connections close
+      state:vanish(b.id)
+      return { status = 200 }
+    end,
     alive = function(state)
       local n = 0
       for _ in pairs(state.sandboxes) do n = n + 1 end
@@ -206,8 +219,16 @@ local services = {
         warm = warm })
     end,
     create_route = { 'POST', '/v1/sandbox' },
-    alive = function(_, svc)
-      return #svc:calls('POST', '/v1/sandbox') - #svc:calls('DELETE', '/v1/sandbox/{id}')
+    kill = function(svc, b)   -- the bridge drops the container: the next command would get a fresh one
+      return http.request({ method = 'DELETE', url = svc:url('/v1/sandbox/' .. b.sandbox_id),
+        headers = { Authorization = 'Bearer ' .. CLOUDFLARE } })
+    end,
+    alive = function(_, svc)   -- the ids minted less those deleted
+      local deleted = {}
+      for _, req in ipairs(svc:calls('DELETE', '/v1/sandbox/{id}')) do deleted[req.params.id] = true end
+      local n = #svc:calls('POST', '/v1/sandbox')
+      for _ in pairs(deleted) do n = n - 1 end
+      return n
     end,
     labels_of = function() return nil end,   -- the bridge keeps no labels
     network = 'all',
@@ -223,6 +244,11 @@ local services = {
         retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'PUT', '/code-interpreters/{ci}/sessions/start' },
+    kill = function(_, b, state)   -- the session ends on AgentCore's side
+      local session = state.sessions[b.session_id]
+      session.status = 'TERMINATED'
+      return { status = 200 }
+    end,
     alive = function(state)
       local n = 0
       for _, session in pairs(state.sessions) do
@@ -249,6 +275,12 @@ local services = {
       local out = {}
       for i, call in ipairs(stand:calls('SandboxCreateV2')) do out[i] = call.request end
       return out
+    end,
+    kill = function(stand, b)
+      local c = grpc.client({ label = 'modal', base_url = stand.url,
+        metadata = { ['x-modal-token-id'] = MODAL.token_id, ['x-modal-token-secret'] = MODAL.token_secret } })
+      c:call('/modal.client.ModalClient/SandboxTerminateV2', { sandbox_id = (b.id:gsub('^modal%-', '')) })
+      return { status = 200 }
     end,
     alive = function(_, stand)
       local n = 0
@@ -390,14 +422,14 @@ for _, s in ipairs(services) do
       end)
 
     it('a warm sandbox the service ended meanwhile gives way to a cold create', function()
-      local p = s.provider(svc, 1)
+      local p = s.provider(svc, 1, state)
       local pool = sandbox.create_sandboxes(p, {
         max_sandboxes = 3, max_lifetime_ms = 600000, labels = { team = 'w' }, network = { s.network },
       })
       wait_for('a warm sandbox', function() return p:warm_ready() == 1 end)
       local made = p:warm_made()
       assert.are.equal(1, #made)
-      local res = s.kill(svc, made[1])
+      local res = s.kill(svc, made[1], state)
       assert.is_true(res.status >= 200 and res.status < 300, 'kill: ' .. res.status)
       local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'cold' } })
       assert.are_not.equal(made[1].id, sb.id)

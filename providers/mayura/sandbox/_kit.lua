@@ -23,6 +23,7 @@
 --     backend = function(ctx, handle) return backend end,    -- the pool's backend over it
 --     destroy = function(ctx, handle) end,                    -- ends it (gone already is fine)
 --     hand_out = function(p, backend, spec) end,              -- a warm one given to `spec`
+--     warm_up = function(backend) end,                        -- optional: run on a warm one once made
 --   })
 --
 -- A create (`p:create(spec)`): `ctx` = { provider, spec, tag (16 hex digits), client, started
@@ -39,10 +40,11 @@
 -- Warm sandboxes (`warm = n`, mayura.sandbox._warm and the pool's protocol): n sandboxes made
 -- ahead with the pool's labels and lifetime, network `warm_network` (the provider's 'none' when it
 -- has it, else its first kind); a create asking for that network, the pool's labels and no image,
--- cpus, memory, desktop (or ports, unless `warm_ports`) claims one, and `hand_out(p, backend,
--- spec)` gives it the asked env and lifetime (the kit's `command_hand_out` does it for a backend
--- on command_sandbox_backend); one the service says is gone there gives way to a cold create.
--- They take slots of the pool's max_sandboxes and end with its close.
+-- cpus, memory, desktop or ports (unless `warm_ports`) claims one, and `hand_out(p, backend, spec)`
+-- gives it the asked env and lifetime (the kit's `command_hand_out` does it for a backend on
+-- command_sandbox_backend, `command_probe_hand_out` after a probe); one the service says is gone
+-- there gives way to a cold create; `warm_up(backend)` runs on each once made. They take slots of
+-- the pool's max_sandboxes and end with its close.
 --
 -- How to move a provider onto the kit:
 --   1. its options: one `kit.options` table (kit.secret, kit.word, kit.url, kit.int, kit.bool, or
@@ -281,7 +283,15 @@ function M.provider(d)
     if not net then net = has(d.features.network, 'none') and 'none' or d.features.network[1] end
     warm.add(p, n, {
       make = function(self, lifetime_ms, labels)
-        return cold(self, d, { lifetime_ms = lifetime_ms, labels = labels, network = net, env = {} })
+        local b = cold(self, d, { lifetime_ms = lifetime_ms, labels = labels, network = net, env = {} })
+        if d.warm_up then
+          local ok, err = pcall(d.warm_up, b)
+          if not ok then
+            pcall(b.release, b)
+            error(err, 0)
+          end
+        end
+        return b
       end,
       matches = function(_, spec, labels)
         return spec.network == net and spec.image == nil and spec.cpus == nil and spec.memory_mib == nil
@@ -317,6 +327,22 @@ end
 -- service's own lifetime stays the warm one's: the pool ends the sandbox at the asked one).
 function M.command_hand_out(_, backend, spec)
   for k, v in pairs(spec.env or {}) do backend._env[k] = v end
+end
+
+--- A command that does nothing, on a backend on command_sandbox_backend: its first one sets the
+-- backend up (the state directory and the workdir made, the tools found); the transports raise
+-- SANDBOX_ERROR `gone` for a sandbox their service ended. As `warm_up`, a warm sandbox is ready to
+-- the last step before it is claimed.
+function M.command_probe(backend)
+  backend:_run(':\n')
+end
+
+--- `hand_out` for a backend on command_sandbox_backend whose service may end a sandbox unseen:
+-- kit.command_probe first (a warm one ended meanwhile then gives way to a cold create), then
+-- command_hand_out.
+function M.command_probe_hand_out(p, backend, spec)
+  M.command_probe(backend)
+  M.command_hand_out(p, backend, spec)
 end
 
 -- }======================================================

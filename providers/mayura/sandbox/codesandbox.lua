@@ -375,7 +375,9 @@ function M.codesandbox_sandboxes(options)
 
     destroy = destroy,
 
-    hand_out = kit.command_hand_out,
+    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
+    -- create), and its env goes with every command
+    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

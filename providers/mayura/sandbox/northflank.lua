@@ -290,7 +290,9 @@ function M.northflank_sandboxes(options)
 
     destroy = function(ctx, h) owner:delete_service(ctx.client, h.id) end,
 
-    hand_out = kit.command_hand_out,
+    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
+    -- create), and its env goes with every command
+    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 
