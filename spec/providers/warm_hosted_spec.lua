@@ -1,13 +1,15 @@
 -- Warm sandboxes on hosted providers (the kit's `warm = N`, mayura.sandbox._kit), against the
--- stand-ins of E2B, Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox, Cloudflare, AgentCore
--- and Modal: made ahead with the pool's labels (where the service keeps labels), claimed by a
--- create of their shape (no create call then, and the create's env and lifetime taken), passed
--- over by a create of another shape, counted in max_sandboxes and ended at the pool's close.
+-- stand-ins of E2B (and its desktop), Fly, Vercel, Daytona, Northflank, Railway, CodeSandbox,
+-- Cloudflare, AgentCore and Modal: made ahead with the pool's labels (where the service keeps
+-- labels), claimed by a create of their shape (no create call then, and the create's env and
+-- lifetime taken), passed over by a create of another shape, counted in max_sandboxes, ended at
+-- the pool's close, and given up for a cold create when the service ended one meanwhile.
 local core = require('mayura.core')
 local http = require('mayura.http')
 local task = require('mayura._task')
 local sandbox = require('mayura.sandbox')
 local e2b = require('mayura.sandbox.e2b')
+local e2b_desktop = require('mayura.sandbox.e2b_desktop')
 local fly = require('mayura.sandbox.fly')
 local stand_in = require('support.stand_in')
 local suite = require('support.stand_in_suite')
@@ -79,6 +81,27 @@ local services = {
       return n
     end,
     network = 'none',
+  },
+  {
+    name = 'e2b-desktop',
+    install = function(svc, backing) return e2b_service.install(svc, backing, { api_key = KEY }) end,
+    provider = function(svc, warm)
+      return e2b_desktop.e2b_desktop_sandboxes({ api_key = KEY, api_url = svc:url(''), sandbox_url = svc:url(''),
+        workdir = '/workspace', retry_base_ms = 20, resolution = { 800, 600 }, warm = warm })
+    end,
+    create_route = { 'POST', '/v2/sandboxes' },
+    kill = function(svc, b)
+      return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
+    end,
+    alive = function(state)
+      local n = 0
+      for id in pairs(state.sandboxes) do
+        if state:_live(id) then n = n + 1 end
+      end
+      return n
+    end,
+    network = 'none',
+    desktop = true,   -- every sandbox has one: a create asking for it takes a warm one, its display up
   },
   {
     name = 'fly',
@@ -302,6 +325,7 @@ describe('warm = N on hosted providers: failure modes', function()
   it('a warm count that is not a whole number from 0 to 64 is INVALID_CONFIG', function()
     for _, bad in ipairs({ -1, 65, 1.5, 'two', true }) do
       assert.raises_code('INVALID_CONFIG', e2b.e2b_sandboxes, { api_key = KEY, warm = bad })
+      assert.raises_code('INVALID_CONFIG', e2b_desktop.e2b_desktop_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', fly.fly_sandboxes, { token = TOKEN, app = APP, warm = bad })
       assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, warm = bad })
       assert.raises_code('INVALID_CONFIG', vercel.vercel_sandboxes, { token = VERCEL.token, team_id = VERCEL.team_id,
@@ -371,8 +395,14 @@ for _, s in ipairs(services) do
         if meta then assert.are.equal('w', meta.team) end
       end
 
-      local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'given' } })
+      local warm_made = p:warm_made()
+      local sb = pool:create({ lifetime_ms = 60000, network = s.network, env = { WARM_ENV = 'given' },
+        desktop = s.desktop })
       local made = creates()
+      local claimed = false
+      for _, b in ipairs(warm_made) do claimed = claimed or b == sb._backend end
+      assert.is_true(claimed, 'the create took one of the warm sandboxes')
+      if s.desktop then assert.are.same({ width = 800, height = 600 }, sb.desktop:size()) end
       local r = sb:exec({ 'sh', '-c', 'printf %s "$WARM_ENV"' })
       assert.are.equal(0, r.exit_code)
       assert.are.equal('given', r.stdout)

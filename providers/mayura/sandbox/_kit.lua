@@ -40,11 +40,12 @@
 -- Warm sandboxes (`warm = n`, mayura.sandbox._warm and the pool's protocol): n sandboxes made
 -- ahead with the pool's labels and lifetime, network `warm_network` (the provider's 'none' when it
 -- has it, else its first kind); a create asking for that network, the pool's labels and no image,
--- cpus, memory, desktop or ports (unless `warm_ports`) claims one, and `hand_out(p, backend, spec)`
--- gives it the asked env and lifetime (the kit's `command_hand_out` does it for a backend on
--- command_sandbox_backend, `command_probe_hand_out` after a probe); one the service says is gone
--- there gives way to a cold create; `warm_up(backend)` runs on each once made. They take slots of
--- the pool's max_sandboxes and end with its close.
+-- cpus, memory, desktop (unless `warm_desktop`: every sandbox has one) or ports (unless
+-- `warm_ports`) claims one, and `hand_out(p, backend, spec)` gives it the asked env and lifetime
+-- (the kit's `command_hand_out` does it for a backend on command_sandbox_backend,
+-- `command_probe_hand_out` after a probe); one the service says is gone there gives way to a cold
+-- create; `warm_up(backend)` runs on each once made. They take slots of the pool's max_sandboxes
+-- and end with its close.
 --
 -- How to move a provider onto the kit:
 --   1. its options: one `kit.options` table (kit.secret, kit.word, kit.url, kit.int, kit.bool, or
@@ -295,7 +296,7 @@ function M.provider(d)
       end,
       matches = function(_, spec, labels)
         return spec.network == net and spec.image == nil and spec.cpus == nil and spec.memory_mib == nil
-          and not spec.desktop and (d.warm_ports or not (spec.ports and #spec.ports > 0))
+          and (d.warm_desktop or not spec.desktop) and (d.warm_ports or not (spec.ports and #spec.ports > 0))
           and warm.same_labels(spec.labels, labels)
       end,
       hand_out = d.hand_out,
