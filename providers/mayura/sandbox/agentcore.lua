@@ -99,25 +99,11 @@ local function transport(api, base, session, workdir, env, idle)
   return t
 end
 
-local function required(what)
-  return function(v, label, name)
-    if v == nil then errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' ' .. what, nil, 0) end
-    return v
-  end
-end
-
-local function taken(v) return v end
-
 --- The provider: see the module's comment for the options.
 function M.agentcore_sandboxes(options)
   local o = kit.options(options, {
-    { region = function(v, label)
-      if type(v) ~= 'string' or not v:match('^[a-z][a-z0-9%-]+$') or #v > 32 then
-        errors.raise('INVALID_CONFIG', label .. ': region is required (such as us-east-1)', nil, 0)
-      end
-      return v
-    end },
-    { credentials = required('are required') },   -- the client checks them
+    { region = kit.required(kit.word('^[a-z][a-z0-9%-]+$', 'a region such as us-east-1', nil, 32)) },
+    { credentials = kit.required() },   -- the client checks them
     { interpreter = kit.word('^[%w][%w%._%-]*$', 'an interpreter identifier', DEFAULT_INTERPRETER, 100) },
     { network = function(v, label)
       if v ~= nil and v ~= 'all' and v ~= 'none' then
@@ -125,12 +111,11 @@ function M.agentcore_sandboxes(options)
       end
       return v or 'all'
     end },
-    { endpoint = taken },   -- the client checks it
+    { endpoint = kit.taken },   -- the client checks it
     { workdir = kit.word('^/[%w%._%-/]*$', 'an absolute path of letters, digits, . _ - and /', '/tmp/workspace') },
     { max_lifetime_ms = kit.int(60000, MAX_LIFETIME_MS, MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
     { idle_timeout_ms = kit.int(100, nil, IDLE_MS) },
-    { warm = kit.int(0, 64, 0) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
   }, 'agentcore', 'agentcore_sandboxes needs an options table with region and credentials')
   local workdir, idle = o.workdir, o.idle_timeout_ms
   if workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
@@ -148,9 +133,8 @@ function M.agentcore_sandboxes(options)
   end
 
   return kit.provider({
-    id = 'agentcore', label = 'agentcore', client = api, warm = o.warm,
+    id = 'agentcore', label = 'agentcore', client = api, options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { o.network } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
 
     -- a clientToken of its own: a start retried after a cut makes one session
     create = function(ctx)
@@ -166,10 +150,7 @@ function M.agentcore_sandboxes(options)
 
     accept = function(ctx, body)
       local session = type(body) == 'table' and body.sessionId
-      if type(session) ~= 'string' or not session:match('^[%w%-_]+$') or #session > 128 then
-        error(ctx:bad_answer('a session without an id'), 0)
-      end
-      return { session = session }
+      return { session = ctx:id_of(session, '^[%w%-_]+$', 128, 'a session without an id') }
     end,
 
     backend = function(ctx, h)
@@ -181,10 +162,6 @@ function M.agentcore_sandboxes(options)
     end,
 
     destroy = stop,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

@@ -94,28 +94,24 @@ local function word(v, what, pattern)
   return check.word(v, pattern, 'apple_container: ' .. what .. ' is not valid', 'INVALID_CONFIG', 0)
 end
 
-local function word_option(pattern, default)
-  return function(v, _, name) return word(v, name, pattern) or default end
-end
-
 --- The provider: see the module's comment for the options.
 function M.apple_container_sandboxes(options)
   local o = kit.options(options or {}, {
-    { image = word_option('^[%w][%w%._/:@%-]*$', DEFAULT_IMAGE) },
-    { executable = word_option('^[%w%._/%-]+$', 'container') },
-    { host_only_network = word_option('^[%w][%w%._%-]*$') },
-    { user = word_option('^[%w_][%w_%-]*:?[%w_%-]*$', '1000:1000') },
+    { image = kit.word('^[%w][%w%._/:@%-]*$', 'an image reference', DEFAULT_IMAGE) },
+    { executable = kit.word('^[%w%._/%-]+$', 'a path', 'container') },
+    { host_only_network = kit.word('^[%w][%w%._%-]*$', 'a network name') },
+    { user = kit.word('^[%w_][%w_%-]*:?[%w_%-]*$', 'a user or user:group', '1000:1000') },
     { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
     { cli_timeout_ms = kit.int(1000, nil, CLI_TIMEOUT_MS) },
-    { warm = kit.int(0, 64, 0) },
+    kit.WARM_OPTION,
   }, 'apple_container', 'apple_container_sandboxes takes an options table')
   local self = { executable = o.executable, timeout_ms = o.cli_timeout_ms }
   local function destroy(_, h) cli(self, { 'delete', '--force', h.id }) end
 
   return kit.provider({
-    id = 'apple-container', label = 'apple_container', warm = o.warm,
+    id = 'apple-container', label = 'apple_container', options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'none', 'all' } },
-    workdir = '/workspace', max_lifetime_ms = o.max_lifetime_ms,
+    workdir = '/workspace',
 
     -- the container's name carries the create's tag
     create = function(ctx)
@@ -166,10 +162,6 @@ function M.apple_container_sandboxes(options)
     end,
 
     destroy = destroy,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

@@ -99,11 +99,6 @@ local function transport(api, path, workdir, env, idle)
   return t
 end
 
-local function required(v, label, name)
-  if v == nil then errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' is required', nil, 0) end
-  return v
-end
-
 local function workdir_option(v, label)
   v = v or '/workspace'
   if type(v) ~= 'string' or not (v == '/workspace' or v:match('^/workspace/[%w%._%-/]*$'))
@@ -113,17 +108,14 @@ local function workdir_option(v, label)
   return v
 end
 
-local function taken(v) return v end
-
 --- The provider: see the module's comment for the options.
 function M.cloudflare_sandboxes(options)
   local o = kit.options(options, {
-    { worker_url = required }, { api_key = required },   -- the client checks both
+    { worker_url = kit.required() }, { api_key = kit.required() },   -- the client checks both
     { workdir = workdir_option },
     { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
     { idle_timeout_ms = kit.int(100, nil, IDLE_MS) },
-    { warm = kit.int(0, 64, 0) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
   }, 'cloudflare', 'cloudflare_sandboxes needs an options table with worker_url and api_key')
   local workdir, idle = o.workdir, o.idle_timeout_ms
   local api = hosted.client({
@@ -133,9 +125,8 @@ function M.cloudflare_sandboxes(options)
   local function destroy(ctx, h) ctx.client:json('DELETE', h.path, nil, { allow = { 404 } }) end
 
   return kit.provider({
-    id = 'cloudflare', label = 'cloudflare', client = api, warm = o.warm,
+    id = 'cloudflare', label = 'cloudflare', client = api, options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
 
     create = function(ctx)
       local spec = ctx.spec
@@ -147,10 +138,8 @@ function M.cloudflare_sandboxes(options)
     end,
 
     accept = function(ctx, body)
-      local id = type(body) == 'table' and body.id
-      if type(id) ~= 'string' or not id:match('^[a-z2-7]+$') or #id > 128 then
-        error(ctx:bad_answer('a sandbox id that is not the bridge\'s'), 0)
-      end
+      local id = ctx:id_of(type(body) == 'table' and body.id, '^[a-z2-7]+$', 128,
+        'a sandbox id that is not the bridge\'s')
       return { id = id, path = '/v1/sandbox/' .. id }
     end,
 
@@ -164,10 +153,6 @@ function M.cloudflare_sandboxes(options)
     end,
 
     destroy = destroy,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

@@ -295,8 +295,6 @@ local function data_of(c, body, what)
   return body.data
 end
 
-local function taken(v) return v end
-
 --- The provider (see the module's comment for `options`).
 function M.codesandbox_sandboxes(options)
   local o = kit.options(options, {
@@ -316,10 +314,9 @@ function M.codesandbox_sandboxes(options)
       end
       return v
     end },
-    { workdir = function(v) return hosted.workdir_option(v or M.DEFAULT_WORKDIR, 'codesandbox') end },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
     { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
-    { warm = kit.int(0, 64, 0) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
   }, 'codesandbox', 'options with a token are required')
   local workdir = o.workdir
   -- the token is kept out of every message
@@ -336,9 +333,8 @@ function M.codesandbox_sandboxes(options)
   end
 
   return kit.provider({
-    id = 'codesandbox', label = 'codesandbox', client = client, warm = o.warm,
+    id = 'codesandbox', label = 'codesandbox', client = client, options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
 
     create = function(ctx)
       return ctx.client:json('POST', '/sandbox/' .. hosted.escape(o.template) .. '/fork', {
@@ -348,10 +344,7 @@ function M.codesandbox_sandboxes(options)
 
     accept = function(ctx, body)
       local id = type(body) == 'table' and type(body.data) == 'table' and body.data.id
-      if type(id) ~= 'string' or not id:match('^[%w_%-]+$') or #id > 64 then
-        error(ctx:bad_answer('a forked sandbox without an id'), 0)
-      end
-      return { id = id }
+      return { id = ctx:id_of(id, '^[%w_%-]+$', 64, 'a forked sandbox without an id') }
     end,
 
     -- the VM started with the lifetime as its hibernation timeout, and the pitcher joined, as the SDK's
@@ -374,10 +367,6 @@ function M.codesandbox_sandboxes(options)
     end,
 
     destroy = destroy,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

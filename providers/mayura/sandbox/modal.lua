@@ -99,8 +99,6 @@ local function token_option(v, label, name)
   return v
 end
 
-local function taken(v) return v end
-
 --- The provider: see the module's comment for the options.
 function M.modal_sandboxes(options)
   local opt = kit.options(options, {
@@ -120,16 +118,16 @@ function M.modal_sandboxes(options)
       end
       return v
     end },
-    { workdir = function(v) return hosted.workdir_option(v or '/workspace', 'modal') end },
+    { workdir = kit.workdir('/workspace') },
     { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken },
+    { retries = kit.taken }, { retry_base_ms = kit.taken },
     { ca_file = function(v, label)
       if v ~= nil and (type(v) ~= 'string' or v:sub(1, 1) ~= '/' or v:find('%z')) then
         errors.raise('INVALID_CONFIG', label .. ': ca_file must be an absolute path', nil, 0)
       end
       return v
     end },
-    { warm = kit.int(0, 64, 0) },
+    kit.WARM_OPTION,
   }, 'modal', 'modal_sandboxes needs an options table with token_id and token_secret')
   local app_name, environment, image = opt.app_name, opt.environment, opt.image
   local workdir, ca_file = opt.workdir, opt.ca_file
@@ -207,9 +205,8 @@ function M.modal_sandboxes(options)
   end
 
   return kit.provider({
-    id = 'modal', label = 'modal', client = api, warm = opt.warm,
+    id = 'modal', label = 'modal', client = api, options = opt, command = true,
     features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-    workdir = workdir, max_lifetime_ms = opt.max_lifetime_ms,
     -- a sandbox Modal makes late is looked for now and once more later; its own timeout ends it otherwise
     sweep_after_ms = { 0, 3000 }, sweep_in_background = true,
 
@@ -260,11 +257,7 @@ function M.modal_sandboxes(options)
     end,
 
     accept = function(ctx, resp)
-      local id = resp.sandbox_id
-      if type(id) ~= 'string' or not id:match('^[%w%-_]+$') or #id > 128 then
-        error(ctx:bad_answer('no sandbox'), 0)
-      end
-      return { id = id, resp = resp }
+      return { id = ctx:id_of(resp.sandbox_id, '^[%w%-_]+$', 128, 'no sandbox'), resp = resp }
     end,
 
     -- only a create that reached SandboxCreateV2 may have made one
@@ -410,10 +403,6 @@ function M.modal_sandboxes(options)
     end,
 
     destroy = terminate,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

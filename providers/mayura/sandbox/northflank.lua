@@ -165,15 +165,6 @@ local function region_option(v, label)
   return v
 end
 
-local function required(checker)
-  return function(v, label, name)
-    if v == nil then errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' is required', nil, 0) end
-    return checker(v, label, name)
-  end
-end
-
-local function taken(v) return v end
-
 local Owner = {}
 Owner.__index = Owner
 
@@ -201,15 +192,14 @@ end
 function M.northflank_sandboxes(options)
   local o = kit.options(options, {
     { token = kit.secret('a token (a string without spaces or control characters)') },
-    { project_id = required(id_option) }, { team_id = id_option },
+    { project_id = kit.required(id_option) }, { team_id = id_option },
     { api_url = function(v, label, name) return url_option(v or M.DEFAULT_API_URL, label, name) end },
     { exec_region = region_option }, { exec_url = url_option },
     { image = kit.word('^[^%c%s]+$', 'a non-empty string', M.DEFAULT_IMAGE, 512) },
     { plan = kit.word('^[^%c%s]+$', 'a non-empty string', M.DEFAULT_PLAN, 512) },
-    { workdir = function(v) return hosted.workdir_option(v or M.DEFAULT_WORKDIR, 'northflank') end },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
     { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
-    { warm = kit.int(0, 64, 0) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
   }, 'northflank', 'options with token and project_id are required')
   local token = o.token
   local owner = setmetatable({ project_id = o.project_id, team_id = o.team_id }, Owner)
@@ -227,9 +217,9 @@ function M.northflank_sandboxes(options)
   -- that keeps them within it (500 at once, then 500 more an hour)
   local RATE = { per_second = 500 / 3600, burst = 500 }
   return kit.provider({
-    id = 'northflank', label = 'northflank', client = client_for(o.api_url), warm = o.warm,
+    id = 'northflank', label = 'northflank', client = client_for(o.api_url), options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 100, ready_backoff_max_ms = 2000,
+    ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
     create = function(ctx)
       local spec = ctx.spec
@@ -259,11 +249,8 @@ function M.northflank_sandboxes(options)
     end,
 
     accept = function(ctx, body)
-      if type(body) ~= 'table' or type(body.data) ~= 'table' or type(body.data.id) ~= 'string'
-        or not body.data.id:match('^[%w][%w_%-]*$') or #body.data.id > 128 then
-        error(ctx:bad_answer('a service without an id'), 0)
-      end
-      return { id = body.data.id }
+      local data = type(body) == 'table' and type(body.data) == 'table' and body.data or {}
+      return { id = ctx:id_of(data.id, '^[%w][%w_%-]*$', 128, 'a service without an id') }
     end,
 
     -- a service's id is its name: what a lost create made is deleted by it (404 when none was made)
@@ -289,10 +276,6 @@ function M.northflank_sandboxes(options)
     end,
 
     destroy = function(ctx, h) owner:delete_service(ctx.client, h.id) end,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 

@@ -343,28 +343,20 @@ local function endpoint_option(v, label)
   return { origin = origin, path = path }
 end
 
-local function taken(v) return v end
-
 --- The provider (see the module's comment for `options`).
 function M.railway_sandboxes(options)
   local o = kit.options(options, {
     { token = kit.secret('a token (a string without spaces or control characters)') },
     { token_kind = one_of({ 'account', 'project' }, '\'account\' or \'project\'') },
-    { environment_id = function(v, label)
-      if type(v) ~= 'string' or not v:match('^[%w_%-]+$') or #v > 128 then
-        errors.raise('INVALID_CONFIG', label .. ': environment_id must be an id (letters, digits, - and _)', nil, 0)
-      end
-      return v
-    end },
+    { environment_id = kit.required(kit.word('^[%w_%-]+$', 'an id (letters, digits, - and _)', nil, 128)) },
     { endpoint = endpoint_option },
     { region = kit.word('^[%w_%-]+$', 'a region name', nil, 64) },
     { network_isolation = one_of({ 'ISOLATED', 'PRIVATE' }, '\'ISOLATED\' or \'PRIVATE\'') },
     { exec = one_of({ 'websocket', 'graphql' }, '\'websocket\' or \'graphql\'') },
     { ws_url = kit.word('^wss?://[^/%s@]+/[^%s%c]*$', 'a ws:// or wss:// URL with a path', nil, 4096) },
-    { workdir = function(v) return hosted.workdir_option(v or M.DEFAULT_WORKDIR, 'railway') end },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
     { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
-    { retries = taken }, { retry_base_ms = taken }, { max_retry_after_ms = taken },
-    { warm = kit.int(0, 64, 0) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
   }, 'railway', 'options with token and environment_id are required')
   local env_id, workdir, exec, isolation = o.environment_id, o.workdir, o.exec, o.network_isolation
   local origin, path = o.endpoint.origin, o.endpoint.path
@@ -380,9 +372,9 @@ function M.railway_sandboxes(options)
   client.railway_path = path
 
   return kit.provider({
-    id = 'railway', label = 'railway', client = client, warm = o.warm,
+    id = 'railway', label = 'railway', client = client, options = o, command = true,
     features = { stdin = true, ports = isolation == 'PRIVATE', desktop = false, network = { 'all' } },
-    workdir = workdir, max_lifetime_ms = o.max_lifetime_ms, ready_interval_ms = 100, ready_backoff_max_ms = 2000,
+    ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
     create = function(ctx)
       local spec = ctx.spec
@@ -438,10 +430,6 @@ function M.railway_sandboxes(options)
     end,
 
     destroy = function(ctx, h) destroy(ctx.client, env_id, h.id) end,
-
-    -- a warm one is set up once made; claimed, it is probed (one the service ended gives way to a cold
-    -- create), and its env goes with every command
-    warm_up = kit.command_probe, hand_out = kit.command_probe_hand_out,
   })
 end
 
