@@ -4,7 +4,8 @@
 //
 //   DAYTONA_API_KEY=... node spec/npm/daytona_sdk.js check <apiUrl>
 //       create a sandbox (env, labels), run a command (exit code and output), upload and
-//       download a file, list the directory and the sandboxes, delete; prints one JSON line
+//       download a file, list the directory and the sandboxes, snapshot the sandbox and start
+//       one from the snapshot, delete both; prints one JSON line
 //   DAYTONA_API_KEY=... node spec/npm/daytona_sdk.js bench <apiUrl> <n>
 //       medians over n runs: create + executeCommand('true') (then delete, not timed), and
 //       executeCommand('true') on one sandbox; prints one JSON line { first_ms, exec_ms }
@@ -49,6 +50,24 @@ async function check(apiUrl) {
   out.listing = (await sandbox.fs.listFiles('sdk/dir')).map((f) => ({ name: f.name, size: f.size, isDir: f.isDir }));
   out.listed = [];
   for await (const s of daytona.list({ labels: { suite: 'sdk-check' } })) out.listed.push(s.id);
+  // a snapshot of the running sandbox's files: a new sandbox starts from it; deleted, it is gone
+  await sandbox.fs.uploadFile(Buffer.from('kept by the snapshot'), 'snap/kept.txt');
+  const name = `sdk-snap-${process.pid}`;
+  await sandbox.createSnapshot(name);
+  out.state_after_snapshot = sandbox.state;
+  const snap = await daytona.snapshot.get(name);
+  out.snapshot = { state: snap.state, fromSandbox: snap.sourceSandboxId === sandbox.id, sized: snap.size > 0 };
+  out.snapshots_listed = (await daytona.snapshot.list({ sourceSandboxId: sandbox.id })).items.map((x) => x.name);
+  const fork = await daytona.create({ snapshot: name });
+  out.fork_file = (await fork.fs.downloadFile('snap/kept.txt')).toString();
+  await fork.delete();
+  await daytona.snapshot.delete(snap);
+  try {
+    await daytona.snapshot.get(name);
+    out.snapshot_after_delete = 'found';
+  } catch (e) {
+    out.snapshot_after_delete = e.statusCode || String(e.message).slice(0, 80);
+  }
   await sandbox.delete();
   try {
     await daytona.get(sandbox.id);

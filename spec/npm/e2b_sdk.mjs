@@ -1,7 +1,8 @@
 // The official `e2b` SDK against the E2B stand-in (spec/support/e2b_service.lua), run by
 // spec/providers/e2b_spec.lua: create, a command's exit code and output, a file written and read,
 // a listing, the sandbox list, a command's timeout and its kill (each reaching the command's own
-// process only, as envd's do: a background child lives on), kill. Prints one JSON line with what it saw; exits 1 on a failure.
+// process only, as envd's do: a background child lives on), a snapshot (a sandbox made from it,
+// its listing, its deletion), kill. Prints one JSON line with what it saw; exits 1 on a failure.
 // The stand-in comes from the environment: E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL (the
 // SDK's own variables, passed here as options).
 import { Sandbox, CommandExitError, TimeoutError } from 'e2b';
@@ -61,6 +62,24 @@ try {
   out.killedWait = waited;
   out.killChild = (await sbx.commands.run('kill -0 $(cat bg2.pid) && echo alive')).stdout;
   out.infoTemplate = (await Sandbox.getInfo(sbx.sandboxId, opts)).templateId;
+  // a snapshot: a new sandbox starts from it with the files, it is listed, deleted once
+  await sbx.files.write('snap/kept.txt', 'kept by the snapshot');
+  const snap = await sbx.createSnapshot();
+  out.snapshot = { id: snap.snapshotId, names: snap.names };
+  await sbx.files.write('snap/kept.txt', 'changed after the snapshot');
+  const fork = await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 60000 });
+  out.forkRead = await fork.files.read('snap/kept.txt');
+  out.sourceRead = await sbx.files.read('snap/kept.txt');
+  out.snapshotsListed = (await sbx.listSnapshots().nextItems()).map((s) => s.snapshotId);
+  await fork.kill();
+  out.snapshotDeleted = await Sandbox.deleteSnapshot(snap.snapshotId, opts);
+  out.snapshotDeletedAgain = await Sandbox.deleteSnapshot(snap.snapshotId, opts);
+  try {
+    await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 60000 });
+    out.fromDeleted = 'created';
+  } catch (e) {
+    out.fromDeleted = e.name;
+  }
   out.killed = await sbx.kill();
   out.killedAgain = await Sandbox.kill(sbx.sandboxId, opts);
   const after = await Sandbox.list({ ...opts, query: { metadata: { run: process.env.RUN_ID ?? 'x' } } }).nextItems();

@@ -7,8 +7,9 @@
 // creates a sandbox with a timeout, workdir, a blocked network and a port, runs commands with env,
 // standard input and both outputs streamed, waits for them, fetches a page through the port's
 // tunnel (TLS: the stand-in's certificate comes in NODE_EXTRA_CA_CERTS), terminates the sandbox and
-// waits for it, reads, writes, lists, makes and removes files with its filesystem API, and tries a
-// wrong token. Prints `RESULT {json}`.
+// waits for it, reads, writes, lists, makes and removes files with its filesystem API, snapshots
+// the files as an image that a new sandbox starts from and deletes it, and tries a wrong token.
+// Prints `RESULT {json}`.
 import { ModalClient } from 'modal';
 
 const result = {};
@@ -84,6 +85,22 @@ try {
   result.fs_not_empty = await fsys.remove('/work/made').then(() => 'removed', (x) => x.constructor.name);
   await fsys.remove('/work/made', { recursive: true });
   result.fs_after = (await fsys.listFiles('/work')).map((e) => e.name).sort();
+
+  // a snapshot of the files as an image, a sandbox made from it, the image deleted
+  await fsys.writeText('kept by the snapshot\n', '/work/snap/kept.txt');
+  await (await sb.exec(['sh', '-c', 'printf t > /tmp/t.txt'])).wait();
+  const snapImage = await sb.snapshotFilesystem();
+  result.snapshot_image = snapImage.imageId;
+  await fsys.writeText('changed after it\n', '/work/snap/kept.txt');
+  const fork = await modal.sandboxes.create(app, snapImage, { timeoutMs: 60000, workdir: '/work', blockNetwork: true });
+  result.fork_file = await fork.filesystem.readText('/work/snap/kept.txt');
+  result.fork_tmp = await (await fork.exec(['cat', '/tmp/t.txt'])).stdout.readText();
+  result.source_file = await fsys.readText('/work/snap/kept.txt');
+  await fork.terminate();
+  await modal.images.delete(snapImage.imageId);
+  result.deleted_again = await modal.images.delete(snapImage.imageId).then(() => 'deleted', (x) => x.constructor.name);
+  result.from_deleted = await modal.sandboxes.create(app, snapImage, { timeoutMs: 60000 })
+    .then(async (s) => { await s.terminate(); return 'created'; }, (x) => x.constructor.name);
 
   const slow = await sb.exec(['sleep', '30'], { timeoutMs: 1000 });
   const t0 = Date.now();

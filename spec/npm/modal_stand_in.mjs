@@ -19,6 +19,11 @@
 // A port in `open_ports` is a tunnel: TLS (a self-signed certificate for 127.0.0.1, its file given
 // as `cert`) on a loopback port, passed on to the port in the sandbox. A network ALLOWLIST gets no
 // network at all (the allowed domains are recorded, not let through: never kinder than Modal).
+// TaskSnapshotFilesystem makes an image of the sandbox's files while it runs on: here the files
+// of its workdir and /tmp (copied with owners, modes, times and links as links; Modal keeps the
+// whole container filesystem, never the memory), kept `ttl_seconds` (at least 1, or -1: no end);
+// a sandbox made with that image id starts with them; ImageDelete deletes an image (NOT_FOUND for
+// one it does not know or that expired); a create from an image that is gone is NOT_FOUND.
 // Not enforced: `resources` (recorded only). Modal's SDK does its file calls as commands of
 // /__modal/.bin/modal-sandbox-fs-tools, which here is spec/npm/modal_fs_tools.cjs, mounted read-only.
 //
@@ -32,7 +37,8 @@
 // delay_ms, details } makes the next `count` calls of a method (its last name, or '*') answer that
 // gRPC status (code 0 with delay_ms: only the delay); GET /calls lists { method, request, metadata,
 // deadline_ms (what was left of the caller's deadline when the call came, or null) };
-// GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }; POST /config
+// GET /sandboxes lists each sandbox's { id, state, result, pid, network, definition }; GET
+// /snapshots the image ids of the snapshots it holds; POST /config
 // { auth_token_ttl_s } sets the life of the auth tokens AuthTokenGet gives from then on (3600).
 import http from 'node:http';
 import net from 'node:net';
@@ -75,6 +81,7 @@ export async function startStandIn(opts = {}) {
   const pkg = grpc.loadPackageDefinition(def);
   const apps = new Map();       // name -> id
   const images = new Map();     // id -> tag
+  const snapshots = new Map();  // image id -> { dir (work/ and tmp/ in it), expires (ms, or null) }
   const sandboxes = new Map();  // id -> sandbox
   const secrets = new Map();    // id -> { name, env }
   const tasks = new Map();      // task id -> sandbox
@@ -147,8 +154,27 @@ export async function startStandIn(opts = {}) {
     fs.rm(sb.dir, { recursive: true, force: true }, () => {});
   }
 
+  // The snapshot of an image id, or null; one past its ttl is gone (with its image).
+  function snapshotOf(imageId) {
+    const snap = snapshots.get(imageId);
+    if (!snap) return null;
+    if (snap.expires !== null && Date.now() >= snap.expires) {
+      dropSnapshot(imageId);
+      return null;
+    }
+    return snap;
+  }
+  function dropSnapshot(imageId) {
+    const snap = snapshots.get(imageId);
+    snapshots.delete(imageId);
+    images.delete(imageId);
+    if (snap) fs.rm(snap.dir, { recursive: true, force: true }, () => {});
+  }
+
   function createSandbox(appId, d, tags, secretEnv = {}, v1 = false) {
+    if (snapshots.has(d.image_id)) snapshotOf(d.image_id);
     if (!d.image_id || !images.has(d.image_id)) throw fail(S.NOT_FOUND, `Image ${d.image_id} not found`);
+    const from = snapshots.get(d.image_id) ?? null;
     if (d.name) {
       if (!/^[A-Za-z0-9._-]{1,64}$/.test(d.name)) throw fail(S.INVALID_ARGUMENT, 'invalid sandbox name');
       for (const other of sandboxes.values()) {
@@ -169,6 +195,7 @@ export async function startStandIn(opts = {}) {
     const dir = path.join(root, id);
     fs.mkdirSync(dir, { mode: 0o755 });
     fs.chownSync(dir, NOBODY, NOBODY);
+    if (from) execFileSync('cp', ['-a', '--', `${path.join(from.dir, 'work')}/.`, dir]);
     const mount = workdir === '/' ? '/workspace' : workdir;
     const args = ['--info-fd', '3', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--die-with-parent'];
     if (!open) args.push('--unshare-net');
@@ -206,6 +233,15 @@ export async function startStandIn(opts = {}) {
       });
       child.on('exit', () => resolve());
     });
+    if (from) {
+      // the snapshot's /tmp, into the sandbox's own once it is there
+      sb.ready = sb.ready.then(() => {
+        if (sb.result || !sb.pid) return;
+        try {
+          execFileSync('cp', ['-a', '--', `${path.join(from.dir, 'tmp')}/.`, `/proc/${sb.pid}/root/tmp/`]);
+        } catch { finish(sb, { status: STATUS.FAILURE, exitcode: 0, exception: 'could not start' }); }
+      });
+    }
     child.on('exit', (code, signal) => {
       if (signal) finish(sb, { status: STATUS.TERMINATED, exitcode: 0, exception: '' });
       else finish(sb, { status: code === 0 ? STATUS.SUCCESS : STATUS.FAILURE, exitcode: code ?? 0, exception: '' });
@@ -490,6 +526,13 @@ export async function startStandIn(opts = {}) {
       images.set(id, tag);
       return { image_id: id, result: { status: STATUS.SUCCESS } };
     }),
+    ImageDelete: unary('ImageDelete', (req) => {
+      if (snapshots.has(req.image_id)) snapshotOf(req.image_id);
+      if (!images.has(req.image_id)) throw fail(S.NOT_FOUND, `Image ${req.image_id} not found`);
+      if (snapshots.has(req.image_id)) dropSnapshot(req.image_id);
+      else images.delete(req.image_id);
+      return {};
+    }),
     ImageJoinStreaming: streaming('ImageJoinStreaming', (call) => {
       if (!images.has(call.request.image_id)) { call.emit('error', fail(S.NOT_FOUND, 'image not found')); return; }
       call.write({ result: { status: STATUS.SUCCESS }, entry_id: '1', eof: true });
@@ -579,7 +622,32 @@ export async function startStandIn(opts = {}) {
     sb.jwt ??= `${b64url({ alg: 'HS256' })}.${b64url({ task_id: sb.taskId, exp: Math.floor(Date.now() / 1000) + 3600 })}.${crypto.randomBytes(16).toString('base64url')}`;
     return { jwt: sb.jwt, url: `https://127.0.0.1:${port}` };
   }
+  async function snapshotFilesystem(req) {
+    const sb = taskOf(req.task_id);
+    if (!req.snapshot_id) throw fail(S.INVALID_ARGUMENT, 'snapshot_id is missing');
+    const ttl = Number(req.ttl_seconds);
+    if (!Number.isInteger(ttl) || (ttl < 1 && ttl !== -1)) throw fail(S.INVALID_ARGUMENT, 'ttl_seconds is not valid');
+    if (req.container_id) throw fail(S.NOT_FOUND, `Container ${req.container_id} not found`);
+    await sb.ready;
+    if (sb.result || !sb.pid) throw fail(S.NOT_FOUND, `Task ${req.task_id} not found`);
+    const id = `im-${crypto.randomBytes(10).toString('hex')}`;
+    const dir = path.join(root, 'snapshots', id);
+    fs.mkdirSync(path.join(dir, 'work'), { recursive: true });
+    fs.mkdirSync(path.join(dir, 'tmp'));
+    try {
+      execFileSync('cp', ['-a', '--', `${sb.dir}/.`, path.join(dir, 'work')]);
+      execFileSync('cp', ['-a', '--', `/proc/${sb.pid}/root/tmp/.`, path.join(dir, 'tmp')]);
+    } catch {
+      fs.rmSync(dir, { recursive: true, force: true });
+      throw fail(S.INTERNAL, 'the snapshot failed');
+    }
+    images.set(id, images.get(sb.definition.image_id) ?? 'snapshot');
+    snapshots.set(id, { dir, expires: ttl === -1 ? null : Date.now() + ttl * 1000 });
+    return { image_id: id };
+  }
+
   const router = {
+    TaskSnapshotFilesystem: unary('TaskSnapshotFilesystem', snapshotFilesystem, true),
     TaskExecStart: unary('TaskExecStart', startExec, true),
     TaskExecStdinWrite: unary('TaskExecStdinWrite', writeStdin, true),
     TaskExecStdinWriteStream: writeStdinStream,
@@ -616,6 +684,8 @@ export async function startStandIn(opts = {}) {
         send({ ok: true });
       } else if (req.url === '/calls') {
         send(calls);
+      } else if (req.url === '/snapshots') {
+        send([...snapshots.keys()].filter((id) => snapshotOf(id)));
       } else if (req.url === '/sandboxes') {
         send([...sandboxes.values()].map((sb) => ({ id: sb.id, state: sb.state, result: sb.result, pid: sb.pid,
           open: sb.open, definition: sb.definition, tags: sb.tags, execs: sb.execs.size })));

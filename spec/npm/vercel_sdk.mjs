@@ -8,8 +8,9 @@
 //
 // Create, a command with its exit code and output, a file written and read back (and one
 // that is not there), a command that sees the file, the listing, a detached command killed,
-// another waited for and its logs read, and the stop. Prints `RESULT {json}`.
-import { Sandbox } from '@vercel/sandbox';
+// another waited for and its logs read, a snapshot (which stops the sandbox, as the service
+// documents), a sandbox made from it, the snapshot deleted, and the stop. Prints `RESULT {json}`.
+import { Sandbox, Snapshot } from '@vercel/sandbox';
 
 const base = process.env.STAND_IN_URL;
 const credentials = {
@@ -59,6 +60,28 @@ try {
   const later = await sandbox.runCommand({ cmd: 'sh', args: ['-c', 'sleep 0.2; echo later'], detached: true });
   await later.wait();
   result.detached_stdout = await later.stdout();
+
+  await sandbox.writeFiles([{ path: 'snap/kept.txt', content: Buffer.from('kept by the snapshot') }]);
+  const snap = await sandbox.snapshot({ expiration: 86400000 });
+  result.snapshot = { id: snap.snapshotId, status: snap.status, size: snap.sizeBytes,
+    source: snap.sourceSessionId, expires: snap.expiresAt.getTime() - snap.createdAt.getTime() };
+  result.session_after_snapshot = sandbox.currentSession().status;
+  const fork = await Sandbox.create({ ...credentials, fetch: standInFetch, timeout: 60000, networkPolicy: 'deny-all',
+    source: { type: 'snapshot', snapshotId: snap.snapshotId } });
+  result.fork_file = (await fork.readFileToBuffer({ path: 'snap/kept.txt' }))?.toString();
+  result.fork_source = fork.sourceSnapshotId ?? null;
+  await fork.stop();
+  const got = await Snapshot.get({ ...credentials, fetch: standInFetch, snapshotId: snap.snapshotId });
+  result.got_status = got.status;
+  await got.delete();
+  result.deleted_status = got.status;
+  try {
+    await Sandbox.create({ ...credentials, fetch: standInFetch, timeout: 60000,
+      source: { type: 'snapshot', snapshotId: snap.snapshotId } });
+    result.from_deleted = 'created';
+  } catch (e) {
+    result.from_deleted = [e.response?.status, e.json?.error?.code];
+  }
 } finally {
   const stopped = await sandbox.stop();
   result.status = stopped.status;

@@ -10,6 +10,8 @@ local testing = require('mayura.sandbox.testing')
 local process = require('mayura.process')
 local daytona = require('mayura.sandbox.daytona')
 local daytona_service = require('support.daytona_service')
+local stand_in = require('support.stand_in')
+local suite = require('support.stand_in_suite')
 local util = require('support.util')
 local stop_cases = require('support.stop_cases')
 
@@ -57,6 +59,8 @@ describe('the Daytona stand-in', function()
     local created = svc.daytona.created
     local left = svc.daytona.count()
     local calls = svc:calls('POST', '/toolbox/{id}/files/bulk-upload')
+    local snapshots_left = next(svc.daytona.snapshots)
+    local snapshot_call = svc:calls('POST', '/api/sandbox/{id}/snapshot')[1]
     svc:close()
     assert.are.same({}, svc.failures)
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr)
@@ -71,12 +75,21 @@ describe('the Daytona stand-in', function()
     assert.are.equal('s-alive\n', out.after_timeout)
     -- bytes up (a chunked multipart upload) and down (a multipart answer) unchanged
     assert.are.same({ same = true, length = 8 }, out.file)
-    assert.are.equal(1, #calls)
+    assert.are.equal(2, #calls)
     assert.are.same({ { name = 'file.bin', size = 8, isDir = false } }, out.listing)
     assert.are.same({ out.id }, out.listed)
+    -- a snapshot of the running sandbox: it goes back to started, a sandbox made from it has its
+    -- files, and once deleted the service no longer knows it
+    assert.are.equal('started', out.state_after_snapshot)
+    assert.are.same({ state = 'active', fromSandbox = true, sized = true }, out.snapshot)
+    assert.are.equal(1, #out.snapshots_listed)
+    assert.are.equal('kept by the snapshot', out.fork_file)
+    assert.are.equal(404, out.snapshot_after_delete)
+    assert.is_nil(snapshots_left)
+    assert.are.equal(out.snapshots_listed[1], snapshot_call.json.name)
     -- deleted: the service no longer knows it, and its local sandbox is released
     assert.are.equal(404, out.after_delete)
-    assert.are.equal(1, created)
+    assert.are.equal(2, created)
     assert.are.equal(0, left)
   end)
 end)
@@ -110,6 +123,85 @@ describe('mayura.sandbox.daytona', function()
     end
   end)
 
+  local function live_snapshots()
+    local n = 0
+    for _ in pairs(svc.daytona.snapshots) do n = n + 1 end
+    return n
+  end
+
+  it('snapshots natively: a create from one has exactly its files, release deletes it on the service', function()
+    local pl = sandbox.create_sandboxes(provider_for(svc), { max_sandboxes = 3, max_lifetime_ms = 600000,
+      max_snapshots = 2 })
+    local other = sandbox.create_sandboxes(provider_for(svc), { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local ok, err = pcall(function()
+      local base = pl:create({ lifetime_ms = 120000 })
+      assert.are.equal('native', base.features.snapshots)
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
+      local snap = base:snapshot()
+      local native = snap._held.native
+      local sn = svc.daytona.snapshots[native.id]
+      assert.are.equal('active', sn.dto.state)
+      assert.are.equal(base.id, sn.dto.sourceSandboxId)
+      local posts = svc:calls('POST', '/api/sandbox/{id}/snapshot')
+      assert.are.equal(native.name, posts[#posts].json.name)
+      -- its size is the service's (GB, as bytes)
+      assert.is_true(snap.size_bytes > 0)
+      assert.are.equal(math.ceil(sn.dto.size * 1073741824), snap.size_bytes)
+      -- the sandbox runs on after it
+      assert.are.equal('started', record(svc, base).dto.state)
+      base:write_file('s/a.txt', 'two')
+      local fork = pl:create({ lifetime_ms = 120000, snapshot = snap })
+      local creates = svc:calls('POST', '/api/sandbox')
+      assert.are.equal(native.name, creates[#creates].json.snapshot)
+      suite.same_files(before, fork)
+      -- another pool's create, or one with an image too, is refused before any call
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/api/sandbox') end)
+      fork:release()
+      base:release()
+      snap:release()
+      assert.is_nil(svc.daytona.snapshots[native.id], 'release deleted the snapshot on the service')
+      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap })
+      local kept = pl:create({ lifetime_ms = 120000 }):snapshot()
+      assert.truthy(svc.daytona.snapshots[kept._held.native.id])
+      pl:close()
+      assert.are.equal(0, live_snapshots())
+    end)
+    pl:close()
+    other:close()
+    if not ok then error(err, 0) end
+  end)
+
+  it('a failed snapshot leaves none on the service and is a SANDBOX_ERROR; one past max_snapshot_bytes '
+    .. 'is deleted', function()
+    local pl = sandbox.create_sandboxes(provider_for(svc, { retries = 0 }), { max_sandboxes = 1,
+      max_lifetime_ms = 600000, max_snapshot_bytes = 1024 })
+    local ok, err = pcall(function()
+      local base = pl:create({ lifetime_ms = 120000 })
+      base:write_file('f.txt', 'x')
+      -- the call fails
+      svc:fault('POST', '/api/sandbox/{id}/snapshot', stand_in.status(500), 1)
+      local e = assert.raises_code('SANDBOX_ERROR', base.snapshot, base)
+      assert.are.equal('unavailable', e.reason)
+      assert.are.equal(0, live_snapshots())
+      -- the snapshot ends in error: deleted
+      svc.daytona.snapshot_fails = 1
+      e = assert.raises_code('SANDBOX_ERROR', base.snapshot, base)
+      assert.are.equal('failed', e.reason)
+      assert.are.equal(0, live_snapshots())
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      -- larger than max_snapshot_bytes leaves room for: deleted on the service
+      base:write_file('big.bin', string.rep('x', 4096))
+      assert.raises_code('LIMIT_EXCEEDED', base.snapshot, base)
+      assert.are.equal(0, live_snapshots())
+      assert.are.equal('x', base:read_file('f.txt'))
+    end)
+    svc:clear()
+    svc.daytona.snapshot_fails = 0
+    pl:close()
+    if not ok then error(err, 0) end
+  end)
+
   it('takes its options at the boundary, the key never from the environment', function()
     assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, {})
     assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, nope = true })
@@ -117,8 +209,8 @@ describe('mayura.sandbox.daytona', function()
     assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, desktop = 'yes' })
     assert.raises_code('INVALID_CONFIG', daytona.daytona_sandboxes, { api_key = KEY, base_url = 'ftp://x' })
     local p = daytona.daytona_sandboxes({ api_key = KEY })
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-      p.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' }, p.features)
     assert.is_true(daytona.daytona_sandboxes({ api_key = KEY, desktop = true }).features.desktop)
     -- the library reads no DAYTONA_* variable: the provider's source names none
     local f = assert(io.open('providers/mayura/sandbox/daytona.lua'))

@@ -126,7 +126,7 @@ describe('docker_sandboxes options', function()
     local p = docker.docker_sandboxes({ image = BUSYBOX })
     -- an allow-list's proxy joins the container's namespace: root only
     local kinds = require('mayura.sandbox._host').uid() == 0 and { 'none', 'all', 'allowlist' } or { 'none', 'all' }
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = kinds }, p.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = kinds, snapshots = 'native' }, p.features)
     assert.are.equal('/workspace', p.workdir)
     assert.are.equal(86400000, p.max_lifetime_ms)
     -- the reference's 1000:1000 is `user = '1000:1000'`; by default each sandbox has a uid of its own

@@ -88,6 +88,17 @@ describe('the E2B stand-in, as the official SDKs see it', function()
     assert.are.equal(2, #out.list)
     assert.are.same({ out.id }, out.listed)
     assert.are.equal('base', out.infoTemplate)
+    -- a snapshot: the new sandbox has the files of its time, the source its own; deleted on the service
+    assert.truthy(out.snapshot.id:match('^%x+:default$'), out.snapshot.id)
+    assert.are.same({}, out.snapshot.names)
+    assert.are.equal('kept by the snapshot', out.forkRead)
+    assert.are.equal('changed after the snapshot', out.sourceRead)
+    assert.are.same({ out.snapshot.id }, out.snapshotsListed)
+    assert.is_true(out.snapshotDeleted)
+    assert.is_false(out.snapshotDeletedAgain)
+    assert.are.equal('SandboxError', out.fromDeleted)   -- the 404 of a template it does not know
+    assert.is_nil(service.snapshots[out.snapshot.id])
+    assert.are.equal(out.snapshot.id, svc:calls('POST', '/v2/sandboxes')[2].json.templateID)
     -- envd's deadline and SendSignal end the command's own process: its background child lives on
     assert.are.same({ threw = true }, out.timeout)
     assert.are.equal('alive\n', out.timeoutChild)
@@ -308,7 +319,7 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     local s = pl:create({ lifetime_ms = 60000, ports = { 3000 } })
     assert.are.equal('https://3000-' .. s.id .. '.e2b.example', s:url(3000))
     assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
-      snapshots = 'generic' }, s.features)
+      snapshots = 'native' }, s.features)
     pl:close()
     -- without sandbox_url, each sandbox's envd is its own host under the domain, as E2B names it
     p = e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), domain = 'E2B.example' })
@@ -318,6 +329,87 @@ describe('mayura.sandbox.e2b against the stand-in', function()
     assert.are.equal('https://8080-' .. s.id .. '.e2b.example', s._backend:url(8080))
     pl:close()
     assert.is_nil(backing:get(s.id))
+  end)
+
+  it('snapshots natively: a create from one has exactly its files, release deletes it on the service', function()
+    local pl = sandbox.create_sandboxes(make_provider(), { max_sandboxes = 3, max_lifetime_ms = 600000,
+      max_snapshots = 2 })
+    local other = sandbox.create_sandboxes(make_provider(), { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local ok, err = pcall(function()
+      local base = pl:create({ lifetime_ms = 120000 })
+      assert.are.equal('native', base.features.snapshots)
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
+      local snap = base:snapshot()
+      local native = snap._held.native.id
+      assert.truthy(service.snapshots[native], 'the service holds the snapshot')
+      assert.are.equal('/sandboxes/' .. base.id .. '/snapshots', last('POST', '/sandboxes/{id}/snapshots').path)
+      assert.are.equal(0, snap.size_bytes)   -- E2B says no size
+      assert.are.same({ 1, 0 }, { pl:snapshots() })
+      -- the sandbox runs on after it; what it changes later is not in the snapshot
+      base:write_file('s/a.txt', 'two')
+      base:write_file('s/later.txt', 'later')
+      local fork = pl:create({ lifetime_ms = 120000, snapshot = snap })
+      assert.are.equal(native, last('POST', '/v2/sandboxes').json.templateID)
+      suite.same_files(before, fork)
+      -- the snapshot outlives its sandbox; another pool's create refuses it before any call
+      base:release()
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/v2/sandboxes') end)
+      local again = pl:create({ lifetime_ms = 120000, snapshot = snap })
+      assert.are.equal('one', again:read_file('s/a.txt'))
+      again:release()
+      snap:release()
+      assert.is_nil(service.snapshots[native], 'release deleted the snapshot on the service')
+      assert.are.equal('/templates/' .. native:gsub(':', '%%3A'), last('DELETE', '/templates/{id}').path)
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap })
+      -- close() deletes what the pool still holds
+      local kept = fork:snapshot()
+      local kept_id = kept._held.native.id
+      assert.truthy(service.snapshots[kept_id])
+      pl:close()
+      assert.is_nil(service.snapshots[kept_id])
+    end)
+    pl:close()
+    other:close()
+    if not ok then error(err, 0) end
+  end)
+
+  it('a failed snapshot call leaves no snapshot, here nor on the service, and is a SANDBOX_ERROR', function()
+    local pl = sandbox.create_sandboxes(make_provider({ retries = 0 }), { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local ok, err = pcall(function()
+      local base = pl:create({ lifetime_ms = 120000 })
+      base:write_file('f.txt', 'x')
+      -- the service fails it
+      svc:fault('POST', '/sandboxes/{id}/snapshots', stand_in.status(500), 1)
+      local e = assert.raises_code('SANDBOX_ERROR', base.snapshot, base)
+      assert.are.equal('unavailable', e.reason)
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      assert.is_nil(next(service.snapshots))
+      -- the service made it, but its answer was lost: the provider finds it by the sandbox and deletes it
+      service.snapshot_answer = { status = 503, json = { code = 503, message = 'try later' } }
+      e = assert.raises_code('SANDBOX_ERROR', base.snapshot, base)
+      service.snapshot_answer = nil
+      assert.are.equal('unavailable', e.reason)
+      assert.is_nil(next(service.snapshots), 'the snapshot of the lost answer was left on the service')
+      assert.are.equal(base.id, last('GET', '/snapshots').query.sandboxID)
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      -- the sandbox still works, and a later snapshot is made
+      assert.are.equal('x', base:read_file('f.txt'))
+      local snap = base:snapshot()
+      assert.truthy(service.snapshots[snap._held.native.id])
+      -- a snapshot deleted on the service behind the pool's back: a create from it says so
+      service.snapshots[snap._held.native.id].held:release()
+      service.snapshots[snap._held.native.id] = nil
+      base:release()
+      e = assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap })
+      assert.truthy(e.message:find('no longer has the snapshot', 1, true), e.message)
+      assert.are.equal(0, pl:count())
+    end)
+    svc:clear()
+    service.snapshot_answer = nil
+    pl:close()
+    if not ok then error(err, 0) end
   end)
 
   it('refuses options that are not usable, and needs the key as an option', function()

@@ -31,8 +31,8 @@ describe('modal_sandboxes options', function()
     local err = assert.raises_code('INVALID_CONFIG', f, { token_id = TOKEN_ID, token_secret = TOKEN_SECRET .. ' x' })
     assert.is_falsy(tostring(err):find(TOKEN_SECRET, 1, true))
     local p = f({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET })
-    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
-      p.features)
+    assert.are.same({ stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' }, p.features)
     assert.are.equal('/workspace', p.workdir)
     assert.are.equal(24 * 3600000, p.max_lifetime_ms)
   end)
@@ -176,9 +176,20 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       assert.are.equal(137, result.terminated_exit)     -- Modal's code for a terminated sandbox
       assert.are.equal('ClientError', result.exec_after_terminate)
       assert.are.equal('ClientError 16', result.wrong_token)
+      -- a snapshot: an image a new sandbox starts from with the files of its time; deleted, none starts
+      assert.truthy(result.snapshot_image:match('^im%-'), result.snapshot_image)
+      assert.are.equal('kept by the snapshot\n', result.fork_file)
+      assert.are.equal('t', result.fork_tmp)
+      assert.are.equal('changed after it\n', result.source_file)
+      assert.are.equal('NotFoundError', result.deleted_again)
+      assert.are.equal('ClientError', result.from_deleted)
+      local snap_call = stand:calls('TaskSnapshotFilesystem')[1]
+      assert.truthy(snap_call.metadata.authorization:match('^Bearer '))
+      assert.are.equal(30 * 24 * 3600, snap_call.request.ttl_seconds)   -- the SDK's default
+      assert.are.same({}, stand:snapshots())
       -- the SDK's own calls: the create of that API, the router's exec, the auth token on control calls
-      assert.are.equal(creates + 1, #stand:calls(api.create))
-      if api.v2 == 'false' then assert.are.equal(accesses + 1, #stand:calls(api.access)) end
+      assert.are.equal(creates + 3, #stand:calls(api.create))
+      if api.v2 == 'false' then assert.are.equal(accesses + 2, #stand:calls(api.access)) end
       local starts = stand:calls('TaskExecStart')
       assert.truthy(starts[#starts].metadata.authorization:match('^Bearer '))
       for _, s in ipairs(stand:sandboxes()) do
@@ -265,6 +276,84 @@ suite.describe('the Modal stand-in, over bubblewrap containers', function()
       assert.are.equal('1\n', r.stdout)   -- refused: nothing of the host's is there
       other:release()
       p:close()
+    end)
+
+    local function own_pool(extra)
+      local o = { max_sandboxes = 3, max_lifetime_ms = 600000, network = { 'none', 'all' } }
+      for k, v in pairs(extra or {}) do o[k] = v end
+      return sandbox.create_sandboxes(modal.modal_sandboxes({ token_id = TOKEN_ID, token_secret = TOKEN_SECRET,
+        server_url = stand.url, retry_base_ms = 20 }), o)
+    end
+
+    it('snapshots natively: a create from one has exactly its files, release deletes it on the service', function()
+      if not needs_stand_in() then return end
+      local pl = own_pool({ max_snapshots = 2 })
+      local other = own_pool()
+      local ok, err = pcall(function()
+        local base = pl:create({ lifetime_ms = 120000, network = 'none' })
+        assert.are.equal('native', base.features.snapshots)
+        assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+        local before = suite.listing(base)
+        local snap = base:snapshot()
+        local image = snap._held.native.id
+        assert.are.same({ image }, stand:snapshots())
+        local call = stand:calls('TaskSnapshotFilesystem')
+        call = call[#call]
+        assert.are.equal(86400, call.request.ttl_seconds)
+        assert.truthy(call.metadata.authorization:match('^Bearer '))
+        assert.are.equal(0, snap.size_bytes)   -- Modal says no size
+        -- the sandbox runs on; what it changes later is not in the snapshot
+        base:write_file('s/a.txt', 'two')
+        local fork = pl:create({ lifetime_ms = 120000, network = 'none', snapshot = snap })
+        local creates = stand:calls('SandboxCreateV2')
+        assert.are.equal(image, creates[#creates].request.definition.image_id)
+        suite.same_files(before, fork)
+        assert.truthy(before:find('f 644 tmp/t.txt t', 1, true), before)
+        assert.are.equal('two', base:read_file('s/a.txt'))
+        -- another pool's create, or one with an image too, is refused before any call
+        suite.snapshot_refusals(pl, other, snap, function() return #stand:calls('SandboxCreateV2') end)
+        fork:release()
+        base:release()
+        snap:release()
+        assert.are.same({}, stand:snapshots(), 'release deleted the image on the service')
+        assert.are.equal(image, stand:calls('ImageDelete')[#stand:calls('ImageDelete')].request.image_id)
+        assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap })
+        -- close() deletes what the pool still holds
+        local kept = pl:create({ lifetime_ms = 120000, network = 'none' }):snapshot()
+        assert.are.same({ kept._held.native.id }, stand:snapshots())
+        pl:close()
+        assert.are.same({}, stand:snapshots())
+      end)
+      pl:close()
+      other:close()
+      if not ok then error(err, 0) end
+    end)
+
+    it('a failed snapshot call leaves no snapshot and is a SANDBOX_ERROR; one deleted behind the pool\'s back '
+      .. 'makes no sandbox', function()
+      if not needs_stand_in() then return end
+      local pl = own_pool()
+      local ok, err = pcall(function()
+        local base = pl:create({ lifetime_ms = 120000, network = 'none' })
+        base:write_file('f.txt', 'x')
+        stand:fault({ method = 'TaskSnapshotFilesystem', code = 13 })
+        local e = assert.raises_code('SANDBOX_ERROR', base.snapshot, base)
+        assert.are.equal('failed', e.reason)
+        assert.are.same({}, stand:snapshots())
+        assert.are.same({ 0, 0 }, { pl:snapshots() })
+        assert.are.equal('x', base:read_file('f.txt'))
+        local snap = base:snapshot()
+        -- deleted on the service behind the pool's back
+        local c = grpc.client({ label = 'modal', base_url = stand.url, metadata = {
+          ['x-modal-token-id'] = TOKEN_ID, ['x-modal-token-secret'] = TOKEN_SECRET } })
+        c:call(API .. 'ImageDelete', { image_id = snap._held.native.id })
+        base:release()
+        e = assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, network = 'none', snapshot = snap })
+        assert.truthy(e.message:find('no longer has the snapshot', 1, true), e.message)
+        assert.are.equal(0, pl:count())
+      end)
+      pl:close()
+      if not ok then error(err, 0) end
     end)
 
     it('makes sandboxes the official SDK reaches by their id, and the other way round', function()

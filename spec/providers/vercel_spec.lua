@@ -11,6 +11,8 @@ local tar = require('mayura.sandbox._tar')
 local vercel = require('mayura.sandbox.vercel')
 local suite = require('support.stand_in_suite')
 local vercel_service = require('support.vercel_service')
+local stand_in = require('support.stand_in')
+local sandbox = require('mayura.sandbox')
 local util = require('support.util')
 local stop_cases = require('support.stop_cases')
 
@@ -75,7 +77,8 @@ describe('vercel_sandboxes options', function()
       { token = TOKEN .. ' x', team_id = TEAM, project_id = PROJECT })
     assert.is_falsy(tostring(err):find(TOKEN, 1, true))
     local p = vercel.vercel_sandboxes({ token = TOKEN, team_id = TEAM, project_id = PROJECT })
-    assert.are.same({ stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } }, p.features)
+    assert.are.same({ stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' }, p.features)
     assert.are.equal('/vercel/sandbox', p.workdir)
     assert.are.equal(5 * 3600000, p.max_lifetime_ms)
   end)
@@ -118,6 +121,17 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     assert.are.equal(137, result.parent_exit)
     assert.are.equal('alive\n', result.child_after_kill)   -- the kill reached the command's process only
     assert.are.equal('later\n', result.detached_stdout)
+    -- a snapshot stops its session; a sandbox made from it has its files; deleted, it starts none
+    assert.truthy(result.snapshot.id:match('^snap_'), result.snapshot.id)
+    assert.are.equal('created', result.snapshot.status)
+    assert.is_true(result.snapshot.size > 0)
+    assert.are.equal(86400000, result.snapshot.expires)
+    assert.are.equal('stopped', result.session_after_snapshot)
+    assert.are.equal('kept by the snapshot', result.fork_file)
+    assert.are.equal('created', result.got_status)
+    assert.are.equal('deleted', result.deleted_status)
+    assert.are.same({ 410, 'snapshot_not_found' }, result.from_deleted)
+    assert.are.equal('deleted', state.snapshots[result.snapshot.id].status)
     assert.are.equal('stopped', result.status)
     -- what the SDK sent: a gzip'd tar of the file, the team on every call
     local writes = svc:calls('POST', '/api/v2/sandboxes/sessions/{sid}/fs/write')
@@ -198,6 +212,104 @@ suite.describe('the Vercel stand-in, over real local sandboxes', function()
     creates = svc:calls('POST', '/api/v3/sandboxes')
     assert.are.same({ mode = 'deny-all' }, creates[#creates].json.networkPolicy)
     offline:release()
+  end)
+
+  local function own_pool(extra)
+    local o = { max_sandboxes = 2, max_lifetime_ms = 600000 }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return sandbox.create_sandboxes(vercel.vercel_sandboxes({ token = TOKEN, team_id = TEAM, project_id = PROJECT,
+      base_url = svc:url('/api'), workdir = '/workspace', retry_base_ms = 20, retries = 0 }), o)
+  end
+
+  local function last(method, pattern)
+    local calls = svc:calls(method, pattern)
+    return calls[#calls]
+  end
+
+  it('snapshots natively: the service\'s snapshot ends the sandbox, a create from it has exactly its files, '
+    .. 'release deletes it on the service', function()
+    local pl = own_pool({ max_snapshots = 2 })
+    local other = own_pool()
+    local ok, err = pcall(function()
+      local base = pl:create({ lifetime_ms = 120000 })
+      assert.are.equal('native', base.features.snapshots)
+      assert.are.equal(0, base:exec({ 'sh', '-c', suite.SNAPSHOT_FILES }).exit_code)
+      local before = suite.listing(base)
+      local snap = base:snapshot()
+      local native = snap._held.native.id
+      local sn = state.snapshots[native]
+      assert.are.equal('created', sn.status)
+      assert.are.equal(86400000, last('POST', '/api/v2/sandboxes/sessions/{sid}/snapshot').json.expiration)
+      -- the size is the service's
+      assert.is_true(sn.sizeBytes > 0)
+      assert.are.equal(sn.sizeBytes, snap.size_bytes)
+      assert.are.same({ 1, sn.sizeBytes }, { pl:snapshots() })
+      -- the service stopped the session to make it: the sandbox is gone
+      local e = assert.raises_code('SANDBOX_ERROR', base.exec, base, { 'true' })
+      assert.are.equal('gone', e.reason)
+      base:release()
+      local fork = pl:create({ lifetime_ms = 120000, snapshot = snap })
+      local body = last('POST', '/api/v3/sandboxes').json
+      assert.are.same({ type = 'snapshot', snapshotId = native }, body.source)
+      assert.is_nil(body.image)
+      suite.same_files(before, fork)
+      -- another pool's create, or one with an image too, is refused before any call
+      suite.snapshot_refusals(pl, other, snap, function() return #svc:calls('POST', '/api/v3/sandboxes') end)
+      fork:release()
+      snap:release()
+      assert.are.equal('deleted', sn.status, 'release deleted the snapshot on the service')
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      assert.raises_code('INVALID_INPUT', pl.create, pl, { lifetime_ms = 60000, snapshot = snap })
+      -- close() deletes what the pool still holds
+      local kept_sb = pl:create({ lifetime_ms = 120000 })
+      local kept = kept_sb:snapshot()
+      local kept_sn = state.snapshots[kept._held.native.id]
+      assert.are.equal('created', kept_sn.status)
+      pl:close()
+      assert.are.equal('deleted', kept_sn.status)
+    end)
+    pl:close()
+    other:close()
+    if not ok then error(err, 0) end
+  end)
+
+  it('counts a snapshot at the service\'s size, and a failed snapshot call leaves none', function()
+    local pl = own_pool({ max_snapshot_bytes = 1024 })
+    local ok, err = pcall(function()
+      local function live()
+        local n = 0
+        for _, sn in pairs(state.snapshots) do if sn.status == 'created' then n = n + 1 end end
+        return n
+      end
+      local before = live()
+      -- larger than max_snapshot_bytes leaves room for: deleted on the service
+      local big = pl:create({ lifetime_ms = 120000 })
+      big:write_file('big.bin', string.rep('x', 4096))
+      assert.raises_code('LIMIT_EXCEEDED', big.snapshot, big)
+      assert.are.equal(before, live())
+      big:release()
+      -- the service fails it
+      local a = pl:create({ lifetime_ms = 120000 })
+      svc:fault('POST', '/api/v2/sandboxes/sessions/{sid}/snapshot', stand_in.status(500), 1)
+      local e = assert.raises_code('SANDBOX_ERROR', a.snapshot, a)
+      assert.are.equal('unavailable', e.reason)
+      assert.are.equal(before, live())
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      a:release()
+      -- the service made it, but its answer was lost: the provider finds it by the session and deletes it
+      local b = pl:create({ lifetime_ms = 120000 })
+      state.snapshot_answer = { status = 503, json = { error = { code = 'unavailable', message = 'later' } } }
+      e = assert.raises_code('SANDBOX_ERROR', b.snapshot, b)
+      state.snapshot_answer = nil
+      assert.are.equal('unavailable', e.reason)
+      assert.are.equal(before, live(), 'the snapshot of the lost answer was left on the service')
+      assert.are.same({ 0, 0 }, { pl:snapshots() })
+      b:release()
+    end)
+    state.snapshot_answer = nil
+    svc:clear()
+    pl:close()
+    if not ok then error(err, 0) end
   end)
 
   it('serves a port at the URL of its route, with network all', function()

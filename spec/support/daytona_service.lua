@@ -30,6 +30,16 @@
 --   GET    /sandbox/{id}/toolbox-proxy-url, .../ports/{port}/preview-url,
 --          .../ports/{port}/signed-preview-url?expiresInSeconds=  (https://{port}-{token}.{domain})
 --   POST   /sandbox/{id}/autostop|autodelete|ttl/{minutes}, GET /config
+--   POST   /sandbox/{id}/snapshot  { name, includeMemory } -> 200 Sandbox in state `snapshotting`
+--                                 (its toolbox refuses it then), back to `started` once the
+--                                 snapshot is made; 400 for a sandbox that is not started, no
+--                                 name, or includeMemory (a container's memory is not kept), 409
+--                                 for a name in use. The snapshot is `pending`, then `active` with
+--                                 its `size` (GB) and `sourceSandboxId`, or `error`
+--   GET    /snapshots/{idOrName}  -> Snapshot; GET /snapshots?page&limit&sourceSandboxId ->
+--                                 { items, total, page, totalPages }; DELETE /snapshots/{id} (by id)
+--   a create naming an active snapshot of its own starts from its files; one that was deleted is
+--   404, one not active yet 400
 -- Lifetimes run as Daytona's do: `ttlMinutes` destroys the sandbox that long after its
 -- create; `autoStopInterval` stops it after that long without a toolbox request (one in
 -- flight counts as activity, as the real proxy's keep-alive makes it), and
@@ -59,7 +69,10 @@
 -- Where it is not the real service: network policies are recorded, not enforced by domain
 -- (networkBlockAll and domainAllowList both give an offline local sandbox; otherwise it is
 -- online where the local provider can be); preview URLs are strings under `proxy_domain`
--- that nothing serves; there are no sessions, PTYs, git, LSP, snapshots or volumes; the
+-- that nothing serves; a snapshot made from a sandbox keeps its home and /tmp (through the
+-- backing pool's snapshot; Daytona keeps the whole filesystem), `size` being those files' archive
+-- in GB, and `state.snapshot_fails` makes the next that many end in `error`; snapshots of images
+-- (POST /snapshots) are not there; there are no sessions, PTYs, git, LSP or volumes; the
 -- socket.io event gateway is absent (the SDK falls back to polling).
 local core = require('mayura.core')
 local errors = require('mayura.errors')
@@ -246,6 +259,7 @@ function M.new(opts)
     cut_executes = 0, shell = opts.shell or 'sh', signalled = {},
     proxy_domain = opts.proxy_domain or 'proxy.daytona.test',
     sandboxes = {}, destroyed = {}, backing = backing, created = 0,
+    snapshots = {}, deleted_snapshots = {}, snapshot_fails = 0,
   }
   svc.daytona = state
 
@@ -349,7 +363,21 @@ function M.new(opts)
     if ttl > 0 then lifetime = math.min(86400000, ttl * state.minute_ms + 5000) end
     local env = {}
     for k, v in pairs(b.env or {}) do env[k] = v end
-    local ok, id, sb = pcall(backing.create, backing, { lifetime_ms = lifetime, env = env, network = 'none' })
+    local from
+    if type(b.snapshot) == 'string' then
+      from = state.snapshots[b.snapshot]
+      if not from then
+        for _, sn in pairs(state.snapshots) do if sn.dto.name == b.snapshot then from = sn end end
+      end
+      if not from and state.deleted_snapshots[b.snapshot] then
+        return api_error(404, 'Snapshot ' .. b.snapshot .. ' not found')
+      end
+      if from and from.dto.state ~= 'active' then
+        return api_error(400, 'Snapshot ' .. b.snapshot .. ' is ' .. from.dto.state)
+      end
+    end
+    local ok, id, sb = pcall(backing.create, backing, { lifetime_ms = lifetime, env = env, network = 'none',
+      snapshot = from and from.held or nil })
     if not ok then return api_error(400, 'cannot create the sandbox: ' .. tostring(id and id.message or id)) end
     local at = os.date('!%Y-%m-%dT%H:%M:%SZ')
     local rec = {
@@ -406,6 +434,88 @@ function M.new(opts)
     destroy(rec)
     return { json = dto_out(rec) }
   end, true))
+
+  -- {------------------------------------------------------ snapshots of a sandbox
+
+  local function snapshot_out(sn)
+    return object(sn.dto)
+  end
+
+  svc:route('POST', '/api/sandbox/{id}/snapshot', api(function(req, rec)
+    local b = req.json
+    if type(b) ~= 'table' or type(b.name) ~= 'string' or not b.name:match('^[%w][%w%._%-]*$') or #b.name > 128 then
+      return api_error(400, 'name must be a valid snapshot name')
+    end
+    if b.includeMemory == true then return api_error(400, 'memory snapshots are not supported for this sandbox') end
+    if rec.dto.state ~= 'started' then return api_error(400, 'Sandbox must be started to create a snapshot') end
+    for _, other in pairs(state.snapshots) do
+      if other.dto.name == b.name then return api_error(409, 'Snapshot with name ' .. b.name .. ' already exists') end
+    end
+    local at = os.date('!%Y-%m-%dT%H:%M:%SZ')
+    local sn = { dto = {
+      id = string.format('%s-%s-4%s-a%s-%s', random_hex(8), random_hex(4), random_hex(3), random_hex(3),
+        random_hex(12)),
+      organizationId = 'org-stand-in', general = false, name = b.name, state = 'pending', size = json.null,
+      entrypoint = json.null, cpu = rec.dto.cpu, gpu = 0, mem = rec.dto.memory, disk = rec.dto.disk,
+      errorReason = json.null, createdAt = at, updatedAt = at, lastUsedAt = json.null, sourceSandboxId = rec.id,
+    } }
+    state.snapshots[sn.dto.id] = sn
+    rec.dto.state = 'snapshotting'
+    task.spawn(function()
+      local fail = state.snapshot_fails > 0
+      if fail then state.snapshot_fails = state.snapshot_fails - 1 end
+      local ok, held = false, 'the stand-in fails this snapshot'
+      if not fail then ok, held = pcall(rec.sb.snapshot, rec.sb) end
+      if rec.dto.state == 'snapshotting' then rec.dto.state = 'started' end
+      if ok and state.snapshots[sn.dto.id] then
+        sn.held = held
+        sn.dto.state, sn.dto.size = 'active', held.size_bytes / 1073741824
+      elseif ok then
+        held:release()   -- deleted while it was made
+      else
+        sn.dto.state, sn.dto.errorReason = 'error', 'the snapshot could not be made'
+      end
+      sn.dto.updatedAt = os.date('!%Y-%m-%dT%H:%M:%SZ')
+    end)
+    return { json = dto_out(rec) }
+  end, true))
+
+  local function snapshot_of(id_or_name)
+    local sn = state.snapshots[id_or_name]
+    if sn then return sn end
+    for _, other in pairs(state.snapshots) do if other.dto.name == id_or_name then return other end end
+    return nil
+  end
+
+  svc:route('GET', '/api/snapshots', api(function(req)
+    local list = {}
+    for _, sn in pairs(state.snapshots) do
+      if not req.query.sourceSandboxId or sn.dto.sourceSandboxId == req.query.sourceSandboxId then
+        list[#list + 1] = sn
+      end
+    end
+    table.sort(list, function(a, b) return a.dto.id < b.dto.id end)
+    local items = setmetatable({}, json.array_mt)
+    for i, sn in ipairs(list) do items[i] = snapshot_out(sn) end
+    return { json = { items = items, total = #items, page = 1, totalPages = 1 } }
+  end))
+
+  svc:route('GET', '/api/snapshots/{id}', api(function(req)
+    local sn = snapshot_of(req.params.id)
+    if not sn then return api_error(404, 'Snapshot ' .. req.params.id .. ' not found') end
+    return { json = snapshot_out(sn) }
+  end))
+
+  svc:route('DELETE', '/api/snapshots/{id}', api(function(req)
+    local sn = state.snapshots[req.params.id]
+    if not sn then return api_error(404, 'Snapshot with ID ' .. req.params.id .. ' not found') end
+    state.snapshots[req.params.id] = nil
+    state.deleted_snapshots[sn.dto.id], state.deleted_snapshots[sn.dto.name] = true, true
+    if sn.held then sn.held:release() end
+    return { status = 200 }
+  end))
+
+  -- }------------------------------------------------------
 
   svc:route('GET', '/api/sandbox/{id}/toolbox-proxy-url', api(function()
     return { json = { url = svc:url('/toolbox') } }

@@ -18,6 +18,17 @@
 --   GET /v2/sandboxes, GET /sandboxes     -> ListedSandbox list (metadata=<k=v&...> filters)
 --   POST /sandboxes/{id}/timeout          -> 204 (recorded as the new end; the backing's
 --                                            lifetime is not changed)
+--   POST /sandboxes/{id}/snapshots        SandboxSnapshotRequest { name? } -> 201 SnapshotInfo
+--        { snapshotID, names }: a persistent snapshot that outlives the sandbox. The sandbox is
+--        paused while it is made (its envd calls wait until it runs again, as E2B's proxy holds
+--        them); 404 for a sandbox that ended, 400 for a bad body. The ID is `<id>:default`, or
+--        `stand-in/<name>:default` for a named one (a name given again gets the new build, the
+--        old one goes). What it keeps: the backing sandbox's files (its home and /tmp, through
+--        the backing pool's snapshot); E2B keeps the whole disk and the memory too, so what ran
+--        in the sandbox runs on in one made from it: the stand-in starts none of it.
+--   GET /snapshots?sandboxID=&name=       -> SnapshotInfo list
+--   DELETE /templates/{id}                -> 204 (a snapshot: deleted), 404 for one it does not
+--        know; POST /v2/sandboxes takes a snapshot ID as templateID
 -- envd, for the sandbox named by E2b-Sandbox-Id (or a Host of 49983-<id>.<domain>), with
 -- X-Access-Token when it was made `secure`; a sandbox that is not there (ended, vanished) is
 -- the proxy's 502 { sandboxId, message: "The sandbox was not found", code: 502 }:
@@ -50,7 +61,8 @@
 -- the path scrot was given, in the real sandbox. Every other command runs for real.
 --
 -- Knobs for fault specs: `e2b.create_delay_ms` (a create makes the sandbox, then answers that
--- long after, whether or not the client waited), `M.cut_stream(after)` (an answer for
+-- long after, whether or not the client waited), `e2b.snapshot_answer` (an answer a snapshot
+-- call gives after it made the snapshot: a lost answer), `M.cut_stream(after)` (an answer for
 -- svc:fault that starts a command's stream, sends `after` bytes of output and cuts the
 -- connection), and the stand-in's own faults on the routes above (patterns as written there).
 local core = require('mayura.core')
@@ -637,6 +649,7 @@ function M.install(svc, backing, opts)
     svc = svc, backing = backing, key = key, domain = opts.domain, envd_version = opts.envd_version or M.ENVD_VERSION,
     templates = opts.templates or { base = {}, desktop = { desktop = true } },
     sandboxes = {}, seen_desktops = {}, pid_seq = 1000, create_delay_ms = 0, uploads = {}, signalled = {},
+    snapshots = {},
   }, Service)
 
   local function api(fn)
@@ -656,7 +669,12 @@ function M.install(svc, backing, opts)
     return function(req)
       local id = req.headers['e2b-sandbox-id'] or (req.headers['host'] or ''):match('^%d+%-([%w_%-]+)%.')
       if id and svc.vanished[id] then return self:_gone(id) end
-      local rec, sb = self:_live(id)
+      local rec = self:_live(id)
+      if not rec then return self:_gone(id) end
+      -- a paused sandbox (one being snapshotted): the call waits until it runs again
+      while rec.paused do task.sleep(20) end
+      local sb
+      rec, sb = self:_live(id)
       if not rec then return self:_gone(id) end
       if rec.token and req.headers['x-access-token'] ~= rec.token then
         return connect_error('unauthenticated', 'invalid access token ' .. tostring(req.headers['x-access-token']))
@@ -685,6 +703,8 @@ function M.install(svc, backing, opts)
       return { status = 400, json = { code = 400, message = 'templateID is required' } }
     end
     local t = self.templates[b.templateID]
+    local from = not t and self.snapshots[b.templateID] or nil
+    if from then t = from.template end
     if not t then return { status = 404, json = { code = 404, message = 'template ' .. b.templateID .. ' not found' } } end
     local timeout = b.timeout
     if timeout == nil then timeout = 15 end
@@ -699,7 +719,8 @@ function M.install(svc, backing, opts)
     local net = type(b.network) == 'table' and b.network or nil
     local kind = allow_internet and 'all' or 'none'
     if net and (net.allowOut ~= nil or net.denyOut ~= nil) then kind = 'none' end   -- no domain filter here
-    local id = self.backing:create({ lifetime_ms = math.max(timeout, 1) * 1000, env = env, network = kind })
+    local id = self.backing:create({ lifetime_ms = math.max(timeout, 1) * 1000, env = env, network = kind,
+      snapshot = from and from.held or nil })
     local started = now_ms()
     local rec = {
       id = id, template = b.templateID, alias = b.templateID, metadata = {}, env = env, network = net,
@@ -744,6 +765,65 @@ function M.install(svc, backing, opts)
     rec.end_ms = now_ms() + t * 1000
     return { status = 204 }
   end))
+
+  -- {------------------------------------------------------ snapshots
+
+  local function snapshot_info(id)
+    local s = self.snapshots[id]
+    local names = {}
+    for i, n in ipairs(s.names) do names[i] = n end
+    return { snapshotID = id, names = array(names) }
+  end
+
+  svc:route('POST', '/sandboxes/{id}/snapshots', api(function(req)
+    local rec, sb = self:_live(req.params.id)
+    if not rec then return { status = 404, json = { code = 404, message = 'sandbox not found' } } end
+    local b = req.json
+    if b == nil and req.body == '' then b = {} end
+    if type(b) ~= 'table' or (b.name ~= nil and (type(b.name) ~= 'string' or not b.name:match('^[%w][%w_%-]*$')
+      or #b.name > 128)) then
+      return { status = 400, json = { code = 400, message = 'invalid snapshot request' } }
+    end
+    if rec.paused then return { status = 409, json = { code = 409, message = 'sandbox is being paused' } } end
+    rec.paused = true
+    local ok, held = pcall(sb.snapshot, sb)
+    rec.paused = false
+    if not ok then
+      self.svc.failures[#self.svc.failures + 1] = held
+      return { status = 500, json = { code = 500, message = 'snapshot failed' } }
+    end
+    local id = b.name and ('stand-in/' .. b.name .. ':default') or (random_token(10) .. ':default')
+    local old = self.snapshots[id]
+    if old then old.held:release() end
+    self.snapshots[id] = { held = held, source = rec.id, template = self.templates[rec.template]
+      or (self.snapshots[rec.template] or {}).template or {}, names = b.name and { id } or {} }
+    if self.snapshot_answer then return self.snapshot_answer end
+    return { status = 201, json = snapshot_info(id) }
+  end))
+
+  svc:route('GET', '/snapshots', api(function(req)
+    local ids = {}
+    for id, s in pairs(self.snapshots) do
+      if (not req.query.sandboxID or s.source == req.query.sandboxID)
+        and (not req.query.name or s.names[1] == req.query.name) then
+        ids[#ids + 1] = id
+      end
+    end
+    table.sort(ids)
+    local out = {}
+    for i, id in ipairs(ids) do out[i] = snapshot_info(id) end
+    return { json = array(out) }
+  end))
+
+  svc:route('DELETE', '/templates/{id}', api(function(req)
+    local s = self.snapshots[req.params.id]
+    if not s then return { status = 404, json = { code = 404, message = 'template not found' } } end
+    self.snapshots[req.params.id] = nil
+    s.held:release()
+    return { status = 204 }
+  end))
+
+  -- }------------------------------------------------------
 
   local function list(req)
     local want = {}

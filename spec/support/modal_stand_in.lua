@@ -9,6 +9,7 @@
 --   s:fault({ method = 'SandboxCreateV2', code = 14, count = 2 })
 --   s:calls('TaskExecStart')                 -- { { method, request, metadata }, ... }
 --   s:sandboxes()                            -- { { id, state, result, open, definition, ... } }
+--   s:snapshots()                            -- the image ids of the snapshots it holds
 --   s:stop()
 local core = require('mayura.core')
 local task = require('mayura._task')
@@ -53,6 +54,11 @@ function Stand:calls(method)
     if method == nil or c.method == method then out[#out + 1] = c end
   end
   return out
+end
+
+--- The image ids of the snapshots the stand-in holds.
+function Stand:snapshots()
+  return self:_control('GET', '/snapshots')
 end
 
 --- Sets the stand-in's `config` ({ auth_token_ttl_s }).

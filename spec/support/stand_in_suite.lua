@@ -1,7 +1,8 @@
 --- The scaffolding the provider specs of hosted services share (spec/providers/*_spec.lua): a
 -- describe block that runs only where local sandboxes can (the stand-ins of support/*_service.lua
 -- run over them), one stand-in with a pool and a sandbox for the whole block, the conformance
--- suite through that sandbox, and a check script of an official npm package run against the stand-in.
+-- suite through that sandbox, a check script of an official npm package run against the stand-in,
+-- and the checks the specs of a service's own (native) snapshots share.
 --
 --   suite.describe('the Fly stand-in, over real local sandboxes', function()
 --     local svc, backing, state, pool, sb
@@ -91,5 +92,43 @@ function M.node(script, vars, timeout_ms)
   for k, v in pairs(vars or {}) do env[k] = v end
   return require('mayura.process').run({ 'node', script }, { timeout_ms = timeout_ms or 60000, env = env })
 end
+
+-- {======================================================
+-- Native snapshots
+-- =======================================================
+
+--- What the native snapshot specs make in a sandbox (its workdir /workspace) before a snapshot.
+M.SNAPSHOT_FILES = 'mkdir -p s/d && printf one > s/a.txt && chmod 640 s/a.txt && chmod 700 s/d && '
+  .. 'ln -s a.txt s/link && printf t > /tmp/t.txt'
+
+-- `<type> <mode> <path> <content or link>` of each name under /workspace and /tmp (not the backends' own).
+local LISTING = 'cd / && find workspace tmp -mindepth 1 ! -name ".mayura-*" ! -path "*/.mayura-*" '
+  .. '! -name ".svc-*" | sort | while read -r f; do '
+  .. 'if [ -h "$f" ]; then echo "l $f $(readlink "$f")"; elif [ -d "$f" ]; then echo "d $(stat -c %a "$f") $f"; '
+  .. 'else echo "f $(stat -c %a "$f") $f $(cat "$f")"; fi; done'
+
+--- The files of `sb` (see LISTING), as one string.
+function M.listing(sb)
+  return sb:exec({ 'sh', '-c', LISTING }).stdout
+end
+
+--- Checks that `fork` holds exactly the files `before` lists (M.listing), SNAPSHOT_FILES among them.
+function M.same_files(before, fork)
+  assert.are.equal(before, M.listing(fork))
+  assert.truthy(before:find('f 640 workspace/s/a.txt one', 1, true), before)
+  assert.truthy(before:find('l workspace/s/link a.txt', 1, true), before)
+  assert.truthy(before:find('d 700 workspace/s/d', 1, true), before)
+end
+
+--- Checks that a create from `snap` by `other` (another pool), or by `pool` with an image too, is
+-- refused before any call: `creates()` counts the service's create calls.
+function M.snapshot_refusals(pool, other, snap, creates)
+  local n = creates()
+  assert.raises_code('INVALID_INPUT', other.create, other, { lifetime_ms = 60000, snapshot = snap })
+  assert.raises_code('INVALID_INPUT', pool.create, pool, { lifetime_ms = 60000, snapshot = snap, image = 'x' })
+  assert.are.equal(n, creates())
+end
+
+-- }======================================================
 
 return M

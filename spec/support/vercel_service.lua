@@ -31,6 +31,16 @@
 --                                            404 with no body when there is no such file
 --   POST   .../fs/write                      a gzip'd tar, extracted by tar in the sandbox at x-cwd
 --   POST   .../fs/mkdir                      { path, cwd } (not recursive)
+--   POST   .../sessions/{sid}/snapshot       { expiration? (ms: 0 never, else at least a day; 30 days
+--                                            when left out) } -> { snapshot, session }: the session is
+--                                            `snapshotting` while it is made (its calls answer 422
+--                                            `sandbox_snapshotting`), then stopped for good, as the
+--                                            service documents; a session that is not running is 410
+--   GET    /v2/sandboxes/snapshots?project= { snapshots, pagination }
+--   GET    /v2/sandboxes/snapshots/{id}     { snapshot } (404 `not_found` for one it never made)
+--   DELETE /v2/sandboxes/snapshots/{id}     { snapshot } with status `deleted`
+--   a create with `source: { type = 'snapshot', snapshotId }` starts from it; a deleted or expired
+--   one is 410 `snapshot_not_found`
 --
 -- A session ends with its timeout (the local sandbox's lifetime), a stop or
 -- a delete; its calls then answer 410 `sandbox_stopped`; an unknown session
@@ -42,7 +52,10 @@
 -- allow-list is enforced as no network at all (the local sandbox has none);
 -- ports are served (on 127.0.0.1, their routes' URLs) only with `allow-all`,
 -- and their subdomains resolve nowhere; `extend-timeout`, network-policy
--- changes, snapshots and resuming a stopped sandbox are not there. A command's timeout (SIGKILL)
+-- changes and resuming a stopped sandbox are not there; a snapshot keeps the
+-- local sandbox's files of its home and /tmp (through the backing pool's
+-- snapshot; the service keeps the whole filesystem), its `sizeBytes` being
+-- those files' archive. A command's timeout (SIGKILL)
 -- and a kill reach its own process only, as the documents say (`state.signalled` records each).
 --
 -- `install` returns the service's state, for specs: `sandboxes` (name ->
@@ -130,7 +143,7 @@ function M.install(svc, backing, opts)
   local token, team, project = opts.token, opts.team_id, opts.project_id
   local prefix = opts.prefix or '/api'
   local cwd = opts.cwd or '/workspace'
-  local state = { sandboxes = {}, sessions = {}, commands = {}, cut_streams = 0, signalled = {} }
+  local state = { sandboxes = {}, sessions = {}, commands = {}, cut_streams = 0, signalled = {}, snapshots = {} }
 
   -- {------------------------------------------------------ payloads
 
@@ -147,7 +160,7 @@ function M.install(svc, backing, opts)
     return object({
       id = s.id, memory = s.memory, vcpus = s.vcpus, region = 'iad1', timeout = s.timeout, status = s.status,
       requestedAt = s.createdAt, startedAt = s.startedAt, stoppedAt = s.stoppedAt, createdAt = s.createdAt,
-      cwd = cwd, updatedAt = s.updatedAt, networkPolicy = s.shown_policy,
+      cwd = cwd, updatedAt = s.updatedAt, networkPolicy = s.shown_policy, snapshottedAt = s.snapshottedAt,
     })
   end
 
@@ -206,6 +219,7 @@ function M.install(svc, backing, opts)
     local s = state.sessions[req.params.sid]
     if not s then refuse(404, 'not_found', 'Session not found') end
     refresh(s)
+    if s.status == 'snapshotting' then refuse(422, 'sandbox_snapshotting', 'Sandbox is snapshotting') end
     if not any and s.status ~= 'running' then refuse(410, 'sandbox_stopped', 'Sandbox is stopped') end
     return s
   end
@@ -263,7 +277,20 @@ function M.install(svc, backing, opts)
     end
     name = name or new_id('sbx')
     if state.sandboxes[name] then refuse(409, 'conflict', 'A sandbox with this name exists') end
-    local backing_id, sb = backing:create({ lifetime_ms = timeout, env = env, network = network, ports = ports })
+    local from
+    if b.source ~= nil then
+      if type(b.source) ~= 'table' or b.source.type ~= 'snapshot' or type(b.source.snapshotId) ~= 'string' then
+        refuse(400, 'bad_request', 'this stand-in starts sandboxes from snapshots only')
+      end
+      from = state.snapshots[b.source.snapshotId]
+      if not from then refuse(404, 'not_found', 'Snapshot not found') end
+      if from.status ~= 'created' or (from.expiresAt and core.now_ms() >= from.expiresAt) then
+        refuse(410, 'snapshot_not_found', 'Snapshot not found')
+      end
+      from.lastUsedAt = core.now_ms()
+    end
+    local backing_id, sb = backing:create({ lifetime_ms = timeout, env = env, network = network, ports = ports,
+      snapshot = from and from.held or nil })
     local now = core.now_ms()
     local s = {
       id = new_id('sess'), name = name, backing_id = backing_id, sb = sb, status = 'running', timeout = timeout,
@@ -511,6 +538,80 @@ function M.install(svc, backing, opts)
     local r = s.sb:exec({ 'mkdir', '--', abs(b.path, b.cwd) })
     if r.exit_code ~= 0 then refuse(400, 'bad_request', 'mkdir failed: ' .. r.stderr) end
     return { json = object() }
+  end))
+
+  -- }------------------------------------------------------
+
+  -- {------------------------------------------------------ snapshots
+
+  local function snapshot_json(sn)
+    return object({
+      id = sn.id, sourceSessionId = sn.sourceSessionId, region = 'iad1', status = sn.status, sizeBytes = sn.sizeBytes,
+      expiresAt = sn.expiresAt, createdAt = sn.createdAt, updatedAt = sn.updatedAt, lastUsedAt = sn.lastUsedAt,
+      creationMethod = 'snapshot',
+    })
+  end
+
+  svc:route('POST', prefix .. '/v2/sandboxes/sessions/{sid}/snapshot', api(function(req)
+    local s = session_of(req)
+    local b = req.json
+    if b == nil and (req.body or '') == '' then b = {} end
+    if type(b) ~= 'table' then refuse(400, 'bad_request', 'The body must be JSON') end
+    local expiration = b.expiration == nil and 30 * 86400000 or b.expiration
+    if not is_int(expiration) or (expiration ~= 0 and expiration < 86400000) then
+      refuse(400, 'bad_request', '`expiration` must be 0 or at least a day')
+    end
+    local sb = backing:get(s.backing_id)
+    if not sb then refuse(410, 'sandbox_stopped', 'Sandbox is stopped') end
+    s.status, s.updatedAt = 'snapshotting', core.now_ms()
+    local ok, held = pcall(sb.snapshot, sb)
+    -- made or not, the session ends with it
+    s.status = 'running'
+    stop_session(s)
+    if not ok then
+      svc.failures[#svc.failures + 1] = held
+      refuse(500, 'internal_server_error', 'The snapshot failed')
+    end
+    local now = core.now_ms()
+    local sn = {
+      id = new_id('snap'), sourceSessionId = s.id, status = 'created', sizeBytes = held.size_bytes, held = held,
+      createdAt = now, updatedAt = now, expiresAt = expiration > 0 and now + expiration or nil,
+    }
+    s.snapshottedAt = now
+    state.snapshots[sn.id] = sn
+    if state.snapshot_answer then return state.snapshot_answer end
+    return { json = { snapshot = snapshot_json(sn), session = session_json(s) } }
+  end))
+
+  svc:route('GET', prefix .. '/v2/sandboxes/snapshots', api(function(req)
+    if req.query.project ~= project then refuse(404, 'not_found', 'Project not found') end
+    local list = {}
+    for _, sn in pairs(state.snapshots) do
+      if sn.status == 'created' then list[#list + 1] = sn end
+    end
+    table.sort(list, function(a, b) return a.createdAt > b.createdAt or (a.createdAt == b.createdAt and a.id > b.id) end)
+    local out = {}
+    for i, sn in ipairs(list) do out[i] = snapshot_json(sn) end
+    return { json = { snapshots = array(out), pagination = { count = #out, next = json.null } } }
+  end))
+
+  local function snapshot_of(req)
+    local sn = state.snapshots[req.params.id]
+    if not sn then refuse(404, 'not_found', 'Snapshot not found') end
+    return sn
+  end
+
+  svc:route('GET', prefix .. '/v2/sandboxes/snapshots/{id}', api(function(req)
+    return { json = { snapshot = snapshot_json(snapshot_of(req)) } }
+  end))
+
+  svc:route('DELETE', prefix .. '/v2/sandboxes/snapshots/{id}', api(function(req)
+    local sn = snapshot_of(req)
+    if sn.status == 'created' then
+      sn.status, sn.updatedAt = 'deleted', core.now_ms()
+      sn.held:release()
+    end
+    return { json = { snapshot = snapshot_json(sn) } }
   end))
 
   -- }------------------------------------------------------

@@ -395,6 +395,47 @@ function M.restore(call, archive, o)
   end
 end
 
+-- {======================================================
+-- A snapshot as files a provider keeps (the Docker provider's image)
+-- =======================================================
+
+--- What a provider keeps to start sandboxes from `archive` without moving it again: `{ tar, script }`,
+-- the archive as restore unpacks it (directories writable while unpacked) and the script that
+-- then gives the directories their modes and times ('' when there is nothing to do).
+function M.prepared(archive)
+  local data, modes, times = M.directories(archive)
+  local script = (#modes > 0 or #times > 0) and fixup_script(modes, times) or ''
+  return { tar = data, script = script }
+end
+
+-- `sh -c UNPACK sh archive script`: unpacks a prepared archive (a file in the sandbox, which it
+-- only reads) from /, as the sandbox's user with modes kept, then runs the modes and times script.
+local UNPACK = [=[
+umask 0
+cd / || exit 1
+tar -xpf "$1" || exit 1
+[ -z "$2" ] || . "$2"
+]=]
+
+--- Unpacks a prepared archive that is a file in the new sandbox already (`tar_path`, and
+-- `script_path` or nil: see prepared), as restore does. `o.timeout_ms` bounds it.
+function M.unpack_file(call, tar_path, script_path, o)
+  local res = call('exec', { 'sh', '-c', UNPACK, 'sh', tar_path, script_path or '' },
+    { timeout_ms = o.timeout_ms, max_output_bytes = 65536 })
+  if type(res) ~= 'table' then error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0) end
+  if res.timed_out then
+    error(errors.sandbox('timeout', 'unpacking the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
+  end
+  if res.exit_code ~= 0 then
+    local text = type(res.stderr) == 'string' and res.stderr or ''
+    if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
+      error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
+    end
+    -- tar's words are kept as the cause (for logs), never the message
+    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox', text), 0)
+  end
+end
+
 -- }======================================================
 
 return M

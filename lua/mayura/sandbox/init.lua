@@ -48,7 +48,9 @@
 -- own and not released (INVALID_INPUT), bounds them by `max_snapshots` and `max_snapshot_bytes`
 -- (their sizes together; LIMIT_EXCEEDED past either, nothing kept) and releases them at close().
 -- `features.snapshots` is the provider's: 'native' (its backend's `snapshot(o)` returns a
--- snapshot of its own, `{ size_bytes, release }`, which its create gets as `spec.snapshot`),
+-- snapshot of its own, `{ size_bytes, release }` and optionally `archive()` for restore, which its
+-- create gets as `spec.snapshot`; one made `{ until_release = true }` is made the generic way, so
+-- that restore can put it back on any provider),
 -- false (none), or by default 'generic' (mayura.sandbox._snapshot: an archive made in the
 -- sandbox, kept in this process's memory and unpacked in the new sandbox before it is handed out).
 --
@@ -651,7 +653,8 @@ function Sandbox:snapshot(options)
   pool._snap_count = pool._snap_count + 1
   local ok, held, size = pcall(function()
     local timeout = pool.call_timeout_ms
-    if kind == 'native' and type(self._backend.snapshot) == 'function' then
+    -- one held with its sandbox is for going back in it (restore): an archive, whatever the provider
+    if kind == 'native' and not options.until_release and type(self._backend.snapshot) == 'function' then
       -- one made after the deadline is released as it comes
       local backend = self._backend
       local made, native = pcall(with_deadline, timeout, function()
@@ -712,20 +715,27 @@ end
 
 --- Puts the files of `snap` (one of this pool's) back in this sandbox: its working directory and
 -- /tmp (the snapshot's places) are emptied first, then hold exactly the snapshot's files. What runs
--- in the sandbox goes on running. A provider's own (native) snapshots only start new sandboxes.
+-- in the sandbox goes on running. A provider's own (native) snapshot goes back only when it can give
+-- its files as an archive (`native:archive()`); else it only starts new sandboxes.
 function Sandbox:restore(snap)
   local pool = self._pool
   check_snapshot(pool, snap, 3)
   local held = snap._held
-  if not held.archive then
+  local native = held.native
+  if not held.archive and not (native and type(native.archive) == 'function') then
     errors.raise('INVALID_INPUT', 'this provider\'s snapshots start new sandboxes only', nil, 2)
   end
   alive(self)
   local timeout = pool.call_timeout_ms
-  local ok, err = pcall(snapshots.restore, function(name, ...)
-    return self:_call(2 * timeout, name, ...)
-  end, held.archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
+  local ok, err = pcall(function()
+    -- a provider's own snapshot that can give its files as an archive goes back the generic way
+    local archive = held.archive or native:archive()
+    if type(archive) ~= 'string' then error(bad_reply('snapshot archive'), 0) end
+    return snapshots.restore(function(name, ...)
+      return self:_call(2 * timeout, name, ...)
+    end, archive, { timeout_ms = timeout, binary = self._backend.binary_streams == true,
     wipe = snapshots.paths(pool.provider, self._workdir) })
+  end)
   if not ok then error(err, 0) end
 end
 

@@ -2,19 +2,21 @@
 -- to the daemon, and how their failures are told.
 --
 -- `engine = 'cli'` (the default) runs the docker CLI for the container's life
--- (image inspect, run, inspect, rm, ps, network inspect/create); `engine =
--- 'api'` speaks the Engine API over its unix socket through libcurl
--- (images/{name}/json, containers/create, start, json, wait, DELETE,
--- containers/json, networks). Only local daemons: a tcp:// or ssh:// host is
--- refused, because the agent and its socket directory are bind-mounted from
--- this machine.
+-- (image inspect, run, inspect, rm, ps, network inspect/create; for snapshots create, cp,
+-- commit, image ls/rm); `engine = 'api'` speaks the Engine API over its unix socket through
+-- libcurl (images/{name}/json, containers/create, start, json, wait, DELETE, containers/json,
+-- networks; for snapshots containers/{id}/archive, commit, images/json and DELETE). Only local
+-- daemons: a tcp:// or ssh:// host is refused, because the agent and its socket directory are
+-- bind-mounted from this machine.
 --
 -- Both engines take a container description (`c`: name, image, user, workdir, network, tmpfs,
 -- mounts, limits, labels, ports, entrypoint and cmd, made by the provider) and offer the same
 -- calls: image_env, run_container, runtimes, inspect, remove, list_ours, network and
--- create_network. The daemon's own words never reach a caller's message: a failure is mapped to a
--- reason (`docker could not <what> (<reason>)`), its text kept as `cause` at most. Private to the
--- Docker provider.
+-- create_network; and for snapshots kept as images (never pushed): snapshot_image (a container
+-- made, not started, a tar put into its file system, committed as an image with the labels below,
+-- the container removed), remove_image and list_snapshot_images. The daemon's own words never
+-- reach a caller's message: a failure is mapped to a reason (`docker could not <what> (<reason>)`),
+-- its text kept as `cause` at most. Private to the Docker provider.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -30,6 +32,12 @@ local ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API 
 -- the epoch).
 M.ID_LABEL, M.PROVIDER_LABEL, M.EXPIRES_LABEL = 'mayura.sandbox', 'mayura.provider', 'mayura.expires'
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = M.ID_LABEL, M.PROVIDER_LABEL, M.EXPIRES_LABEL
+--- The label of a snapshot's image: the host process that made it (`PID-START`, its start time in
+-- /proc/PID/stat), so that a provider can tell the images a killed host left. Their repository.
+M.SNAPSHOT_LABEL, M.SNAPSHOT_REPO = 'mayura.snapshot.owner', 'mayura-snapshot'
+local SNAPSHOT_LABEL, SNAPSHOT_REPO = M.SNAPSHOT_LABEL, M.SNAPSHOT_REPO
+-- the entrypoint of the container an image is committed from (never started)
+local NO_ENTRYPOINT = '/.mayura-none'
 
 -- A field of docker's --mount value (a CSV record): quoted when it holds a comma or a quote.
 local function csv_field(s)
@@ -259,6 +267,51 @@ function Cli:create_network(name, labels, options)
   return res ~= nil
 end
 
+--- Makes the image `mayura-snapshot:TAG` from `image` with `tar` (a tar archive) unpacked at its /,
+-- labelled `labels` (with the label of our containers and an end `expires_ms`, so that the reaper
+-- removes the container it is made from should this host die meanwhile); returns its reference.
+function Cli:snapshot_image(image, tar, tag, labels, expires_ms)
+  local name = 'mayura-snap-' .. tag
+  local a = { 'create', '--pull', 'never', '--name', name, '--network', 'none', '--entrypoint', NO_ENTRYPOINT,
+    '--label', PROVIDER_LABEL .. '=docker', '--label', EXPIRES_LABEL .. '=' .. ('%d'):format(expires_ms) }
+  for k, v in pairs(labels) do a[#a + 1] = '--label'; a[#a + 1] = k .. '=' .. v end
+  a[#a + 1] = '--'
+  a[#a + 1] = image
+  local ref = SNAPSHOT_REPO .. ':' .. tag
+  local ok, err = pcall(function()
+    self:run(a, 'make a snapshot\'s container')
+    local argv = { self.docker, '-H', self.host, 'cp', '-', name .. ':/' }
+    local rok, res = pcall(process.run, argv, { stdin = tar, timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 65536 })
+    if not rok or res.exit_code ~= 0 then error(M.error(rok and cli_reason(res.stderr) or 'unavailable',
+      'put the snapshot into its image'), 0) end
+    self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+  end)
+  pcall(self.remove, self, name)
+  if not ok then
+    pcall(self.remove_image, self, ref)
+    error(err, 0)
+  end
+  return ref
+end
+
+--- Removes an image (also one that containers still use: it goes once they do); none is fine.
+function Cli:remove_image(ref)
+  self:run({ 'image', 'rm', '--force', '--', ref }, 'remove an image', { not_found = true, no_image = true })
+end
+
+--- The snapshots' images: `{ ref, owner }` each (ref: the image's id).
+function Cli:list_snapshot_images()
+  local res = self:run({ 'image', 'ls', '--all', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL },
+    'list images')
+  local out = {}
+  for id in res.stdout:gmatch('(sha256:%x+)') do
+    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}',
+      '--', id }, 'inspect an image', { not_found = true, no_image = true })
+    if r then out[#out + 1] = { ref = id, owner = (r.stdout:gsub('%s+$', '')) } end
+  end
+  return out
+end
+
 -- }======================================================
 
 -- {======================================================
@@ -272,7 +325,10 @@ Api.__index = Api
 function Api:request(method, path, body, what, timeout_ms)
   local headers = {}
   local text
-  if body ~= nil then
+  if type(body) == 'string' then   -- a tar archive
+    text = body
+    headers['Content-Type'] = 'application/x-tar'
+  elseif body ~= nil then
     text = core.json.encode(body)
     headers['Content-Type'] = 'application/json'
   end
@@ -481,6 +537,54 @@ function Api:create_network(name, labels, options)
   if status == 409 then return false end
   if status ~= 201 then error(api_failure(status, 'create a network'), 0) end
   return true
+end
+
+
+function Api:snapshot_image(image, tar, tag, labels, expires_ms)
+  local all = { [PROVIDER_LABEL] = 'docker', [EXPIRES_LABEL] = ('%d'):format(expires_ms) }
+  for k, v in pairs(labels) do all[k] = v end
+  local ref = SNAPSHOT_REPO .. ':' .. tag
+  local id
+  local ok, err = pcall(function()
+    local status, body = self:request('POST', '/containers/create?name=mayura-snap-' .. tag, {
+      Image = image, Entrypoint = { NO_ENTRYPOINT }, Labels = all, HostConfig = { NetworkMode = 'none' } },
+      'make a snapshot\'s container')
+    if status ~= 201 or type(body) ~= 'table' or type(body.Id) ~= 'string' or not body.Id:match('^%x+$') then
+      error(api_failure(status, 'make a snapshot\'s container'), 0)
+    end
+    id = body.Id
+    status = self:request('PUT', '/containers/' .. id .. '/archive?path=/', tar, 'put the snapshot into its image')
+    if status ~= 200 then error(api_failure(status, 'put the snapshot into its image'), 0) end
+    status = self:request('POST', '/commit?container=' .. id .. '&repo=' .. SNAPSHOT_REPO .. '&tag=' .. tag
+      .. '&pause=false', nil, 'make a snapshot\'s image')
+    if status ~= 201 then error(api_failure(status, 'make a snapshot\'s image'), 0) end
+  end)
+  if id then pcall(self.remove, self, id) end
+  if not ok then
+    pcall(self.remove_image, self, ref)
+    error(err, 0)
+  end
+  return ref
+end
+
+function Api:remove_image(ref)
+  local status = self:request('DELETE', '/images/' .. url_escape(ref) .. '?force=true', nil, 'remove an image')
+  if status == 200 or status == 404 then return end
+  error(api_failure(status, 'remove an image'), 0)
+end
+
+function Api:list_snapshot_images()
+  local filters = core.json.encode({ label = { SNAPSHOT_LABEL } })
+  local status, body = self:request('GET', '/images/json?all=1&filters=' .. url_escape(filters), nil, 'list images')
+  if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list images'), 0) end
+  local out = {}
+  for _, im in ipairs(body) do
+    local labels = type(im) == 'table' and type(im.Labels) == 'table' and im.Labels or {}
+    if type(im.Id) == 'string' and type(labels[SNAPSHOT_LABEL]) == 'string' then
+      out[#out + 1] = { ref = im.Id, owner = labels[SNAPSHOT_LABEL] }
+    end
+  end
+  return out
 end
 
 

@@ -14,6 +14,12 @@
 --
 -- Data plane: envd in each sandbox (mayura.sandbox._e2b_envd).
 --
+-- Snapshots (mayura.sandbox.e2b says 'native'): POST /sandboxes/{id}/snapshots (the sandbox is
+-- paused while it is made) answers a snapshot ID, which POST /v2/sandboxes takes as its
+-- templateID and DELETE /templates/{id} deletes (404: gone already). The answer holds no size:
+-- size_bytes is 0. A snapshot call whose answer was lost (a timeout, a cut, a 5xx, no usable ID)
+-- lists GET /snapshots?sandboxID= and deletes what this backend did not make.
+--
 -- Failures are SANDBOX_ERROR with the kit's reasons, never the service's text:
 -- 401/403 authentication, 404 on the control plane and 502 from the sandbox's
 -- proxy `gone` (a command's stream cut midway, or envd's `unavailable`, asks
@@ -98,6 +104,61 @@ end
 -- }======================================================
 
 -- {======================================================
+-- Snapshots
+-- =======================================================
+
+local SNAPSHOT_ID = '^[%w][%w_%.:/%-]*$'
+
+local function snapshot_release(snap)
+  if snap._released then return end
+  snap._released = true
+  -- 404: it is gone already, which is what release wants
+  snap._client:json('DELETE', '/templates/' .. hosted.escape(snap.id), nil,
+    { allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS })
+end
+
+-- A snapshot of the service's, as the pool holds it: E2B says no size (see the module's comment).
+local function native_snapshot(client, id)
+  return { id = id, size_bytes = 0, _client = client, _released = false, release = snapshot_release }
+end
+
+-- The snapshots of the sandbox on the service that its backend does not know (those of a call whose
+-- answer was lost), deleted; best effort.
+local function sweep_snapshots(b)
+  pcall(function()
+    local list = b.client:json('GET', '/snapshots', nil, { query = { sandboxID = b.id }, timeout_ms = KILL_TIMEOUT_MS })
+    for _, s in ipairs(type(list) == 'table' and list or {}) do
+      local id = type(s) == 'table' and s.snapshotID
+      if type(id) == 'string' and id:match(SNAPSHOT_ID) and not b._snapshots[id] then
+        pcall(snapshot_release, native_snapshot(b.client, id))
+      end
+    end
+  end)
+end
+
+--- A backend's snapshot on the service (POST /sandboxes/{id}/snapshots): the sandbox is paused while
+-- it is made and runs on after. `o` = { timeout_ms }. A call that failed in a way that may have made
+-- one looks for it by the sandbox's ID and deletes it.
+local function snapshot(b, o)
+  if b._released then error(errors.sandbox('gone', b._label .. ': the sandbox was released'), 0) end
+  b._snapshotting = (b._snapshotting or 0) + 1
+  local ok, res = pcall(b.client.json, b.client, 'POST', '/sandboxes/' .. hosted.escape(b.id) .. '/snapshots',
+    object({}), { gone = { 404 }, timeout_ms = o and o.timeout_ms, retries = 0 })
+  b._snapshotting = b._snapshotting - 1
+  local id = ok and type(res) == 'table' and res.snapshotID or nil
+  if type(id) == 'string' and id:match(SNAPSHOT_ID) and #id <= 512 then
+    b._snapshots[id] = true
+    return native_snapshot(b.client, id)
+  end
+  -- no usable answer: what the call made (if anything) goes, unless another call of ours is under way
+  if (ok or kit.may_have_made(res)) and b._snapshotting == 0 then sweep_snapshots(b) end
+  if not ok then error(res, 0) end
+  error(errors.sandbox('failed', b._label .. ': the service answered the snapshot with no usable ID'), 0)
+end
+
+-- }======================================================
+
+-- {======================================================
 -- The provider
 -- =======================================================
 
@@ -155,11 +216,25 @@ function M.provider(config, spec)
       local env = {}
       for k, v in pairs(spec.env or {}) do env[k] = v end
       for k, v in pairs(s.env or {}) do env[k] = v end
+      local template = s.image or config.template
+      if s.snapshot ~= nil then
+        -- a snapshot of the service's is a template of its own
+        if s.image ~= nil then
+          errors.raise('INVALID_INPUT', label .. ': a snapshot brings its own template; image cannot be given with it',
+            nil, 0)
+        end
+        template = s.snapshot.id
+      end
       local body = {
-        templateID = s.image or config.template, timeout = timeout_s, metadata = metadata, envVars = object(env),
+        templateID = template, timeout = timeout_s, metadata = metadata, envVars = object(env),
       }
       network_body(body, s.network)
-      return ctx.client:json('POST', '/v2/sandboxes', body, { on_error = create_error })
+      return ctx.client:json('POST', '/v2/sandboxes', body, { on_error = function(status)
+        if status == 404 and s.snapshot ~= nil then
+          return errors.new('INVALID_INPUT', label .. ': the service no longer has the snapshot (HTTP 404)')
+        end
+        return create_error(status)
+      end })
     end,
 
     accept = function(ctx, res)
@@ -213,6 +288,7 @@ function M.provider(config, spec)
       local backend = envd.new({
         id = h.id, client = c, envd = envd_client, domain = h.domain, envd_version = h.envd_version, _label = label,
       })
+      backend._snapshots, backend.snapshot = {}, snapshot
       if spec.after_create then spec.after_create(backend) end
       return backend
     end,

@@ -96,4 +96,31 @@ function M.uid()
   return tonumber(euid)
 end
 
+--- This host process's mark: `PID-START` (its start time in /proc/PID/stat, in clock ticks since
+-- boot), so that what it leaves on the host (a snapshot) can be told from what a live one holds.
+local own_mark
+function M.process_mark()
+  if not own_mark then
+    local pid = ('%d'):format(require('luv').os_getpid())
+    own_mark = pid .. '-' .. (M.start_time(pid) or '0')
+  end
+  return own_mark
+end
+
+--- The start time of process `pid` (/proc/PID/stat's 22nd field, a string), or nil.
+function M.start_time(pid)
+  local stat = M.read_plain('/proc/' .. pid .. '/stat')
+  local rest = stat and stat:match('.*%)%s+(.*)$')
+  if not rest then return nil end
+  local fields = {}
+  for f in rest:gmatch('%S+') do fields[#fields + 1] = f end
+  return fields[20]
+end
+
+--- Whether the process a mark names (process_mark) is still running.
+function M.mark_alive(mark)
+  local pid, start = tostring(mark):match('^(%d+)%-(%d+)$')
+  return pid ~= nil and M.start_time(pid) == start
+end
+
 return M

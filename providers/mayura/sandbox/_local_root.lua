@@ -55,6 +55,19 @@ local DEV_LINKS = { { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, {
 -- own: the host sees only an empty directory owned by root.
 local STAGE = '/run/mayura'
 
+-- Where native snapshots are kept (launcher/launch.c's SNAPROOT): a tmpfs of root's alone, beside
+-- STAGE, holding a tmpfs of each snapshot. Every launcher takes it off its own mount namespace once
+-- its mounts are made (`detach`), so a sandbox holds only the snapshot it was made from.
+local SNAPROOT = '/run/mayura-snap'
+
+-- A writable place of a sandbox (`opts`: a tmpfs's options, as an fstab line's) at `target`: its
+-- tmpfs; with a native snapshot (`snap`: { dir, uid }) an overlay whose lower layer is the
+-- snapshot's copy of the place (`name` in its directory) and whose upper one is that tmpfs.
+local function place(target, opts, snap, name)
+  if snap then return ('overlay %s/%s %s %s %d'):format(snap.dir, name, target, opts, snap.uid) end
+  return ('mayura %s tmpfs %s 0 0'):format(target, opts)
+end
+
 local function lstat(path)
   local uv = require('luv')
   local err, st = await_cb(function(cb) uv.fs_lstat(path, cb) end)
@@ -86,14 +99,17 @@ end
 -- cannot name): their file systems under STAGE. mayura-launch reads it whole before the first line
 -- mounts a small tmpfs over STAGE (in which the others make their directories), and so hide it.
 -- X-mayura.own: mayura-launch gives that root to the sandbox's uid.
-function M.fstab_lines(agent_bytes, workspace_mib, tmp_mib)
+-- `snap`: a native snapshot the workspace and /tmp start from (place).
+function M.fstab_lines(agent_bytes, workspace_mib, tmp_mib, snap)
   return {
     ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
     ('mayura %s/root tmpfs %s,X-mount.mkdir,X-mayura.own 0 0'):format(STAGE, tmpfs_options(agent_bytes + MIB, '0755')),
-    ('mayura %s/w tmpfs %s,X-mount.mkdir,X-mayura.own 0 0'):format(STAGE, tmpfs_options(workspace_mib * MIB, '0755')),
-    ('mayura %s/t tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
+    place(STAGE .. '/w', tmpfs_options(workspace_mib * MIB, '0755') .. ',X-mount.mkdir,X-mayura.own', snap,
+      WORKDIR:sub(2)),
+    place(STAGE .. '/t', tmpfs_options(tmp_mib * MIB, '1777') .. ',X-mount.mkdir', snap, 'tmp'),
     ('mayura %s/s tmpfs %s,X-mount.mkdir 0 0'):format(STAGE, tmpfs_options(tmp_mib * MIB, '1777')),
     ('devpts %s/pts devpts newinstance,ptmxmode=0666,mode=0620,X-mount.mkdir 0 0'):format(STAGE),
+    'detach ' .. SNAPROOT,
   }
 end
 
@@ -106,7 +122,7 @@ end
 -- for /dev/shm, /tmp and the workspace; the root and /dev read-only. Mounts made in the host's user
 -- namespace come into the sandbox's locked: it cannot make them writable, nor take them off.
 -- `tree(add, R)` adds the steps of the root's own entries.
-local function built_lines(agent_bytes, workspace_mib, tmp_mib, tree)
+local function built_lines(agent_bytes, workspace_mib, tmp_mib, tree, snap)
   local R = STAGE .. '/root'
   local lines = {
     ('mayura %s tmpfs size=65536,nr_inodes=16,mode=0755 0 0'):format(STAGE),
@@ -124,10 +140,11 @@ local function built_lines(agent_bytes, workspace_mib, tmp_mib, tree)
   add(('devpts %s/dev/pts devpts newinstance,ptmxmode=0666,mode=0620,nosuid,noexec,X-mount.mkdir 0 0'):format(R))
   add(('mayura %s/dev/shm tmpfs %s,nosuid,nodev,X-mount.mkdir 0 0'):format(R, tmpfs_options(tmp_mib * MIB, '1777')))
   add('ro', R .. '/dev', 'nosuid')
-  add(('mayura %s/tmp tmpfs %s,nosuid,nodev,X-mount.mkdir 0 0'):format(R, tmpfs_options(tmp_mib * MIB, '1777')))
-  add(('mayura %s%s tmpfs %s,nosuid,nodev,X-mount.mkdir,X-mayura.own 0 0'):format(R, WORKDIR,
-    tmpfs_options(workspace_mib * MIB, '0755')))
+  add(place(R .. '/tmp', tmpfs_options(tmp_mib * MIB, '1777') .. ',nosuid,nodev,X-mount.mkdir', snap, 'tmp'))
+  add(place(R .. WORKDIR, tmpfs_options(workspace_mib * MIB, '0755') .. ',nosuid,nodev,X-mount.mkdir,X-mayura.own',
+    snap, WORKDIR:sub(2)))
   add('ro', R, 'nosuid,nodev')
+  add('detach', SNAPROOT)
   return lines
 end
 
@@ -300,14 +317,20 @@ end
 --- The mount table (its text) from which mayura-launch builds the sandbox's whole root
 -- (built_lines), bubblewrap binding it as one; nil when bubblewrap makes the tree (not root here,
 -- an image a table cannot name or hold).
+-- `spec.snapshot`: the native snapshot (local.lua's) the sandbox starts from.
 function M.built_table(p, spec)
   if not p.root_table then return nil end
   local image = spec.image or p.image
-  if not image then return p.root_table end
+  local snap = spec.snapshot
+  if not image then
+    if not snap then return p.root_table end
+    return M.table_text(built_lines(#(p.agent_host_bytes or p.agent_bytes), p.workspace_mib, p.tmp_mib,
+      M.host_tree(p), snap))
+  end
   local entries = image_entries(image)
   if not entries then return nil end
   return M.table_text(built_lines(#p.agent_bytes, p.workspace_mib, p.tmp_mib,
-    image_tree(image, entries, spec.network == 'all')))
+    image_tree(image, entries, spec.network == 'all'), snap))
 end
 
 --- The mount table of a sandbox without an image, which mayura-launch builds whole (made once).
@@ -315,7 +338,7 @@ function M.host_table(p, agent_bytes)
   return M.table_text(built_lines(agent_bytes, p.workspace_mib, p.tmp_mib, M.host_tree(p)))
 end
 
-M.ETC, M.ETC_NAMES, M.ETC_HOST, M.ROOT_DIRS, M.DEVICES, M.DEV_LINKS, M.STAGE =
-  ETC, ETC_NAMES, ETC_HOST, ROOT_DIRS, DEVICES, DEV_LINKS, STAGE
+M.ETC, M.ETC_NAMES, M.ETC_HOST, M.ROOT_DIRS, M.DEVICES, M.DEV_LINKS, M.STAGE, M.SNAPROOT =
+  ETC, ETC_NAMES, ETC_HOST, ROOT_DIRS, DEVICES, DEV_LINKS, STAGE, SNAPROOT
 
 return M

@@ -40,11 +40,23 @@
 -- /sandbox/{id}): 404 there, or a state that is not running (destroyed,
 -- stopped, archived, error, ...), is SANDBOX_ERROR `gone`.
 --
+-- Snapshots are Daytona's own (`features.snapshots` 'native'): sandbox:snapshot()
+-- is POST /sandbox/{id}/snapshot with a name of its own (`mayura-<random>`; the
+-- sandbox is `snapshotting` meanwhile, its toolbox refusing it, and runs on
+-- after), waited for until the sandbox is started again and the snapshot
+-- (GET /snapshots/{name}) `active`; its size is the service's `size` (GB, as
+-- bytes). A create from it names it as its `snapshot`; release is DELETE
+-- /snapshots/{id} (404: gone already). A snapshot that ends in `error`, or is
+-- not active within the call timeout, or whose answer was lost, is looked up by
+-- its name and deleted.
+--
 -- `features`: stdin true (through a file), ports true, desktop as asked,
 -- network { 'none', 'all', 'allowlist' } (domains; organisations on Daytona's
--- lower tiers have egress limits of their own that a sandbox cannot lift).
+-- lower tiers have egress limits of their own that a sandbox cannot lift),
+-- snapshots 'native'.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
+local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local kit = require('mayura.sandbox._kit')
 local toolbox = require('mayura.sandbox._daytona_toolbox')
@@ -65,6 +77,85 @@ local STARTING = {
   pulling_snapshot = true, unknown = true, resuming = true,
 }
 local failed, service_url = toolbox.failed, toolbox.service_url
+
+-- {======================================================
+-- Snapshots
+-- =======================================================
+
+local GIB = 1073741824
+local SNAPSHOT_POLL_MS = 1000   -- the longest pause between two looks at a snapshot being made
+
+local function snapshot_release(snap)
+  if snap._released then return end
+  snap._released = true
+  snap._api:json('DELETE', '/snapshots/' .. hosted.escape(snap.id), nil, { allow = { 404 } })
+end
+
+-- Deletes the snapshot named `name` if the service has it (best effort).
+local function drop_snapshot(api, name)
+  pcall(function()
+    local sn = api:json('GET', '/snapshots/' .. hosted.escape(name), nil, { allow = { 404 } })
+    if type(sn) == 'table' and type(sn.id) == 'string' and sn.id ~= '' and not sn.id:find('[/%c]') then
+      snapshot_release({ id = sn.id, _api = api })
+    end
+  end)
+end
+
+-- Waits until the sandbox is no longer `snapshotting` and the snapshot `name` is active: the
+-- snapshot as the pool holds it. Raises past `deadline` (hrtime ms) or when it failed.
+local function wait_snapshot(b, api, name, deadline)
+  local pause, sandbox_back = 50, false
+  while true do
+    if not sandbox_back then
+      local sb = api:json('GET', '/sandbox/' .. hosted.escape(b.id), nil, { gone = true })
+      local st = type(sb) == 'table' and sb.state
+      if DOWN[st] then error(toolbox.gone('daytona: the sandbox is ' .. st), 0) end
+      sandbox_back = st ~= 'snapshotting'
+    end
+    local sn = api:json('GET', '/snapshots/' .. hosted.escape(name))
+    if type(sn) ~= 'table' or type(sn.id) ~= 'string' or sn.id == '' or sn.id:find('[/%c]') then
+      error(api:bad_answer('a snapshot without an id'), 0)
+    end
+    if sn.state == 'error' or sn.state == 'build_failed' then error(failed('the snapshot could not be made'), 0) end
+    if sandbox_back and sn.state == 'active' then
+      local size = tonumber(sn.size)
+      if size ~= nil and (size < 0 or size ~= size or size == math.huge) then
+        error(api:bad_answer('a snapshot size that is not a size'), 0)
+      end
+      local bytes = math.ceil((size or 0) * GIB)
+      return { id = sn.id, name = name, size_bytes = math.tointeger and math.tointeger(bytes) or bytes, _api = api,
+        _released = false, release = snapshot_release }
+    end
+    if core.hrtime_ms() + pause > deadline then
+      error(errors.sandbox('timeout', 'daytona: the snapshot was not made within the call timeout'), 0)
+    end
+    task.sleep(pause)
+    pause = math.min(SNAPSHOT_POLL_MS, pause * 2)
+  end
+end
+
+--- Daytona's snapshot of a backend's running sandbox: made, waited for, and returned as `{ id, name,
+-- size_bytes, release }` (see the module's comment). `o` = { timeout_ms }.
+local function snapshot(b, o)
+  if b._closed then error(toolbox.gone('daytona: the sandbox was released'), 0) end
+  local api = b._api
+  local deadline = core.hrtime_ms() + ((o and o.timeout_ms) or api.call_timeout_ms or 120000)
+  local name = 'mayura-' .. kit.random_hex(8)
+  local made, err = pcall(api.json, api, 'POST', '/sandbox/' .. hosted.escape(b.id) .. '/snapshot',
+    { name = name }, { gone = true, retries = 0, timeout_ms = math.max(1, math.floor(deadline - core.hrtime_ms())) })
+  if not made then
+    if kit.may_have_made(err) then drop_snapshot(api, name) end
+    error(err, 0)
+  end
+  local ok, res = pcall(wait_snapshot, b, api, name, deadline)
+  if not ok then
+    drop_snapshot(api, name)
+    error(res, 0)
+  end
+  return res
+end
+
+-- }======================================================
 
 -- {======================================================
 -- The provider
@@ -116,7 +207,8 @@ function M.daytona_sandboxes(options)
 
   return kit.provider({
     id = 'daytona', label = 'daytona', client = api, warm = o.warm, warm_ports = true,
-    features = { stdin = true, ports = true, desktop = desktop, network = { 'none', 'all', 'allowlist' } },
+    features = { stdin = true, ports = true, desktop = desktop, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' },
     workdir = o.workdir or '/home/daytona', max_lifetime_ms = o.max_lifetime_ms,
     -- a create the service finishes late is looked for now and twice more; one missed still ends at
     -- its ttlMinutes (the waits do not keep a script's loop alive)
@@ -130,8 +222,17 @@ function M.daytona_sandboxes(options)
       for k, v in pairs(spec.labels or {}) do labels[k] = v end
       labels[CREATE_LABEL] = ctx.tag
       local net = spec.network
+      local from = spec.image or o.snapshot
+      if spec.snapshot ~= nil then
+        -- Daytona's own snapshot of a sandbox: the new one starts from it
+        if spec.image ~= nil then
+          errors.raise('INVALID_INPUT', 'daytona: a snapshot is what the sandbox starts from; image cannot be given '
+            .. 'with it', nil, 0)
+        end
+        from = spec.snapshot.name
+      end
       local body = {
-        snapshot = spec.image or o.snapshot, target = o.target, user = o.user,
+        snapshot = from, target = o.target, user = o.user,
         env = kit.object(spec.env),
         labels = hosted.metadata(labels, { max_keys = 64, max_key_bytes = 63, key_pattern = '^[%w][%w%._/%-]*$' }),
         public = false,
@@ -141,7 +242,10 @@ function M.daytona_sandboxes(options)
       }
       if spec.cpus then body.cpu = math.ceil(spec.cpus) end
       if spec.memory_mib then body.memory = math.ceil(spec.memory_mib / 1024) end
-      return ctx.client:json('POST', '/sandbox', body)
+      return ctx.client:json('POST', '/sandbox', body, { on_error = spec.snapshot and function(status)
+        if status == 404 then return errors.new('INVALID_INPUT', 'daytona: the service no longer has the snapshot') end
+        return nil
+      end or nil })
     end,
 
     accept = function(ctx, sb)
@@ -186,6 +290,7 @@ function M.daytona_sandboxes(options)
       local self = toolbox.new({
         id = id, _api = c, _wait_ms = o.wait_ms, _expires_at = ctx.started + ctx.spec.lifetime_ms, _env = {},
       })
+      self.snapshot = snapshot
       local proxy = service_url(h.sb.toolboxProxyUrl)
       if not proxy or (secure and not proxy:match('^https://')) then
         error(c:bad_answer('a toolbox URL that is not ' .. (secure and 'https' or 'http(s)')), 0)

@@ -47,6 +47,13 @@
 -- SIGKILL left. Containers are created with auto-remove too. Release returns
 -- once the container is gone.
 --
+-- Snapshots are 'native': the sandbox's files (its tmpfs, which `docker commit` misses) archived
+-- in it as its user, then put into an image the daemon commits from the sandbox's image
+-- (`mayura-snapshot:<hex>`, never pushed, labelled with this host process's mark); a sandbox made
+-- from one runs that image and unpacks the archive from its layer before it is handed out. The
+-- image goes when the snapshot is released and no sandbox of it runs; a provider made sweeps
+-- those of a host process that is gone.
+--
 -- `runtime` names one of the daemon's runtimes (checked against `docker info`:
 -- INVALID_CONFIG otherwise); 'runsc' (gVisor, registered by
 -- scripts/docker-setup.sh with gVisor's network stack off and the agent's
@@ -96,6 +103,8 @@ local dirs = require('mayura.sandbox._docker_dirs')
 local uids = require('mayura.sandbox._docker_uid')
 local docker_net = require('mayura.sandbox._docker_net')
 local host_util = require('mayura.sandbox._host')
+local snapshots = require('mayura.sandbox._snapshot')
+local tar = require('mayura.sandbox._tar')
 
 local M = {}
 
@@ -152,6 +161,14 @@ local function reap(engine, host, base, owner, force)
       -- only in a base directory that is ours and that no other user can swap
       if next(gone) and pcall(dirs.prepare_base, base, owner) then dirs.remove_dirs_of(base, gone) end
     end)
+    -- the snapshots' images of host processes that are gone (this machine's: the daemon is local)
+    if force then
+      pcall(function()
+        for _, im in ipairs(engine:list_snapshot_images()) do
+          if not host_util.mark_alive(im.owner) then pcall(engine.remove_image, engine, im.ref) end
+        end
+      end)
+    end
   end)
 end
 
@@ -202,6 +219,12 @@ function Backend:release()
   end
   pcall(remove_dir, self.dir)
   if self.own_uid then uids.free(self.uid) end
+  local from = self.from_snapshot
+  if from then
+    self.from_snapshot = nil
+    from.users = from.users - 1
+    from:_maybe_remove()
+  end
   local waiters = self.waiters
   self.waiters = nil
   for _, done in ipairs(waiters) do done() end
@@ -222,6 +245,65 @@ function Backend:arm(ms)
   timer:unref()
 end
 
+
+-- {======================================================
+-- Native snapshots: images of the daemon's own
+-- =======================================================
+
+-- Where a snapshot's image holds its files: the prepared archive and the script of its directories'
+-- modes and times (mayura.sandbox._snapshot's prepared), root's and read-only, beside the agent's
+-- mount point.
+local SNAP_DIR = '.mayura-snapshot'
+
+local Snap = {}
+Snap.__index = Snap
+
+-- The image goes once the snapshot is released and no sandbox made from it runs (an image in use
+-- would only lose its name, and stay).
+function Snap:_maybe_remove()
+  if self.released and self.users == 0 and not self.removed then
+    self.removed = true
+    pcall(self.engine.remove_image, self.engine, self.image)
+  end
+end
+
+function Snap:release()
+  if self.released then return end
+  self.released = true
+  self.archive_text = nil
+  self:_maybe_remove()
+end
+
+--- The snapshot's archive, for `sandbox:restore` (unpacked the generic way).
+function Snap:archive()
+  if self.released then error(errors.sandbox('gone', 'the snapshot was released'), 0) end
+  return self.archive_text
+end
+
+--- A native snapshot: the sandbox's files archived in it (the generic way, mayura.sandbox._snapshot:
+-- its working directory and /tmp are tmpfs, which `docker commit` does not see), then put into an
+-- image the daemon makes from the sandbox's image (`mayura-snapshot:<hex>`, labelled with this host
+-- process's mark, never pushed), which the sandboxes made from it start from: each unpacks the
+-- archive from its own image's layer, and nothing moves through the host again.
+function Backend:snapshot(o)
+  if self.released or self.closed then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
+  local p = self.provider
+  local archive = snapshots.capture(function(name, ...) return self[name](self, ...) end,
+    { paths = snapshots.paths(p, p.workdir), max_bytes = o.max_bytes, timeout_ms = o.timeout_ms, binary = true })
+  local prep = snapshots.prepared(archive)
+  local files = { { name = SNAP_DIR .. '/archive.tar', data = prep.tar, mode = tonumber('444', 8) } }
+  if prep.script ~= '' then
+    files[2] = { name = SNAP_DIR .. '/fix.sh', data = prep.script, mode = tonumber('444', 8) }
+  end
+  local tag = random_hex(8)
+  local ref = self.engine:snapshot_image(self.base_image, tar.tar(files, 0), tag,
+    { [engines.SNAPSHOT_LABEL] = host_util.process_mark() }, math.floor(core.now_ms()) + 600000)
+  return setmetatable({ size_bytes = #archive, image = ref, base_image = self.base_image, engine = self.engine,
+    script = prep.script ~= '',
+    archive_text = archive, users = 0, released = false }, Snap)
+end
+
+-- }======================================================
 
 local function cgroup_oom_file(id)
   local candidates = {
@@ -363,7 +445,8 @@ function M.docker_sandboxes(options, how)
   local settings = desktop.settings(options.desktop, nil, 2)
   local p = {
     id = 'docker',
-    features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' } },
+    features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' },
+      snapshots = 'native' },
     proxy_resolve = egress.check_resolve(options.proxy_resolve, 2),
     desktop = settings,
     workdir = workdir,
@@ -484,6 +567,17 @@ function M.docker_sandboxes(options, how)
     if ncpu and ncpu > 0 then want_cpus = math.min(want_cpus, ncpu) end
     if want_cpus < 0.01 then errors.raise('INVALID_INPUT', 'cpus must be at least 0.01', nil, 0) end
     local image_name = spec.image or self.image
+    local snap = spec.snapshot
+    if snap then
+      -- the snapshot's image is the one it was taken in, with its files
+      if getmetatable(snap) ~= Snap or snap.released then
+        errors.raise('INVALID_INPUT', 'the snapshot is not one of this provider\'s', nil, 0)
+      end
+      if spec.image ~= nil and spec.image ~= snap.base_image then
+        errors.raise('INVALID_INPUT', 'a sandbox made from a snapshot has the image the snapshot was taken in', nil, 0)
+      end
+      image_name = snap.image
+    end
     if image_name:find('[%s%z]') or image_name:sub(1, 1) == '-' then
       errors.raise('INVALID_CONFIG', 'image is not a usable image name', nil, 0)
     end
@@ -601,7 +695,7 @@ function M.docker_sandboxes(options, how)
     end
 
     local backend = setmetatable({
-      id = id, container = container, engine = eng, dir = dir, network = network,
+      id = id, container = container, engine = eng, dir = dir, network = network, provider = self,
       uid = sb_uid, gid = sb_gid, own_uid = own_uid, oom_score_adj = c.oom_score_adj, expires_ms = expires_ms,
       ports = {}, closed = false, released = false,
     }, Backend)
@@ -625,8 +719,14 @@ function M.docker_sandboxes(options, how)
       -- unlinked its socket: it serves this connection only; nothing else ran in the sandbox yet)
       uv_fs('fs_chmod', dir, MODE_0700)
     end)
+    if snap then
+      -- held until this sandbox is gone (its release lets the image go)
+      snap.users = snap.users + 1
+      backend.from_snapshot = snap
+    end
     if not sok then agent_backend.start_failed(backend, serr) end
     backend.image_name = image_name
+    backend.base_image = snap and snap.base_image or image_name
     backend:arm(remaining + LIFETIME_GRACE_MS)
     return backend
   end
@@ -646,7 +746,24 @@ function M.docker_sandboxes(options, how)
 
   function p.create(self, spec)
     local backend = start(self, spec)
-    local fok, err = pcall(finish, self, backend, spec)
+    local fok, err = pcall(function()
+      finish(self, backend, spec)
+      local snap = spec.snapshot
+      if snap then
+        -- the snapshot's files, from the image's layer into the sandbox's own places
+        local dir = '/' .. SNAP_DIR .. '/'
+        local uok, uerr = pcall(snapshots.unpack_file, function(name, ...) return backend[name](backend, ...) end,
+          dir .. 'archive.tar', snap.script and (dir .. 'fix.sh') or nil,
+          { timeout_ms = spec.call_timeout_ms or 300000 })
+        if not uok then
+          if errors.is(uerr, 'SANDBOX_ERROR') and (uerr.reason == 'gone' or uerr.reason == 'unavailable') then
+            uerr = errors.sandbox('failed', 'the new sandbox ended while the snapshot was unpacked in it (do its '
+              .. 'files fit its memory?)')
+          end
+          error(uerr, 0)
+        end
+      end
+    end)
     if not fok then agent_backend.start_failed(backend, err) end
     return backend
   end

@@ -32,6 +32,11 @@
 -- 80 and 443). Ports need no declaring at E2B: url(port) is
 -- https://<port>-<id>.<domain>. Commands take standard input (envd 0.5.2 and
 -- later); a timeout or a cancel ends every process the command started.
+-- Snapshots are E2B's own (`features.snapshots` 'native'): sandbox:snapshot() is E2B's snapshot
+-- (the sandbox paused while it is made: its whole disk and its memory, so what ran in it runs on
+-- in a sandbox made from it), create{ snapshot = snap } starts from it as a template, release
+-- deletes it on the service. E2B says no size of a snapshot: its size_bytes is 0, and only
+-- max_snapshots bounds them (docs/snapshots.md).
 -- Failures are SANDBOX_ERROR with a reason (authentication, rate_limited,
 -- gone, ...), never with E2B's own text. How it talks to E2B:
 -- mayura.sandbox._e2b.
@@ -39,7 +44,8 @@ local e2b = require('mayura.sandbox._e2b')
 
 local M = {}
 
-M.FEATURES = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } }
+M.FEATURES = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+  snapshots = 'native' }
 
 --- The provider: see the module's comment for the options.
 function M.e2b_sandboxes(options)

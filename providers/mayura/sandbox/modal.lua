@@ -46,7 +46,15 @@
 -- `gone`, ...), never with Modal's text; no token is in a message. A command that fails is
 -- checked with SandboxWaitV2 (timeout 0): a sandbox with a result has ended, and is `gone`.
 --
--- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop.
+-- Snapshots are Modal's own (`features.snapshots` 'native'): sandbox:snapshot() is the command
+-- service's TaskSnapshotFilesystem (the sandbox's filesystem as an image, the sandbox running on;
+-- kept by Modal a day, `ttl_seconds`, so one a lost host leaves goes by itself), a create from it
+-- starts from that image id, release is ImageDelete (NOT_FOUND: gone already). Modal says no size
+-- of it: its size_bytes is 0. Modal lists no snapshots by sandbox: one whose answer was lost stays
+-- until its day is over.
+--
+-- `features`: network { 'none', 'all', 'allowlist' }, ports (as tunnels), stdin true, no desktop,
+-- snapshots 'native'.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
@@ -69,6 +77,7 @@ local STATUS_SUCCESS = 1
 local NETWORK_OPEN, NETWORK_BLOCKED, NETWORK_ALLOWLIST = 1, 2, 3
 local TOKEN_MARGIN_S = 300           -- an auth token is fetched again this long before its exp
 local EXEC_TIMEOUT_MS = 60000        -- one backend script (each is short: the commands run in the background)
+M.SNAPSHOT_TTL_S = 86400            -- how long Modal keeps a snapshot's image
 
 -- The `exp` of a JWT (seconds since the epoch), or nil.
 local function jwt_exp(token)
@@ -206,7 +215,8 @@ function M.modal_sandboxes(options)
 
   return kit.provider({
     id = 'modal', label = 'modal', client = api, options = opt, command = true,
-    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+    features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' },
     -- a sandbox Modal makes late is looked for now and once more later; its own timeout ends it otherwise
     sweep_after_ms = { 0, 3000 }, sweep_in_background = true,
 
@@ -216,7 +226,17 @@ function M.modal_sandboxes(options)
       -- and an auth token fetched again when it nears its end
       local c = control(ctx.client):with({ deadline_ms = core.hrtime_ms() + ctx.client.call_timeout_ms })
       local app = app_id(c)
-      local img = image_id(c, image_option(spec.image, 'image') or image, app)
+      local img
+      if spec.snapshot ~= nil then
+        -- Modal's own snapshot is an image
+        if spec.image ~= nil then
+          errors.raise('INVALID_INPUT', 'modal: a snapshot is an image of its own; image cannot be given with it', nil,
+            0)
+        end
+        img = spec.snapshot.id
+      else
+        img = image_id(c, image_option(spec.image, 'image') or image, app)
+      end
       local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
       -- the sandbox's name carries the create's tag: what finds one whose answer was lost
       local def = {
@@ -253,7 +273,12 @@ function M.modal_sandboxes(options)
         req.secret_sources = { { env = { contents = env } } }
       end
       ctx.sent, ctx.create_client = true, c
-      return c:call(API .. 'SandboxCreateV2', req)
+      local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
+      if not made and spec.snapshot ~= nil and errors.is(resp, 'SANDBOX_ERROR') and resp.reason == 'not_found' then
+        error(errors.new('INVALID_INPUT', 'modal: the service no longer has the snapshot'), 0)
+      end
+      if not made then error(resp, 0) end
+      return resp
     end,
 
     accept = function(ctx, resp)
@@ -335,6 +360,42 @@ function M.modal_sandboxes(options)
 
       local t = { stdin = true, max_command_bytes = MAX_COMMAND, workdir = workdir }
       function t.url(_, port) return urls[port] end
+
+      -- a snapshot of the filesystem, by the command service (a JWT that expired is fetched again, once)
+      local function snapshot_of(o)
+        local body = { task_id = task_id, snapshot_id = kit.uuid(), ttl_seconds = M.SNAPSHOT_TTL_S }
+        local call_opts = { gone = true, timeout_ms = o and o.timeout_ms, retries = 0 }
+        local ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
+        if not ok and errors.is(res, 'SANDBOX_ERROR') and res.reason == 'authentication' then
+          access = nil
+          connect()
+          ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
+        end
+        if not ok then
+          if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+              and res.reason ~= 'rate_limited' then
+            check_alive()
+          end
+          error(res, 0)
+        end
+        local img_id = type(res) == 'table' and res.image_id
+        if type(img_id) ~= 'string' or not img_id:match('^im%-[%w]+$') or #img_id > 128 then
+          error(errors.sandbox('failed', 'modal: TaskSnapshotFilesystem gave no image'), 0)
+        end
+        return {
+          id = img_id, size_bytes = 0,
+          release = function(snap)
+            if snap._released then return end
+            snap._released = true
+            local gone_ok, err = pcall(function()
+              later():call(API .. 'ImageDelete', { image_id = img_id }, { idempotent = true })
+            end)
+            if not gone_ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then
+              error(err, 0)
+            end
+          end,
+        }
+      end
       function t.run(_, command, o)
         local exec_id = kit.uuid()
         local call_opts = { gone = true, signal = o.signal, timeout_ms = math.min(EXEC_TIMEOUT_MS, c.call_timeout_ms) }
@@ -399,7 +460,9 @@ function M.modal_sandboxes(options)
         error(res, 0)
       end
       t.make_workdir = true   -- made with the backend's first command
-      return sandbox.command_sandbox_backend('modal-' .. id, t, function() terminate(ctx, h) end)
+      local backend = sandbox.command_sandbox_backend('modal-' .. id, t, function() terminate(ctx, h) end)
+      function backend.snapshot(_, o) return snapshot_of(o) end
+      return backend
     end,
 
     destroy = terminate,

@@ -48,6 +48,16 @@
 --     listing and removing run `sandbox_scripts` as commands (the service
 --     has no call for them);
 --   * url(port): the route the service gave the port at create;
+--   * snapshots are the service's own (`features.snapshots` 'native'):
+--     `POST /v2/sandboxes/sessions/{id}/snapshot` (with an `expiration` of a
+--     day, the least the service takes, renewed by each use: one a lost host
+--     leaves goes by itself) stops the session to make it, as the service
+--     documents, so the sandbox ends with its snapshot (later calls are
+--     `gone`); its size is the service's `sizeBytes`; a create from it sends
+--     `source: { type = 'snapshot', snapshotId }` (and no image); release is
+--     `DELETE /v2/sandboxes/snapshots/{id}`. A snapshot call whose answer was
+--     lost lists the project's snapshots and deletes those of the session it
+--     did not make;
 --   * release: the session is stopped, then the sandbox deleted.
 -- Failures are SandboxErrors without the service's text (the kit's mapping):
 -- 404 and 410 (`sandbox_stopped`) on a session are `gone`; 401/403
@@ -392,6 +402,72 @@ function Backend:url(port)
   return url
 end
 
+-- {------------------------------------------------------ snapshots
+
+M.SNAPSHOT_EXPIRATION_MS = 86400000   -- the least the service keeps one: what a lost host leaves goes then
+
+local function snapshot_release(snap)
+  if snap._released then return end
+  snap._released = true
+  snap._client:json('DELETE', '/v2/sandboxes/snapshots/' .. hosted.escape(snap.id), nil, {
+    query = { teamId = snap._team_id }, allow = { 404 }, timeout_ms = KILL_TIMEOUT_MS,
+  })
+end
+
+local function native_snapshot(backend, id, size)
+  return { id = id, size_bytes = size, _client = backend.client, _team_id = backend.team_id, _released = false,
+    release = snapshot_release }
+end
+
+local function snapshot_id(v)
+  return type(v) == 'string' and v ~= '' and #v <= 256 and not v:find('[%c%s/]') and v or nil
+end
+
+-- The snapshots of this sandbox's session on the service that this backend does not know (a call
+-- whose answer was lost made them), deleted; best effort.
+function Backend:_sweep_snapshots()
+  pcall(function()
+    local body = self.client:json('GET', '/v2/sandboxes/snapshots', nil, {
+      query = self:_query({ project = self.project_id }), timeout_ms = KILL_TIMEOUT_MS,
+    })
+    local list = type(body) == 'table' and type(body.snapshots) == 'table' and body.snapshots or {}
+    for _, sn in ipairs(list) do
+      local id = type(sn) == 'table' and snapshot_id(sn.id)
+      if id and sn.sourceSessionId == self.session_id and sn.status == 'created' and not self._snapshots[id] then
+        pcall(snapshot_release, native_snapshot(self, id, 0))
+      end
+    end
+  end)
+end
+
+--- The service's snapshot of the session (POST .../snapshot, kept a day after its last use): the
+-- service stops the session to make it, so the sandbox ends with it (every later call is `gone`).
+-- `o` = { timeout_ms }. Its size is the service's `sizeBytes`. A call that failed in a way that may
+-- have made one looks for it by the session and deletes it.
+function Backend:snapshot(o)
+  local c = self.client
+  local ok, res = pcall(c.json, c, 'POST', self:_path('/snapshot'), { expiration = M.SNAPSHOT_EXPIRATION_MS }, {
+    query = self:_query(), gone = GONE, timeout_ms = o and o.timeout_ms, retries = 0,
+  })
+  local sn = ok and type(res) == 'table' and type(res.snapshot) == 'table' and res.snapshot or nil
+  local id = sn and snapshot_id(sn.id)
+  if id then
+    self._snapshots[id] = true
+    local snap = native_snapshot(self, id, 0)
+    if not check.is_int(sn.sizeBytes) or sn.sizeBytes < 0 then
+      pcall(snapshot_release, snap)
+      error(c:bad_answer('a snapshot without its size'), 0)
+    end
+    snap.size_bytes = math.tointeger and math.tointeger(sn.sizeBytes) or sn.sizeBytes
+    return snap
+  end
+  if ok or kit.may_have_made(res) then self:_sweep_snapshots() end
+  if not ok then error(res, 0) end
+  error(c:bad_answer('a snapshot without an id'), 0)
+end
+
+-- }------------------------------------------------------
+
 function Backend:release()
   local c = self.client
   pcall(c.json, c, 'POST', self:_path('/stop'), nil, { query = self:_query(), allow = { 404, 410 } })
@@ -519,7 +595,8 @@ function M.vercel_sandboxes(options)
 
   return kit.provider({
     id = 'vercel', label = 'vercel', client = client, warm = o.warm, ready_interval_ms = POLL_MS,
-    features = { stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' } },
+    features = { stdin = false, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
+      snapshots = 'native' },
     workdir = workdir, max_lifetime_ms = o.max_lifetime_ms,
 
     create = function(ctx)
@@ -528,6 +605,15 @@ function M.vercel_sandboxes(options)
       local vcpus = vcpus_of(spec)
       local tags = hosted.metadata(spec.labels, { max_keys = M.MAX_TAGS, max_key_bytes = 63, max_value_bytes = 256 })
       ctx.ports = ports
+      local source
+      if spec.snapshot ~= nil then
+        -- the service's own snapshot: the new sandbox starts from its filesystem
+        if spec.image ~= nil then
+          errors.raise('INVALID_INPUT', 'vercel: a snapshot brings its own image; image cannot be given with it',
+            nil, 0)
+        end
+        source = object({ type = 'snapshot', snapshotId = spec.snapshot.id })
+      end
       return ctx.client:json('POST', '/v3/sandboxes', {
         projectId = project_id,
         timeout = hosted.lifetime(spec.lifetime_ms, { unit = 'ms', max = o.max_lifetime_ms }),
@@ -536,12 +622,17 @@ function M.vercel_sandboxes(options)
         tags = tags,
         networkPolicy = network_policy(spec.network),
         resources = vcpus and object({ vcpus = vcpus }) or nil,
-        image = spec.image or o.image,
+        image = not source and (spec.image or o.image) or nil,
+        source = source,
         region = o.region,
         persistent = false,
       }, {
         query = query,
         on_error = function(status)
+          if source and (status == 404 or status == 410) then
+            return errors.new('INVALID_INPUT', 'vercel: the service no longer has the snapshot (HTTP '
+              .. status .. ')')
+          end
           if status == 400 or status == 422 then
             return errors.new('INVALID_INPUT', 'vercel: the service refused the sandbox\'s options (HTTP '
               .. status .. ')')
@@ -560,7 +651,7 @@ function M.vercel_sandboxes(options)
       local backend = setmetatable({
         id = check_id(c, res.sandbox.name, 'sandbox'), name = res.sandbox.name,
         session_id = check_id(c, res.session.id, 'session'),
-        client = c, team_id = team_id, project_id = project_id, workdir = workdir, _env = {},
+        client = c, team_id = team_id, project_id = project_id, workdir = workdir, _env = {}, _snapshots = {},
       }, Backend)
       return { backend = backend, session = res.session, routes = res.routes }
     end,

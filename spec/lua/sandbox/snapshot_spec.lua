@@ -296,6 +296,13 @@ local function cases(make_pool, o)
     local sum = sh(base, 'md5sum < big.bin')
     local snap = base:snapshot()
     base:release()
+    if base.features.snapshots == 'native' and o.kind == 'local' then
+      -- a native local fork's files are the snapshot's (an overlay's lower layer), not its memory:
+      -- it starts in 16 MiB
+      local small = p:create({ lifetime_ms = 60000, snapshot = snap, memory_mib = 16 })
+      assert.are.equal(sum, sh(small, 'md5sum < big.bin'))
+      return
+    end
     -- 24 MB of files (tmpfs, counted as memory) in a sandbox of 16 MiB of memory
     local err = select(2, pcall(p.create, p, { lifetime_ms = 60000, snapshot = snap, memory_mib = 16 }))
     assert.truthy(err.code == 'SANDBOX_ERROR' or err.code == 'LIMIT_EXCEEDED', tostring(err))
@@ -341,7 +348,9 @@ describe('features.snapshots', function()
     p:close()
     for _, entry in ipairs(providers.list()) do
       local pool = entry.make_pool({ max_sandboxes = 1 })
-      assert.are.equal('generic', pool:create({ lifetime_ms = 60000 }).features.snapshots)
+      -- local run as root (its launcher mounts the sandbox's file systems) and Docker make their own
+      local own = entry.kind == 'docker' or entry.name == 'local' and pool.provider.staged
+      assert.are.equal(own and 'native' or 'generic', pool:create({ lifetime_ms = 60000 }).features.snapshots)
       pool:close()
     end
   end)
@@ -497,6 +506,31 @@ describe('a provider\'s own (native) snapshots, through the pool', function()
     assert.is_true(b._released)
   end)
 
+  it('makes one held with its sandbox (a checkpoint) the generic way, so that restore puts it back', function()
+    -- local sandboxes that say their snapshots are their own
+    local p = require('mayura.sandbox.local').local_sandboxes()
+    local features = {}
+    for k, v in pairs(p.features) do features[k] = v end
+    features.snapshots = 'native'
+    p.features, p.made = features, {}
+    local create = p.create
+    function p.create(self, spec, ...)
+      local b = create(self, spec, ...)
+      function b.snapshot() p.made[#p.made + 1] = true error('not this way') end
+      return b
+    end
+    local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000 })
+    local sb = pool:create({ lifetime_ms = 60000 })
+    sb:write_file('kept.txt', 'before')
+    local cp = sb:snapshot({ until_release = true })
+    assert.are.equal(0, #p.made)
+    assert.is_true(cp.size_bytes > 0)
+    sb:write_file('kept.txt', 'after')
+    sb:restore(cp)
+    assert.are.equal('before', sb:read_file('kept.txt'))
+    pool:close()
+  end)
+
   it('a snapshot the provider makes after the call timeout is released when it comes', function()
     local p = native_provider()
     local pool = sandbox.create_sandboxes(p, { max_sandboxes = 1, max_lifetime_ms = 60000, call_timeout_ms = 100 })
@@ -528,7 +562,8 @@ describe('a create from a snapshot on a warm provider', function()
     local fork = pool:create({ lifetime_ms = 60000, snapshot = snap })
     local was_warm = false
     for _, b in ipairs(provider:warm_made()) do was_warm = was_warm or b == fork._backend end
-    assert.is_true(was_warm)
+    -- a native fork's file systems are made as it starts (an overlay over the snapshot): never a warm one
+    assert.are.equal(base.features.snapshots ~= 'native', was_warm)
     assert.are.equal('kept', fork:read_file('kept.txt'))
     pool:close()
   end)
@@ -555,4 +590,254 @@ agent 'a' { instructions = 'x', tools = { 'w' }, allow = { 'sandbox:w:snapshot' 
 pool 'w' { provider = 'local', max_sandboxes = 1, max_lifetime_ms = 60000, max_snapshots = -1 }
 ]] } })
   end)
+end)
+
+describe('native snapshots on local', function()
+  local sandbox = require('mayura.sandbox')
+  local local_provider = require('mayura.sandbox.local')
+  local SNAPROOT = '/run/mayura-snap'
+  local provider = local_provider.local_sandboxes({ memory_mib = 256, workspace_mib = 64, tmp_mib = 32 })
+  -- run as root (the launcher mounts the sandbox's file systems) on Linux 6.3 or later: native
+  local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
+  local native = provider.staged and (tonumber(major) > 6 or tonumber(major) == 6 and tonumber(minor) >= 3)
+  local pools = {}
+  local function pool(opts)
+    opts.max_lifetime_ms = 600000
+    local p = sandbox.create_sandboxes(provider, opts)
+    pools[#pools + 1] = p
+    return p
+  end
+  after_each(function()
+    for _, p in ipairs(pools) do p:close() end
+    pools = {}
+  end)
+  -- the names of the snapshots on the host
+  local function kept()
+    local out = providers.host('ls -A ' .. SNAPROOT)
+    local set = {}
+    for n in out:gmatch('%S+') do set[n] = true end
+    return set
+  end
+  local function name_of(snap) return snap._held.native.name end
+
+  it('is native here, and a fork shares the snapshot\'s pages instead of copying them', function()
+    if not native then return pending('overlayfs over an idmapped tmpfs needs root and Linux 6.3') end
+    assert.are.equal('native', provider.features.snapshots)
+    local p = pool({ max_sandboxes = 3 })
+    local base = p:create({ lifetime_ms = 120000 })
+    sh(base, 'head -c 24000000 /dev/urandom > big.bin && echo t > /tmp/t')
+    local sum = sh(base, 'md5sum < big.bin')
+    local snap = base:snapshot()
+    base:release()
+    assert.truthy(kept()[name_of(snap)])
+    local a = p:create({ lifetime_ms = 120000, snapshot = snap })
+    local b = p:create({ lifetime_ms = 120000, snapshot = snap })
+    for _, f in ipairs({ a, b }) do
+      assert.are.equal(sum, sh(f, 'md5sum < big.bin'))
+      -- the fork's own tmpfs holds none of the 24 MB: they are the snapshot's
+      local used = tonumber(sh(f, "df -k /workspace | tail -1 | awk '{print $3}'"):match('%d+'))
+      assert.is_true(used < 1024, 'the fork holds ' .. used .. ' KiB of its own')
+      -- its mount table names no path of the host's snapshot
+      assert.falsy(sh(f, 'cat /proc/self/mountinfo'):find('mayura-snap', 1, true))
+    end
+    -- a change is the fork's own (copied up), the snapshot stays as it was
+    sh(a, 'echo changed > big.bin && rm /tmp/t')
+    assert.are.equal(sum, sh(b, 'md5sum < big.bin'))
+    assert.are.equal('t\n', b:read_file('/tmp/t'))
+    local c = p:create({ lifetime_ms = 120000, snapshot = snap })
+    assert.are.equal(sum, sh(c, 'md5sum < big.bin'))
+    -- released, it is off the host; the forks keep their files
+    local name = name_of(snap)
+    snap:release()
+    assert.falsy(kept()[name])
+    assert.are.equal(sum, sh(c, 'md5sum < big.bin'))
+  end)
+
+  it('a snapshot released while a sandbox is being made from it stays until that one has it', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 2 })
+    local base = p:create({ lifetime_ms = 120000 })
+    base:write_file('kept.txt', 'kept')
+    local snap = base:snapshot()
+    local name = name_of(snap)
+    local making = task.spawn(function() return p:create({ lifetime_ms = 60000, snapshot = snap }) end)
+    task.sleep(1)
+    snap:release()
+    local fork = making:wait()
+    assert.are.equal('kept', fork:read_file('kept.txt'))
+    assert.falsy(kept()[name])
+  end)
+
+  it('holds max_snapshot_bytes at its edge, and a snapshot past it leaves nothing on the host', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 1 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local size = sb:snapshot().size_bytes
+    p:close()
+    local before = kept()
+    local edge = pool({ max_sandboxes = 1, max_snapshot_bytes = size })
+    sb = edge:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local snap = sb:snapshot()
+    assert.are.equal(size, snap.size_bytes)
+    snap:release()
+    local short = pool({ max_sandboxes = 1, max_snapshot_bytes = size - 1 })
+    sb = short:create({ lifetime_ms = 120000 })
+    sh(sb, 'head -c 100000 /dev/zero > data.bin && mkdir d && ln -s data.bin d/l')
+    local err = assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
+    assert.truthy(err.message:find('max_snapshot_bytes', 1, true))
+    -- what is counted is what the snapshot holds of the host's memory: small files take pages
+    local tiny = pool({ max_sandboxes = 1 })
+    local t = tiny:create({ lifetime_ms = 120000 })
+    sh(t, 'mkdir many && cd many && for i in $(seq 1 300); do echo $i > f$i; done')
+    local small = t:snapshot()
+    local used = tonumber(providers.host('df -B1 --output=used ' .. SNAPROOT .. '/' .. name_of(small) .. ' | tail -1')
+      :match('%d+'))
+    assert.is_true(used >= 300 * 4096 and used <= small.size_bytes, used .. ' bytes held, ' .. small.size_bytes
+      .. ' counted')
+    small:release()
+    -- a sparse file of a terabyte is refused at once, not read
+    sh(sb, 'rm -rf d data.bin && truncate -s 1T sparse')
+    assert.raises_code('LIMIT_EXCEEDED', sb.snapshot, sb)
+    assert.are.same(before, kept())
+  end)
+
+  it('never follows a link, also when the sandbox swaps a directory for one while it is taken', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 3 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sh(sb, 'mkdir -p d/sub && for i in $(seq 1 200); do echo $i > d/sub/f$i; done && ln -s / root && ' ..
+      'ln -s /etc/passwd pw')
+    -- a loop that keeps replacing d with a link to / (and back) while snapshots are taken
+    local swapper = sb:start({ 'sh', '-c', 'while :; do mv d d.real; ln -s / d; rm d; mv d.real d; done' })
+    local made, failed = 0, 0
+    for _ = 1, 6 do
+      local ok, snap = pcall(sb.snapshot, sb)
+      if ok then
+        made = made + 1
+        local fork = p:create({ lifetime_ms = 60000, snapshot = snap })
+        -- whatever was taken is the sandbox's own: links as links, never the host's files behind them
+        local listing = sh(fork, 'find /workspace /tmp -xdev | sort')
+        assert.falsy(listing:find('/workspace/d/etc', 1, true) or listing:find('/workspace/d.real/etc', 1, true)
+          or listing:find('/workspace/d/usr', 1, true), listing)
+        assert.are.equal('/\n/etc/passwd\n', sh(fork, 'readlink root pw'))
+        fork:release()
+        snap:release()
+      else
+        failed = failed + 1
+        assert.are.equal('SANDBOX_ERROR', snap.code, tostring(snap))
+      end
+    end
+    swapper:kill(9)
+    assert.are.equal(6, made + failed)
+    assert.are.same({ 0, 0 }, { p:snapshots() })
+  end)
+
+  it('leaves nothing on the host after close, nor after the host process was killed', function()
+    if not native then return pending('native snapshots') end
+    local p = pool({ max_sandboxes = 1 })
+    local sb = p:create({ lifetime_ms = 120000 })
+    sb:write_file('a.txt', 'a')
+    local s1, s2 = sb:snapshot(), sb:snapshot()
+    local names = { name_of(s1), name_of(s2) }
+    assert.truthy(kept()[names[1]] and kept()[names[2]])
+    p:close()
+    assert.falsy(kept()[names[1]] or kept()[names[2]])
+    -- a host killed with its snapshot held: the next provider sweeps it
+    local script = os.tmpname()
+    local f = assert(io.open(script, 'w'))
+    f:write([[
+local sandbox = require('mayura.sandbox')
+local pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes({ tmp_mib = 16,
+  workspace_mib = 16 }), { max_sandboxes = 1, max_lifetime_ms = 60000 })
+local sb = pool:create({ lifetime_ms = 60000 })
+sb:write_file('a', 'a')
+local snap = sb:snapshot()
+io.stdout:write(snap._held.native.name, '\n')
+io.stdout:flush()
+os.execute('kill -9 $PPID')
+]])
+    f:close()
+    local out = providers.host((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura ' .. script)
+    os.remove(script)
+    local name = out:match('(%d+%-%d+%-%x+)')
+    assert.truthy(name, out)
+    assert.truthy(kept()[name])
+    local again = local_provider.local_sandboxes({ tmp_mib = 16, workspace_mib = 16 })
+    assert.are.equal('native', again.features.snapshots)
+    assert.falsy(kept()[name])
+  end)
+end)
+
+describe('native snapshots on Docker', function()
+  for _, entry in ipairs(providers.list()) do
+    if entry.kind == 'docker' then
+      local function has_image(ref)
+        return (providers.host('docker image inspect --format {{.Id}} ' .. ref)):find('sha256:', 1, true) ~= nil
+      end
+
+      it('on ' .. entry.name .. ' is an image the daemon keeps until the snapshot and its sandboxes are gone',
+        function()
+        local p = entry.make_pool({ max_sandboxes = 2 })
+        local base = p:create({ lifetime_ms = 120000 })
+        assert.are.equal('native', base.features.snapshots)
+        sh(base, 'mkdir -p repo && echo 41 > repo/a && ln -s /etc/shadow repo/s && echo t > /tmp/t')
+        local snap = base:snapshot()
+        local ref = snap._held.native.image
+        assert.truthy(ref:match('^mayura%-snapshot:%x+$'), ref)
+        assert.truthy(has_image(ref))
+        -- labelled with this host process's mark, never with a path of the host's
+        local owner = providers.host('docker image inspect --format \'{{index .Config.Labels "mayura.snapshot.owner"}}\' '
+          .. ref):gsub('%s+$', '')
+        assert.truthy(owner:match('^%d+%-%d+$'), owner)
+        base:release()
+        local fork = p:create({ lifetime_ms = 120000, snapshot = snap })
+        assert.are.equal('41\n', fork:read_file('repo/a'))
+        assert.are.equal('/etc/shadow\n', sh(fork, 'readlink repo/s'))
+        assert.are.equal('t\n', fork:read_file('/tmp/t'))
+        -- released while a sandbox made from it runs: the image stays until that one is gone
+        snap:release()
+        assert.truthy(has_image(ref))
+        fork:release()
+        assert.falsy(has_image(ref))
+        p:close()
+      end)
+
+      it('on ' .. entry.name .. ' leaves no image after close, nor after the host process was killed', function()
+        local p = entry.make_pool({ max_sandboxes = 1 })
+        local sb = p:create({ lifetime_ms = 120000 })
+        sb:write_file('a', 'a')
+        local ref = sb:snapshot()._held.native.image
+        p:close()
+        assert.falsy(has_image(ref))
+        local script = os.tmpname()
+        local f = assert(io.open(script, 'w'))
+        f:write(([[
+local sandbox = require('mayura.sandbox')
+local pool = sandbox.create_sandboxes(require('mayura.sandbox.docker').docker_sandboxes({ image = %q,
+  engine = %q }), { max_sandboxes = 1, max_lifetime_ms = 60000 })
+local sb = pool:create({ lifetime_ms = 60000 })
+sb:write_file('a', 'a')
+io.stdout:write(sb:snapshot()._held.native.image, '\n')
+io.stdout:flush()
+os.execute('kill -9 $PPID')
+]]):format(entry.make_provider({}).image, entry.engine))
+        f:close()
+        local out = providers.host((os.getenv('MAYURA_BUILD') or 'build') .. '/mayura ' .. script)
+        os.remove(script)
+        local left = out:match('(mayura%-snapshot:%x+)')
+        assert.truthy(left, out)
+        assert.truthy(has_image(left))
+        -- the next provider made sweeps it
+        entry.make_provider({})
+        task.sleep(100)
+        for _ = 1, 100 do
+          if not has_image(left) then break end
+          task.sleep(100)
+        end
+        assert.falsy(has_image(left))
+      end)
+    end
+  end
 end)
