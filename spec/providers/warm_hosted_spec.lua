@@ -59,47 +59,50 @@ local function wait_for(what, fn)
   end
 end
 
+-- How many entries of `t` hold `pred(key, value)`.
+local function count(t, pred)
+  local n = 0
+  for k, v in pairs(t) do
+    if pred(k, v) then n = n + 1 end
+  end
+  return n
+end
+
+-- For a service that keeps no labels.
+local function no_labels() return nil end
+
+-- The E2B stand-in's (for E2B and its desktop): made, a sandbox killed there, those alive.
+local function e2b_install(svc, backing) return e2b_service.install(svc, backing, { api_key = KEY }) end
+local function e2b_kill(svc, b)
+  return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
+end
+local function e2b_alive(state)
+  return count(state.sandboxes, function(id) return state:_live(id) end)
+end
+
 -- Each stand-in: how to make it, the provider (with `warm`), its create route, how many
 -- sandboxes it holds alive, and what a create asks for there.
 local services = {
   {
     name = 'e2b',
-    install = function(svc, backing) return e2b_service.install(svc, backing, { api_key = KEY }) end,
+    install = e2b_install,
     provider = function(svc, warm)
       return e2b.e2b_sandboxes({ api_key = KEY, api_url = svc:url(''), sandbox_url = svc:url(''),
         workdir = '/workspace', retry_base_ms = 20, warm = warm })
     end,
     create_route = { 'POST', '/v2/sandboxes' },
-    kill = function(svc, b)
-      return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
-    end,
-    alive = function(state)
-      local n = 0
-      for id in pairs(state.sandboxes) do
-        if state:_live(id) then n = n + 1 end
-      end
-      return n
-    end,
+    kill = e2b_kill, alive = e2b_alive,
     network = 'none',
   },
   {
     name = 'e2b-desktop',
-    install = function(svc, backing) return e2b_service.install(svc, backing, { api_key = KEY }) end,
+    install = e2b_install,
     provider = function(svc, warm)
       return e2b_desktop.e2b_desktop_sandboxes({ api_key = KEY, api_url = svc:url(''), sandbox_url = svc:url(''),
         workdir = '/workspace', retry_base_ms = 20, resolution = { 800, 600 }, warm = warm })
     end,
     create_route = { 'POST', '/v2/sandboxes' },
-    kill = function(svc, b)
-      return http.request({ method = 'DELETE', url = svc:url('/sandboxes/' .. b.id), headers = { ['X-API-Key'] = KEY } })
-    end,
-    alive = function(state)
-      local n = 0
-      for id in pairs(state.sandboxes) do
-        if state:_live(id) then n = n + 1 end
-      end
-      return n
-    end,
+    kill = e2b_kill, alive = e2b_alive,
     network = 'none',
     desktop = true,   -- every sandbox has one: a create asking for it takes a warm one, its display up
   },
@@ -137,11 +140,7 @@ local services = {
       return http.request({ method = 'DELETE', url = svc:url('/api/v2/sandboxes/' .. b.name .. '?projectId='
         .. VERCEL.project_id .. '&teamId=' .. VERCEL.team_id), headers = { Authorization = 'Bearer ' .. VERCEL.token } })
     end,
-    alive = function(state)
-      local n = 0
-      for _ in pairs(state.sandboxes) do n = n + 1 end
-      return n
-    end,
+    alive = function(state) return count(state.sandboxes, function() return true end) end,
     network = 'none',
   },
   {
@@ -173,14 +172,8 @@ local services = {
       return http.request({ method = 'DELETE', url = svc:url('/v1/projects/' .. NORTHFLANK.project_id .. '/services/'
         .. b.id), headers = { Authorization = 'Bearer ' .. NORTHFLANK.token } })
     end,
-    alive = function(state)
-      local n = 0
-      for _, rec in pairs(state.services) do
-        if not rec.deleted then n = n + 1 end
-      end
-      return n
-    end,
-    labels_of = function() return nil end,   -- a Northflank service carries no labels
+    alive = function(state) return count(state.services, function(_, rec) return not rec.deleted end) end,
+    labels_of = no_labels,   -- a Northflank service carries no labels
     network = 'all',
   },
   {
@@ -199,14 +192,8 @@ local services = {
       state:vanish(b.id)
       return { status = 200 }
     end,
-    alive = function(state)
-      local n = 0
-      for _, rec in pairs(state.sandboxes) do
-        if rec.backing_id then n = n + 1 end
-      end
-      return n
-    end,
-    labels_of = function() return nil end,   -- a Railway sandbox carries no labels
+    alive = function(state) return count(state.sandboxes, function(_, rec) return rec.backing_id ~= nil end) end,
+    labels_of = no_labels,   -- a Railway sandbox carries no labels
     network = 'all',
   },
   {
@@ -226,12 +213,8 @@ local services = {
       state:vanish(b.id)
       return { status = 200 }
     end,
-    alive = function(state)
-      local n = 0
-      for _ in pairs(state.sandboxes) do n = n + 1 end
-      return n
-    end,
-    labels_of = function() return nil end,   -- a CodeSandbox sandbox carries no labels
+    alive = function(state) return count(state.sandboxes, function() return true end) end,
+    labels_of = no_labels,   -- a CodeSandbox sandbox carries no labels
     network = 'all',
   },
   {
@@ -253,7 +236,7 @@ local services = {
       for _ in pairs(deleted) do n = n - 1 end
       return n
     end,
-    labels_of = function() return nil end,   -- the bridge keeps no labels
+    labels_of = no_labels,   -- the bridge keeps no labels
     network = 'all',
   },
   {
@@ -272,14 +255,8 @@ local services = {
       session.status = 'TERMINATED'
       return { status = 200 }
     end,
-    alive = function(state)
-      local n = 0
-      for _, session in pairs(state.sessions) do
-        if session.status == 'READY' then n = n + 1 end
-      end
-      return n
-    end,
-    labels_of = function() return nil end,   -- a session keeps no labels
+    alive = function(state) return count(state.sessions, function(_, x) return x.status == 'READY' end) end,
+    labels_of = no_labels,   -- a session keeps no labels
     network = 'all',
   },
   {
@@ -306,11 +283,7 @@ local services = {
       return { status = 200 }
     end,
     alive = function(_, stand)
-      local n = 0
-      for _, sb in ipairs(stand:sandboxes()) do
-        if sb.state ~= 'ended' then n = n + 1 end
-      end
-      return n
+      return count(stand:sandboxes(), function(_, sb) return sb.state ~= 'ended' end)
     end,
     labels_of = function(req)   -- Modal's tags
       local labels = {}
