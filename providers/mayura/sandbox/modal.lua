@@ -337,6 +337,15 @@ function M.modal_sandboxes(options)
         if not ok and errors.is(w, 'SANDBOX_ERROR') and w.reason == 'gone' then error(w, 0) end
       end
 
+      -- a call that failed: `gone` where the sandbox has ended, else its own error
+      local function fail(res)
+        if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+            and res.reason ~= 'rate_limited' then
+          check_alive()
+        end
+        error(res, 0)
+      end
+
       -- each port's tunnel: https://host[:port], from the create's answer or SandboxGetTunnelsV2
       local urls = {}
       local function add_tunnels(list)
@@ -371,13 +380,7 @@ function M.modal_sandboxes(options)
           connect()
           ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
         end
-        if not ok then
-          if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
-              and res.reason ~= 'rate_limited' then
-            check_alive()
-          end
-          error(res, 0)
-        end
+        if not ok then fail(res) end
         local img_id = type(res) == 'table' and res.image_id
         if type(img_id) ~= 'string' or not img_id:match('^im%-[%w]+$') or #img_id > 128 then
           error(errors.sandbox('failed', 'modal: TaskSnapshotFilesystem gave no image'), 0)
@@ -453,11 +456,7 @@ function M.modal_sandboxes(options)
           return { exit_code = code, stdout = table.concat(parts) }
         end)
         if ok then return res end
-        if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
-            and res.reason ~= 'rate_limited' then
-          check_alive()
-        end
-        error(res, 0)
+        fail(res)
       end
       t.make_workdir = true   -- made with the backend's first command
       local backend = sandbox.command_sandbox_backend('modal-' .. id, t, function() terminate(ctx, h) end)
