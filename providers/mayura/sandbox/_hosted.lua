@@ -836,25 +836,6 @@ function M.rate_option(v, label, name, default)
   return { per_second = ps, burst = check.int(v.burst, name .. '.burst', 1, 1000, C, 4, 1) }
 end
 
---- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
--- (waiting until it runs, say) returns its transport, over which the backend's first call makes
--- the working directory `workdir` (its commands start there; one that cannot be made is
--- SANDBOX_ERROR `failed` then); `destroy()` ends the sandbox at release. Where `setup` fails the
--- sandbox is destroyed (a failure to do so is ignored) and the error goes on.
-function M.command_backend(_label, id, workdir, destroy, setup)
-  local backend
-  local ok, err = pcall(function()
-    local transport = setup()
-    transport.workdir, transport.make_workdir = workdir, true   -- made with the backend's first command
-    backend = sandbox.command_sandbox_backend(id, transport, function() destroy() end)
-  end)
-  if not ok then
-    pcall(destroy)
-    error(err, 0)
-  end
-  return backend
-end
-
 -- }======================================================
 
 return M
