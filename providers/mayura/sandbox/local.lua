@@ -81,7 +81,7 @@
 -- /run/mayura-snap (root's alone); a sandbox made from one mounts an overlay on each of them, the
 -- snapshot's copy its read-only lower layer (idmapped to the new sandbox's uid), a fresh tmpfs
 -- its upper one, so the sandboxes made from one snapshot share its pages. Snapshots of a host
--- process that is gone are swept when a provider is made. Otherwise 'generic'.
+-- process that is gone are swept when a provider is made (mayura.sandbox._local_snap). Otherwise 'generic'.
 --
 -- The agent is shielded from the OOM killer where the kernel allows it;
 -- `enforced.oom_protected` says whether it does (mayura.sandbox._local_oom).
@@ -110,8 +110,7 @@ local root_fs = require('mayura.sandbox._local_root')
 local cgroup = require('mayura.sandbox._local_cgroup')
 local network = require('mayura.sandbox._local_net')
 local oom = require('mayura.sandbox._local_oom')
-local process = require('mayura.process')
-local snapshots = require('mayura.sandbox._snapshot')
+local snap = require('mayura.sandbox._local_snap')
 
 local M = {}
 
@@ -271,124 +270,8 @@ function Backend:oom_kills()
   return cgroup.oom_kills(self.cg_mode, self.cg_dirs)
 end
 
--- {======================================================
--- Native snapshots
--- =======================================================
-
--- Runs mayura-launch's snapshot commands; in a loop callback (where nothing may wait) in a task.
-local function launch_cmd(p, argv, opts)
-  local full = { p.launch_bin }
-  for _, a in ipairs(argv) do full[#full + 1] = a end
-  return process.run(full, opts or { max_output_bytes = 4096 })
-end
-
-local function drop_snapshot(p, name)
-  local ok = pcall(launch_cmd, p, { '--snapshot-drop', name })
-  if not ok then task.spawn(function() pcall(launch_cmd, p, { '--snapshot-drop', name }) end) end
-end
-
-local Snap = {}
-Snap.__index = Snap
-
--- The snapshot's tmpfs goes once it is released and no sandbox is being started from it (a started
--- one holds its own reference, in its mount namespace).
-function Snap:_maybe_drop()
-  if self.released and self.users == 0 and not self.dropped then
-    self.dropped = true
-    drop_snapshot(self.provider, self.name)
-  end
-end
-
-function Snap:release()
-  if self.released then return end
-  self.released = true
-  self:_maybe_drop()
-end
-
---- The snapshot as a tar archive of its files (names relative to the sandbox's /), for
--- `sandbox:restore` (mayura.sandbox._snapshot's restore unpacks it in the sandbox).
-function Snap:archive()
-  if self.released then error(errors.sandbox('gone', 'the snapshot was released'), 0) end
-  local uv = require('luv')
-  local names = {}
-  for _, place in ipairs({ WORKDIR:sub(2), 'tmp' }) do
-    local dir = uv.fs_scandir(self.dir .. '/' .. place)
-    while dir do
-      local n = uv.fs_scandir_next(dir)
-      if not n then break end
-      names[#names + 1] = place .. '/' .. n
-    end
-  end
-  if #names == 0 then return '' end
-  local argv = { 'tar', '-C', self.dir, '-cf', '-', '--' }
-  for _, n in ipairs(names) do argv[#argv + 1] = n end
-  local res = process.run(argv, { max_output_bytes = snapshots.MAX_BYTES })
-  if res.exit_code ~= 0 or res.truncated then
-    error(errors.sandbox('failed', 'the snapshot could not be read back'), 0)
-  end
-  return res.stdout
-end
-
--- The exit statuses of `mayura-launch --snapshot` (launcher/launch.c's SNAP_ ones).
-local SNAP_ERRORS = {
-  [3] = function(o) return errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes '
-    .. 'leaves room for (' .. o.max_bytes .. ' bytes)') end,
-  [4] = function() return errors.sandbox('failed', 'the host has no memory left for the snapshot') end,
-  [5] = function() return errors.sandbox('failed', 'the snapshot failed: a file the sandbox\'s user cannot read') end,
-  [6] = function() return errors.sandbox('failed', 'the snapshot failed: the sandbox\'s files changed while they '
-    .. 'were copied, or the sandbox ended') end,
-}
-
---- A native snapshot (features.snapshots 'native'): the sandbox's workspace and /tmp copied, in
--- one pass in the sandbox's own view and as its user, into a tmpfs of the host's that no sandbox
--- can reach (mayura-launch --snapshot); `{ size_bytes, release, archive }`.
-function Backend:snapshot(o)
-  local p = self.provider
-  if self.released or self.exited or not self.proc then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
-  local name = host.process_mark() .. '-' .. random_hex(8)
-  local ok, res = pcall(launch_cmd, p, { '--snapshot', tostring(self.proc:pid()), tostring(self.host_uid), name,
-    tostring(o.max_bytes), WORKDIR, '/tmp' }, { timeout_ms = o.timeout_ms, max_output_bytes = 4096 })
-  if not ok or res.exit_code ~= 0 then
-    -- a copy cut by the timeout (or a failure it could not clean up) leaves nothing either
-    drop_snapshot(p, name)
-    if not ok then error(res, 0) end
-    if res.timed_out then
-      error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
-    end
-    local make = SNAP_ERRORS[res.exit_code]
-    if make then error(make(o), 0) end
-    error(errors.sandbox('failed', 'the snapshot could not be made', res.stderr), 0)
-  end
-  local size = tonumber((res.stdout or ''):match('^(%d+)\n$'))
-  if not size then
-    drop_snapshot(p, name)
-    error(errors.sandbox('failed', 'the snapshot could not be made'), 0)
-  end
-  return setmetatable({ size_bytes = size, provider = p, name = name, dir = root_fs.SNAPROOT .. '/' .. name,
-    uid = self.host_uid, released = false, users = 0 }, Snap)
-end
-
--- Whether this kernel can start a sandbox from a native snapshot: overlayfs over an idmapped tmpfs
--- (Linux 6.3 and later). Asked once.
-local native_ok
-local function native_snapshots()
-  if native_ok ~= nil then return native_ok end
-  native_ok = false
-  local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
-  major, minor = tonumber(major), tonumber(minor)
-  if not major or major < 6 or (major == 6 and minor < 3) then return false end
-  local fs = read_plain('/proc/filesystems') or ''
-  if not fs:find('%soverlay\n') then
-    -- a module not loaded yet: loaded by its first mount; modprobe says whether it is there
-    local ok, r = pcall(process.run, { 'modprobe', '-q', 'overlay' },
-      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
-    if not (ok and r.exit_code == 0) then return false end
-  end
-  native_ok = true
-  return true
-end
-
--- }======================================================
+-- A native snapshot (mayura.sandbox._local_snap): `{ size_bytes, release, archive }`.
+Backend.snapshot = snap.snapshot
 
 function Backend:url(port)
   if self.network ~= 'all' and self.network ~= 'allowlist' then
@@ -591,11 +474,7 @@ function M.local_sandboxes(options, mode)
   -- snapshots: native (an overlay over a copy in the host's memory) where the launcher mounts the
   -- sandbox's file systems and the kernel has idmapped tmpfs under overlayfs, else the generic way;
   -- the snapshots of a host process that is gone are swept first
-  p.features.snapshots = 'generic'
-  if p.staged and native_snapshots() then
-    p.features.snapshots = 'native'
-    pcall(process.run, { p.launch_bin, '--snapshot-sweep' }, { max_output_bytes = 4096 })
-  end
+  p.features.snapshots = snap.kind(p)
   local counter = 0
 
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
@@ -706,17 +585,8 @@ function M.local_sandboxes(options, mode)
   -- holds it from then on): a release meanwhile takes it off the host only after
   local start_plain = start
   start = function(self, spec)
-    local snap = spec.snapshot
-    if not snap then return start_plain(self, spec) end
-    if getmetatable(snap) ~= Snap or snap.released then
-      errors.raise('INVALID_INPUT', 'the snapshot is not one of this provider\'s', nil, 0)
-    end
-    snap.users = snap.users + 1
-    local ok, backend = pcall(start_plain, self, spec)
-    snap.users = snap.users - 1
-    snap:_maybe_drop()
-    if not ok then error(backend, 0) end
-    return backend
+    if not spec.snapshot then return start_plain(self, spec) end
+    return snap.hold(spec.snapshot, start_plain, self, spec)
   end
 
   -- What a started sandbox gets before it is handed out: the env (never on a command line), the
