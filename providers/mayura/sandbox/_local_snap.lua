@@ -70,7 +70,7 @@ function Snap:archive()
   return res.stdout
 end
 
--- The exit statuses of `mayura-launch --snapshot` (launcher/launch.c's SNAP_ ones).
+-- The exit statuses of `mayura-launch --snapshot` (launcher/snapshot.c's SNAP_ ones).
 local SNAP_ERRORS = {
   [3] = function(o) return errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes '
     .. 'leaves room for (' .. o.max_bytes .. ' bytes)') end,
