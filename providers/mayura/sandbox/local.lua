@@ -34,7 +34,8 @@
 -- The host holds each sandbox's lifetime and its release, not the agent: code
 -- in the sandbox runs as the agent's own user and can lower its priority or
 -- starve it. A launcher process (build/mayura-launch, launcher/launch.c: one
--- static program, found beside the agent; outside the sandbox's cgroups
+-- static program, found beside the agent, its command line and environment made by
+-- mayura.sandbox._local_launch; outside the sandbox's cgroups
 -- (mayura.sandbox._local_cgroup) and out of the host process's own process tree) starts bubblewrap and keeps the
 -- sandbox: at the end of the lifetime (plus a second of grace), when the host
 -- releases the sandbox, or when the host process is gone (the end of a
@@ -111,13 +112,12 @@ local cgroup = require('mayura.sandbox._local_cgroup')
 local network = require('mayura.sandbox._local_net')
 local oom = require('mayura.sandbox._local_oom')
 local snap = require('mayura.sandbox._local_snap')
+local launch = require('mayura.sandbox._local_launch')
 
 local M = {}
 
-local MIB = 1048576
-local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
-local WORKDIR, AGENT_PATH, STAGE = root_fs.WORKDIR, root_fs.AGENT_PATH, root_fs.STAGE
+local WORKDIR = root_fs.WORKDIR
 
 -- {======================================================
 -- Host helpers
@@ -141,119 +141,6 @@ end
 local function is_root()
   return host.uid() == 0
 end
-
--- }======================================================
-
--- {======================================================
--- The launcher
--- =======================================================
-
--- How long past its lifetime the launcher gives the agent to end the sandbox by itself.
-local GRACE_MS = 1000
-
--- bubblewrap's arguments; `built`: the table of a tree mayura-launch builds (built_table).
-local function bwrap_argv(p, spec, built)
-  local a = { p.bwrap,
-    '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
-    '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
-    '--hostname', 'sandbox',
-    '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
-    '--die-with-parent',
-  }
-  local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
-  -- a network namespace of its own, always; with 'all' the host connects it (connect_network)
-  -- before the agent gets its setup
-  add('--unshare-net')
-  if network.online(spec) then add('--info-fd', tostring(network.INFO_FD)) end
-  local image = spec.image or p.image
-  local staged = p.staged    -- the launcher mounts the file systems under STAGE
-  if built then
-    -- read-only and locked already: bubblewrap adds /proc, in the sandbox's pid namespace
-    add('--dev-bind', STAGE .. '/root', '/', '--proc', '/proc', '--chdir', '/')
-    add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-    return a
-  end
-  if image then
-    add('--ro-bind', image, '/')
-  else
-    -- as root the root is the launcher's tmpfs (else bubblewrap's own), read-only once made
-    if staged then add('--bind', STAGE .. '/root', '/') end
-    -- the /etc texts come on descriptors 5..9
-    for _, st in ipairs(root_fs.host_steps(p)) do
-      if st[1] == 'dir' then add('--dir', st[2])
-      elseif st[1] == 'file' then add('--file', tostring(4 + st[2]), st[3])
-      else add(st[1] == 'bind' and '--ro-bind' or '--symlink', st[2], st[3]) end
-    end
-  end
-  -- with 'all' and an image, the stack's resolver over the image's own resolv.conf file (without an
-  -- image it is one of the /etc copies)
-  if spec.network == 'all' and image and root_fs.lstat_type(image .. '/etc/resolv.conf') == 'file' then
-    add('--ro-bind-data', '5', '/etc/resolv.conf')
-  end
-  add('--proc', '/proc')
-  if staged and not image then
-    -- bubblewrap's --dev would be a tmpfs naming the host uid
-    add('--dir', '/dev')
-    for _, d in ipairs(root_fs.DEVICES) do add('--dev-bind', '/dev/' .. d, '/dev/' .. d) end
-    for _, l in ipairs(root_fs.DEV_LINKS) do add('--symlink', l[1], '/dev/' .. l[2]) end
-    add('--dev-bind', STAGE .. '/pts', '/dev/pts')
-  else
-    add('--dev', '/dev')
-  end
-  if staged then
-    add('--bind', STAGE .. '/s', '/dev/shm', '--bind', STAGE .. '/t', '/tmp', '--bind', STAGE .. '/w', WORKDIR)
-  else
-    -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
-    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
-    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
-    add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
-  end
-  -- the agent's bytes come on fd 0: a copy, never a bind of a host path
-  if image then
-    add('--perms', '0555', '--ro-bind-data', '0', AGENT_PATH)
-    add('--remount-ro', '/dev')
-  else
-    add('--dir', '/.mayura', '--perms', '0555', '--file', '0', AGENT_PATH)
-    -- the root and /dev (bubblewrap's tmpfs have no cap) hold no writable place of their own
-    if not staged then add('--remount-ro', '/dev') end
-    add('--remount-ro', '/')
-  end
-  add('--chdir', '/')
-  add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-  return a
-end
-
--- The launcher's environment for one sandbox (`built`: as for bwrap_argv).
-local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set, built)
-  local life = spec.lifetime_ms + GRACE_MS
-  local env = {
-    PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
-    MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
-    MAYURA_CG = table.concat(cg_dirs, ' '),
-    MAYURA_FREEZER = cg_kill.freezer or '',
-    MAYURA_CGKILL = cg_kill.v2 or '',
-  }
-  -- mayura-launch makes the cgroups itself, before the sandbox's first process joins them
-  if cg_set then env.MAYURA_CG_SET = cgroup.set_text(cg_set) end
-  if not (spec.image or p.image) then
-    -- on descriptors for bubblewrap's --file, unless the launcher writes them into the root
-    if not built then env.MAYURA_ETC_FDS = '1' end
-    -- the launcher ends each text with a newline of its own
-    for i, name in ipairs(root_fs.ETC_NAMES) do
-      local text = root_fs.ETC[name]
-      if name == 'resolv.conf' and spec.network == 'all' then text = network.RESOLV end
-      env['MAYURA_ETC_' .. i] = (text:gsub('\n$', ''))
-    end
-  elseif spec.network == 'all' then
-    -- for bubblewrap's --ro-bind-data, or the launcher's `file` step (image_tree)
-    env[built and 'MAYURA_ETC_4' or 'MAYURA_RESOLV'] = (network.RESOLV:gsub('\n$', ''))
-  end
-  if network.online(spec) then env.MAYURA_INFO = '1' end
-  if p.root then env.MAYURA_UID = tostring(host_uid) end
-  -- MAYURA_MOUNT: the descriptor of the mount table (start)
-  return env
-end
-
 
 -- }======================================================
 
@@ -510,7 +397,7 @@ function M.local_sandboxes(options, mode)
     -- before it cleans up
     local argv = { self.launch_bin }
     local tree, tree_fstab = root_fs.built_table(self, spec), nil
-    for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
+    for _, x in ipairs(launch.bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
     -- the mount table, this launcher's own: a sealed file in memory on a descriptor it inherits
     if spec.snapshot and not tree then
@@ -545,7 +432,7 @@ function M.local_sandboxes(options, mode)
     end
     local fds = { b, d }
     if net_fds then fds[#fds + 1] = net_fds.info_child end
-    local env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
+    local env = launch.launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
     if t then
       fds[#fds + 1] = t
       env.MAYURA_MOUNT = tostring(2 + #fds)
