@@ -9,9 +9,12 @@
 ** tree is stopped reliably, and the sandbox ends at its lifetime when the
 ** agent exits (PID 1 of a pid namespace takes everything with it).
 **
-**   mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR]
+**   mayura-agent (--fd N | --stdio | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR]
 **
-** It serves one peer, the host: the descriptor of --fd, or the first
+** It serves one peer, the host: the descriptor of --fd, its standard input
+** and output with --stdio (frames in on 0, out on 1: a container attached
+** to through an orchestrator's API, which carries the two streams; both are
+** moved above 2 at start and 0 and 1 become /dev/null), or the first
 ** connection to the socket of --listen, whose listener is then closed and
 ** unlinked. With --peer-uid the socket is made 0666 (the host may be
 ** another user than the agent's) and a connection whose peer is not that
@@ -119,9 +122,10 @@ typedef struct outq {
 
 typedef struct conn {
     struct conn *next;
-    int fd;
+    int fd;                   /* what is read (and written, unless wfd differs) */
+    int wfd;                  /* what is written: fd, or stdout's with --stdio */
     int dead;                 /* closed; freed at the end of the loop turn */
-    int pidx;                 /* its slot in this turn's pollfd array, or -1 */
+    int pidx, pidx_w;         /* its slots in this turn's pollfd array (reading, writing), or -1 */
     unsigned char *in;        /* bytes of the frame(s) being received */
     size_t in_len, in_size;
     outq *head, *tail;
@@ -179,7 +183,7 @@ void conn_flush(conn *c);
 void conn_send(conn *c, wire_buf *b);
 void conn_close(conn *c);
 void conn_read(conn *c);
-conn *conn_new(int fd);
+conn *conn_new(int fd, int wfd);
 void conn_sweep(void);
 void reply_error(conn *c, uint32_t id, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

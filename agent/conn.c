@@ -38,7 +38,7 @@ static const char *errno_name(int e) {
 void conn_flush(conn *c) {
     while (c->head != NULL && !c->dead) {
         outq *q = c->head;
-        ssize_t n = write(c->fd, q->data + q->off, q->len - q->off);
+        ssize_t n = write(c->wfd, q->data + q->off, q->len - q->off);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -226,7 +226,9 @@ void conn_close(conn *c) {
     outq *q;
     if (c->dead) return;
     c->dead = 1;
+    if (c->wfd == c->fd) c->wfd = -1;
     fd_close(&c->fd);
+    fd_close(&c->wfd);
     while ((q = c->head) != NULL) {
         c->head = q->next;
         free(q->data);
@@ -294,11 +296,17 @@ void conn_read(conn *c) {
     }
 }
 
-conn *conn_new(int fd) {
+/* A connection reading fd and writing wfd (the same descriptor but with --stdio); takes both. */
+conn *conn_new(int fd, int wfd) {
     conn *c = (conn *)calloc(1, sizeof *c);
-    if (c == NULL) { close(fd); return NULL; }
+    if (c == NULL) {
+        close(fd);
+        if (wfd != fd) close(wfd);
+        return NULL;
+    }
     c->fd = fd;
-    c->pidx = -1;
+    c->wfd = wfd;
+    c->pidx = c->pidx_w = -1;
     c->next = conns;
     conns = c;
     return c;

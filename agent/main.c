@@ -6,7 +6,8 @@
 
 static int listen_fd = -1;
 static const char *listen_path;
-static int no_spawner;   /* --no-spawner: each command's process installs the filter itself */
+static int no_spawner;
+static int stdio_mode;   /* --stdio: the peer is standard input and output */   /* --no-spawner: each command's process installs the filter itself */
 static long long peer_uid = -1; /* --peer-uid: the one uid a --listen peer may have; -1 any */
 int sig_fd = -1;
 char *workdir;
@@ -72,7 +73,7 @@ static void accept_peer(void) {
                 continue;
             }
         }
-        if (conn_new(fd) == NULL) continue;
+        if (conn_new(fd, fd) == NULL) continue;
         listener_close();
         fd_mode = 1;
     }
@@ -86,7 +87,7 @@ static void accept_peer(void) {
 
 static void usage(const char *msg) {
     fprintf(stderr, "mayura-agent: %s\n"
-            "usage: mayura-agent (--fd N | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR] "
+            "usage: mayura-agent (--fd N | --stdio | --listen PATH [--peer-uid N]) --lifetime-ms MS [--workdir DIR] "
             "[--no-spawner 1]\n", msg);
     exit(2);
 }
@@ -133,7 +134,7 @@ static void finish_shutdown(void) {
         int64_t left = end - now_ms();
         for (c = conns; c != NULL && n < 64; c = c->next)
             if (!c->dead && c->head != NULL) {
-                pf[n].fd = c->fd;
+                pf[n].fd = c->wfd;
                 pf[n].events = POLLOUT;
                 n++;
             }
@@ -146,7 +147,7 @@ static void finish_shutdown(void) {
     agent_exit();
 }
 
-/* The command line: --fd or --listen (listen_path, peer_uid), the lifetime and the workdir. */
+/* The command line: --fd, --stdio or --listen (listen_path, peer_uid), the lifetime and the workdir. */
 typedef struct args {
     const char *wd;
     long long fd, lifetime;
@@ -158,6 +159,10 @@ static void parse_args(int argc, char **argv, args *a) {
     a->fd = a->lifetime = -1;
     for (i = 1; i < argc; i++) {
         const char *k = argv[i];
+        if (strcmp(k, "--stdio") == 0) {
+            stdio_mode = 1;
+            continue;
+        }
         if (i + 1 >= argc) usage("missing value");
         if (strcmp(k, "--fd") == 0) a->fd = parse_num(argv[++i], "--fd");
         else if (strcmp(k, "--listen") == 0) listen_path = argv[++i];
@@ -171,12 +176,26 @@ static void parse_args(int argc, char **argv, args *a) {
         else if (strcmp(k, "--no-spawner") == 0) no_spawner = parse_num(argv[++i], "--no-spawner") != 0;
         else usage("unknown argument");
     }
-    if ((a->fd >= 0) == (listen_path != NULL)) usage("give exactly one of --fd and --listen");
+    if ((a->fd >= 0) + (listen_path != NULL) + stdio_mode != 1) usage("give exactly one of --fd, --stdio and --listen");
     if (peer_uid >= 0 && listen_path == NULL) usage("--peer-uid goes with --listen");
     if (a->lifetime <= 0) usage("--lifetime-ms is required and must be above 0");
     if (a->lifetime > MAX_MS) a->lifetime = MAX_MS;
     if (a->wd[0] == '\0' || strlen(a->wd) >= PATH_MAX) usage("--workdir is not valid");
     if (a->fd >= 0 && (a->fd > INT_MAX || fcntl((int)a->fd, F_GETFD) < 0)) usage("--fd is not an open descriptor");
+}
+
+/* --stdio: standard input and output become the peer, moved above 2 (close-on-exec, so no command
+** holds them), and 0 and 1 become /dev/null (taken still: pipes never land there). */
+static void stdio_start(void) {
+    int rfd = fcntl(0, F_DUPFD_CLOEXEC, 3), wfd = fcntl(1, F_DUPFD_CLOEXEC, 3), null;
+    if (rfd < 0 || wfd < 0) { perror("mayura-agent: --stdio"); exit(1); }
+    null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0) { perror("mayura-agent: /dev/null"); exit(1); }
+    if (null > 2) close(null);
+    fd_mode = 1;
+    set_nonblock(rfd);
+    set_nonblock(wfd);
+    if (conn_new(rfd, wfd) == NULL) exit(1);
 }
 
 /* Everything before the loop: the process's own protections, the filter, the workdir, the spawner,
@@ -232,7 +251,9 @@ static void agent_start(const args *a) {
         fd_mode = 1;
         fcntl((int)a->fd, F_SETFD, FD_CLOEXEC);
         set_nonblock((int)a->fd);
-        if (conn_new((int)a->fd) == NULL) exit(1);
+        if (conn_new((int)a->fd, (int)a->fd) == NULL) exit(1);
+    } else if (stdio_mode) {
+        stdio_start();
     } else {
         listen_fd = open_listener(listen_path);
     }
@@ -249,7 +270,7 @@ static void loop_turn(struct pollfd **pfs, size_t *pfcap) {
     exec *x;
 
     if (now >= lifetime_end) agent_exit();
-    for (c = conns; c != NULL; c = c->next) need++;
+    for (c = conns; c != NULL; c = c->next) need += 2;
     for (x = execs; x != NULL; x = x->next) need += 3;
     if (need > *pfcap) {
         struct pollfd *np = (struct pollfd *)realloc(*pfs, need * 2 * sizeof *np);
@@ -261,8 +282,11 @@ static void loop_turn(struct pollfd **pfs, size_t *pfcap) {
 #define SLOT(fd_, ev_) (pf[n].fd = (fd_), pf[n].events = (short)(ev_), pf[n].revents = 0, (int)n++)
     SLOT(sig_fd, POLLIN);
     if (listen_fd >= 0) listen_idx = SLOT(listen_fd, POLLIN);
-    for (c = conns; c != NULL; c = c->next)
-        c->pidx = c->dead ? -1 : SLOT(c->fd, POLLIN | (c->head != NULL ? POLLOUT : 0));
+    for (c = conns; c != NULL; c = c->next) {
+        int both = c->wfd == c->fd;
+        c->pidx = c->dead ? -1 : SLOT(c->fd, POLLIN | (both && c->head != NULL ? POLLOUT : 0));
+        c->pidx_w = c->dead || both || c->head == NULL ? -1 : SLOT(c->wfd, POLLOUT);
+    }
     for (x = execs; x != NULL; x = x->next) {
         x->pi_out = x->out.fd >= 0 ? SLOT(x->out.fd, POLLIN) : -1;
         x->pi_err = x->err.fd >= 0 ? SLOT(x->err.fd, POLLIN) : -1;
@@ -279,6 +303,11 @@ static void loop_turn(struct pollfd **pfs, size_t *pfcap) {
         if (pf[0].revents != 0) reap();
         for (c = conns; c != NULL; c = c->next) {
             short ev;
+            if (c->pidx_w >= 0 && !c->dead && pf[c->pidx_w].revents != 0) {
+                if (pf[c->pidx_w].revents & POLLOUT) conn_flush(c);
+                else conn_close(c);   /* the reader of our output is gone */
+                if (shutting_down) finish_shutdown();
+            }
             if (c->pidx < 0 || c->dead || (ev = pf[c->pidx].revents) == 0) continue;
             if (ev & POLLOUT) conn_flush(c);
             if (!c->dead && (ev & (POLLIN | POLLHUP | POLLERR))) conn_read(c);

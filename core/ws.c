@@ -8,6 +8,10 @@
 **   local conn = core.ws_connect({ url = 'wss://host/path', headers = { Authorization = 'Bearer x' },
 **     protocols = 'a, b', max_message_bytes = 16777216 }, function(kind, a, b) ... end)
 **   conn:send(bytes, binary)     -- queued; sent when the socket can take it
+** `ca_file` (a PEM file of the authorities to trust instead of the system's) or `ca_pem` (that PEM
+** text itself), and `client_cert`
+** with `client_key` (PEM files: TLS client authentication) apply to a wss:// URL: each set of them
+** gets a vhost of its own (its client TLS context), kept with the context, MC_WS_MAX_VHOSTS at most.
 **   conn:close(code)             -- the close handshake (1000 by default), then 'close'
 **
 ** on_event(kind, ...) runs on the main thread from the loop:
@@ -36,6 +40,7 @@
 #define MC_WS_STATE_MT "mayura.ws_state"
 #define MC_WS_STATE_KEY "mayura.core.ws_state"
 #define MC_WS_DEFAULT_MAX ((size_t)16 * 1024 * 1024)
+#define MC_WS_MAX_VHOSTS 8
 #define MC_WS_PROTO_NAME "mayura-ws"
 
 typedef struct mc_ws_state mc_ws_state;
@@ -57,6 +62,11 @@ struct mc_ws_state {
     mc_ws_conn *connecting; /* inside lws_client_connect_via_info for it */
     int conns;
     int closed;
+    struct {
+        char *key;            /* "ca\ncert\nkey" */
+        struct lws_vhost *vh; /* destroyed with the context */
+    } vhosts[MC_WS_MAX_VHOSTS];
+    int nvhosts;
 };
 
 struct mc_ws_conn {
@@ -367,6 +377,8 @@ static int l_ws_state_gc(lua_State *L) {
     free(st->own);
     st->own = NULL;
     st->nown = 0;
+    for (i = 0; i < st->nvhosts; i++) free(st->vhosts[i].key);
+    st->nvhosts = 0;
     return 0;
 }
 
@@ -419,7 +431,76 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
     return st;
 }
 
-static const char *const mc_ws_keys[] = {"url", "headers", "protocols", "max_message_bytes", NULL};
+static const char *const mc_ws_keys[] = {"url", "headers", "protocols", "max_message_bytes", "ca_file",
+                                         "ca_pem", "client_cert", "client_key", NULL};
+
+/* A file option: NULL when nil, else a string without NUL shorter than PATH_MAX. */
+static const char *mc_ws_path_opt(lua_State *L, const char *name) {
+    size_t n;
+    const char *v = mc_opt_lstr(L, 1, name, &n);
+    if (v != NULL && (n == 0 || n >= PATH_MAX || strlen(v) != n))
+        mc_raise(L, "INVALID_INPUT", "%s must be a path", name);
+    return v;
+}
+
+/* The vhost whose client TLS trusts `ca` (or the PEM text `pem`) and presents `cert` and `key` (any
+** may be NULL): made once per set (its own client TLS context) and kept; NULL when it cannot be
+** made (files unreadable, a PEM that does not parse). */
+static struct lws_vhost *mc_ws_vhost(lua_State *L, mc_ws_state *st, const char *ca, const char *cert,
+                                     const char *key, const char *pem, size_t pem_len) {
+    struct lws_context_creation_info info;
+    struct lws_vhost *vh;
+    char name[32], *k;
+    size_t n = strlen(ca ? ca : "") + strlen(cert ? cert : "") + strlen(key ? key : "") + pem_len + 4;
+    int i;
+    mc_ws_walk w;
+    k = (char *)malloc(n);
+    if (k == NULL) mc_raise_oom(L);
+    snprintf(k, n, "%s\n%s\n%s\n%s", ca ? ca : "", cert ? cert : "", key ? key : "", pem ? pem : "");
+    for (i = 0; i < st->nvhosts; i++)
+        if (strcmp(st->vhosts[i].key, k) == 0) {
+            free(k);
+            return st->vhosts[i].vh;
+        }
+    if (st->nvhosts == MC_WS_MAX_VHOSTS) {
+        free(k);
+        mc_raise(L, "LIMIT_EXCEEDED", "at most %d sets of TLS files for WebSockets", MC_WS_MAX_VHOSTS);
+    }
+    memset(&info, 0, sizeof info);
+    snprintf(name, sizeof name, "mayura-tls-%d", st->nvhosts);
+    info.vhost_name = name;
+    info.port = CONTEXT_PORT_NO_LISTEN;
+    info.protocols = mc_ws_protocols;
+    info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
+    info.client_ssl_ca_filepath = ca;
+    if (pem != NULL) {
+        info.client_ssl_ca_mem = pem;
+        info.client_ssl_ca_mem_len = (unsigned int)pem_len;
+    }
+    info.client_ssl_cert_filepath = cert;
+    info.client_ssl_private_key_filepath = key;
+    /* as for the context: what handles it makes on the loop are not ours to keep it alive */
+    memset(&w, 0, sizeof w);
+    uv_walk(st->loop, mc_ws_collect, &w);
+    if (w.failed) {
+        free(w.seen);
+        free(k);
+        mc_raise_oom(L);
+    }
+    w.st = st;
+    w.room = 64;
+    vh = lws_create_vhost(st->ctx, &info);
+    if (vh != NULL) uv_walk(st->loop, mc_ws_unref_new, &w);
+    free(w.seen);
+    if (vh == NULL) {
+        free(k);
+        return NULL;
+    }
+    st->vhosts[st->nvhosts].key = k;
+    st->vhosts[st->nvhosts].vh = vh;
+    st->nvhosts++;
+    return vh;
+}
 
 /* A header name: a token; a value: no control characters. */
 static int mc_ws_header_ok(const char *s, size_t n, int name) {
@@ -444,8 +525,9 @@ static int l_ws_connect(lua_State *L) {
     mc_ws_state *st;
     mc_ws_conn *c;
     mc_ws_handle *h;
-    size_t ulen, plen = 0, hlen = 1;
-    const char *url, *protocols, *scheme, *host, *path;
+    size_t ulen, plen = 0, hlen = 1, pem_len = 0;
+    const char *url, *protocols, *scheme, *host, *path, *ca, *cert, *key, *pem;
+    struct lws_vhost *vh = NULL;
     char *ubuf, *pathbuf;
     int port, tls;
     lua_Integer max;
@@ -458,6 +540,13 @@ static int l_ws_connect(lua_State *L) {
     if (protocols != NULL && (strlen(protocols) != plen || !mc_ws_header_ok(protocols, plen, 0)))
         return mc_raise(L, "INVALID_INPUT", "protocols must be a header value");
     max = mc_opt_int(L, 1, "max_message_bytes", (lua_Integer)MC_WS_DEFAULT_MAX, 1, (lua_Integer)1 << 30);
+    ca = mc_ws_path_opt(L, "ca_file");
+    cert = mc_ws_path_opt(L, "client_cert");
+    key = mc_ws_path_opt(L, "client_key");
+    pem = mc_opt_lstr(L, 1, "ca_pem", &pem_len);
+    if (pem != NULL && (pem_len == 0 || pem_len > ((size_t)1 << 20) || strlen(pem) != pem_len || ca != NULL))
+        return mc_raise(L, "INVALID_INPUT", "ca_pem must be PEM text (and not with ca_file)");
+    if ((cert == NULL) != (key == NULL)) return mc_raise(L, "INVALID_INPUT", "client_cert and client_key go together");
     /* headers, checked before anything is made */
     lua_getfield(L, 1, "headers");
     if (!lua_isnil(L, -1)) {
@@ -491,6 +580,10 @@ static int l_ws_connect(lua_State *L) {
     strcpy(pathbuf + 1, path);
 
     st = mc_ws_get_state(L);
+    if (tls && (ca != NULL || cert != NULL || pem != NULL)) {
+        vh = mc_ws_vhost(L, st, ca, cert, key, pem, pem_len);
+        if (vh == NULL) return mc_raise(L, "INVALID_INPUT", "the TLS files (ca_file, client_cert, client_key) cannot be used");
+    }
     h = (mc_ws_handle *)mc_handle_new(L, &mc_ws_class);   /* made first, empty */
     c = (mc_ws_conn *)calloc(1, sizeof *c);
     if (c == NULL) return mc_raise_oom(L);
@@ -527,6 +620,7 @@ static int l_ws_connect(lua_State *L) {
     ci.address = host;
     ci.port = port;
     ci.ssl_connection = tls ? LCCSCF_USE_SSL : 0;
+    ci.vhost = vh;   /* NULL: the context's default one (the system's authorities) */
     ci.path = pathbuf;
     ci.host = host;
     ci.origin = host;

@@ -64,6 +64,11 @@
 -- MODAL_TOKEN_SECRET (read here); MODAL_IMAGE (an image with Node.js,
 -- node:22-bookworm-slim by default) and MODAL_SERVER_URL for a service speaking
 -- the same gRPC API elsewhere. Modal keeps sandboxes offline: network 'none'.
+-- `--provider kubernetes` makes each sandbox a Pod of the kubeconfig's current
+-- context (examples/kubernetes_kubeconfig.lua: kubectl reads KUBECONFIG), in
+-- KUBE_IMAGE (an image with Node.js, node:22-bookworm-slim by default), the
+-- agent copied in from KUBE_AGENT_IMAGE (an image holding build/mayura-agent at
+-- /mayura-agent and cp); a NetworkPolicy keeps each one offline.
 --
 -- With a policy file, the pool, the tools, the agent, its grants, limits and
 -- budget come from it instead of sections 1 to 4 below (--provider is then
@@ -142,6 +147,12 @@ local PROVIDERS = {
     token_id = env('MODAL_TOKEN_ID'), token_secret = env('MODAL_TOKEN_SECRET'),
     image = env('MODAL_IMAGE') or 'node:22-bookworm-slim', server_url = env('MODAL_SERVER_URL'),
   } end },
+  -- the cluster and its credentials: the kubeconfig's current context, read by the example's helper
+  kubernetes = { needs = { 'KUBE_AGENT_IMAGE' }, options = function(env)
+    return dofile(here() .. '/kubernetes_kubeconfig.lua').options({
+      image = env('KUBE_IMAGE') or 'node:22-bookworm-slim', agent_image = env('KUBE_AGENT_IMAGE'),
+    })
+  end },
 }
 
 -- 'a, b and c' (or `last`, for 'and')

@@ -7,6 +7,9 @@ PACKAGES="build-essential pkg-config lua5.4 liblua5.4-dev luajit libluajit-5.1-d
 libcjson-dev libcurl4-openssl-dev libwebsockets-dev libmsgpack-dev libseccomp-dev libprotobuf-c-dev protobuf-c-compiler lua-busted lua-check bubblewrap util-linux valgrind curl nodejs \
 slirp4netns nftables iproute2 busybox-static xvfb xdotool x11-apps netpbm libx11-dev zsh neovim love openssl luarocks"
 
+# kubectl (Debian's kubernetes-client) for the Kubernetes stand-in's specs, unless one is there
+command -v kubectl >/dev/null 2>&1 || PACKAGES="$PACKAGES kubernetes-client"
+
 missing=""
 for p in $PACKAGES; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,8 +1,8 @@
 -- docs/: each page's ```lua blocks run, in order, as one program with build/mayura (the setup
 -- of spec/readme_spec.lua: the local provider, no model key), so the reference cannot rot; a
 -- page's ```lua host blocks run each on its own under this pass's plain interpreter, the policy it
--- shows is the example file, and the MCP client configuration it gives is served. Every relative
--- link of the README and of docs/ leads to a file and a heading that exist.
+-- shows is the example file, a ```lua cluster block (it needs a cluster) compiles, and the MCP
+-- client configuration it gives is served. Every relative link of the README and of docs/ leads to a file and a heading that exist.
 local markdown = require('support.markdown')
 local compat = require('support.compat')
 
@@ -70,6 +70,18 @@ describe('docs/', function()
       end)
     end
   end
+
+  it('compiles the ```lua cluster blocks (code that needs a cluster to run)', function()
+    local n = 0
+    for _, page in ipairs(pages()) do
+      for _, b in ipairs(markdown.tagged(read(page), 'lua cluster')) do
+        n = n + 1
+        local fn, err = load(b.code, '@' .. page .. ' block at line ' .. b.first, 't')
+        assert.is_not_nil(fn, err)
+      end
+    end
+    assert.is_true(n > 0)
+  end)
 
   it('shows the example policy as it is in examples/policies/workspace.lua', function()
     local shown = markdown.tagged(read('docs/policies.md'), 'lua policy')

@@ -134,3 +134,85 @@ describe('mayura.ws', function()
       assert.are.equal('ended\n', r.stdout)
     end)
 end)
+
+describe('mayura.ws over TLS', function()
+  if not node_ws_available() then
+    pending('the ws package is not installed (sh scripts/setup.sh installs spec/npm)')
+    return
+  end
+  local dir, server, url
+
+  -- A test authority, the server's certificate for 127.0.0.1, and a client certificate of it.
+  local function make_certs(d)
+    local function run(args)
+      local r = process.run(args, { timeout_ms = 60000, cwd = d })
+      assert(r.exit_code == 0, r.stderr)
+    end
+    run({ 'openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca-key.pem', '-out', 'ca.pem',
+      '-days', '2', '-subj', '/CN=mayura test authority' })
+    for _, who in ipairs({ 'server', 'client' }) do
+      run({ 'openssl', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', who .. '-key.pem', '-out', who .. '.csr',
+        '-subj', '/CN=' .. who })
+      local ext = d .. '/' .. who .. '.ext'
+      local f = assert(io.open(ext, 'w'))
+      f:write(who == 'server' and 'subjectAltName=IP:127.0.0.1\n' or 'extendedKeyUsage=clientAuth\n')
+      f:close()
+      run({ 'openssl', 'x509', '-req', '-in', who .. '.csr', '-CA', 'ca.pem', '-CAkey', 'ca-key.pem',
+        '-CAcreateserial', '-out', who .. '.pem', '-days', '2', '-extfile', ext })
+    end
+  end
+
+  setup(function()
+    dir = util.tmpdir()
+    make_certs(dir)
+    local portfile = dir .. '/port'
+    server = task.spawn(function()
+      return process.run({ 'node', 'spec/npm/ws_echo.mjs', portfile, dir }, { timeout_ms = 120000 })
+    end)
+    local port = util.eventually(function()
+      local f = io.open(portfile)
+      local p = f and f:read('a')
+      if f then f:close() end
+      return p ~= nil and p ~= '' and p
+    end, 10000)
+    url = 'wss://127.0.0.1:' .. assert(port)
+  end)
+
+  teardown(function()
+    local conn = ws.connect({ url = url .. '/', ca_file = dir .. '/ca.pem' })
+    conn:receive()
+    conn:send('quit')
+    server:wait()
+    util.rmdir(dir)
+  end)
+
+  it('trusts the authority of ca_file, not the system\'s alone, and presents a client certificate', function()
+    local json = require('mayura.core').json
+    -- the system's authorities do not know the test one
+    assert.raises_code('CONNECT_FAILED', ws.connect, { url = url .. '/', timeout_ms = 10000 })
+    local conn = ws.connect({ url = url .. '/a', ca_file = dir .. '/ca.pem' })
+    local hello = json.decode((conn:receive({ timeout_ms = 5000 })))
+    assert.are.equal('/a', hello.path)
+    assert.are.equal(json.null, hello.client)
+    conn:send('over tls')
+    assert.are.equal('over tls', conn:receive({ timeout_ms = 5000 }))
+    conn:close()
+    conn = ws.connect({ url = url .. '/b', ca_file = dir .. '/ca.pem', client_cert = dir .. '/client.pem',
+      client_key = dir .. '/client-key.pem' })
+    hello = json.decode((conn:receive({ timeout_ms = 5000 })))
+    assert.are.equal('client', hello.client)
+    conn:close()
+    -- the authority as PEM text
+    local f = assert(io.open(dir .. '/ca.pem'))
+    local pem = f:read('a')
+    f:close()
+    conn = ws.connect({ url = url .. '/c', ca_pem = pem })
+    assert.are.equal('/c', json.decode((conn:receive({ timeout_ms = 5000 }))).path)
+    conn:close()
+    assert.raises_code('INVALID_INPUT', ws.connect, { url = url .. '/', ca_pem = pem, ca_file = dir .. '/ca.pem' })
+    -- text that holds no authority trusts none: the server is not believed
+    assert.raises_code('CONNECT_FAILED', ws.connect, { url = url .. '/', ca_pem = 'not a certificate', timeout_ms = 10000 })
+    assert.raises_code('INVALID_INPUT', ws.connect, { url = url .. '/', client_cert = dir .. '/client.pem' })
+    assert.raises_code('INVALID_INPUT', ws.connect, { url = url .. '/', ca_file = '' })
+  end)
+end)

@@ -3,12 +3,20 @@
 // { auth, protocol, path } of the handshake, then echoes every message (text as text, binary
 // as binary). Messages that do more: 'big' gets 2 MiB of binary back, 'close-4001' closes with
 // code 4001, 'drop' ends the TCP connection without a close, 'quit' ends the server. A
-// handshake for the path /refuse is answered 401, and one for /hang never.
-import { writeFileSync } from 'node:fs';
+// handshake for the path /refuse is answered 401, and one for /hang never. With a directory as
+// its second argument it serves TLS (its server.pem and server-key.pem), asks for a client
+// certificate of the authority ca.pem, and says the one it got (its CN) as `client`.
+import { readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 import { WebSocketServer } from 'ws';
 
-const server = http.createServer((req, res) => { res.writeHead(404); res.end(); });
+const tls = process.argv[3];
+const answer404 = (req, res) => { res.writeHead(404); res.end(); };
+const server = tls
+  ? https.createServer({ key: readFileSync(`${tls}/server-key.pem`), cert: readFileSync(`${tls}/server.pem`),
+    ca: readFileSync(`${tls}/ca.pem`), requestCert: true, rejectUnauthorized: false }, answer404)
+  : http.createServer(answer404);
 const wss = new WebSocketServer({ noServer: true, handleProtocols: (protocols) => [...protocols][0] ?? false });
 server.on('upgrade', (req, socket, head) => {
   if (req.url === '/refuse') {
@@ -17,7 +25,9 @@ server.on('upgrade', (req, socket, head) => {
   }
   if (req.url === '/hang') return;
   wss.handleUpgrade(req, socket, head, (ws) => {
-    ws.send(JSON.stringify({ auth: req.headers.authorization ?? null, protocol: ws.protocol, path: req.url }));
+    const hello = { auth: req.headers.authorization ?? null, protocol: ws.protocol, path: req.url };
+    if (tls) hello.client = req.socket.authorized ? req.socket.getPeerCertificate().subject.CN : null;
+    ws.send(JSON.stringify(hello));
     ws.on('message', (data, binary) => {
       const text = binary ? null : data.toString();
       if (text === 'big') ws.send(Buffer.alloc(2 * 1024 * 1024, 7), { binary: true });

@@ -28,6 +28,8 @@
 --   { stall_body = true, body = ... }  the head (and body bytes, if any), then silence
 --   { reset = true }                   closes the connection with a TCP reset
 --   { malformed = true }               200, application/json, a body that is not JSON
+--   { raw = function(client) ... end } the connection itself (a luv stream, not read from):
+--       the function writes and reads it (an upgrade); svc:release(client) closes it
 --   { delay_ms = n, ... }              any of the above after n ms
 --
 -- A request no route takes answers 404; a handler that raises answers 500
@@ -178,6 +180,11 @@ function Stand:_done(client)
   self.server:forget(client)
 end
 
+--- Closes a connection a `raw` answer took.
+function Stand:release(client)
+  self:_done(client)
+end
+
 function Stand:_send(client, req, answer)
   if client:is_closing() then return end
   if answer.reset then
@@ -186,6 +193,15 @@ function Stand:_send(client, req, answer)
     return
   end
   if answer.stall then return end   -- the watcher closes it when the client goes
+  if answer.raw then
+    client:read_stop()
+    local ok, err = pcall(answer.raw, client)
+    if not ok then
+      self.failures[#self.failures + 1] = err
+      self:_done(client)
+    end
+    return
+  end
   local status = answer.status or 200
   local headers = {}
   for k, v in pairs(answer.headers or {}) do headers[k] = v end

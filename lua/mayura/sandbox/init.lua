@@ -1327,7 +1327,7 @@ M.with_deadline = with_deadline
 -- The providers mayura ships: each is the module mayura.sandbox.<name>, whose `sandboxes` is its
 -- own `<name>_sandboxes`.
 local PROVIDERS = { 'agentcore', 'apple_container', 'cloudflare', 'codesandbox', 'daytona', 'docker', 'e2b',
-  'e2b_desktop', 'fly', 'local', 'modal', 'northflank', 'railway', 'vercel' }
+  'e2b_desktop', 'fly', 'kubernetes', 'local', 'modal', 'northflank', 'railway', 'vercel' }
 -- The library's own modules of the same namespace: never providers, never loaded by name.
 local NOT_PROVIDERS = { init = true, command = true, per_run = true, scripts = true, testing = true,
   tools = true }

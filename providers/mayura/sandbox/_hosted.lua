@@ -21,7 +21,9 @@
 -- X-Amz-Security-Token, and all three are secrets of the client.
 -- `http_version = '2'` makes every request of the client HTTP/2 (with prior
 -- knowledge to an http:// base URL, by ALPN over TLS), for a service that
--- speaks nothing else; '1.1' keeps it to HTTP/1.1.
+-- speaks nothing else; '1.1' keeps it to HTTP/1.1. `ca_file` (a PEM file of the
+-- authorities to trust instead of the system's) or `ca_pem` (that PEM text), and `client_cert` with
+-- `client_key` (PEM files: TLS client authentication) are absolute paths.
 --   local body, res = client:json('POST', '/sandboxes', { templateID = 'base' })
 --   client:json('GET', '/sandboxes/' .. hosted.escape(id), nil, { gone = true })
 --   client:stream('POST', '/process.Process/Start', msg, { format = 'connect', on_event = fn })
@@ -234,7 +236,7 @@ local client_keys = {
   label = true, base_url = true, api_key = true, auth_header = true, auth_prefix = true, headers = true,
   call_timeout_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
   max_response_bytes = true, max_message_bytes = true, secrets = true, aws_sigv4 = true, aws_credentials = true,
-  http_version = true,
+  http_version = true, ca_file = true, ca_pem = true, client_cert = true, client_key = true,
 }
 
 local function check_headers(h, what, level)
@@ -320,6 +322,26 @@ function M.client(options)
     max_message_bytes = check.int(options.max_message_bytes, 'max_message_bytes', 1, 1024 * MIB, C, 3, 16 * MIB),
     http_version = options.http_version,
   }, Client)
+  for _, name in ipairs({ 'ca_file', 'client_cert', 'client_key' }) do
+    local v = options[name]
+    if v ~= nil and (type(v) ~= 'string' or v:sub(1, 1) ~= '/' or v:find('%z') or #v > 4095) then
+      errors.raise(C, label .. ': ' .. name .. ' must be an absolute path', nil, 2)
+    end
+  end
+  if (options.client_cert == nil) ~= (options.client_key == nil) then
+    errors.raise(C, label .. ': client_cert and client_key go together', nil, 2)
+  end
+  local pem = options.ca_pem
+  if pem ~= nil and (type(pem) ~= 'string' or not pem:find('-----BEGIN', 1, true) or #pem > 1048576
+      or pem:find('%z') or options.ca_file ~= nil) then
+    errors.raise(C, label .. ': ca_pem must be PEM text (and not with ca_file)', nil, 2)
+  end
+  -- the files' paths go to libcurl with each request
+  self._tls = function(req)
+    req.ca_file, req.ca_pem = options.ca_file, pem
+    req.client_cert, req.client_key = options.client_cert, options.client_key
+    return req
+  end
   if self.http_version ~= nil and self.http_version ~= '1.1' and self.http_version ~= '2' then
     errors.raise(C, label .. ": http_version must be '1.1' or '2'", nil, 2)
   end
@@ -579,11 +601,11 @@ function Client:call(method, path, opts)
     headers['Content-Type'] = opts.content_type or headers['Content-Type'] or 'application/octet-stream'
   end
   return self:_run(method, path, opts, function(remaining)
-    local ok, res = pcall(http.request, self._sign({
+    local ok, res = pcall(http.request, self._tls(self._sign({
       url = url, method = method, headers = headers, body = opts.body,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
       max_body_bytes = self.max_response_bytes, signal = opts.signal, http_version = self.http_version,
-    }))
+    })))
     if not ok then return 'transport', res end
     if (res.status >= 200 and res.status < 300) or allow[res.status] then return 'ok', res end
     local body
@@ -712,7 +734,7 @@ function Client:stream(method, path, body, opts)
       end
     end
     arm()
-    local ok, res = pcall(http.request, self._sign({
+    local ok, res = pcall(http.request, self._tls(self._sign({
       url = url, method = method, headers = headers, body = payload,
       timeout_ms = remaining, connect_timeout_ms = math.min(remaining, CONNECT_TIMEOUT_CAP),
       signal = token, http_version = self.http_version,
@@ -732,7 +754,7 @@ function Client:stream(method, path, body, opts)
         if failure or stopped then return false end
         return true
       end,
-    }))
+    })))
     if idle_timer then idle_timer:stop(); idle_timer:close() end
     if remove_user then remove_user() end
     local reason = token.reason

@@ -17,6 +17,7 @@ local OPTIONS = {
   e2b = { api_key = 'k', api_url = U },
   e2b_desktop = { api_key = 'k', api_url = U },
   fly = { token = 't', app = 'a', base_url = U },
+  kubernetes = { server = U, token = 't', agent_image = 'mayura/agent:1' },
   ['local'] = {},
   modal = { token_id = 'a', token_secret = 'b', server_url = U },
   northflank = { token = 't', project_id = 'p', api_url = U, exec_url = U },
