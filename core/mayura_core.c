@@ -262,6 +262,14 @@ static int l_run_once(lua_State *L) {
     mc_run_depth++;
     chan_resume_reads();
     alive = uv_run(loop, uv_backend_timeout(loop) == 0 ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+    /*
+    ** UV_RUN_ONCE runs the timers that fell due during poll after the
+    ** pass's closes: a handle one of them closed (a one-shot timer closes
+    ** itself) stays half-closed until the next run. A plain interpreter's
+    ** script that ends here would leave it to luv's finalizer at lua_close,
+    ** which crashes on it; a pass without waiting finishes those closes.
+    */
+    if (loop->closing_handles != NULL) alive = uv_run(loop, UV_RUN_NOWAIT);
     mc_run_depth--;
     lua_pushboolean(L, alive != 0);
     return 1;

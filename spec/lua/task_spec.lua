@@ -172,4 +172,27 @@ describe('timers', function()
       assert.are.equal('finally', late.v)
     end)
   end)
+
+  -- A script of a plain interpreter (no host program) that ends right after a wait: the state is
+  -- closed with whatever the last loop pass left, and luv's finalizer must find no half-closed handle.
+  describe('a plain interpreter script that ends right after a wait', function()
+    local compat = require('support.compat')
+    local SCRIPTS = {
+      sleep = "task.run(function() task.sleep(5) end)",
+      after = "task.await(function(done) task.after(5, done) end)",
+      cancelled_timer = "local t = task.after(60000, function() end); t.cancel(); task.run(function() task.sleep(1) end)",
+      process = "local r = require('mayura.process').run({ 'true' }); assert(r.exit_code == 0)",
+      many = "for _ = 1, 20 do task.run(function() task.sleep(1) end) end",
+    }
+    for name, body in pairs(SCRIPTS) do
+      it('exits 0 (' .. name .. ')', function()
+        local script = "local task = require('mayura._task'); " .. body .. "; io.write('done')"
+        local r = process.run({ compat.lua, '-e', script }, { timeout_ms = 60000, env = {
+          PATH = os.getenv('PATH'), HOME = os.getenv('HOME'),
+          LUA_PATH = 'lua/?.lua;lua/?/init.lua;providers/?.lua;;', LUA_CPATH = compat.cpath .. ';;' } })
+        assert.are.equal('done', r.stdout, r.stderr)
+        assert.are.equal(0, r.exit_code, 'signal ' .. tostring(r.signal) .. ' ' .. r.stderr)
+      end)
+    end
+  end)
 end)
