@@ -14,7 +14,9 @@
 -- calls: image_env, run_container, runtimes, inspect, remove, list_ours, network and
 -- create_network; and for snapshots kept as images (never pushed): snapshot_image (a container
 -- made, not started, a tar put into its file system, committed as an image with the labels below,
--- the container removed), remove_image and list_snapshot_images. The daemon's own words never
+-- the container removed; it returns the image's id, so that nothing uses a tag another user of the
+-- daemon could move), remove_image and list_snapshot_images (only the images named in our
+-- repository: one built on a snapshot's image inherits its label, and is not ours). The daemon's own words never
 -- reach a caller's message: a failure is mapped to a reason (`docker could not <what> (<reason>)`),
 -- its text kept as `cause` at most. Private to the Docker provider.
 local core = require('mayura.core')
@@ -278,20 +280,23 @@ function Cli:snapshot_image(image, tar, tag, labels, expires_ms)
   a[#a + 1] = '--'
   a[#a + 1] = image
   local ref = SNAPSHOT_REPO .. ':' .. tag
+  local id
   local ok, err = pcall(function()
     self:run(a, 'make a snapshot\'s container')
     local argv = { self.docker, '-H', self.host, 'cp', '-', name .. ':/' }
     local rok, res = pcall(process.run, argv, { stdin = tar, timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 65536 })
     if not rok or res.exit_code ~= 0 then error(M.error(rok and cli_reason(res.stderr) or 'unavailable',
       'put the snapshot into its image'), 0) end
-    self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+    local res = self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+    id = res.stdout:match('^%s*(sha256:%x+)%s*$')
+    if not id then error(M.error('failed', 'make a snapshot\'s image'), 0) end
   end)
   pcall(self.remove, self, name)
   if not ok then
-    pcall(self.remove_image, self, ref)
+    pcall(self.remove_image, self, id or ref)
     error(err, 0)
   end
-  return ref
+  return id
 end
 
 --- Removes an image (also one that containers still use: it goes once they do); none is fine.
@@ -301,8 +306,8 @@ end
 
 --- The snapshots' images: `{ ref, owner }` each (ref: the image's id).
 function Cli:list_snapshot_images()
-  local res = self:run({ 'image', 'ls', '--all', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL },
-    'list images')
+  local res = self:run({ 'image', 'ls', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL,
+    '--filter', 'reference=' .. SNAPSHOT_REPO }, 'list images')
   local out = {}
   for id in res.stdout:gmatch('(sha256:%x+)') do
     local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}',
@@ -544,7 +549,7 @@ function Api:snapshot_image(image, tar, tag, labels, expires_ms)
   local all = { [PROVIDER_LABEL] = 'docker', [EXPIRES_LABEL] = ('%d'):format(expires_ms) }
   for k, v in pairs(labels) do all[k] = v end
   local ref = SNAPSHOT_REPO .. ':' .. tag
-  local id
+  local id, made
   local ok, err = pcall(function()
     local status, body = self:request('POST', '/containers/create?name=mayura-snap-' .. tag, {
       Image = image, Entrypoint = { NO_ENTRYPOINT }, Labels = all, HostConfig = { NetworkMode = 'none' } },
@@ -555,16 +560,18 @@ function Api:snapshot_image(image, tar, tag, labels, expires_ms)
     id = body.Id
     status = self:request('PUT', '/containers/' .. id .. '/archive?path=/', tar, 'put the snapshot into its image')
     if status ~= 200 then error(api_failure(status, 'put the snapshot into its image'), 0) end
-    status = self:request('POST', '/commit?container=' .. id .. '&repo=' .. SNAPSHOT_REPO .. '&tag=' .. tag
+    status, body = self:request('POST', '/commit?container=' .. id .. '&repo=' .. SNAPSHOT_REPO .. '&tag=' .. tag
       .. '&pause=false', nil, 'make a snapshot\'s image')
     if status ~= 201 then error(api_failure(status, 'make a snapshot\'s image'), 0) end
+    made = type(body) == 'table' and type(body.Id) == 'string' and body.Id:match('^sha256:%x+$') and body.Id
+    if not made then error(M.error('failed', 'make a snapshot\'s image'), 0) end
   end)
   if id then pcall(self.remove, self, id) end
   if not ok then
-    pcall(self.remove_image, self, ref)
+    pcall(self.remove_image, self, made or ref)
     error(err, 0)
   end
-  return ref
+  return made
 end
 
 function Api:remove_image(ref)
@@ -574,8 +581,8 @@ function Api:remove_image(ref)
 end
 
 function Api:list_snapshot_images()
-  local filters = core.json.encode({ label = { SNAPSHOT_LABEL } })
-  local status, body = self:request('GET', '/images/json?all=1&filters=' .. url_escape(filters), nil, 'list images')
+  local filters = core.json.encode({ label = { SNAPSHOT_LABEL }, reference = { SNAPSHOT_REPO } })
+  local status, body = self:request('GET', '/images/json?filters=' .. url_escape(filters), nil, 'list images')
   if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list images'), 0) end
   local out = {}
   for _, im in ipairs(body) do

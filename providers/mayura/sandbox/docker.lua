@@ -283,8 +283,9 @@ end
 --- A native snapshot: the sandbox's files archived in it (the generic way, mayura.sandbox._snapshot:
 -- its working directory and /tmp are tmpfs, which `docker commit` does not see), then put into an
 -- image the daemon makes from the sandbox's image (`mayura-snapshot:<hex>`, labelled with this host
--- process's mark, never pushed), which the sandboxes made from it start from: each unpacks the
--- archive from its own image's layer, and nothing moves through the host again.
+-- process's mark, never pushed), which the sandboxes made from it start from, by its id (a tag
+-- another user of the daemon moved is never used): each unpacks the archive from its own image's
+-- layer, and nothing moves through the host again.
 function Backend:snapshot(o)
   if self.released or self.closed then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
   local p = self.provider

@@ -1,0 +1,72 @@
+-- Docker snapshots' images against another user of the same daemon: a create from a snapshot
+-- starts the image it made, by id, however its tag `mayura-snapshot:<hex>` was moved, and the
+-- sweep of a killed host's images leaves alone one that only carries the snapshot label (an image
+-- built on a snapshot's image inherits it) without being named in the snapshots' repository.
+local providers = require('support.providers')
+local task = require('mayura._task')
+
+local function host(cmd)
+  local out, ok = providers.host(cmd)
+  return out, ok
+end
+
+for _, prov in ipairs(providers.list()) do
+  if prov.name == 'docker-cli' or prov.name == 'docker-api' then
+    describe('snapshot images (' .. prov.name .. ')', function()
+      local pool
+      setup(function()
+        pool = prov.make_pool({ tmp_mib = 16, workspace_mib = 16, max_sandboxes = 2, call_timeout_ms = 20000 })
+      end)
+      teardown(function() pool:close() end)
+
+      it('a create from a snapshot uses its image by id, not a tag another user moved', function()
+        local sb = pool:create({ lifetime_ms = 120000 })
+        sb:write_file('mine.txt', 'ours')
+        local snap = sb:snapshot()
+        sb:release()
+        local ref = snap._held.native.image
+        local tags = host('docker image inspect --format "{{range .RepoTags}}{{.}} {{end}}" ' .. ref)
+        local tag = tags:match('mayura%-snapshot:%x+')
+        assert.truthy(tag)
+        -- another user of the daemon points the tag at an image of theirs
+        local _, ok = host('docker tag ' .. providers.BUSYBOX .. ' ' .. tag)
+        assert.truthy(ok)
+        local ok_create, fork = pcall(pool.create, pool, { lifetime_ms = 60000, snapshot = snap })
+        local text = ok_create and fork:read_file('mine.txt')
+        if ok_create then fork:release() end
+        snap:release()
+        host('docker image rm ' .. tag)
+        assert.are.equal('ours', text, ok_create and '' or tostring(fork))
+        -- their image stays (only the tag they put in our repository may go)
+        local _, still = host('docker image inspect ' .. providers.BUSYBOX)
+        assert.truthy(still)
+      end)
+
+      it('the sweep removes only images named in the snapshots\' repository', function()
+        -- an image of another user's, built on a snapshot's (so with its label, of a host long gone),
+        -- and one a killed host of ours left
+        local r = math.random(1, 1e9)
+        local name = 'mayura-spec-foreign:' .. r
+        local ours = 'mayura-snapshot:' .. ('%08x'):format(r)
+        local function build(tag, extra)
+          local _, ok = host('printf "FROM ' .. providers.BUSYBOX .. '\\nLABEL mayura.snapshot.owner=1-1 '
+            .. extra .. '\\n" | docker build -q -t ' .. tag .. ' -')
+          assert.truthy(ok)
+        end
+        build(name, 'foreign=' .. r)
+        build(ours, 'ours=' .. r)
+        prov.make_provider({})   -- its sweep runs in the background
+        local gone
+        for _ = 1, 100 do
+          gone = not select(2, host('docker image inspect ' .. ours))
+          if gone then break end
+          task.sleep(100)
+        end
+        assert.truthy(gone)
+        local _, kept = host('docker image inspect ' .. name)
+        assert.truthy(kept)
+        host('docker image rm ' .. name)
+      end)
+    end)
+  end
+end
