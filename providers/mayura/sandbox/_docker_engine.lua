@@ -287,8 +287,8 @@ function Cli:snapshot_image(image, tar, tag, labels, expires_ms)
     local rok, res = pcall(process.run, argv, { stdin = tar, timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 65536 })
     if not rok or res.exit_code ~= 0 then error(M.error(rok and cli_reason(res.stderr) or 'unavailable',
       'put the snapshot into its image'), 0) end
-    local res = self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
-    id = res.stdout:match('^%s*(sha256:%x+)%s*$')
+    local made = self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+    id = made.stdout:match('^%s*(sha256:%x+)%s*$')
     if not id then error(M.error('failed', 'make a snapshot\'s image'), 0) end
   end)
   pcall(self.remove, self, name)
