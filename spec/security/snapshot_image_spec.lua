@@ -1,7 +1,8 @@
 -- Docker snapshots' images against another user of the same daemon: a create from a snapshot
 -- starts the image it made, by id, however its tag `mayura-snapshot:<hex>` was moved, and the
 -- sweep of a killed host's images leaves alone one that only carries the snapshot label (an image
--- built on a snapshot's image inherits it) without being named in the snapshots' repository.
+-- built on a snapshot's image inherits it) without being named in the snapshots' repository, and
+-- one whose owner is a process of another pid namespace (a host in a container of its own).
 local providers = require('support.providers')
 local task = require('mayura._task')
 
@@ -55,6 +56,10 @@ for _, prov in ipairs(providers.list()) do
         end
         build(name, 'foreign=' .. r)
         build(ours, 'ours=' .. r)
+        -- and one of a host in another pid namespace (a container of its own on the same daemon), whose
+        -- marks name processes this host cannot see
+        local theirs = 'mayura-snapshot:' .. ('%08x'):format(r + 1)
+        build(theirs, 'mayura.snapshot.pidns=1 theirs=' .. r)
         prov.make_provider({})   -- its sweep runs in the background
         local gone
         for _ = 1, 100 do
@@ -64,8 +69,10 @@ for _, prov in ipairs(providers.list()) do
         end
         assert.truthy(gone)
         local _, kept = host('docker image inspect ' .. name)
+        local _, kept_theirs = host('docker image inspect ' .. theirs)
+        host('docker image rm ' .. name .. ' ' .. theirs)
         assert.truthy(kept)
-        host('docker image rm ' .. name)
+        assert.truthy(kept_theirs)
       end)
     end)
   end

@@ -35,9 +35,11 @@ local ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API 
 M.ID_LABEL, M.PROVIDER_LABEL, M.EXPIRES_LABEL = 'mayura.sandbox', 'mayura.provider', 'mayura.expires'
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = M.ID_LABEL, M.PROVIDER_LABEL, M.EXPIRES_LABEL
 --- The label of a snapshot's image: the host process that made it (`PID-START`, its start time in
--- /proc/PID/stat), so that a provider can tell the images a killed host left. Their repository.
-M.SNAPSHOT_LABEL, M.SNAPSHOT_REPO = 'mayura.snapshot.owner', 'mayura-snapshot'
-local SNAPSHOT_LABEL, SNAPSHOT_REPO = M.SNAPSHOT_LABEL, M.SNAPSHOT_REPO
+-- /proc/PID/stat), so that a provider can tell the images a killed host left; the pid namespace that
+-- PID is of (a host in a container of its own, on the same daemon, has its own). Their repository.
+M.SNAPSHOT_LABEL, M.SNAPSHOT_NS_LABEL, M.SNAPSHOT_REPO = 'mayura.snapshot.owner', 'mayura.snapshot.pidns',
+  'mayura-snapshot'
+local SNAPSHOT_LABEL, SNAPSHOT_NS_LABEL, SNAPSHOT_REPO = M.SNAPSHOT_LABEL, M.SNAPSHOT_NS_LABEL, M.SNAPSHOT_REPO
 -- the entrypoint of the container an image is committed from (never started)
 local NO_ENTRYPOINT = '/.mayura-none'
 
@@ -304,15 +306,17 @@ function Cli:remove_image(ref)
   self:run({ 'image', 'rm', '--force', '--', ref }, 'remove an image', { not_found = true, no_image = true })
 end
 
---- The snapshots' images: `{ ref, owner }` each (ref: the image's id).
+--- The snapshots' images: `{ ref, owner, pidns }` each (ref: the image's id; pidns nil when unlabelled).
 function Cli:list_snapshot_images()
   local res = self:run({ 'image', 'ls', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL,
     '--filter', 'reference=' .. SNAPSHOT_REPO }, 'list images')
   local out = {}
   for id in res.stdout:gmatch('(sha256:%x+)') do
-    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}',
-      '--', id }, 'inspect an image', { not_found = true, no_image = true })
-    if r then out[#out + 1] = { ref = id, owner = (r.stdout:gsub('%s+$', '')) } end
+    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}} '
+      .. '{{index .Config.Labels "' .. SNAPSHOT_NS_LABEL .. '"}}', '--', id }, 'inspect an image',
+      { not_found = true, no_image = true })
+    local owner, ns = (r and r.stdout or ''):match('^(%S*) (%S*)')
+    if owner then out[#out + 1] = { ref = id, owner = owner, pidns = ns:match('^%d+$') } end
   end
   return out
 end
@@ -588,7 +592,8 @@ function Api:list_snapshot_images()
   for _, im in ipairs(body) do
     local labels = type(im) == 'table' and type(im.Labels) == 'table' and im.Labels or {}
     if type(im.Id) == 'string' and type(labels[SNAPSHOT_LABEL]) == 'string' then
-      out[#out + 1] = { ref = im.Id, owner = labels[SNAPSHOT_LABEL] }
+      local ns = labels[SNAPSHOT_NS_LABEL]
+      out[#out + 1] = { ref = im.Id, owner = labels[SNAPSHOT_LABEL], pidns = type(ns) == 'string' and ns or nil }
     end
   end
   return out

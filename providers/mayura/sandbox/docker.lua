@@ -165,7 +165,10 @@ local function reap(engine, host, base, owner, force)
     if force then
       pcall(function()
         for _, im in ipairs(engine:list_snapshot_images()) do
-          if not host_util.mark_alive(im.owner) then pcall(engine.remove_image, engine, im.ref) end
+          -- a mark of another pid namespace names a process this host cannot see
+          if (im.pidns == nil or im.pidns == host_util.pid_namespace()) and not host_util.mark_alive(im.owner) then
+            pcall(engine.remove_image, engine, im.ref)
+          end
         end
       end)
     end
@@ -298,7 +301,8 @@ function Backend:snapshot(o)
   end
   local tag = random_hex(8)
   local ref = self.engine:snapshot_image(self.base_image, tar.tar(files, 0), tag,
-    { [engines.SNAPSHOT_LABEL] = host_util.process_mark() }, math.floor(core.now_ms()) + 600000)
+    { [engines.SNAPSHOT_LABEL] = host_util.process_mark(), [engines.SNAPSHOT_NS_LABEL] = host_util.pid_namespace() },
+    math.floor(core.now_ms()) + 600000)
   return setmetatable({ size_bytes = #archive, image = ref, base_image = self.base_image, engine = self.engine,
     script = prep.script ~= '',
     archive_text = archive, users = 0, released = false }, Snap)
