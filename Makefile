@@ -98,11 +98,13 @@ $(AGENT_HOST): $(AGENT_DEP) $(FILTER_H)
 	@mkdir -p $(dir $@)
 	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) $(FILTER_DEF) -o $@ $(AGENT_SRC)
 
-# The keeper of a local sandbox (launcher/launch.c): cgroups, mounts, uid, bubblewrap, the
-# lifetime and the clean-up, in one static program instead of a shell and a dozen commands.
-$(LAUNCH): launcher/launch.c
+# The keeper of a local sandbox (launcher/: launch.c's flow, its pieces over launcher/launch.h):
+# cgroups, mounts, uid, bubblewrap, the lifetime and the clean-up, in one static program instead
+# of a shell and a dozen commands.
+LAUNCH_SRC = $(wildcard launcher/*.c)
+$(LAUNCH): $(LAUNCH_SRC) launcher/launch.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ launcher/launch.c
+	$(CC) -std=gnu11 $(WARN) $(AGENT_CFLAGS) -static -o $@ $(LAUNCH_SRC)
 
 # For bench/sandbox.lua only: the agent without its syscall filter, to measure what the filter costs.
 AGENT_NOFILTER = build/bench/mayura-agent-nofilter

@@ -22,7 +22,7 @@ faults.hosted_suite({
   provider = railway.railway_sandboxes,
   options = function(svc)
     return { token = TOKEN, environment_id = ENV, endpoint = svc:url(railway_service.PATH), retry_base_ms = 20,
-      exec = 'graphql' }
+      exec = 'graphql', exec_rate = { per_second = 1000, burst = 1000 } }
   end,
   install = function(svc, backing)
     return railway_service.install_with_front(svc, backing, { token = TOKEN, environment_id = ENV })

@@ -1,7 +1,9 @@
 -- How many calls a command costs on command_sandbox_backend, and that they keep the rate a
 -- transport declares: through a local transport (dash and BusyBox sh) and through the hosted
 -- providers on the backend, counted on their stand-ins' wire. A short command is one call where
--- the service can wait; a 5 s command a few, never past `burst` + `per_second` a second.
+-- the service can wait; a 5 s command a few, never past `burst` + `per_second` a second. Each hosted
+-- transport declares its service's documented rate (none where the service documents none), and
+-- a command polled call by call (as where a service cannot wait) keeps it on the wire.
 local sandbox = require('mayura.sandbox')
 local core = require('mayura.core')
 local transports = require('support.command_transports')
@@ -50,6 +52,23 @@ suite.describe('command_sandbox_backend: calls per command', function()
         b:release()
       end)
 
+      it('leaves no process behind a short command that left none, and ends what one left', function()
+        local b = backend({ wait_ms = 20000 })
+        local function procs()
+          return sb:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do tr "\\000" " " <"$p/cmdline" 2>/dev/null; echo; done' })
+            .stdout
+        end
+        for _ = 1, 3 do assert.are.equal(0, b:exec({ 'true' }, {}).exit_code) end
+        -- no timer, no delayed kill: nothing of the backend's outlives the call
+        assert.is_nil(procs():find('sleep'), procs())
+        b:exec({ 'sh', '-c', 'sleep 31 </dev/null >/dev/null 2>&1 &' }, {})
+        assert.is_truthy(procs():find('sleep 31'))
+        local deadline = core.hrtime_ms() + 5000
+        while procs():find('sleep 31') and core.hrtime_ms() < deadline do require('mayura._task').sleep(100) end
+        assert.is_nil(procs():find('sleep 31'))
+        b:release()
+      end)
+
       it('keeps a 5 s command within 1 call a second (bursts of 3), in a few calls', function()
         local rate = { per_second = 1, burst = 3 }
         local b, t = backend({ wait_ms = 2000, rate = rate })
@@ -95,7 +114,9 @@ suite.describe('command_sandbox_backend: calls per command', function()
   end
 end)
 
--- The hosted providers on the backend, each against its stand-in: `route` is the exec call.
+-- The hosted providers on the backend, each against its stand-in: `route` is the exec call, `rate`
+-- the rate its transport declares (the service's documented one; none where it documents none).
+local RAILWAY_GRAPHQL_RATE = { per_second = 500 / 3600, burst = 9 }
 local HOSTED = {
   {
     name = 'Fly', rate = { per_second = 1, burst = 3 }, route = { 'POST', '/v1/apps/{app}/machines/{id}/exec' },
@@ -108,7 +129,8 @@ local HOSTED = {
     end,
   },
   {
-    name = 'AgentCore', route = { 'POST', '/code-interpreters/{ci}/tools/invoke' },
+    name = 'AgentCore', rate = { per_second = 15, burst = 15 },
+    route = { 'POST', '/code-interpreters/{ci}/tools/invoke' },
     install = function(s, b)
       return require('support.agentcore_service').install(s, b, { access_key_id = 'AKIAMAYURASPEC0KEYID',
         secret_access_key = 'mayura/Spec+Secret0123456789abcdefSECRET', region = 'us-east-1' })
@@ -120,7 +142,7 @@ local HOSTED = {
     end,
   },
   {
-    name = 'Northflank',
+    name = 'Northflank', rate = { per_second = 500 / 3600, burst = 500 },
     install = function(s, b)
       return require('support.northflank_service').install_with_exec_host(s, b, { token = 'nf_0123456789abcdefTOKEN',
         project_id = 'sandboxes', team_id = 'team-a' })
@@ -141,6 +163,24 @@ local HOSTED = {
       return require('mayura.sandbox.railway').railway_sandboxes({ token = 'rw_0123456789abcdefTOKEN',
         environment_id = 'env-mayura-1', endpoint = s:url(require('support.railway_service').PATH),
         ws_url = e.state.ws_url, retry_base_ms = 20 })
+    end,
+    teardown = function(e) e.state.close_all() end,
+  },
+  {
+    name = 'Railway (GraphQL sandboxExec)', rate = RAILWAY_GRAPHQL_RATE,
+    wire = function(e)
+      local times = {}
+      for _, o in ipairs(e.state:calls('sandboxExec')) do times[#times + 1] = o.req.at end
+      return times
+    end,
+    install = function(s, b)
+      return require('support.railway_service').install_with_front(s, b, { token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1' })
+    end,
+    provider = function(s)
+      return require('mayura.sandbox.railway').railway_sandboxes({ token = 'rw_0123456789abcdefTOKEN',
+        environment_id = 'env-mayura-1', endpoint = s:url(require('support.railway_service').PATH), exec = 'graphql',
+        retry_base_ms = 20 })
     end,
     teardown = function(e) e.state.close_all() end,
   },
@@ -174,33 +214,41 @@ local HOSTED = {
 }
 
 for _, h in ipairs(HOSTED) do
+  if h.route and not h.wire then
+    h.wire = function(e)
+      local times = {}
+      for _, req in ipairs(e.svc:calls(h.route[1], h.route[2])) do times[#times + 1] = req.at end
+      return times
+    end
+  end
   suite.describe(h.name .. ': calls per command on its stand-in', function()
-    local svc, sb
-    local calls = 0
+    local env, sb
+    local calls, times = 0, {}
     suite.stand_in_pool({
       install = h.install, provider = h.provider, teardown = h.teardown,
       pool = { max_sandboxes = 1, max_lifetime_ms = 600000, network = { 'all' } },
       create = { lifetime_ms = 600000, network = 'all' },
       ready = function(e)
-        svc, sb = e.svc, e.sb
+        env, sb = e, e.sb
         -- the backend's every call, counted at its transport (each is one request or message)
         local t = sb._backend._transport
         local run = t.run
         t.run = function(...)
           calls = calls + 1
+          times[calls] = core.hrtime_ms()
           return run(...)
         end
       end,
     })
 
-    -- what the transport made, checked on the wire where the service has an exec route
+    -- what the transport made, checked on the wire where the stand-in records the exec calls
     local function execs()
-      return calls, h.route and #svc:calls(h.route[1], h.route[2]) or 0
+      return calls, h.wire and #h.wire(env) or 0
     end
     local function one_more(c0, w0)
       local c1, w1 = execs()
       assert.are.equal(1, c1 - c0)
-      if h.route then assert.are.equal(1, w1 - w0) end
+      if h.wire then assert.are.equal(1, w1 - w0) end
     end
 
     it('runs a short command in one call', function()
@@ -217,11 +265,32 @@ for _, h in ipairs(HOSTED) do
       local r = sb:exec({ 'sh', '-c', 'sleep 5; echo done' }, { timeout_ms = 30000 })
       assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
       one_more(c0, w0)
+      if h.rate and h.wire then assert_within(h.wire(env), h.rate) end
+    end)
+
+    -- last: where the rate is slow, what is left of its burst paces this case
+    it('declares ' .. (h.rate and 'the service\'s documented rate' or 'no rate (the service documents none)')
+      .. ' and polls a command within it where the service cannot wait', function()
+      assert.are.same(h.rate, sb._backend._transport.rate)
+      local b = sb._backend
+      local wait = b._wait
+      b._wait = 0   -- every poll a call of its own, backing off on the host
+      local c0, w0 = execs()
+      local t0 = core.hrtime_ms()
+      local ok, r = pcall(sb.exec, sb, { 'sh', '-c', 'sleep 3; echo done' }, { timeout_ms = 60000 })
+      b._wait = wait
+      assert.is_true(ok, tostring(r))
+      assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
+      local n, elapsed = calls - c0, core.hrtime_ms() - t0
+      local mine = {}
+      for i = c0 + 1, calls do mine[#mine + 1] = times[i] end
       if h.rate then
-        local times = {}
-        for _, req in ipairs(svc:calls(h.route[1], h.route[2])) do times[#times + 1] = req.at end
-        assert_within(times, h.rate)
+        assert_within(mine, h.rate)
+        if h.wire then assert_within(h.wire(env), h.rate) end
       end
+      -- polls back off to one every 250 ms at most: a few more than 3 s / 250 ms
+      assert.is_true(n >= 2 and n <= 10 + elapsed / 250, n .. ' calls in ' .. math.floor(elapsed) .. ' ms')
+      if h.wire then assert.are.equal(n, #h.wire(env) - w0) end
     end)
   end)
 end

@@ -53,7 +53,8 @@ M.WORKSPACE = '/workspace'
 local seq = 0
 local function new_id(n)
   seq = seq + 1
-  local s = string.format('%x%x%x', core.now_ms() % 0xfffff, seq, math.random(0, 0xfffff))
+  -- the counter first: two ids made in the same millisecond differ within the first `n` digits
+  local s = string.format('%x%05x%x', seq, core.now_ms() % 0xfffff, math.random(0, 0xfffff))
   return s:sub(1, n or #s)
 end
 

@@ -74,7 +74,8 @@
 -- killed by a signal is the shell's 128 + signal (no `signal` field), listing
 -- times have the resolution stat gives (ms with GNU stat, seconds with BusyBox),
 -- and a command's output takes room in the state directory until it ends (the
--- host reads at most the cap of it).
+-- host reads at most the cap of it; small outputs a little longer: the files of
+-- 16 ended commands are removed together, by a later call).
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -96,6 +97,7 @@ local MIN_ROOM = 512              -- the least base64 worth a chunk of its own c
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
 local DEFAULT_WAIT_MS = 1000      -- the longest one call waits in the sandbox, unless the transport says
 local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
+local TRASH_BATCH = 16            -- ended commands whose small files one rm removes, with a later call
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
 local TOOLS = { 'base64', 'stat', 'dd', 'od', 'awk', 'tr', 'grep', 'mkdir', 'mv', 'rm', 'rmdir', 'ln', 'kill',
@@ -250,6 +252,16 @@ end
 -- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
 function Backend:_run(script, stdin, signal)
   if self._closed then error(gone(), 0) end
+  local trash = self._trash
+  if #trash >= TRASH_BATCH then
+    local names = {}
+    for i, base in ipairs(trash) do names[i] = q(base) .. '.*' end
+    local rm = 'rm -f -- ' .. table.concat(names, ' ') .. ' </dev/null >/dev/null 2>&1 &\n'
+    if #rm + #script <= self._max then
+      self._trash = {}
+      script = rm .. script
+    end
+  end
   if #script > self._max then
     local name = self._state .. '/s' .. self:_id()
     self:_put(name, 'rm -f -- ' .. q(name) .. '\n' .. script)
@@ -421,25 +433,32 @@ end
 -- ended) and .pid, with <base> = <state dir>/x<n>: no directory to make, one rm to remove them.
 
 -- The command's own shell, in a session of its own: checks the cwd, sets the env, runs the
--- command with its files, writes the exit code, then ends what is left in its process group.
+-- command with its files, writes the exit code, then, when no caller waits for it ($b.w: none
+-- did, or the one that did gave up), ends what is left in its process group a second later.
 local JOB = 'b=$1 c=$2 i=$3 n=$4;shift 4\n' ..
   'if [ ! -d "$c" ];then if [ -e "$c" ];then r="E ENOTDIR";else r="E ENOENT";fi\n' ..
   'elif ! cd -- "$c" 2>/dev/null;then r="E EACCES"\n' ..
   'else (while [ "$n" -gt 0 ];do export "$1=$2";shift 2;n=$((n-1));done;exec "$@") <"$i" >"$b.out" 2>"$b.err"' ..
   ';r=$?;fi\n' ..
   ': >>"$b.out";: >>"$b.err";echo "$r" >"$b.rc"\n' ..
-  '(sleep 1;kill -9 0)&\n'
+  'if [ -e "$b.w" ];then (sleep 1;kill -9 0)& fi\n'
 
 -- Right after the start (the command's shell is this one's child, $!): waits for that child to
 -- end, at most `ms`, with a `sleep` as the timer: a trap on SIGCHLD ends the `wait` on the timer
 -- when either ends (dash, BusyBox), bash's `wait -n` does; the timer is then killed (an unreaped
 -- child of ours: its pid cannot be another's yet). Whatever the shell, wait_script follows (the
--- time the timer ran out counted in `w`).
+-- time the timer ran out counted in `w`). A command that ended while waited for leaves its
+-- shell nothing to do: this one reaps it, and only when its process group still has someone
+-- (kill -0 to the group) starts the kill a second later; one that did not end yet is left to its
+-- own shell ($b.w, made before the exit code is looked at again: one of the two sees it).
 local function wait_child_script(ms)
   if ms <= 0 then return '' end
-  return '[ -s "$b.rc" ]||{ sleep ' .. ('%.3f'):format(ms / 1000) .. ' </dev/null >/dev/null 2>&1 & t=$!\n' ..
+  return 'p=$!\n[ -s "$b.rc" ]||{ sleep ' .. ('%.3f'):format(ms / 1000) .. ' </dev/null >/dev/null 2>&1 & t=$!\n' ..
     'if [ -n "$BASH_VERSION" ];then wait -n 2>/dev/null;else [ -s "$b.rc" ]||wait $t;fi\n' ..
-    'kill $t 2>/dev/null||w=' .. math.floor(ms) .. ';};trap - CHLD\n'
+    'kill $t 2>/dev/null||w=' .. math.floor(ms) .. ';};trap - CHLD\n' ..
+    '[ -s "$b.rc" ]||: >"$b.w"\n' ..
+    'if [ -s "$b.rc" ];then wait $p 2>/dev/null\n' ..
+    'kill -0 -$p 2>/dev/null&&setsid sh -c \'sleep 1;kill -9 -$1\' sh $p </dev/null >/dev/null 2>&1 &\nfi\n'
 end
 
 local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
@@ -454,7 +473,8 @@ local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
   end
   for _, a in ipairs(argv) do words[#words + 1] = q(a) end
   return 'b=' .. q(base) .. '\n' ..
-    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' .. (wait_ms > 0 and 'trap : CHLD\n' or '') ..
+    'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
+    (wait_ms > 0 and 'trap : CHLD\n' or ': >"$b.w"\n') ..
     scripts.TAG_VAR .. '=' .. q(tag) .. ' setsid sh -c ' .. q(JOB) .. ' sh ' .. table.concat(words, ' ') ..
     ' </dev/null >/dev/null 2>&1 &\n' ..
     'echo $! >"$b.pid"\n' .. wait_child_script(wait_ms) .. 'echo OK\n'
@@ -481,8 +501,9 @@ local function remove_files(base)
   return 'rm -f -- ' .. q(base) .. '.* </dev/null >/dev/null 2>&1 &\n'
 end
 
--- The sizes of out and err, then both as base64 when small (the files are then removed). Only
--- what is not empty costs a process; `head -c` bounds what is read whatever the file became.
+-- The sizes of out and err, then both as base64 when small (the files are then left for a later
+-- call to remove with others: no process of its own). Only what is not empty costs a process;
+-- `head -c` bounds what is read whatever the file became.
 local function report(base, inline)
   local inl = tostring(inline)
   return 'b=' .. q(base) .. '\no=0;e=0\n' ..
@@ -492,7 +513,7 @@ local function report(base, inline)
     'if [ "$o" -le ' .. inl .. ' ]&&[ "$e" -le ' .. inl .. ' ];then\n' ..
     'if [ "$o" -gt 0 ];then head -c ' .. inl .. ' "$b.out"|base64;fi;echo -\n' ..
     'if [ "$e" -gt 0 ];then head -c ' .. inl .. ' "$b.err"|base64;fi;echo .\n' ..
-    remove_files(base) .. 'else echo .;fi\n'
+    'else echo .;fi\n'
 end
 
 local function poll_script(base, inline, wait)
@@ -583,6 +604,7 @@ function Backend:_outputs(base, rep, cap)
   local res = { truncated = rep.out_size > cap or rep.err_size > cap }
   if rep.out then
     res.stdout, res.stderr = rep.out, rep.err
+    self._trash[#self._trash + 1] = base   -- removed with a later call, with others
   else
     res.stdout = self:_read_upto(base .. '.out', cap) or ''
     res.stderr = self:_read_upto(base .. '.err', cap) or ''
@@ -769,7 +791,7 @@ function M.command_sandbox_backend(id, transport, release)
     _read_chunk = fits(out_max - HEAD_ROOM, 4096),
     _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
-    _env = {}, _wait = wait, _rate = rate,
+    _env = {}, _wait = wait, _rate = rate, _trash = {},
   }, Backend)
   if transport.env ~= nil then
     if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
@@ -785,7 +807,7 @@ function M.command_sandbox_backend(id, transport, release)
   local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
     or ''
   -- the setup goes with the backend's first call (it ends the call early when it fails)
-  self._setup = mk .. 'o=$(umask 077;mkdir -p -- ' .. q(state) .. ' 2>&1)||{ echo "E state";exit 0;}\n' ..
+  self._setup = mk .. 'mkdir -p -m 700 -- ' .. q(state) .. ' 2>/dev/null||{ echo "E state";exit 0;}\n' ..
     'm=;for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||{ echo "M $t";m=1;};done\n' ..
     '[ -z "$m" ]||exit 0\necho ' .. READY .. '\n'
   return self

@@ -74,7 +74,8 @@ end
 local function taken(v) return v end
 
 --- Checks the options of an E2B provider: `defaults` = { template, label };
--- `extra_keys` the provider's own options (checked by it). Returns the config.
+-- `extra_keys` the provider's own options, name -> a kit checker (or true: checked by it). Returns
+-- the config.
 function M.config(options, defaults, extra_keys)
   local declared = {
     -- the library reads no environment: the key comes from the caller
@@ -91,7 +92,9 @@ function M.config(options, defaults, extra_keys)
     { retry_base_ms = kit.int(0, 60000, 200) },
     { warm = kit.int(0, 64, 0) },
   }
-  for k in pairs(extra_keys or {}) do declared[#declared + 1] = { [k] = taken } end
+  for k, checker in pairs(extra_keys or {}) do
+    declared[#declared + 1] = { [k] = type(checker) == 'function' and checker or taken }
+  end
   local config = kit.options(options, declared, defaults.label, 'options with api_key are required')
   config.label = defaults.label
   config.api_url = config.api_url or ('https://api.' .. config.domain)
@@ -198,6 +201,7 @@ function M.provider(config, spec)
   return kit.provider({
     id = spec.id, label = label, features = spec.features, workdir = config.workdir,
     max_lifetime_ms = config.max_lifetime_ms, client = client, warm = config.warm, warm_ports = true,
+    warm_desktop = spec.features.desktop,
     fields = { config = config, client = client },
 
     create = function(ctx)

@@ -822,23 +822,18 @@ function M.wait_ms(call_timeout_ms, limit_ms)
   return math.max(0, w)
 end
 
---- The backend of a sandbox `id` the service has made, on command_sandbox_backend: `setup()`
--- (waiting until it runs, say) returns its transport, over which the backend's first call makes
--- the working directory `workdir` (its commands start there; one that cannot be made is
--- SANDBOX_ERROR `failed` then); `destroy()` ends the sandbox at release. Where `setup` fails the
--- sandbox is destroyed (a failure to do so is ignored) and the error goes on.
-function M.command_backend(_label, id, workdir, destroy, setup)
-  local backend
-  local ok, err = pcall(function()
-    local transport = setup()
-    transport.workdir, transport.make_workdir = workdir, true   -- made with the backend's first command
-    backend = sandbox.command_sandbox_backend(id, transport, function() destroy() end)
-  end)
-  if not ok then
-    pcall(destroy)
-    error(err, 0)
+--- A provider's rate option (`label` names it in errors, `name` the option): `{ per_second, burst }`
+-- (per_second above 0, at most 1000; burst an integer from 1 to 1000), or `default` when not given.
+function M.rate_option(v, label, name, default)
+  if v == nil then return default end
+  local C = 'INVALID_CONFIG'
+  if type(v) ~= 'table' then errors.raise(C, label .. ': ' .. name .. ' must be { per_second, burst }', nil, 3) end
+  check.keys(v, { per_second = true, burst = true }, label .. ' ' .. name, C, 4)
+  local ps = v.per_second
+  if type(ps) ~= 'number' or ps ~= ps or ps <= 0 or ps > 1000 then
+    errors.raise(C, label .. ': ' .. name .. '.per_second must be a number above 0, at most 1000', nil, 3)
   end
-  return backend
+  return { per_second = ps, burst = check.int(v.burst, name .. '.burst', 1, 1000, C, 4, 1) }
 end
 
 -- }======================================================

@@ -15,14 +15,17 @@
 --   return kit.provider({
 --     id = 'fly', label = 'fly', features = {...}, workdir = '/workspace', max_lifetime_ms = o.max_lifetime_ms,
 --     client = api,                     -- a _hosted client: ctx.client is it with the pool's call timeout
---     warm = o.warm,                    -- warm sandboxes (0: none)
+--     warm = o.warm,                    -- warm sandboxes (0: none); or options = o for all three
 --     create = function(ctx) ... end,   -- POSTs the create (labels + kit.TAG_LABEL = ctx.tag); the answer
---     accept = function(ctx, answer) return handle end,   -- checks it; ctx:bad_answer(what) for a bad one
+--     accept = function(ctx, answer) return handle end,   -- checks it (ctx:id_of, ctx:bad_answer)
 --     find = function(ctx, tag) return { handle, ... } end,  -- what a lost create of `tag` made
 --     ready = function(ctx, handle, left_ms) return true end, -- optional: polled until true
 --     backend = function(ctx, handle) return backend end,    -- the pool's backend over it
 --     destroy = function(ctx, handle) end,                    -- ends it (gone already is fine)
 --     hand_out = function(p, backend, spec) end,              -- a warm one given to `spec`
+--     warm_up = function(backend) end,                        -- optional: run on a warm one once made
+--     command = true,   -- the backend is on command_sandbox_backend: warm_up and hand_out are the
+--                       -- kit's command_probe and command_probe_hand_out unless given
 --   })
 --
 -- A create (`p:create(spec)`): `ctx` = { provider, spec, tag (16 hex digits), client, started
@@ -39,14 +42,17 @@
 -- Warm sandboxes (`warm = n`, mayura.sandbox._warm and the pool's protocol): n sandboxes made
 -- ahead with the pool's labels and lifetime, network `warm_network` (the provider's 'none' when it
 -- has it, else its first kind); a create asking for that network, the pool's labels and no image,
--- cpus, memory, desktop (or ports, unless `warm_ports`) claims one, and `hand_out(p, backend,
--- spec)` gives it the asked env and lifetime (the kit's `command_hand_out` does it for a backend
--- on command_sandbox_backend); one the service says is gone there gives way to a cold create.
--- They take slots of the pool's max_sandboxes and end with its close.
+-- cpus, memory, desktop (unless `warm_desktop`: every sandbox has one) or ports (unless
+-- `warm_ports`) claims one, and `hand_out(p, backend, spec)` gives it the asked env and lifetime
+-- (the kit's `command_hand_out` does it for a backend on command_sandbox_backend,
+-- `command_probe_hand_out` after a probe); one the service says is gone there gives way to a cold
+-- create; `warm_up(backend)` runs on each once made. They take slots of the pool's max_sandboxes
+-- and end with its close.
 --
 -- How to move a provider onto the kit:
---   1. its options: one `kit.options` table (kit.secret, kit.word, kit.url, kit.int, kit.bool, or
---      a function(value, label, name) -> value for what is its own); add `warm = kit.int(0, 64, 0)`;
+--   1. its options: one `kit.options` table (kit.secret, kit.word, kit.url, kit.int, kit.bool,
+--      kit.workdir, kit.required, kit.taken, kit.RETRY_OPTIONS, or a function(value, label, name)
+--      -> value for what is its own); add kit.WARM_OPTION;
 --   2. its create: split the POST (`create`), the answer's check (`accept`, raising through
 --      ctx:bad_answer), the list by label (`find`), the wait (`ready`, one poll a call), the backend
 --      (`backend`) and the DELETE (`destroy`); delete its random_hex, object, ready loop and
@@ -58,6 +64,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
+local hosted = require('mayura.sandbox._hosted')
 local warm = require('mayura.sandbox._warm')
 local scripts = require('mayura.sandbox.scripts')
 
@@ -75,6 +82,12 @@ M.TAG_LABEL = 'mayura.create'
 
 --- `n` random bytes as hex.
 M.random_hex = host.random_hex
+
+--- A random UUID (version 4).
+function M.uuid()
+  local h = M.random_hex(16)
+  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
+end
 
 --- A copy of `t` (or an empty table) that goes on the wire as a JSON object.
 function M.object(t)
@@ -170,6 +183,28 @@ function M.bool(default)
   end
 end
 
+--- An option taken as it is: what uses it checks it (the HTTP client its retries, say).
+function M.taken(v) return v end
+
+--- An option that must be given, then checked by `checker` (kit.taken when nil).
+function M.required(checker)
+  checker = checker or M.taken
+  return function(v, label, name)
+    if v == nil then errors.raise(C, label .. ': ' .. name .. ' is required', nil, 0) end
+    return checker(v, label, name)
+  end
+end
+
+--- An absolute `workdir` (mayura.sandbox._hosted.workdir_option), `default` when not given.
+function M.workdir(default)
+  return function(v, label) return hosted.workdir_option(v or default, label) end
+end
+
+--- Entries of a kit.options table: the HTTP client's retry options (mayura.sandbox._hosted checks
+-- them), and `warm`, how many sandboxes are made ahead for the pool (0 to 64, none by default).
+M.RETRY_OPTIONS = { retries = M.taken, retry_base_ms = M.taken, max_retry_after_ms = M.taken }
+M.WARM_OPTION = { warm = M.int(0, 64, 0) }
+
 -- }======================================================
 
 -- {======================================================
@@ -183,6 +218,13 @@ Ctx.__index = Ctx
 function Ctx:bad_answer(what)
   self.answered = true
   return errors.sandbox('failed', self.label .. ': the service answered the create with ' .. what)
+end
+
+--- `v` where it is an id the service may have given: a string matching `pattern`, at most `max`
+-- bytes; else the error of a bad answer (saying `what` came).
+function Ctx:id_of(v, pattern, max, what)
+  if type(v) ~= 'string' or not v:match(pattern) or #v > max then error(self:bad_answer(what), 0) end
+  return v
 end
 
 local function new_ctx(p, d, spec)
@@ -223,7 +265,7 @@ local function wait_ready(d, ctx, handle)
     end
     if d.ready(ctx, handle, left) then return end
     if interval > 0 then
-      local pause = math.min(interval, math.max(1, ctx.started + ctx.timeout_ms - core.hrtime_ms()))
+      local pause = math.ceil(math.min(interval, math.max(1, ctx.started + ctx.timeout_ms - core.hrtime_ms())))
       task.await(function(done) task.after(pause, done, true) end)
       interval = math.min(interval * 2, max)
     end
@@ -259,27 +301,44 @@ end
 
 --- The provider table for `create_sandboxes` from the declaration `d` (see the module's comment):
 -- `id`, `features`, `workdir`, `max_lifetime_ms` and every key of `d.fields` are copied onto it.
+-- `d.options` (what kit.options returned) gives `workdir`, `max_lifetime_ms` and `warm` where `d`
+-- does not.
 function M.provider(d)
   for _, name in ipairs({ 'create', 'accept', 'backend', 'destroy' }) do
     if type(d[name]) ~= 'function' then error('kit: the declaration has no ' .. name, 2) end
   end
-  local p = { id = d.id, features = d.features, workdir = d.workdir, max_lifetime_ms = d.max_lifetime_ms }
+  local o = d.options or {}
+  local p = { id = d.id, features = d.features, workdir = d.workdir or o.workdir,
+    max_lifetime_ms = d.max_lifetime_ms or o.max_lifetime_ms }
   for k, v in pairs(d.fields or {}) do p[k] = v end
   function p.create(self, spec)
     return cold(self, d, spec)
   end
-  local n = d.warm or 0
+  local n = d.warm or o.warm or 0
   if n > 0 then
+    if d.command then
+      -- on command_sandbox_backend: set up once made, probed when claimed, the create's env given
+      d.warm_up = d.warm_up or M.command_probe
+      d.hand_out = d.hand_out or M.command_probe_hand_out
+    end
     if type(d.hand_out) ~= 'function' then error('kit: warm sandboxes need hand_out', 2) end
     local net = d.warm_network
     if not net then net = has(d.features.network, 'none') and 'none' or d.features.network[1] end
     warm.add(p, n, {
       make = function(self, lifetime_ms, labels)
-        return cold(self, d, { lifetime_ms = lifetime_ms, labels = labels, network = net, env = {} })
+        local b = cold(self, d, { lifetime_ms = lifetime_ms, labels = labels, network = net, env = {} })
+        if d.warm_up then
+          local ok, err = pcall(d.warm_up, b)
+          if not ok then
+            pcall(b.release, b)
+            error(err, 0)
+          end
+        end
+        return b
       end,
       matches = function(_, spec, labels)
         return spec.network == net and spec.image == nil and spec.cpus == nil and spec.memory_mib == nil
-          and not spec.desktop and (d.warm_ports or not (spec.ports and #spec.ports > 0))
+          and (d.warm_desktop or not spec.desktop) and (d.warm_ports or not (spec.ports and #spec.ports > 0))
           and warm.same_labels(spec.labels, labels)
       end,
       hand_out = d.hand_out,
@@ -311,6 +370,22 @@ end
 -- service's own lifetime stays the warm one's: the pool ends the sandbox at the asked one).
 function M.command_hand_out(_, backend, spec)
   for k, v in pairs(spec.env or {}) do backend._env[k] = v end
+end
+
+--- A command that does nothing, on a backend on command_sandbox_backend: its first one sets the
+-- backend up (the state directory and the workdir made, the tools found); the transports raise
+-- SANDBOX_ERROR `gone` for a sandbox their service ended. As `warm_up`, a warm sandbox is ready to
+-- the last step before it is claimed.
+function M.command_probe(backend)
+  backend:_run(':\n')
+end
+
+--- `hand_out` for a backend on command_sandbox_backend whose service may end a sandbox unseen:
+-- kit.command_probe first (a warm one ended meanwhile then gives way to a cold create), then
+-- command_hand_out.
+function M.command_probe_hand_out(p, backend, spec)
+  M.command_probe(backend)
+  M.command_hand_out(p, backend, spec)
 end
 
 -- }======================================================

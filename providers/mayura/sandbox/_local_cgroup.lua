@@ -2,7 +2,7 @@
 --
 -- The provider looks once at which cgroup version and controllers there are (mode, parts), plans
 -- each sandbox's directories and limits (plan: memory, pids, cpus, on v1 a freezer to kill every
--- process at once), and hands them to mayura-launch (launcher/launch.c), which makes them, joins
+-- process at once), and hands them to mayura-launch (launcher/cgroup.c), which makes them, joins
 -- them, kills what is left in them at the end and removes them. Private to the local provider.
 local core = require('mayura.core')
 local host = require('mayura.sandbox._host')

@@ -55,7 +55,7 @@ local DEV_LINKS = { { '/proc/self/fd', 'fd' }, { '/proc/self/fd/0', 'stdin' }, {
 -- own: the host sees only an empty directory owned by root.
 local STAGE = '/run/mayura'
 
--- Where native snapshots are kept (launcher/launch.c's SNAPROOT): a tmpfs of root's alone, beside
+-- Where native snapshots are kept (launcher/snapshot.c's SNAPROOT): a tmpfs of root's alone, beside
 -- STAGE, holding a tmpfs of each snapshot. Every launcher takes it off its own mount namespace once
 -- its mounts are made (`detach`), so a sandbox holds only the snapshot it was made from.
 local SNAPROOT = '/run/mayura-snap'
@@ -113,7 +113,7 @@ function M.fstab_lines(agent_bytes, workspace_mib, tmp_mib, snap)
   }
 end
 
--- The mount table with which mayura-launch builds the whole root of a sandbox (launcher/launch.c's
+-- The mount table with which mayura-launch builds the whole root of a sandbox (launcher/mount.c's
 -- steps), for bubblewrap to bind as one: bubblewrap's own binds each read the mount table back
 -- and remount what they bound, a cost that grows with every bind. Without an image, the same tree
 -- bubblewrap would make: /usr and the host's /etc files bound read-only, copies of the /etc texts;
@@ -200,7 +200,7 @@ end
 -- The entries of an image's top directory the sandbox gets, as { name, type, link target }, in
 -- order; nil when the image cannot go into a mount table (a blank in its path). Only names and
 -- link texts come from here: the launcher finds each entry again beneath the image's directory,
--- never through a link (launcher/launch.c's open_image). What the sandbox
+-- never through a link (launcher/mount.c's open_image). What the sandbox
 -- has of its own (/dev, /proc, /tmp, the agent's directory, the workspace) is not taken from it,
 -- nor what is neither a directory, a file nor a link, nor a name a table cannot hold.
 local function image_entries(image)
@@ -245,7 +245,7 @@ local function image_tree(image, entries, network_all)
   end
 end
 
--- The bytes a mount table may have (launcher/launch.c's TABLE_MAX, less one).
+-- The bytes a mount table may have (launcher/mount.c's TABLE_MAX, less one).
 local TABLE_MAX = 32767
 
 -- A mount table's text, or nil past TABLE_MAX. It goes to each launcher on a descriptor of its own

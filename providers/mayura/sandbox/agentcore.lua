@@ -15,7 +15,12 @@
 -- some AWS services, so only an interpreter made without any egress should be declared 'none'),
 -- `endpoint` (https://bedrock-agentcore.<region>.amazonaws.com), `workdir` (/tmp/workspace, made
 -- with the first command), `max_lifetime_ms` (8 h, AgentCore's longest session), `retries`, `retry_base_ms`,
--- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s).
+-- `max_retry_after_ms`, `idle_timeout_ms` (the longest an invoke stream may be silent: 60 s),
+-- `exec_rate` (the invokes' rate, which the provider's sandboxes keep together: `{ per_second =
+-- 15, burst = 15 }` by default, half of AWS's documented quota of 30 a second per account), `warm`
+-- (sessions started ahead for the pool, 0 to 64, none by default: a create with the pool's labels
+-- and the declared network takes one, its env going with each command; mayura.sandbox._kit owns
+-- the lifecycle).
 --
 -- Every request is signed with AWS Signature V4 by libcurl itself (CURLOPT_AWS_SIGV4, service
 -- `bedrock-agentcore`); the key pair goes only to libcurl's signer and the session token only in
@@ -29,7 +34,9 @@
 -- (core.stream_parser('eventstream'): CRCs checked, as bytes arrive) whose `result` event holds
 -- the exit code and stdout. command_sandbox_backend starts commands in the background, polls
 -- them, moves files as base64 inside the scripts (executeCommand has no standard input) and
--- kills a command's every process by a tag at its timeout or a cancel.
+-- kills a command's every process by a tag at its timeout or a cancel. A short command is one
+-- invoke (the call waits for it in the session); the invokes of the provider's sandboxes keep
+-- half of AWS's documented 30 a second per account (`transport.rate`).
 --
 -- Failures: AWS's JSON errors become SANDBOX_ERROR through the kit (403 authentication, 404 a
 -- session that ended: gone, 429 rate_limited with `retry_after_ms`, 5xx unavailable), as do the
@@ -40,11 +47,11 @@
 -- `features`: network { 'all' } or { 'none' } as declared, no ports (AgentCore serves none),
 -- stdin true (through a file), no desktop. `env` goes with each command; `image`, `cpus` and
 -- `memory_mib` are refused (they are the interpreter's).
-local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
@@ -58,19 +65,10 @@ local EXCEPTIONS = {
   internalServerException = 'unavailable', serviceQuotaExceededException = 'rate_limited',
 }
 
-local function uuid()
-  local f = io.open('/dev/urandom', 'rb')
-  local b = f and f:read(16)
-  if f then f:close() end
-  if not b or #b ~= 16 then b = (tostring(core.hrtime_ms()) .. tostring(math.random())):rep(2):sub(1, 16) end
-  local h = b:gsub('.', function(c) return ('%02x'):format(c:byte()) end)
-  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
-end
-
--- The transport: one executeCommand invoke (an event stream) per script.
-local function transport(api, base, session, workdir, env, idle)
+-- The transport: one executeCommand invoke (an event stream) per script, within `rate`.
+local function transport(api, base, session, workdir, env, idle, rate)
   -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
-  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env,
+  local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, rate = rate,
     wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)) }
   function t.run(_, command, o)
     local result, failure
@@ -105,83 +103,75 @@ local function transport(api, base, session, workdir, env, idle)
   return t
 end
 
-local option_keys = {
-  region = true, credentials = true, interpreter = true, network = true, endpoint = true, workdir = true,
-  max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true, idle_timeout_ms = true,
-}
-
 --- The provider: see the module's comment for the options.
 function M.agentcore_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'agentcore_sandboxes needs an options table with region and credentials', nil, 2)
+  local o = kit.options(options, {
+    { region = kit.required(kit.word('^[a-z][a-z0-9%-]+$', 'a region such as us-east-1', nil, 32)) },
+    { credentials = kit.required() },   -- the client checks them
+    { interpreter = kit.word('^[%w][%w%._%-]*$', 'an interpreter identifier', DEFAULT_INTERPRETER, 100) },
+    { network = function(v, label)
+      if v ~= nil and v ~= 'all' and v ~= 'none' then
+        errors.raise('INVALID_CONFIG', label .. ": network must be 'all' or 'none'", nil, 0)
+      end
+      return v or 'all'
+    end },
+    { endpoint = kit.taken },   -- the client checks it
+    { workdir = kit.word('^/[%w%._%-/]*$', 'an absolute path of letters, digits, . _ - and /', '/tmp/workspace') },
+    { max_lifetime_ms = kit.int(60000, MAX_LIFETIME_MS, MAX_LIFETIME_MS) },
+    { idle_timeout_ms = kit.int(100, nil, IDLE_MS) },
+    -- AWS's quota on InvokeCodeInterpreter is 30 a second per account: the provider's sandboxes share
+    -- a bucket of half of it (15 at once, 15 more a second), never past 30 in any second
+    { exec_rate = function(v)
+      return hosted.rate_option(v, 'agentcore', 'exec_rate', { per_second = 15, burst = 15 })
+    end },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
+  }, 'agentcore', 'agentcore_sandboxes needs an options table with region and credentials')
+  local workdir, idle = o.workdir, o.idle_timeout_ms
+  if workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
+    errors.raise('INVALID_CONFIG', 'agentcore: workdir must be an absolute path of letters, digits, . _ - and /',
+      nil, 2)
   end
-  check.keys(options, option_keys, 'agentcore options', C, 3)
-  local region = options.region
-  if type(region) ~= 'string' or not region:match('^[a-z][a-z0-9%-]+$') or #region > 32 then
-    errors.raise(C, 'agentcore: region is required (such as us-east-1)', nil, 2)
-  end
-  if options.credentials == nil then errors.raise(C, 'agentcore: credentials are required', nil, 2) end
-  local interpreter = options.interpreter or DEFAULT_INTERPRETER
-  if type(interpreter) ~= 'string' or not interpreter:match('^[%w][%w%._%-]*$') or #interpreter > 100 then
-    errors.raise(C, 'agentcore: interpreter must be an interpreter identifier', nil, 2)
-  end
-  local network = options.network or 'all'
-  if network ~= 'all' and network ~= 'none' then
-    errors.raise(C, "agentcore: network must be 'all' or 'none'", nil, 2)
-  end
-  local workdir = options.workdir or '/tmp/workspace'
-  if type(workdir) ~= 'string' or not workdir:match('^/[%w%._%-/]*$') or #workdir > 256
-      or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'agentcore: workdir must be an absolute path of letters, digits, . _ - and /', nil, 2)
-  end
-  local idle = check.int(options.idle_timeout_ms, 'idle_timeout_ms', 100, nil, C, 3, IDLE_MS)
   local api = hosted.client({
-    label = 'agentcore', base_url = options.endpoint or ('https://bedrock-agentcore.' .. region .. '.amazonaws.com'),
-    aws_sigv4 = 'aws:amz:' .. region .. ':bedrock-agentcore', aws_credentials = options.credentials,
-    retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
+    label = 'agentcore', base_url = o.endpoint or ('https://bedrock-agentcore.' .. o.region .. '.amazonaws.com'),
+    aws_sigv4 = 'aws:amz:' .. o.region .. ':bedrock-agentcore', aws_credentials = o.credentials,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms,
   })
-  local base = '/code-interpreters/' .. hosted.escape(interpreter)
-
-  local provider = {
-    id = 'agentcore',
-    features = { stdin = true, ports = false, desktop = false, network = { network } },
-    workdir = workdir,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, MAX_LIFETIME_MS, C, 3,
-      MAX_LIFETIME_MS),
-  }
-
-  function provider.create(_, spec)
-    if spec.cpus or spec.memory_mib or spec.image then
-      errors.raise('INVALID_INPUT', 'agentcore: image and size are the code interpreter\'s', nil, 0)
-    end
-    local c = api
-    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', min = 60, max = 28800 })
-    local body = c:json('PUT', base .. '/sessions/start', {
-      name = 'mayura', sessionTimeoutSeconds = seconds, clientToken = uuid(),
-    }, { idempotent = true })
-    local session = type(body) == 'table' and body.sessionId
-    if type(session) ~= 'string' or not session:match('^[%w%-_]+$') or #session > 128 then
-      error(c:bad_answer('a session without an id'), 0)
-    end
-    local function stop()
-      c:json('PUT', base .. '/sessions/stop', nil, { query = { sessionId = session }, allow = { 404 } })
-    end
-    local ok, backend = pcall(function()
-      local t = transport(c, base, session, workdir, spec.env, idle)
-      t.make_workdir = true   -- with the backend's first command
-      return sandbox.command_sandbox_backend('agentcore-' .. session, t, function() stop() end)
-    end)
-    if not ok then
-      pcall(stop)
-      error(backend, 0)
-    end
-    backend.session_id = session
-    return backend
+  local base = '/code-interpreters/' .. hosted.escape(o.interpreter)
+  local function stop(ctx, h)
+    ctx.client:json('PUT', base .. '/sessions/stop', nil, { query = { sessionId = h.session }, allow = { 404 } })
   end
 
-  return provider
+  return kit.provider({
+    id = 'agentcore', label = 'agentcore', client = api, options = o, command = true,
+    features = { stdin = true, ports = false, desktop = false, network = { o.network } },
+
+    -- a clientToken of its own: a start retried after a cut makes one session
+    create = function(ctx)
+      local spec = ctx.spec
+      if spec.cpus or spec.memory_mib or spec.image then
+        errors.raise('INVALID_INPUT', 'agentcore: image and size are the code interpreter\'s', nil, 0)
+      end
+      local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', min = 60, max = 28800 })
+      return ctx.client:json('PUT', base .. '/sessions/start', {
+        name = 'mayura', sessionTimeoutSeconds = seconds, clientToken = kit.uuid(),
+      }, { idempotent = true })
+    end,
+
+    accept = function(ctx, body)
+      local session = type(body) == 'table' and body.sessionId
+      return { session = ctx:id_of(session, '^[%w%-_]+$', 128, 'a session without an id') }
+    end,
+
+    backend = function(ctx, h)
+      local t = transport(ctx.client, base, h.session, workdir, ctx.spec.env, idle, o.exec_rate)
+      t.make_workdir = true   -- with the backend's first command
+      local backend = sandbox.command_sandbox_backend('agentcore-' .. h.session, t, function() stop(ctx, h) end)
+      backend.session_id = h.session
+      return backend
+    end,
+
+    destroy = stop,
+  })
 end
 
 M.sandboxes = M.agentcore_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls

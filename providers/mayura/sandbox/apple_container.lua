@@ -12,9 +12,11 @@
 -- `container`, found on PATH), `host_only_network` (the name of a network made with `container
 -- network create --internal NAME`: network 'none' then uses it, as a host-only network, instead of
 -- `--network none`, which gives the VM no interface at all), `user` (`-u`, default 1000:1000),
--- `max_lifetime_ms` (24 h), `cli_timeout_ms` (the longest one CLI call may take: 60 s).
+-- `max_lifetime_ms` (24 h), `cli_timeout_ms` (the longest one CLI call may take: 60 s), `warm`
+-- (VMs started ahead for the pool, 0 to 64, none by default: a create with the pool's labels,
+-- network 'none' and no image, cpus or memory takes one; mayura.sandbox._kit owns the lifecycle).
 --
--- A create is `container run -d --rm --name mayura-<random> --network none|default --cap-drop ALL
+-- A create is `container run -d --rm --name mayura-<the create's tag> --network none|default --cap-drop ALL
 -- --init -u USER --tmpfs /workspace [-c CPUS] [-m MEMORY] -l k=v... IMAGE sleep <lifetime s>`: the
 -- VM's main process sleeps for the lifetime and `--rm` removes it when that ends (the CLI has no
 -- TTL); the pool also deletes it (`container delete --force`) at its lifetime. Everything else is
@@ -38,6 +40,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local process = require('mayura.process')
 local sandbox = require('mayura.sandbox')
+local kit = require('mayura.sandbox._kit')
 
 local M = {}
 
@@ -45,14 +48,6 @@ local MIB = 1048576
 local DEFAULT_IMAGE = 'docker.io/library/node:22-slim'
 local DEFAULT_MAX_LIFETIME_MS = 24 * 3600000
 local CLI_TIMEOUT_MS = 60000
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
 
 -- Runs the CLI; its failures to run become coded errors without its text.
 local function cli(self, args, opts)
@@ -95,80 +90,79 @@ local function transport(self, id, env)
   return t
 end
 
-local option_keys = {
-  image = true, executable = true, host_only_network = true, user = true, max_lifetime_ms = true,
-  cli_timeout_ms = true,
-}
-
 local function word(v, what, pattern)
-  return check.word(v, pattern, 'apple_container: ' .. what .. ' is not valid', 'INVALID_CONFIG', 4)
+  return check.word(v, pattern, 'apple_container: ' .. what .. ' is not valid', 'INVALID_CONFIG', 0)
 end
 
 --- The provider: see the module's comment for the options.
 function M.apple_container_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  options = options or {}
-  if type(options) ~= 'table' then errors.raise(C, 'apple_container_sandboxes takes an options table', nil, 2) end
-  check.keys(options, option_keys, 'apple_container options', C, 3)
-  local self = {
-    executable = word(options.executable, 'executable', '^[%w%._/%-]+$') or 'container',
-    timeout_ms = check.int(options.cli_timeout_ms, 'cli_timeout_ms', 1000, nil, C, 3, CLI_TIMEOUT_MS),
-  }
-  local image = word(options.image, 'image', '^[%w][%w%._/:@%-]*$') or DEFAULT_IMAGE
-  local host_only = word(options.host_only_network, 'host_only_network', '^[%w][%w%._%-]*$')
-  local user = word(options.user, 'user', '^[%w_][%w_%-]*:?[%w_%-]*$') or '1000:1000'
+  local o = kit.options(options or {}, {
+    { image = kit.word('^[%w][%w%._/:@%-]*$', 'an image reference', DEFAULT_IMAGE) },
+    { executable = kit.word('^[%w%._/%-]+$', 'a path', 'container') },
+    { host_only_network = kit.word('^[%w][%w%._%-]*$', 'a network name') },
+    { user = kit.word('^[%w_][%w_%-]*:?[%w_%-]*$', 'a user or user:group', '1000:1000') },
+    { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
+    { cli_timeout_ms = kit.int(1000, nil, CLI_TIMEOUT_MS) },
+    kit.WARM_OPTION,
+  }, 'apple_container', 'apple_container_sandboxes takes an options table')
+  local self = { executable = o.executable, timeout_ms = o.cli_timeout_ms }
+  local function destroy(_, h) cli(self, { 'delete', '--force', h.id }) end
 
-  local provider = {
-    id = 'apple-container',
+  return kit.provider({
+    id = 'apple-container', label = 'apple_container', options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'none', 'all' } },
     workdir = '/workspace',
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
-  }
 
-  function provider.create(_, spec)
-    local id = 'mayura-' .. random_hex(8)
-    local net = spec.network == 'all' and 'default' or (host_only or 'none')
-    local args = { 'run', '-d', '--rm', '--name', id, '--network', net, '--cap-drop', 'ALL', '--init',
-      '-u', user, '--tmpfs', '/workspace' }
-    if spec.cpus then
-      args[#args + 1] = '-c'
-      args[#args + 1] = tostring(math.ceil(spec.cpus))
-    end
-    if spec.memory_mib then
-      args[#args + 1] = '-m'
-      args[#args + 1] = math.ceil(spec.memory_mib) .. 'M'
-    end
-    local names = {}
-    for k in pairs(spec.labels or {}) do names[#names + 1] = k end
-    table.sort(names)
-    for _, k in ipairs(names) do
-      local v = spec.labels[k]
-      if not k:match('^[%w][%w%._%-/]*$') or #k > 128 or v:find('[%c]') or #v > 256 then
-        errors.raise('INVALID_INPUT', 'apple_container: labels must be plain names and short values', nil, 0)
+    -- the container's name carries the create's tag
+    create = function(ctx)
+      local spec = ctx.spec
+      local net = spec.network == 'all' and 'default' or (o.host_only_network or 'none')
+      local args = { 'run', '-d', '--rm', '--name', 'mayura-' .. ctx.tag, '--network', net, '--cap-drop', 'ALL',
+        '--init', '-u', o.user, '--tmpfs', '/workspace' }
+      if spec.cpus then
+        args[#args + 1] = '-c'
+        args[#args + 1] = tostring(math.ceil(spec.cpus))
       end
-      args[#args + 1] = '-l'
-      args[#args + 1] = k .. '=' .. v
-    end
-    args[#args + 1] = word(spec.image, 'image', '^[%w][%w%._/:@%-]*$') or image
-    args[#args + 1] = 'sleep'
-    args[#args + 1] = tostring(math.ceil(spec.lifetime_ms / 1000))
-    local function destroy() cli(self, { 'delete', '--force', id }) end
-    local r = cli(self, args)
-    if r.exit_code ~= 0 or r.stdout:match('^%s*(%S+)') ~= id then
-      pcall(destroy)
-      error(errors.sandbox('failed', 'apple_container: the container did not start'), 0)
-    end
-    local ok, backend = pcall(sandbox.command_sandbox_backend, 'apple-container-' .. id, transport(self, id, spec.env),
-      function() destroy() end)
-    if not ok then
-      pcall(destroy)
-      error(backend, 0)
-    end
-    backend.container_id = id
-    return backend
-  end
+      if spec.memory_mib then
+        args[#args + 1] = '-m'
+        args[#args + 1] = math.ceil(spec.memory_mib) .. 'M'
+      end
+      local names = {}
+      for k in pairs(spec.labels or {}) do names[#names + 1] = k end
+      table.sort(names)
+      for _, k in ipairs(names) do
+        local v = spec.labels[k]
+        if not k:match('^[%w][%w%._%-/]*$') or #k > 128 or v:find('[%c]') or #v > 256 then
+          errors.raise('INVALID_INPUT', 'apple_container: labels must be plain names and short values', nil, 0)
+        end
+        args[#args + 1] = '-l'
+        args[#args + 1] = k .. '=' .. v
+      end
+      args[#args + 1] = word(spec.image, 'image', '^[%w][%w%._/:@%-]*$') or o.image
+      args[#args + 1] = 'sleep'
+      args[#args + 1] = tostring(math.ceil(spec.lifetime_ms / 1000))
+      return cli(self, args)
+    end,
 
-  return provider
+    accept = function(ctx, r)
+      if r.exit_code ~= 0 or r.stdout:match('^%s*(%S+)') ~= 'mayura-' .. ctx.tag then
+        error(ctx:bad_answer('a container that did not start'), 0)
+      end
+      return { id = 'mayura-' .. ctx.tag }
+    end,
+
+    -- a create that failed or timed out deletes the container by its name (none made is fine)
+    find = function(_, tag) return { { id = 'mayura-' .. tag } } end,
+
+    backend = function(ctx, h)
+      local backend = sandbox.command_sandbox_backend('apple-container-' .. h.id, transport(self, h.id, ctx.spec.env),
+        function() destroy(ctx, h) end)
+      backend.container_id = h.id
+      return backend
+    end,
+
+    destroy = destroy,
+  })
 end
 
 M.sandboxes = M.apple_container_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls

@@ -11,7 +11,9 @@
 -- SANDBOX_API_KEY secret; required: a bridge without one serves anybody, which this provider does
 -- not help with; the library never reads the environment), `workdir` (/workspace: the bridge
 -- keeps a command's cwd under it), `max_lifetime_ms` (24 h), `retries`, `retry_base_ms`,
--- `max_retry_after_ms`, `idle_timeout_ms` (the longest an exec stream may be silent: 60 s).
+-- `max_retry_after_ms`, `idle_timeout_ms` (the longest an exec stream may be silent: 60 s), `warm`
+-- (sandboxes made ahead for the pool, 0 to 64, none by default: a create with the pool's labels
+-- takes one, its env going with each command; mayura.sandbox._kit owns the lifecycle).
 --
 -- A create is POST /v1/sandbox, which only mints an id: the container starts at the first
 -- command. The bridge has no lifetime, environment, size or egress setting per sandbox (those are
@@ -38,6 +40,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
@@ -48,15 +51,10 @@ local MAX_COMMAND = 64 * 1024
 local IDLE_MS = 60000
 local LOST = 213      -- the exit status of the state check: the container is not the one we made
 
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
+local random_hex = kit.random_hex
 
--- The transport: one exec (an SSE stream) per script.
+-- The transport: one exec (an SSE stream) per script. No `rate`: the bridge is the user's own
+-- Worker and documents no rate of its own.
 local function transport(api, path, workdir, env, idle)
   local state = '/tmp/.mayura-' .. random_hex(8)
   local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, state_dir = state,
@@ -102,69 +100,61 @@ local function transport(api, path, workdir, env, idle)
   return t
 end
 
-local option_keys = {
-  worker_url = true, api_key = true, workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true,
-  max_retry_after_ms = true, idle_timeout_ms = true,
-}
+local function workdir_option(v, label)
+  v = v or '/workspace'
+  if type(v) ~= 'string' or not (v == '/workspace' or v:match('^/workspace/[%w%._%-/]*$'))
+      or #v > 256 or v:find('/%.%.?/') or v:find('/%.%.?$') then
+    errors.raise('INVALID_CONFIG', label .. ': workdir must be /workspace or a plain path under it', nil, 0)
+  end
+  return v
+end
 
 --- The provider: see the module's comment for the options.
 function M.cloudflare_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'cloudflare_sandboxes needs an options table with worker_url and api_key', nil, 2)
-  end
-  check.keys(options, option_keys, 'cloudflare options', C, 3)
-  if options.worker_url == nil then errors.raise(C, 'cloudflare: worker_url is required', nil, 2) end
-  if options.api_key == nil then errors.raise(C, 'cloudflare: api_key is required', nil, 2) end
-  local workdir = options.workdir or '/workspace'
-  if type(workdir) ~= 'string' or not (workdir == '/workspace' or workdir:match('^/workspace/[%w%._%-/]*$'))
-      or #workdir > 256 or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'cloudflare: workdir must be /workspace or a plain path under it', nil, 2)
-  end
-  local idle = check.int(options.idle_timeout_ms, 'idle_timeout_ms', 100, nil, C, 3, IDLE_MS)
+  local o = kit.options(options, {
+    { worker_url = kit.required() }, { api_key = kit.required() },   -- the client checks both
+    { workdir = workdir_option },
+    { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
+    { idle_timeout_ms = kit.int(100, nil, IDLE_MS) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
+  }, 'cloudflare', 'cloudflare_sandboxes needs an options table with worker_url and api_key')
+  local workdir, idle = o.workdir, o.idle_timeout_ms
   local api = hosted.client({
-    label = 'cloudflare', base_url = options.worker_url, api_key = options.api_key,
-    retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
+    label = 'cloudflare', base_url = o.worker_url, api_key = o.api_key,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms,
   })
+  local function destroy(ctx, h) ctx.client:json('DELETE', h.path, nil, { allow = { 404 } }) end
 
-  local provider = {
-    id = 'cloudflare',
+  return kit.provider({
+    id = 'cloudflare', label = 'cloudflare', client = api, options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
-  }
 
-  function provider.create(_, spec)
-    if spec.cpus or spec.memory_mib or spec.image then
-      errors.raise('INVALID_INPUT', 'cloudflare: size and image are the bridge Worker\'s deploy-time settings', nil, 0)
-    end
-    local c = api
-    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local body = c:json('POST', '/v1/sandbox')
-    local id = type(body) == 'table' and body.id
-    if type(id) ~= 'string' or not id:match('^[a-z2-7]+$') or #id > 128 then
-      error(c:bad_answer('a sandbox id that is not the bridge\'s'), 0)
-    end
-    local path = '/v1/sandbox/' .. id
-    local function destroy()
-      c:json('DELETE', path, nil, { allow = { 404 } })
-    end
+    create = function(ctx)
+      local spec = ctx.spec
+      if spec.cpus or spec.memory_mib or spec.image then
+        errors.raise('INVALID_INPUT', 'cloudflare: size and image are the bridge Worker\'s deploy-time settings', nil,
+          0)
+      end
+      return ctx.client:json('POST', '/v1/sandbox')
+    end,
+
+    accept = function(ctx, body)
+      local id = ctx:id_of(type(body) == 'table' and body.id, '^[a-z2-7]+$', 128,
+        'a sandbox id that is not the bridge\'s')
+      return { id = id, path = '/v1/sandbox/' .. id }
+    end,
+
     -- the backend's first call starts the container and makes the workdir
-    local ok, backend = pcall(function()
-      local t = transport(c, path, workdir, spec.env, idle)
+    backend = function(ctx, h)
+      local t = transport(ctx.client, h.path, workdir, ctx.spec.env, idle)
       t.make_workdir = true
-      t.backend = sandbox.command_sandbox_backend('cloudflare-' .. id, t, function() destroy() end)
+      t.backend = sandbox.command_sandbox_backend('cloudflare-' .. h.id, t, function() destroy(ctx, h) end)
+      t.backend.sandbox_id = h.id
       return t.backend
-    end)
-    if not ok then
-      pcall(destroy)
-      error(backend, 0)
-    end
-    backend.sandbox_id = id
-    return backend
-  end
+    end,
 
-  return provider
+    destroy = destroy,
+  })
 end
 
 M.sandboxes = M.cloudflare_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls

@@ -12,7 +12,9 @@
 -- template, by default), `tier` (the VM size: 'Pico', 'Nano', 'Micro', 'Small', 'Medium',
 -- 'Large', 'XLarge'; the service's default when not given), `workdir` (where relative paths and
 -- commands start; `/project/workspace`, the service's workspace, by default), `max_lifetime_ms`
--- (24 hours by default), and the kit's `retries`, `retry_base_ms` and `max_retry_after_ms`.
+-- (24 hours by default), the client's `retries`, `retry_base_ms` and `max_retry_after_ms`, and
+-- `warm` (sandboxes forked and started ahead for the pool, 0 to 64, none by default: a create with
+-- the pool's labels and no image, cpus or memory takes one; mayura.sandbox._kit owns the lifecycle).
 --
 -- How the contract maps onto the service:
 --   * create: `POST /sandbox/{template}/fork` (private, tagged `sdk` and `mayura`), then
@@ -25,8 +27,9 @@
 --     of MessagePack (core.msgpack) — `client/join` once, then for each backend command
 --     `shell/create` with the command, whose output comes as `shell/out` notifications and its end
 --     as `shell/exit`. The pitcher runs commands in a terminal, which merges stdout and stderr
---     and may rewrite line ends, so each command's stdout goes to a file and comes back as base64
---     between markers; its standard error is dropped, and its standard input is /dev/null (the
+--     and may rewrite line ends, so each command's stdout and then its exit code come back
+--     through base64 between markers (nothing else runs around the command); its standard error
+--     is dropped, and its standard input is /dev/null (the
 --     backend passes input through files). A timeout or a cancel sends `shell/terminate` and
 --     the backend kills the command's processes by their tag;
 --   * network: 'all' only (the service has no egress policy); no ports (preview URLs need the
@@ -41,6 +44,7 @@ local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 local command = require('mayura.sandbox.command')
 local ws = require('mayura.ws')
@@ -223,11 +227,10 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  -- its output file takes the kit's own prefix under /tmp, which a snapshot leaves out
-  local wrapped = 'f=$(mktemp /tmp/.mayura-out.XXXXXX) || exit 125; sh -c ' .. scripts.quote(script)
-    .. ' </dev/null >"$f" 2>/dev/null; c=$?; '
-    .. 'printf \'\\n' .. BEGIN .. '\'; base64 <"$f" | tr -d \'\\n\\r\'; printf \'' .. END .. '\\n\'; '
-    .. 'rm -f "$f"; exit $c'
+  -- the script's stdout and then its exit code (after a last newline) go through base64 between
+  -- markers, past the terminal's rewriting; no file, no process but sh and base64
+  local wrapped = "printf '\\n%s' '" .. BEGIN .. "';{ sh -c " .. scripts.quote(script)
+    .. " </dev/null 2>/dev/null;printf '\\n%s' \"$?\";}|base64;printf '%s\\n' '" .. END .. "'"
   local ok, p = pcall(self._pitcher, self, o.signal)
   if not ok then return self:_why(p) end
   local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
@@ -264,9 +267,10 @@ function Transport:run(script, o)
   end
   local text = table.concat(s.out)
   local body = text:match(BEGIN:gsub('%p', '%%%0') .. '([%w+/=%s]*)' .. END:gsub('%p', '%%%0'))
-  local out = body and b64.decode((body:gsub('%s', '')))
+  local all = body and b64.decode((body:gsub('%s', '')))
+  local out, code = (all or ''):match('^(.*)\n(%d+)$')
   if not out then error(c:bad_answer('a command\'s output without its markers'), 0) end
-  return { exit_code = s.exit, stdout = out }
+  return { exit_code = math.tointeger and math.tointeger(tonumber(code)) or tonumber(code), stdout = out }
 end
 
 -- }======================================================
@@ -274,11 +278,6 @@ end
 -- {======================================================
 -- The provider
 -- =======================================================
-
-local option_keys = {
-  token = true, base_url = true, template = true, tier = true, workdir = true, max_lifetime_ms = true,
-  retries = true, retry_base_ms = true, max_retry_after_ms = true,
-}
 
 local function check_vm(c, d)
   if type(d) ~= 'table' or type(d.pitcher_url) ~= 'string' or not d.pitcher_url:match('^wss?://[^%s%c?#]+$')
@@ -297,91 +296,81 @@ local function data_of(c, body, what)
   return body.data
 end
 
-local function destroy(c, id)
-  local ok, err = pcall(c.json, c, 'DELETE', '/vm/' .. hosted.escape(id), nil, { gone = true })
-  if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone') then error(err, 0) end
-end
-
 --- The provider (see the module's comment for `options`).
 function M.codesandbox_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then errors.raise(C, 'codesandbox: options with a token are required', nil, 2) end
-  check.keys(options, option_keys, 'codesandbox options', C, 3)
-  local token = options.token
-  if type(token) ~= 'string' or token == '' then errors.raise(C, 'codesandbox: token is required', nil, 2) end
-  local base_url = options.base_url or M.DEFAULT_BASE_URL
-  if type(base_url) ~= 'string' or not base_url:match('^https?://[^%s%c?#]+$') then
-    errors.raise(C, 'codesandbox: base_url must be an http:// or https:// URL', nil, 2)
-  end
-  base_url = base_url:gsub('/+$', '')
-  local template = options.template or M.DEFAULT_TEMPLATE
-  if type(template) ~= 'string' or not template:match('^[%w_%-]+$') or #template > 64 then
-    errors.raise(C, 'codesandbox: template must be a sandbox id', nil, 2)
-  end
-  if options.tier ~= nil and not M.TIERS[options.tier] then
-    errors.raise(C, 'codesandbox: tier must be one of Pico, Nano, Micro, Small, Medium, Large, XLarge', nil, 2)
-  end
-  local workdir = options.workdir or M.DEFAULT_WORKDIR
-  if type(workdir) ~= 'string' or workdir:sub(1, 1) ~= '/' or #workdir > 256 or workdir:find('[%z\n]')
-    or workdir:find('/%.%.?/') or workdir:find('/%.%.?$') then
-    errors.raise(C, 'codesandbox: workdir must be an absolute path', nil, 2)
-  end
-  if #workdir > 1 then workdir = workdir:gsub('/+$', '') end
-  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
-  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local o = kit.options(options, {
+    { token = kit.secret('a token (a string without spaces or control characters)') },
+    { base_url = function(v, label)
+      v = v or M.DEFAULT_BASE_URL
+      if type(v) ~= 'string' or not v:match('^https?://[^%s%c?#]+$') then
+        errors.raise('INVALID_CONFIG', label .. ': base_url must be an http:// or https:// URL', nil, 0)
+      end
+      return (v:gsub('/+$', ''))
+    end },
+    { template = kit.word('^[%w_%-]+$', 'a sandbox id', M.DEFAULT_TEMPLATE, 64) },
+    { tier = function(v, label)
+      if v ~= nil and not M.TIERS[v] then
+        errors.raise('INVALID_CONFIG', label .. ': tier must be one of Pico, Nano, Micro, Small, Medium, Large, XLarge',
+          nil, 0)
+      end
+      return v
+    end },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
+    { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
+  }, 'codesandbox', 'options with a token are required')
+  local workdir = o.workdir
+  -- the token is kept out of every message
   local client = hosted.client({
-    label = 'codesandbox', base_url = base_url, api_key = token,
-    retries = options.retries, retry_base_ms = options.retry_base_ms,
-    max_retry_after_ms = options.max_retry_after_ms or 20000,
+    label = 'codesandbox', base_url = o.base_url, api_key = o.token,
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms or 20000,
   })
 
-  local provider = {
-    id = 'codesandbox',
-    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir,
-    max_lifetime_ms = max_lifetime,
-  }
-
-  function provider.create(_, spec)
-    local c = client
-    if spec.call_timeout_ms then c = client:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    local fork = data_of(c, c:json('POST', '/sandbox/' .. hosted.escape(template) .. '/fork', {
-      privacy = 2, private_preview = true, title = 'mayura', tags = { 'sdk', 'mayura' }, path = '/SDK',
-    }), 'fork')
-    local id = fork.id
-    if type(id) ~= 'string' or not id:match('^[%w_%-]+$') or #id > 64 then
-      error(c:bad_answer('a forked sandbox without an id'), 0)
-    end
-    local start = {
-      hibernation_timeout_seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', min = 60, max = 86400 }),
-      tier = options.tier,
-    }
-    local function start_vm()
-      return check_vm(c, data_of(c, c:json('POST', '/vm/' .. hosted.escape(id) .. '/start', start,
-        { gone = true }), 'start'))
-    end
-    local backend
-    local transport
-    local ok, err = pcall(function()
-      transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = spec.env,
-        wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
-      -- the pitcher joined at create, as the SDK's connect does (the workdir comes with the first command)
-      transport:_pitcher()
-      backend = command.command_sandbox_backend(id, transport, function()
-        if transport.pitcher then transport.pitcher:close() end
-        destroy(c, id)
-      end)
-    end)
-    if not ok then
-      if transport and transport.pitcher then transport.pitcher:close() end
-      pcall(destroy, c, id)
-      error(err, 0)
-    end
-    return backend
+  local function destroy(ctx, h)
+    if h.transport and h.transport.pitcher then h.transport.pitcher:close() end
+    local c = ctx.client
+    local ok, err = pcall(c.json, c, 'DELETE', '/vm/' .. hosted.escape(h.id), nil, { gone = true })
+    if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone') then error(err, 0) end
   end
 
-  return provider
+  return kit.provider({
+    id = 'codesandbox', label = 'codesandbox', client = client, options = o, command = true,
+    features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
+
+    create = function(ctx)
+      return ctx.client:json('POST', '/sandbox/' .. hosted.escape(o.template) .. '/fork', {
+        privacy = 2, private_preview = true, title = 'mayura', tags = { 'sdk', 'mayura' }, path = '/SDK',
+      })
+    end,
+
+    accept = function(ctx, body)
+      local id = type(body) == 'table' and type(body.data) == 'table' and body.data.id
+      return { id = ctx:id_of(id, '^[%w_%-]+$', 64, 'a forked sandbox without an id') }
+    end,
+
+    -- the VM started with the lifetime as its hibernation timeout, and the pitcher joined, as the SDK's
+    -- connect does (the workdir comes with the first command)
+    backend = function(ctx, h)
+      local c, id = ctx.client, h.id
+      local start = {
+        hibernation_timeout_seconds = hosted.lifetime(ctx.spec.lifetime_ms, { unit = 's', min = 60, max = 86400 }),
+        tier = o.tier,
+      }
+      local function start_vm()
+        return check_vm(c, data_of(c, c:json('POST', '/vm/' .. hosted.escape(id) .. '/start', start,
+          { gone = true }), 'start'))
+      end
+      h.transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = ctx.spec.env,
+        wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
+      -- no `rate`: the pitcher documents none (the service's hourly limits are its API's, per plan,
+      -- and a command sends none of those requests)
+      h.transport:_pitcher()
+      return command.command_sandbox_backend(id, h.transport, function() destroy(ctx, h) end)
+    end,
+
+    destroy = destroy,
+  })
 end
 
 -- }======================================================

@@ -264,20 +264,25 @@ end
 
 -- }======================================================
 
-local extra_keys = { resolution = true, dpi = true, view_auth = true }
+-- The desktop's own options, as kit checkers.
+local extra_keys = {
+  resolution = function(v, label)
+    v = v or { 1024, 768 }
+    if type(v) ~= 'table' then
+      errors.raise('INVALID_CONFIG', label .. ': resolution must be { width, height }', nil, 0)
+    end
+    return { check.int(v[1], 'resolution[1]', 64, 16384, 'INVALID_CONFIG', 0),
+      check.int(v[2], 'resolution[2]', 64, 16384, 'INVALID_CONFIG', 0) }
+  end,
+  dpi = kit.int(24, 1200, 96),
+  view_auth = kit.bool(true),
+}
 
---- The provider: mayura.sandbox.e2b's options, with `resolution`, `dpi` and `view_auth`.
+--- The provider: mayura.sandbox.e2b's options, with `resolution`, `dpi` and `view_auth`; `warm`
+-- sandboxes come with their desktop up.
 function M.e2b_desktop_sandboxes(options)
   local config = e2b.config(options, { label = 'e2b-desktop', template = 'desktop' }, extra_keys)
-  local C = 'INVALID_CONFIG'
-  local res = options.resolution or { 1024, 768 }
-  if type(res) ~= 'table' then errors.raise(C, 'e2b-desktop: resolution must be { width, height }', nil, 2) end
-  local width = check.int(res[1], 'resolution[1]', 64, 16384, C, 2)
-  local height = check.int(res[2], 'resolution[2]', 64, 16384, C, 2)
-  local dpi = check.int(options.dpi, 'dpi', 24, 1200, C, 2, 96)
-  local view_auth = options.view_auth
-  if view_auth == nil then view_auth = true end
-  if type(view_auth) ~= 'boolean' then errors.raise(C, 'e2b-desktop: view_auth must be a boolean', nil, 2) end
+  local width, height, dpi, view_auth = config.resolution[1], config.resolution[2], config.dpi, config.view_auth
   local features = { network = {} }
   for k, v in pairs(M.FEATURES) do if k ~= 'network' then features[k] = v end end
   for i, kind in ipairs(M.FEATURES.network) do features.network[i] = kind end

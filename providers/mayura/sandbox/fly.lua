@@ -106,16 +106,9 @@ local function transport(api, path, workdir, env, rate)
   return t
 end
 
--- `exec_rate`: `{ per_second, burst }` of exec calls per machine (Fly documents 1 and 3).
+-- `exec_rate`: `{ per_second, burst }` of exec calls per machine (Fly documents 1 a second, bursts of 3).
 local function rate_option(v, _)
-  if v == nil then return { per_second = 1, burst = 3 } end
-  if type(v) ~= 'table' then errors.raise('INVALID_CONFIG', 'fly: exec_rate must be { per_second, burst }', nil, 4) end
-  check.keys(v, { per_second = true, burst = true }, 'fly exec_rate', 'INVALID_CONFIG', 4)
-  local ps, burst = v.per_second, v.burst
-  if type(ps) ~= 'number' or ps <= 0 or ps > 1000 or ps ~= ps then
-    errors.raise('INVALID_CONFIG', 'fly: exec_rate.per_second must be a number above 0, at most 1000', nil, 4)
-  end
-  return { per_second = ps, burst = check.int(burst, 'exec_rate.burst', 1, 1000, 'INVALID_CONFIG', 4, 1) }
+  return hosted.rate_option(v, 'fly', 'exec_rate', { per_second = 1, burst = 3 })
 end
 
 local function name_option(v, what, pattern)

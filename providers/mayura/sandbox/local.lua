@@ -34,7 +34,8 @@
 -- The host holds each sandbox's lifetime and its release, not the agent: code
 -- in the sandbox runs as the agent's own user and can lower its priority or
 -- starve it. A launcher process (build/mayura-launch, launcher/launch.c: one
--- static program, found beside the agent; outside the sandbox's cgroups
+-- static program, found beside the agent, its command line and environment made by
+-- mayura.sandbox._local_launch; outside the sandbox's cgroups
 -- (mayura.sandbox._local_cgroup) and out of the host process's own process tree) starts bubblewrap and keeps the
 -- sandbox: at the end of the lifetime (plus a second of grace), when the host
 -- releases the sandbox, or when the host process is gone (the end of a
@@ -81,7 +82,7 @@
 -- /run/mayura-snap (root's alone); a sandbox made from one mounts an overlay on each of them, the
 -- snapshot's copy its read-only lower layer (idmapped to the new sandbox's uid), a fresh tmpfs
 -- its upper one, so the sandboxes made from one snapshot share its pages. Snapshots of a host
--- process that is gone are swept when a provider is made. Otherwise 'generic'.
+-- process that is gone are swept when a provider is made (mayura.sandbox._local_snap). Otherwise 'generic'.
 --
 -- The agent is shielded from the OOM killer where the kernel allows it;
 -- `enforced.oom_protected` says whether it does (mayura.sandbox._local_oom).
@@ -110,15 +111,13 @@ local root_fs = require('mayura.sandbox._local_root')
 local cgroup = require('mayura.sandbox._local_cgroup')
 local network = require('mayura.sandbox._local_net')
 local oom = require('mayura.sandbox._local_oom')
-local process = require('mayura.process')
-local snapshots = require('mayura.sandbox._snapshot')
+local snap = require('mayura.sandbox._local_snap')
+local launch = require('mayura.sandbox._local_launch')
 
 local M = {}
 
-local MIB = 1048576
-local SANDBOX_UID = 1000
 local HOST_UID_BASE = 1200000     -- host uids for sandboxes when run as root: [base, base + 65536)
-local WORKDIR, AGENT_PATH, STAGE = root_fs.WORKDIR, root_fs.AGENT_PATH, root_fs.STAGE
+local WORKDIR = root_fs.WORKDIR
 
 -- {======================================================
 -- Host helpers
@@ -146,119 +145,6 @@ end
 -- }======================================================
 
 -- {======================================================
--- The launcher
--- =======================================================
-
--- How long past its lifetime the launcher gives the agent to end the sandbox by itself.
-local GRACE_MS = 1000
-
--- bubblewrap's arguments; `built`: the table of a tree mayura-launch builds (built_table).
-local function bwrap_argv(p, spec, built)
-  local a = { p.bwrap,
-    '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try',
-    '--uid', tostring(SANDBOX_UID), '--gid', tostring(SANDBOX_UID),
-    '--hostname', 'sandbox',
-    '--new-session', '--as-pid-1', '--disable-userns', '--clearenv', '--cap-drop', 'ALL',
-    '--die-with-parent',
-  }
-  local function add(...) for _, x in ipairs({ ... }) do a[#a + 1] = x end end
-  -- a network namespace of its own, always; with 'all' the host connects it (connect_network)
-  -- before the agent gets its setup
-  add('--unshare-net')
-  if network.online(spec) then add('--info-fd', tostring(network.INFO_FD)) end
-  local image = spec.image or p.image
-  local staged = p.staged    -- the launcher mounts the file systems under STAGE
-  if built then
-    -- read-only and locked already: bubblewrap adds /proc, in the sandbox's pid namespace
-    add('--dev-bind', STAGE .. '/root', '/', '--proc', '/proc', '--chdir', '/')
-    add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-    return a
-  end
-  if image then
-    add('--ro-bind', image, '/')
-  else
-    -- as root the root is the launcher's tmpfs (else bubblewrap's own), read-only once made
-    if staged then add('--bind', STAGE .. '/root', '/') end
-    -- the /etc texts come on descriptors 5..9
-    for _, st in ipairs(root_fs.host_steps(p)) do
-      if st[1] == 'dir' then add('--dir', st[2])
-      elseif st[1] == 'file' then add('--file', tostring(4 + st[2]), st[3])
-      else add(st[1] == 'bind' and '--ro-bind' or '--symlink', st[2], st[3]) end
-    end
-  end
-  -- with 'all' and an image, the stack's resolver over the image's own resolv.conf file (without an
-  -- image it is one of the /etc copies)
-  if spec.network == 'all' and image and root_fs.lstat_type(image .. '/etc/resolv.conf') == 'file' then
-    add('--ro-bind-data', '5', '/etc/resolv.conf')
-  end
-  add('--proc', '/proc')
-  if staged and not image then
-    -- bubblewrap's --dev would be a tmpfs naming the host uid
-    add('--dir', '/dev')
-    for _, d in ipairs(root_fs.DEVICES) do add('--dev-bind', '/dev/' .. d, '/dev/' .. d) end
-    for _, l in ipairs(root_fs.DEV_LINKS) do add('--symlink', l[1], '/dev/' .. l[2]) end
-    add('--dev-bind', STAGE .. '/pts', '/dev/pts')
-  else
-    add('--dev', '/dev')
-  end
-  if staged then
-    add('--bind', STAGE .. '/s', '/dev/shm', '--bind', STAGE .. '/t', '/tmp', '--bind', STAGE .. '/w', WORKDIR)
-  else
-    -- /dev/shm is as small as /tmp: a tmpfs without a cap fills the sandbox's memory instead
-    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
-    add('--size', tostring(p.tmp_mib * MIB), '--perms', '1777', '--tmpfs', '/tmp')
-    add('--size', tostring(p.workspace_mib * MIB), '--perms', '0755', '--tmpfs', WORKDIR)
-  end
-  -- the agent's bytes come on fd 0: a copy, never a bind of a host path
-  if image then
-    add('--perms', '0555', '--ro-bind-data', '0', AGENT_PATH)
-    add('--remount-ro', '/dev')
-  else
-    add('--dir', '/.mayura', '--perms', '0555', '--file', '0', AGENT_PATH)
-    -- the root and /dev (bubblewrap's tmpfs have no cap) hold no writable place of their own
-    if not staged then add('--remount-ro', '/dev') end
-    add('--remount-ro', '/')
-  end
-  add('--chdir', '/')
-  add(AGENT_PATH, '--fd', '3', '--lifetime-ms', tostring(spec.lifetime_ms), '--workdir', WORKDIR)
-  return a
-end
-
--- The launcher's environment for one sandbox (`built`: as for bwrap_argv).
-local function launcher_env(p, spec, cg_dirs, cg_kill, host_uid, cg_set, built)
-  local life = spec.lifetime_ms + GRACE_MS
-  local env = {
-    PATH = '/usr/sbin:/usr/bin:/sbin:/bin',
-    MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
-    MAYURA_CG = table.concat(cg_dirs, ' '),
-    MAYURA_FREEZER = cg_kill.freezer or '',
-    MAYURA_CGKILL = cg_kill.v2 or '',
-  }
-  -- mayura-launch makes the cgroups itself, before the sandbox's first process joins them
-  if cg_set then env.MAYURA_CG_SET = cgroup.set_text(cg_set) end
-  if not (spec.image or p.image) then
-    -- on descriptors for bubblewrap's --file, unless the launcher writes them into the root
-    if not built then env.MAYURA_ETC_FDS = '1' end
-    -- the launcher ends each text with a newline of its own
-    for i, name in ipairs(root_fs.ETC_NAMES) do
-      local text = root_fs.ETC[name]
-      if name == 'resolv.conf' and spec.network == 'all' then text = network.RESOLV end
-      env['MAYURA_ETC_' .. i] = (text:gsub('\n$', ''))
-    end
-  elseif spec.network == 'all' then
-    -- for bubblewrap's --ro-bind-data, or the launcher's `file` step (image_tree)
-    env[built and 'MAYURA_ETC_4' or 'MAYURA_RESOLV'] = (network.RESOLV:gsub('\n$', ''))
-  end
-  if network.online(spec) then env.MAYURA_INFO = '1' end
-  if p.root then env.MAYURA_UID = tostring(host_uid) end
-  -- MAYURA_MOUNT: the descriptor of the mount table (start)
-  return env
-end
-
-
--- }======================================================
-
--- {======================================================
 -- A sandbox backend over the agent
 -- =======================================================
 
@@ -271,124 +157,8 @@ function Backend:oom_kills()
   return cgroup.oom_kills(self.cg_mode, self.cg_dirs)
 end
 
--- {======================================================
--- Native snapshots
--- =======================================================
-
--- Runs mayura-launch's snapshot commands; in a loop callback (where nothing may wait) in a task.
-local function launch_cmd(p, argv, opts)
-  local full = { p.launch_bin }
-  for _, a in ipairs(argv) do full[#full + 1] = a end
-  return process.run(full, opts or { max_output_bytes = 4096 })
-end
-
-local function drop_snapshot(p, name)
-  local ok = pcall(launch_cmd, p, { '--snapshot-drop', name })
-  if not ok then task.spawn(function() pcall(launch_cmd, p, { '--snapshot-drop', name }) end) end
-end
-
-local Snap = {}
-Snap.__index = Snap
-
--- The snapshot's tmpfs goes once it is released and no sandbox is being started from it (a started
--- one holds its own reference, in its mount namespace).
-function Snap:_maybe_drop()
-  if self.released and self.users == 0 and not self.dropped then
-    self.dropped = true
-    drop_snapshot(self.provider, self.name)
-  end
-end
-
-function Snap:release()
-  if self.released then return end
-  self.released = true
-  self:_maybe_drop()
-end
-
---- The snapshot as a tar archive of its files (names relative to the sandbox's /), for
--- `sandbox:restore` (mayura.sandbox._snapshot's restore unpacks it in the sandbox).
-function Snap:archive()
-  if self.released then error(errors.sandbox('gone', 'the snapshot was released'), 0) end
-  local uv = require('luv')
-  local names = {}
-  for _, place in ipairs({ WORKDIR:sub(2), 'tmp' }) do
-    local dir = uv.fs_scandir(self.dir .. '/' .. place)
-    while dir do
-      local n = uv.fs_scandir_next(dir)
-      if not n then break end
-      names[#names + 1] = place .. '/' .. n
-    end
-  end
-  if #names == 0 then return '' end
-  local argv = { 'tar', '-C', self.dir, '-cf', '-', '--' }
-  for _, n in ipairs(names) do argv[#argv + 1] = n end
-  local res = process.run(argv, { max_output_bytes = snapshots.MAX_BYTES })
-  if res.exit_code ~= 0 or res.truncated then
-    error(errors.sandbox('failed', 'the snapshot could not be read back'), 0)
-  end
-  return res.stdout
-end
-
--- The exit statuses of `mayura-launch --snapshot` (launcher/launch.c's SNAP_ ones).
-local SNAP_ERRORS = {
-  [3] = function(o) return errors.new('LIMIT_EXCEEDED', 'the sandbox\'s files are more than max_snapshot_bytes '
-    .. 'leaves room for (' .. o.max_bytes .. ' bytes)') end,
-  [4] = function() return errors.sandbox('failed', 'the host has no memory left for the snapshot') end,
-  [5] = function() return errors.sandbox('failed', 'the snapshot failed: a file the sandbox\'s user cannot read') end,
-  [6] = function() return errors.sandbox('failed', 'the snapshot failed: the sandbox\'s files changed while they '
-    .. 'were copied, or the sandbox ended') end,
-}
-
---- A native snapshot (features.snapshots 'native'): the sandbox's workspace and /tmp copied, in
--- one pass in the sandbox's own view and as its user, into a tmpfs of the host's that no sandbox
--- can reach (mayura-launch --snapshot); `{ size_bytes, release, archive }`.
-function Backend:snapshot(o)
-  local p = self.provider
-  if self.released or self.exited or not self.proc then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
-  local name = host.process_mark() .. '-' .. random_hex(8)
-  local ok, res = pcall(launch_cmd, p, { '--snapshot', tostring(self.proc:pid()), tostring(self.host_uid), name,
-    tostring(o.max_bytes), WORKDIR, '/tmp' }, { timeout_ms = o.timeout_ms, max_output_bytes = 4096 })
-  if not ok or res.exit_code ~= 0 then
-    -- a copy cut by the timeout (or a failure it could not clean up) leaves nothing either
-    drop_snapshot(p, name)
-    if not ok then error(res, 0) end
-    if res.timed_out then
-      error(errors.sandbox('timeout', 'the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
-    end
-    local make = SNAP_ERRORS[res.exit_code]
-    if make then error(make(o), 0) end
-    error(errors.sandbox('failed', 'the snapshot could not be made', res.stderr), 0)
-  end
-  local size = tonumber((res.stdout or ''):match('^(%d+)\n$'))
-  if not size then
-    drop_snapshot(p, name)
-    error(errors.sandbox('failed', 'the snapshot could not be made'), 0)
-  end
-  return setmetatable({ size_bytes = size, provider = p, name = name, dir = root_fs.SNAPROOT .. '/' .. name,
-    uid = self.host_uid, released = false, users = 0 }, Snap)
-end
-
--- Whether this kernel can start a sandbox from a native snapshot: overlayfs over an idmapped tmpfs
--- (Linux 6.3 and later). Asked once.
-local native_ok
-local function native_snapshots()
-  if native_ok ~= nil then return native_ok end
-  native_ok = false
-  local major, minor = (require('luv').os_uname().release or ''):match('^(%d+)%.(%d+)')
-  major, minor = tonumber(major), tonumber(minor)
-  if not major or major < 6 or (major == 6 and minor < 3) then return false end
-  local fs = read_plain('/proc/filesystems') or ''
-  if not fs:find('%soverlay\n') then
-    -- a module not loaded yet: loaded by its first mount; modprobe says whether it is there
-    local ok, r = pcall(process.run, { 'modprobe', '-q', 'overlay' },
-      { env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' } })
-    if not (ok and r.exit_code == 0) then return false end
-  end
-  native_ok = true
-  return true
-end
-
--- }======================================================
+-- A native snapshot (mayura.sandbox._local_snap): `{ size_bytes, release, archive }`.
+Backend.snapshot = snap.snapshot
 
 function Backend:url(port)
   if self.network ~= 'all' and self.network ~= 'allowlist' then
@@ -591,11 +361,7 @@ function M.local_sandboxes(options, mode)
   -- snapshots: native (an overlay over a copy in the host's memory) where the launcher mounts the
   -- sandbox's file systems and the kernel has idmapped tmpfs under overlayfs, else the generic way;
   -- the snapshots of a host process that is gone are swept first
-  p.features.snapshots = 'generic'
-  if p.staged and native_snapshots() then
-    p.features.snapshots = 'native'
-    pcall(process.run, { p.launch_bin, '--snapshot-sweep' }, { max_output_bytes = 4096 })
-  end
+  p.features.snapshots = snap.kind(p)
   local counter = 0
 
   -- A sandbox up to its agent's hello (its network connected): what a warm one is until handed out.
@@ -631,7 +397,7 @@ function M.local_sandboxes(options, mode)
     -- before it cleans up
     local argv = { self.launch_bin }
     local tree, tree_fstab = root_fs.built_table(self, spec), nil
-    for _, x in ipairs(bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
+    for _, x in ipairs(launch.bwrap_argv(self, spec, tree)) do argv[#argv + 1] = x end
 
     -- the mount table, this launcher's own: a sealed file in memory on a descriptor it inherits
     if spec.snapshot and not tree then
@@ -666,7 +432,7 @@ function M.local_sandboxes(options, mode)
     end
     local fds = { b, d }
     if net_fds then fds[#fds + 1] = net_fds.info_child end
-    local env = launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
+    local env = launch.launcher_env(self, spec, cg_dirs, cg_kill, host_uid, cg_set, tree)
     if t then
       fds[#fds + 1] = t
       env.MAYURA_MOUNT = tostring(2 + #fds)
@@ -706,17 +472,8 @@ function M.local_sandboxes(options, mode)
   -- holds it from then on): a release meanwhile takes it off the host only after
   local start_plain = start
   start = function(self, spec)
-    local snap = spec.snapshot
-    if not snap then return start_plain(self, spec) end
-    if getmetatable(snap) ~= Snap or snap.released then
-      errors.raise('INVALID_INPUT', 'the snapshot is not one of this provider\'s', nil, 0)
-    end
-    snap.users = snap.users + 1
-    local ok, backend = pcall(start_plain, self, spec)
-    snap.users = snap.users - 1
-    snap:_maybe_drop()
-    if not ok then error(backend, 0) end
-    return backend
+    if not spec.snapshot then return start_plain(self, spec) end
+    return snap.hold(spec.snapshot, start_plain, self, spec)
   end
 
   -- What a started sandbox gets before it is handed out: the env (never on a command line), the

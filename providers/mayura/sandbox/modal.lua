@@ -12,7 +12,9 @@
 -- `im-...`: default `debian:bookworm-slim`; a create's `image` names another), `server_url`
 -- (https://api.modal.com:443), `ca_file` (a PEM file of the authorities to trust instead of the
 -- system's, for a server with its own), `workdir` (/workspace), `max_lifetime_ms` (24 h), `retries`,
--- `retry_base_ms`.
+-- `retry_base_ms`, `warm` (sandboxes made ahead for the pool, 0 to 64, none by default: a create
+-- with the pool's labels and network 'none', and no image, cpus, memory or ports, takes one, its
+-- env going with each command; mayura.sandbox._kit owns the lifecycle).
 --
 -- Modal's API is gRPC (protobuf over HTTP/2): `mayura.sandbox._grpc` through libcurl, with the
 -- messages of the project's proto/modal/*.proto (names and field numbers as Modal publishes them).
@@ -23,7 +25,7 @@
 -- (the path Modal's SDK takes by default): the image, `timeout_secs` = the lifetime (rounded up to
 -- seconds; Modal ends the sandbox then), the workdir, `sleep <lifetime>` as the main process,
 -- `resources` (`cpus` as milli-CPUs, `memory_mib` as MiB), the labels as tags, `env` as an
--- ephemeral secret, a name of its own (`mayura-<random>`: a sandbox whose create answer was lost
+-- ephemeral secret, a name of its own (`mayura-<the create's tag>`: a sandbox whose create answer was lost
 -- is found by it, SandboxGetFromNameV2, and terminated), the `ports` as `open_ports` (each served
 -- as a tunnel: `url(port)` is its https:// URL), and the network: 'none' is `block_network` with
 -- network access BLOCKED, 'all' is OPEN, `{ allow = domains }` is ALLOWLIST with `allowed_domains`.
@@ -57,7 +59,9 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
+local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local grpc = require('mayura.sandbox._grpc')
 
 local M = {}
@@ -74,19 +78,6 @@ local NETWORK_OPEN, NETWORK_BLOCKED, NETWORK_ALLOWLIST = 1, 2, 3
 local TOKEN_MARGIN_S = 300           -- an auth token is fetched again this long before its exp
 local EXEC_TIMEOUT_MS = 60000        -- one backend script (each is short: the commands run in the background)
 M.SNAPSHOT_TTL_S = 86400            -- how long Modal keeps a snapshot's image
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(c) return ('%02x'):format(c:byte()) end))
-end
-
-local function uuid()
-  local h = random_hex(16)
-  return h:sub(1, 8) .. '-' .. h:sub(9, 12) .. '-4' .. h:sub(14, 16) .. '-a' .. h:sub(18, 20) .. '-' .. h:sub(21, 32)
-end
 
 -- The `exp` of a JWT (seconds since the epoch), or nil.
 local function jwt_exp(token)
@@ -106,55 +97,59 @@ local function is_loopback_http(url)
   return host == '127.0.0.1' or host == 'localhost' or host == '[::1]'
 end
 
-local option_keys = {
-  token_id = true, token_secret = true, app_name = true, environment = true, image = true, server_url = true,
-  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, ca_file = true,
-}
-
 local function image_option(v, what)
-  return check.word(v, '^[%w][%w%._/:@%-]*$', 'modal: ' .. what .. ' is not an image name or id', 'INVALID_CONFIG', 4)
+  return check.word(v, '^[%w][%w%._/:@%-]*$', 'modal: ' .. what .. ' is not an image name or id', 'INVALID_CONFIG', 0)
+end
+
+local function token_option(v, label, name)
+  if type(v) ~= 'string' or v == '' or #v > 256 or v:find('[%c%s]') then
+    errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' is required, a string without blanks', nil, 0)
+  end
+  return v
 end
 
 --- The provider: see the module's comment for the options.
 function M.modal_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'modal_sandboxes needs an options table with token_id and token_secret', nil, 2)
-  end
-  check.keys(options, option_keys, 'modal options', C, 3)
-  for _, k in ipairs({ 'token_id', 'token_secret' }) do
-    local v = options[k]
-    if type(v) ~= 'string' or v == '' or #v > 256 or v:find('[%c%s]') then
-      errors.raise(C, 'modal: ' .. k .. ' is required, a string without blanks', nil, 2)
-    end
-  end
-  local app_name = check.word(options.app_name, '^[%w%-_%.]+$', 'modal: app_name is not a valid name', C, 3)
-    or DEFAULT_APP
-  if #app_name > 64 then errors.raise(C, 'modal: app_name is longer than 64 bytes', nil, 2) end
-  local environment = check.word(options.environment, '^[%w%-_%.]+$', 'modal: environment is not a valid name', C, 3)
-  local image = image_option(options.image, 'image') or DEFAULT_IMAGE
-  local server = options.server_url or DEFAULT_SERVER
-  if type(server) ~= 'string' or not server:match('^https?://[%w%.%-%[%]:]+/*$') then
-    errors.raise(C, 'modal: server_url must be an http:// or https:// URL of a host and port', nil, 2)
-  end
-  local workdir = hosted.workdir_option(options.workdir or '/workspace', 'modal')
-  local ca_file = options.ca_file
-  if ca_file ~= nil and (type(ca_file) ~= 'string' or ca_file:sub(1, 1) ~= '/' or ca_file:find('%z')) then
-    errors.raise(C, 'modal: ca_file must be an absolute path', nil, 2)
-  end
+  local opt = kit.options(options, {
+    { token_id = token_option }, { token_secret = token_option },
+    { app_name = function(v, label)
+      v = check.word(v, '^[%w%-_%.]+$', label .. ': app_name is not a valid name', 'INVALID_CONFIG', 0) or DEFAULT_APP
+      if #v > 64 then errors.raise('INVALID_CONFIG', label .. ': app_name is longer than 64 bytes', nil, 0) end
+      return v
+    end },
+    { environment = kit.word('^[%w%-_%.]+$', 'a valid name') },
+    { image = function(v) return image_option(v, 'image') or DEFAULT_IMAGE end },
+    { server_url = function(v, label)
+      v = v or DEFAULT_SERVER
+      if type(v) ~= 'string' or not v:match('^https?://[%w%.%-%[%]:]+/*$') then
+        errors.raise('INVALID_CONFIG', label .. ': server_url must be an http:// or https:// URL of a host and port',
+          nil, 0)
+      end
+      return v
+    end },
+    { workdir = kit.workdir('/workspace') },
+    { max_lifetime_ms = kit.int(60000, nil, DEFAULT_MAX_LIFETIME_MS) },
+    { retries = kit.taken }, { retry_base_ms = kit.taken },
+    { ca_file = function(v, label)
+      if v ~= nil and (type(v) ~= 'string' or v:sub(1, 1) ~= '/' or v:find('%z')) then
+        errors.raise('INVALID_CONFIG', label .. ': ca_file must be an absolute path', nil, 0)
+      end
+      return v
+    end },
+    kit.WARM_OPTION,
+  }, 'modal', 'modal_sandboxes needs an options table with token_id and token_secret')
+  local app_name, environment, image = opt.app_name, opt.environment, opt.image
+  local workdir, ca_file = opt.workdir, opt.ca_file
   local api = grpc.client({
-    label = 'modal', base_url = server, secrets = { options.token_secret, options.token_id },
-    metadata = { ['x-modal-token-id'] = options.token_id, ['x-modal-token-secret'] = options.token_secret,
+    label = 'modal', base_url = opt.server_url, secrets = { opt.token_secret, opt.token_id },
+    metadata = { ['x-modal-token-id'] = opt.token_id, ['x-modal-token-secret'] = opt.token_secret,
       ['x-modal-client-type'] = '8', ['x-modal-client-version'] = '1.0.0' },
-    retries = options.retries, retry_base_ms = options.retry_base_ms, ca_file = ca_file,
+    retries = opt.retries, retry_base_ms = opt.retry_base_ms, ca_file = ca_file,
   })
-  local loopback = is_loopback_http(server)
+  local loopback = is_loopback_http(opt.server_url)
 
   local state = { app_id = nil, builder = nil, images = {}, token = nil, token_refresh = 0 }
-  local sweep
 
-  -- The control client with a fresh auth token: one is fetched again TOKEN_MARGIN_S before its
-  -- `exp`, or once three quarters of its life are gone, whichever comes first.
   local function control(c)
     if not state.token or os.time() >= state.token_refresh then
       local resp = c:call(API .. 'AuthTokenGet', {}, { idempotent = true })
@@ -167,7 +162,7 @@ function M.modal_sandboxes(options)
       state.token_refresh = math.min(exp - TOKEN_MARGIN_S, now + math.floor((exp - now) * 3 / 4))
     end
     return c:with({ metadata = { ['x-modal-auth-token'] = state.token }, secrets = { state.token,
-      options.token_secret, options.token_id } })
+      opt.token_secret, opt.token_id } })
   end
 
   local function app_id(c)
@@ -211,111 +206,97 @@ function M.modal_sandboxes(options)
     return id
   end
 
-  -- Ends, in the background, the sandbox named `name` whose create answer was lost (looked for now
-  -- and once more later, for a create Modal finishes late). Its own timeout ends it otherwise.
-  function sweep(client_of, name)
-    task.spawn(function()
-      for _, wait in ipairs({ 0, 3000 }) do
-        if wait > 0 then task.sleep(wait) end
-        pcall(function()
-          local c = client_of()
-          local found = c:call(API .. 'SandboxGetFromNameV2', { sandbox_name = name, app_name = app_name,
-            environment_name = environment }, { idempotent = true })
-          if type(found.sandbox_id) == 'string' and found.sandbox_id ~= '' then
-            c:call(API .. 'SandboxTerminateV2', { sandbox_id = found.sandbox_id }, { idempotent = true })
-          end
-        end)
-      end
+  local function terminate(ctx, h)
+    local ok, err = pcall(function()
+      control(ctx.client):call(API .. 'SandboxTerminateV2', { sandbox_id = h.id }, { idempotent = true })
     end)
+    if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
   end
 
-  local provider = {
-    id = 'modal',
+  return kit.provider({
+    id = 'modal', label = 'modal', client = api, options = opt, command = true,
     features = { stdin = true, ports = true, desktop = false, network = { 'none', 'all', 'allowlist' },
       snapshots = 'native' },
-    workdir = workdir,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 3, DEFAULT_MAX_LIFETIME_MS),
-  }
+    -- a sandbox Modal makes late is looked for now and once more later; its own timeout ends it otherwise
+    sweep_after_ms = { 0, 3000 }, sweep_in_background = true,
 
-  function provider.create(_, spec)
-    local c = api
-    if spec.call_timeout_ms then c = api:with({ call_timeout_ms = spec.call_timeout_ms }) end
-    -- the create's calls share one deadline; the sandbox's later calls each have the call timeout,
-    -- and an auth token fetched again when it nears its end
-    local base = c
-    local function later() return control(base) end
-    c = later():with({ deadline_ms = core.hrtime_ms() + c.call_timeout_ms })
-    local app = app_id(c)
-    local img
-    if spec.snapshot ~= nil then
-      -- Modal's own snapshot is an image
-      if spec.image ~= nil then
-        errors.raise('INVALID_INPUT', 'modal: a snapshot is an image of its own; image cannot be given with it', nil, 0)
+    create = function(ctx)
+      local spec = ctx.spec
+      -- the create's calls share one deadline; the sandbox's later calls each have the call timeout,
+      -- and an auth token fetched again when it nears its end
+      local c = control(ctx.client):with({ deadline_ms = core.hrtime_ms() + ctx.client.call_timeout_ms })
+      local app = app_id(c)
+      local img
+      if spec.snapshot ~= nil then
+        -- Modal's own snapshot is an image
+        if spec.image ~= nil then
+          errors.raise('INVALID_INPUT', 'modal: a snapshot is an image of its own; image cannot be given with it', nil,
+            0)
+        end
+        img = spec.snapshot.id
+      else
+        img = image_id(c, image_option(spec.image, 'image') or image, app)
       end
-      img = spec.snapshot.id
-    else
-      img = image_id(c, image_option(spec.image, 'image') or image, app)
-    end
-    local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
-    local name = 'mayura-' .. random_hex(8)
-    local def = {
-      image_id = img, timeout_secs = seconds, workdir = workdir, name = name,
-      entrypoint_args = { 'sleep', tostring(seconds) },
-    }
-    if spec.network == 'none' then
-      def.block_network = true
-      def.network_access = { network_access_type = NETWORK_BLOCKED }
-    elseif type(spec.network) == 'table' then
-      local domains = {}
-      for i, d in ipairs(spec.network.allow) do domains[i] = d end
-      def.network_access = { network_access_type = NETWORK_ALLOWLIST, allowed_domains = domains }
-    else
-      def.network_access = { network_access_type = NETWORK_OPEN }
-    end
-    if spec.ports and #spec.ports > 0 then
-      local list = {}
-      for i, p in ipairs(spec.ports) do list[i] = { port = p } end
-      def.open_ports = { ports = list }
-    end
-    if spec.cpus or spec.memory_mib then
-      def.resources = { milli_cpu = math.ceil((spec.cpus or 0.125) * 1000),
-        memory_mb = math.ceil(spec.memory_mib or 128) }
-    end
-    local tags = {}
-    local labels = hosted.metadata(spec.labels, { max_keys = 10, max_key_bytes = 63, max_value_bytes = 256 })
-    for k, v in pairs(labels) do tags[#tags + 1] = { tag_name = k, tag_value = v } end
-    table.sort(tags, function(a, b) return a.tag_name < b.tag_name end)
-    local req = { app_id = app, definition = def, tags = tags }
-    if spec.env and next(spec.env) then
-      local env = {}
-      for k, v in pairs(spec.env) do env[k] = v end
-      req.secret_sources = { { env = { contents = env } } }
-    end
-    local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
-    if not made and spec.snapshot ~= nil and errors.is(resp, 'SANDBOX_ERROR') and resp.reason == 'not_found' then
-      error(errors.new('INVALID_INPUT', 'modal: the service no longer has the snapshot'), 0)
-    end
-    if not made then
-      if errors.is(resp, 'SANDBOX_ERROR') and (resp.reason == 'timeout' or resp.reason == 'unavailable'
-          or resp.reason == 'failed') then
-        sweep(later, name)
+      local seconds = hosted.lifetime(spec.lifetime_ms, { unit = 's', max = 24 * 3600 })
+      -- the sandbox's name carries the create's tag: what finds one whose answer was lost
+      local def = {
+        image_id = img, timeout_secs = seconds, workdir = workdir, name = 'mayura-' .. ctx.tag,
+        entrypoint_args = { 'sleep', tostring(seconds) },
+      }
+      if spec.network == 'none' then
+        def.block_network = true
+        def.network_access = { network_access_type = NETWORK_BLOCKED }
+      elseif type(spec.network) == 'table' then
+        local domains = {}
+        for i, d in ipairs(spec.network.allow) do domains[i] = d end
+        def.network_access = { network_access_type = NETWORK_ALLOWLIST, allowed_domains = domains }
+      else
+        def.network_access = { network_access_type = NETWORK_OPEN }
       end
-      error(resp, 0)
-    end
-    local id = resp.sandbox_id
-    if type(id) ~= 'string' or not id:match('^[%w%-_]+$') or #id > 128 then
-      sweep(later, name)
-      error(errors.sandbox('failed', 'modal: SandboxCreateV2 gave no sandbox'), 0)
-    end
-    local function destroy()
-      local ok, err = pcall(function()
-        later():call(API .. 'SandboxTerminateV2', { sandbox_id = id }, { idempotent = true })
-      end)
-      if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'not_found') then error(err, 0) end
-    end
+      if spec.ports and #spec.ports > 0 then
+        local list = {}
+        for i, p in ipairs(spec.ports) do list[i] = { port = p } end
+        def.open_ports = { ports = list }
+      end
+      if spec.cpus or spec.memory_mib then
+        def.resources = { milli_cpu = math.ceil((spec.cpus or 0.125) * 1000),
+          memory_mb = math.ceil(spec.memory_mib or 128) }
+      end
+      local tags = {}
+      local labels = hosted.metadata(spec.labels, { max_keys = 10, max_key_bytes = 63, max_value_bytes = 256 })
+      for k, v in pairs(labels) do tags[#tags + 1] = { tag_name = k, tag_value = v } end
+      table.sort(tags, function(a, b) return a.tag_name < b.tag_name end)
+      local req = { app_id = app, definition = def, tags = tags }
+      if spec.env and next(spec.env) then
+        local env = {}
+        for k, v in pairs(spec.env) do env[k] = v end
+        req.secret_sources = { { env = { contents = env } } }
+      end
+      ctx.sent, ctx.create_client = true, c
+      local made, resp = pcall(c.call, c, API .. 'SandboxCreateV2', req)
+      if not made and spec.snapshot ~= nil and errors.is(resp, 'SANDBOX_ERROR') and resp.reason == 'not_found' then
+        error(errors.new('INVALID_INPUT', 'modal: the service no longer has the snapshot'), 0)
+      end
+      if not made then error(resp, 0) end
+      return resp
+    end,
 
-    local snapshot_of   -- the transport's snapshot, once it is set up
-    local backend = hosted.command_backend('modal', 'modal-' .. id, workdir, destroy, function()
+    accept = function(ctx, resp)
+      return { id = ctx:id_of(resp.sandbox_id, '^[%w%-_]+$', 128, 'no sandbox'), resp = resp }
+    end,
+
+    -- only a create that reached SandboxCreateV2 may have made one
+    find = function(ctx, tag)
+      if not ctx.sent then return {} end
+      local found = control(ctx.client):call(API .. 'SandboxGetFromNameV2', { sandbox_name = 'mayura-' .. tag,
+        app_name = app_name, environment_name = environment }, { idempotent = true })
+      if type(found.sandbox_id) == 'string' and found.sandbox_id ~= '' then return { { id = found.sandbox_id } } end
+      return {}
+    end,
+
+    backend = function(ctx, h)
+      local spec, id, resp, c = ctx.spec, h.id, h.resp, ctx.create_client
+      local function later() return control(ctx.client) end
       local task_id = resp.task_id
       if type(task_id) ~= 'string' or task_id == '' then
         local t = c:call(API .. 'SandboxGetTaskIdV2', { sandbox_id = id, timeout = 55, wait_until_ready = true },
@@ -340,8 +321,8 @@ function M.modal_sandboxes(options)
         router = grpc.client({
           label = 'modal', base_url = (loopback and 'http://' or 'https://') .. url,
           metadata = { authorization = 'Bearer ' .. access.jwt },
-          secrets = { access.jwt, options.token_secret }, retries = options.retries, ca_file = ca_file,
-          retry_base_ms = options.retry_base_ms, call_timeout_ms = c.call_timeout_ms,
+          secrets = { access.jwt, opt.token_secret }, retries = opt.retries, ca_file = ca_file,
+          retry_base_ms = opt.retry_base_ms, call_timeout_ms = c.call_timeout_ms,
         })
       end
       connect()
@@ -354,6 +335,15 @@ function M.modal_sandboxes(options)
           error(errors.sandbox('gone', 'modal: the sandbox has ended'), 0)
         end
         if not ok and errors.is(w, 'SANDBOX_ERROR') and w.reason == 'gone' then error(w, 0) end
+      end
+
+      -- a call that failed: `gone` where the sandbox has ended, else its own error
+      local function fail(res)
+        if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
+            and res.reason ~= 'rate_limited' then
+          check_alive()
+        end
+        error(res, 0)
       end
 
       -- each port's tunnel: https://host[:port], from the create's answer or SandboxGetTunnelsV2
@@ -381,8 +371,8 @@ function M.modal_sandboxes(options)
       function t.url(_, port) return urls[port] end
 
       -- a snapshot of the filesystem, by the command service (a JWT that expired is fetched again, once)
-      function snapshot_of(o)
-        local body = { task_id = task_id, snapshot_id = uuid(), ttl_seconds = M.SNAPSHOT_TTL_S }
+      local function snapshot_of(o)
+        local body = { task_id = task_id, snapshot_id = kit.uuid(), ttl_seconds = M.SNAPSHOT_TTL_S }
         local call_opts = { gone = true, timeout_ms = o and o.timeout_ms, retries = 0 }
         local ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
         if not ok and errors.is(res, 'SANDBOX_ERROR') and res.reason == 'authentication' then
@@ -390,13 +380,7 @@ function M.modal_sandboxes(options)
           connect()
           ok, res = pcall(router.call, router, ROUTER .. 'TaskSnapshotFilesystem', body, call_opts)
         end
-        if not ok then
-          if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
-              and res.reason ~= 'rate_limited' then
-            check_alive()
-          end
-          error(res, 0)
-        end
+        if not ok then fail(res) end
         local img_id = type(res) == 'table' and res.image_id
         if type(img_id) ~= 'string' or not img_id:match('^im%-[%w]+$') or #img_id > 128 then
           error(errors.sandbox('failed', 'modal: TaskSnapshotFilesystem gave no image'), 0)
@@ -416,7 +400,7 @@ function M.modal_sandboxes(options)
         }
       end
       function t.run(_, command, o)
-        local exec_id = uuid()
+        local exec_id = kit.uuid()
         local call_opts = { gone = true, signal = o.signal, timeout_ms = math.min(EXEC_TIMEOUT_MS, c.call_timeout_ms) }
         local ok, res = pcall(function()
           local started, err = pcall(router.call, router, ROUTER .. 'TaskExecStart', {
@@ -472,19 +456,16 @@ function M.modal_sandboxes(options)
           return { exit_code = code, stdout = table.concat(parts) }
         end)
         if ok then return res end
-        if errors.is(res, 'SANDBOX_ERROR') and res.reason ~= 'gone' and res.reason ~= 'authentication'
-            and res.reason ~= 'rate_limited' then
-          check_alive()
-        end
-        error(res, 0)
+        fail(res)
       end
-      return t
-    end)
-    function backend.snapshot(_, o) return snapshot_of(o) end
-    return backend
-  end
+      t.make_workdir = true   -- made with the backend's first command
+      local backend = sandbox.command_sandbox_backend('modal-' .. id, t, function() terminate(ctx, h) end)
+      function backend.snapshot(_, o) return snapshot_of(o) end
+      return backend
+    end,
 
-  return provider
+    destroy = terminate,
+  })
 end
 
 M.sandboxes = M.modal_sandboxes   -- the generic name, which mayura.sandbox.provider(name, options) calls

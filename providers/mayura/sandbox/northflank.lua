@@ -16,15 +16,18 @@
 -- host) or `exec_url` (another exec host), `image` (`node:22-bookworm`: the
 -- image's own command is replaced by `sleep infinity`), `plan` (the
 -- deployment plan, `nf-compute-20` by default), `workdir` (`/workspace`, made
--- at create), `max_lifetime_ms` (24 hours), and the kit's `retries`,
--- `retry_base_ms` and `max_retry_after_ms`.
+-- at create), `max_lifetime_ms` (24 hours), the client's `retries`,
+-- `retry_base_ms` and `max_retry_after_ms`, and `warm` (services made ahead
+-- for the pool, 0 to 64, none by default: a create with the pool's labels and
+-- no image, cpus or memory takes one; mayura.sandbox._kit owns the lifecycle).
 --
 -- How the contract maps onto the service:
---   * create: `POST .../services/deployment` (a name `mayura-<random>`, one
+--   * create: `POST .../services/deployment` (a name `mayura-<the create's tag>`, one
 --     instance of the image running `sleep infinity`, the create spec's `env`
 --     as `runtimeEnvironment`), then the service is polled until its
 --     deployment is `COMPLETED`; `FAILED` fails the create (the service is
---     deleted). `cpus` and `memory_mib` are refused (they come with the plan);
+--     deleted). A create whose answer is lost deletes the service by that
+--     name, its id. `cpus` and `memory_mib` are refused (they come with the plan);
 --   * commands and files: the whole contract runs on `command_sandbox_backend`
 --     over the exec endpoint (`POST <exec host>/exec`, NDJSON: an `init`
 --     message with the token and `sh -c <script>` as argv, standard input as
@@ -47,8 +50,9 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
-local task = require('mayura._task')
+local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 
 local json, b64 = core.json, core.base64
 
@@ -61,15 +65,6 @@ M.DEFAULT_WORKDIR = '/workspace'
 M.MAX_LIFETIME_MS = 24 * 3600000
 M.MAX_COMMAND_BYTES = 65536
 local REGIONS = { us = true, eu = true, asia = true }
-local POLL_FIRST_MS, POLL_MAX_MS = 100, 2000
-
-local function random_hex(n)
-  local f = io.open('/dev/urandom', 'rb')
-  local bytes = f and f:read(n)
-  if f then f:close() end
-  if not bytes or #bytes ~= n then bytes = tostring(core.hrtime_ms()) .. tostring(math.random()) end
-  return (bytes:sub(1, n):gsub('.', function(ch) return ('%02x'):format(ch:byte()) end))
-end
 
 local function gone(what)
   return errors.sandbox('gone', 'northflank: the sandbox is gone (' .. what .. ')')
@@ -145,23 +140,27 @@ end
 -- The provider
 -- =======================================================
 
-local option_keys = {
-  token = true, project_id = true, team_id = true, api_url = true, exec_region = true, exec_url = true,
-  image = true, plan = true, workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true,
-  max_retry_after_ms = true,
-}
-
-local function id_option(v, name)
+local function id_option(v, label, name)
+  if v == nil then return nil end
   if type(v) ~= 'string' or not v:match('^[%w][%w_%-]*$') or #v > 128 then
-    errors.raise('INVALID_CONFIG', 'northflank: ' .. name .. ' must be an id (letters, digits, - and _)', nil, 3)
+    errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' must be an id (letters, digits, - and _)', nil, 0)
   end
   return v
 end
 
-local function url_option(v, name)
+local function url_option(v, label, name)
+  if v == nil then return nil end
   if type(v) ~= 'string' or not v:match('^https?://[^/%s@]+$') then
-    errors.raise('INVALID_CONFIG', 'northflank: ' .. name .. ' must be an http:// or https:// origin (no path)',
-      nil, 3)
+    errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' must be an http:// or https:// origin (no path)',
+      nil, 0)
+  end
+  return v
+end
+
+local function region_option(v, label)
+  if v == nil then return 'us' end
+  if not REGIONS[v] then
+    errors.raise('INVALID_CONFIG', label .. ': exec_region must be \'us\', \'eu\' or \'asia\'', nil, 0)
   end
   return v
 end
@@ -191,123 +190,93 @@ end
 
 --- The provider (see the module's comment for `options`).
 function M.northflank_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'northflank: options with token and project_id are required', nil, 2)
-  end
-  check.keys(options, option_keys, 'northflank options', C, 3)
-  local token = options.token
-  if type(token) ~= 'string' or token == '' or #token > 4096 or token:find('[%c ]') then
-    errors.raise(C, 'northflank: token is required (a string without spaces or control characters)', nil, 2)
-  end
-  local owner = setmetatable({
-    project_id = id_option(options.project_id, 'project_id'),
-    team_id = options.team_id ~= nil and id_option(options.team_id, 'team_id') or nil,
-  }, Owner)
+  local o = kit.options(options, {
+    { token = kit.secret('a token (a string without spaces or control characters)') },
+    { project_id = kit.required(id_option) }, { team_id = id_option },
+    { api_url = function(v, label, name) return url_option(v or M.DEFAULT_API_URL, label, name) end },
+    { exec_region = region_option }, { exec_url = url_option },
+    { image = kit.word('^[^%c%s]+$', 'a non-empty string', M.DEFAULT_IMAGE, 512) },
+    { plan = kit.word('^[^%c%s]+$', 'a non-empty string', M.DEFAULT_PLAN, 512) },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
+    { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
+  }, 'northflank', 'options with token and project_id are required')
+  local token = o.token
+  local owner = setmetatable({ project_id = o.project_id, team_id = o.team_id }, Owner)
   -- the token lives in a closure, out of every table a caller could print
   owner.token = function() return token end
-  local api_url = url_option(options.api_url or M.DEFAULT_API_URL, 'api_url')
-  local exec_url = options.exec_url
-  if exec_url ~= nil then
-    exec_url = url_option(exec_url, 'exec_url')
-  else
-    local region = options.exec_region or 'us'
-    if not REGIONS[region] then
-      errors.raise(C, 'northflank: exec_region must be \'us\', \'eu\' or \'asia\'', nil, 2)
-    end
-    exec_url = api_url:gsub('//api%.', '//api-exec-' .. region .. '.', 1)
+  local exec_url = o.exec_url or o.api_url:gsub('//api%.', '//api-exec-' .. o.exec_region .. '.', 1)
+  local workdir = o.workdir
+  local function client_for(base, version)
+    return hosted.client({ label = 'northflank', base_url = base, http_version = version, api_key = token,
+      retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms or 20000 })
   end
-  local workdir = hosted.workdir_option(options.workdir or M.DEFAULT_WORKDIR, 'northflank')
-  for _, name in ipairs({ 'image', 'plan' }) do
-    local v = options[name]
-    if v ~= nil and (type(v) ~= 'string' or v == '' or #v > 512 or v:find('[%c%s]')) then
-      errors.raise(C, 'northflank: ' .. name .. ' must be a non-empty string', nil, 2)
-    end
-  end
-  local image, plan = options.image or M.DEFAULT_IMAGE, options.plan or M.DEFAULT_PLAN
-  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
-  local kit = {
-    api_key = token, retries = options.retries, retry_base_ms = options.retry_base_ms,
-    max_retry_after_ms = options.max_retry_after_ms or 20000,
-  }
-  local function client_for(label, base, version)
-    local o = { label = label, base_url = base, http_version = version }
-    for k, v in pairs(kit) do o[k] = v end
-    return hosted.client(o)
-  end
-  local client = client_for('northflank', api_url)
-  local exec_client = client_for('northflank', exec_url, '2')
+  local exec_client = client_for(exec_url, '2')
 
   -- Northflank's rate is 1,000 requests an hour per account: the provider's sandboxes share a bucket
   -- that keeps them within it (500 at once, then 500 more an hour)
   local RATE = { per_second = 500 / 3600, burst = 500 }
-  local provider = {
-    id = 'northflank',
+  return kit.provider({
+    id = 'northflank', label = 'northflank', client = client_for(o.api_url), options = o, command = true,
     features = { stdin = true, ports = false, desktop = false, network = { 'all' } },
-    workdir = workdir,
-    max_lifetime_ms = max_lifetime,
-  }
+    ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
-  function provider.create(_, spec)
-    if spec.cpus ~= nil or spec.memory_mib ~= nil then
-      errors.raise('INVALID_INPUT', 'northflank: cpus and memory_mib come with the deployment plan (option plan)',
-        nil, 2)
-    end
-    local c, xc = client, exec_client
-    if spec.call_timeout_ms then
-      c = client:with({ call_timeout_ms = spec.call_timeout_ms })
-      xc = exec_client:with({ call_timeout_ms = spec.call_timeout_ms })
-    end
-    local env = hosted.env_object(spec.env)
-    local name = 'mayura-' .. random_hex(6)
-    local body = c:json('POST', owner:path('/services/deployment'), {
-      name = name,
-      billing = { deploymentPlan = plan },
-      deployment = {
-        instances = 1,
-        external = { imagePath = spec.image or image },
-        docker = { configType = 'customCommand', customCommand = 'sleep infinity' },
-      },
-      runtimeEnvironment = env,
-    }, {
-      on_error = function(status)
-        if status == 400 or status == 409 or status == 422 then
-          return errors.new('INVALID_INPUT', 'northflank: the service refused the sandbox\'s options (HTTP '
-            .. status .. ')')
-        end
-        return nil
-      end,
-    })
-    if type(body) ~= 'table' or type(body.data) ~= 'table' or type(body.data.id) ~= 'string'
-      or not body.data.id:match('^[%w][%w_%-]*$') or #body.data.id > 128 then
-      error(c:bad_answer('a service without an id'), 0)
-    end
-    local id = body.data.id
-    return hosted.command_backend('northflank', id, workdir, function() owner:delete_service(c, id) end, function()
-      local deadline = core.hrtime_ms() + c.call_timeout_ms
-      local wait = POLL_FIRST_MS
-      local status = owner:get_service(c, id)
-      while status ~= 'COMPLETED' do
-        if status == 'FAILED' then
-          error(errors.sandbox('failed', 'northflank: the sandbox\'s deployment failed'), 0)
-        end
-        if core.hrtime_ms() >= deadline then
-          error(errors.sandbox('timeout', 'northflank: the sandbox did not start within ' .. c.call_timeout_ms
-            .. ' ms'), 0)
-        end
-        task.sleep(wait)
-        wait = math.min(wait * 2, POLL_MAX_MS)
-        status = owner:get_service(c, id)
+    create = function(ctx)
+      local spec = ctx.spec
+      if spec.cpus ~= nil or spec.memory_mib ~= nil then
+        errors.raise('INVALID_INPUT', 'northflank: cpus and memory_mib come with the deployment plan (option plan)',
+          nil, 0)
       end
-      return setmetatable({
-        owner = owner, client = c, exec_client = xc, service_id = id, stdin = true,
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, wait_ms = hosted.wait_ms(xc.call_timeout_ms),
-        rate = RATE,
-      }, Transport)
-    end)
-  end
+      -- the service's name carries the create's tag
+      return ctx.client:json('POST', owner:path('/services/deployment'), {
+        name = 'mayura-' .. ctx.tag,
+        billing = { deploymentPlan = o.plan },
+        deployment = {
+          instances = 1,
+          external = { imagePath = spec.image or o.image },
+          docker = { configType = 'customCommand', customCommand = 'sleep infinity' },
+        },
+        runtimeEnvironment = hosted.env_object(spec.env),
+      }, {
+        on_error = function(status)
+          if status == 400 or status == 409 or status == 422 then
+            return errors.new('INVALID_INPUT', 'northflank: the service refused the sandbox\'s options (HTTP '
+              .. status .. ')')
+          end
+          return nil
+        end,
+      })
+    end,
 
-  return provider
+    accept = function(ctx, body)
+      local data = type(body) == 'table' and type(body.data) == 'table' and body.data or {}
+      return { id = ctx:id_of(data.id, '^[%w][%w_%-]*$', 128, 'a service without an id') }
+    end,
+
+    -- a service's id is its name: what a lost create made is deleted by it (404 when none was made)
+    find = function(_, tag) return { { id = 'mayura-' .. tag } } end,
+    sweep_after_ms = { 0, 3000 }, sweep_in_background = true,
+
+    -- its deployment `COMPLETED`; `FAILED` fails the create
+    ready = function(ctx, h)
+      local status = owner:get_service(ctx.client, h.id)
+      if status == 'FAILED' then error(errors.sandbox('failed', 'northflank: the sandbox\'s deployment failed'), 0) end
+      return status == 'COMPLETED'
+    end,
+
+    backend = function(ctx, h)
+      local xc = exec_client
+      if ctx.spec.call_timeout_ms then xc = exec_client:with({ call_timeout_ms = ctx.spec.call_timeout_ms }) end
+      local transport = setmetatable({
+        owner = owner, client = ctx.client, exec_client = xc, service_id = h.id, stdin = true,
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, make_workdir = true,
+        wait_ms = hosted.wait_ms(xc.call_timeout_ms), rate = RATE,
+      }, Transport)
+      return sandbox.command_sandbox_backend(h.id, transport, function() owner:delete_service(ctx.client, h.id) end)
+    end,
+
+    destroy = function(ctx, h) owner:delete_service(ctx.client, h.id) end,
+  })
 end
 
 -- }======================================================

@@ -16,8 +16,15 @@
 -- `network_isolation` ('ISOLATED', the default, or 'PRIVATE', which joins the
 -- environment's private network and lets a sandbox have ports), `workdir`
 -- (where relative paths and commands start; `/workspace` by default, made at
--- create), `max_lifetime_ms` (24 hours by default), and the kit's `retries`,
--- `retry_base_ms` and `max_retry_after_ms`.
+-- create), `max_lifetime_ms` (24 hours by default), `exec_rate` (with `exec =
+-- 'graphql'`, the rate its sandboxes' sandboxExec calls keep together: `{
+-- per_second = 500 / 3600, burst = 9 }` by default, half of the API's
+-- documented 1,000 requests an hour of the Hobby plan, within its 10 a second;
+-- the exec bridge documents no rate), the client's `retries`,
+-- `retry_base_ms` and `max_retry_after_ms`, and `warm` (sandboxes made ahead
+-- for the pool, 0 to 64, none by default: a create with the pool's labels
+-- and no image, cpus, memory or ports takes one; mayura.sandbox._kit owns
+-- the lifecycle).
 --
 -- How the contract maps onto the service:
 --   * create: `sandboxCreate` with the environment, the create spec's `env`
@@ -58,7 +65,9 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
+local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
+local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
 local ws = require('mayura.ws')
 
@@ -313,134 +322,127 @@ end
 -- The provider
 -- =======================================================
 
-local option_keys = {
-  token = true, token_kind = true, environment_id = true, endpoint = true, region = true, network_isolation = true,
-  exec = true, ws_url = true,
-  workdir = true, max_lifetime_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
-}
-
 local function destroy(c, environment_id, id)
   local ok, err = pcall(graphql, c, 'sandboxDestroy', Q_DESTROY, { id = id, environmentId = environment_id },
     { gone = true, idempotent = true })
   if not ok and not (errors.is(err, 'SANDBOX_ERROR') and err.reason == 'gone') then error(err, 0) end
 end
 
--- Polls a sandbox still CREATING until it runs (within the call's timeout).
-local function wait_running(c, environment_id, s)
-  local deadline = core.hrtime_ms() + c.call_timeout_ms
-  local wait = POLL_FIRST_MS
-  while s.status == 'CREATING' do
-    if core.hrtime_ms() >= deadline then
-      error(errors.sandbox('timeout', 'railway: the sandbox did not start within ' .. c.call_timeout_ms .. ' ms'), 0)
-    end
-    task.sleep(wait)
-    wait = math.min(wait * 2, POLL_MAX_MS)
-    local data = graphql(c, 'sandbox', Q_GET, { environmentId = environment_id, id = s.id },
-      { gone = true, idempotent = true })
-    if data.sandbox == nil or data.sandbox == json.null then
-      error(errors.sandbox('gone', 'railway: the sandbox vanished while it started'), 0)
-    end
-    s = check_sandbox(c, data.sandbox, 'sandbox')
+local function one_of(values, what)
+  return function(v, label, name)
+    if v == nil then return values[1] end
+    for _, x in ipairs(values) do if v == x then return v end end
+    errors.raise('INVALID_CONFIG', label .. ': ' .. name .. ' must be ' .. what, nil, 0)
   end
-  if s.status ~= 'RUNNING' then
-    error(errors.sandbox('failed', 'railway: the sandbox did not start (it is '
-      .. (c:_safe_code(s.status) or 'in an unknown state') .. ')'), 0)
+end
+
+local function endpoint_option(v, label)
+  local origin, path
+  if type(v or M.DEFAULT_ENDPOINT) == 'string' then
+    origin, path = (v or M.DEFAULT_ENDPOINT):match('^(https?://[^/%s]+)(/[^%s%c?#]*)$')
   end
-  return s
+  if not origin then
+    errors.raise('INVALID_CONFIG', label .. ': endpoint must be an http:// or https:// URL with a path', nil, 0)
+  end
+  return { origin = origin, path = path }
 end
 
 --- The provider (see the module's comment for `options`).
 function M.railway_sandboxes(options)
-  local C = 'INVALID_CONFIG'
-  if type(options) ~= 'table' then
-    errors.raise(C, 'railway: options with token and environment_id are required', nil, 2)
-  end
-  check.keys(options, option_keys, 'railway options', C, 3)
-  local token = options.token
-  if type(token) ~= 'string' or token == '' then errors.raise(C, 'railway: token is required', nil, 2) end
-  local kind = options.token_kind or 'account'
-  if kind ~= 'account' and kind ~= 'project' then
-    errors.raise(C, 'railway: token_kind must be \'account\' or \'project\'', nil, 2)
-  end
-  local env_id = options.environment_id
-  if type(env_id) ~= 'string' or not env_id:match('^[%w_%-]+$') or #env_id > 128 then
-    errors.raise(C, 'railway: environment_id must be an id (letters, digits, - and _)', nil, 2)
-  end
-  local endpoint = options.endpoint or M.DEFAULT_ENDPOINT
-  local origin, path = nil, nil
-  if type(endpoint) == 'string' then origin, path = endpoint:match('^(https?://[^/%s]+)(/[^%s%c?#]*)$') end
-  if not origin then errors.raise(C, 'railway: endpoint must be an http:// or https:// URL with a path', nil, 2) end
-  local workdir = hosted.workdir_option(options.workdir or M.DEFAULT_WORKDIR, 'railway')
-  local region = options.region
-  if region ~= nil and (type(region) ~= 'string' or not region:match('^[%w_%-]+$') or #region > 64) then
-    errors.raise(C, 'railway: region must be a region name', nil, 2)
-  end
-  local isolation = options.network_isolation or 'ISOLATED'
-  if isolation ~= 'ISOLATED' and isolation ~= 'PRIVATE' then
-    errors.raise(C, 'railway: network_isolation must be \'ISOLATED\' or \'PRIVATE\'', nil, 2)
-  end
-  local max_lifetime = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 60000, nil, C, 2, M.MAX_LIFETIME_MS)
-  local exec = options.exec or 'websocket'
-  if exec ~= 'websocket' and exec ~= 'graphql' then
-    errors.raise(C, 'railway: exec must be \'websocket\' or \'graphql\'', nil, 2)
-  end
-  local ws_url = options.ws_url
-  if ws_url == nil then
-    -- the service's bridge: the API's host with backboard. made ssh., port 2226
-    local host = origin:match('^https?://([^/:]+)')
-    ws_url = 'wss://ssh.' .. (host:gsub('^backboard%.', '')) .. ':2226/ws/exec'
-  elseif type(ws_url) ~= 'string' or not ws_url:match('^wss?://[^/%s@]+/[^%s%c]*$') then
-    errors.raise(C, 'railway: ws_url must be a ws:// or wss:// URL with a path', nil, 2)
-  end
-  -- the token is checked by the kit (no spaces or control characters) and kept out of every message
+  local o = kit.options(options, {
+    { token = kit.secret('a token (a string without spaces or control characters)') },
+    { token_kind = one_of({ 'account', 'project' }, '\'account\' or \'project\'') },
+    { environment_id = kit.required(kit.word('^[%w_%-]+$', 'an id (letters, digits, - and _)', nil, 128)) },
+    { endpoint = endpoint_option },
+    { region = kit.word('^[%w_%-]+$', 'a region name', nil, 64) },
+    { network_isolation = one_of({ 'ISOLATED', 'PRIVATE' }, '\'ISOLATED\' or \'PRIVATE\'') },
+    { exec = one_of({ 'websocket', 'graphql' }, '\'websocket\' or \'graphql\'') },
+    { ws_url = kit.word('^wss?://[^/%s@]+/[^%s%c]*$', 'a ws:// or wss:// URL with a path', nil, 4096) },
+    { workdir = kit.workdir(M.DEFAULT_WORKDIR) },
+    { max_lifetime_ms = kit.int(60000, nil, M.MAX_LIFETIME_MS) },
+    { exec_rate = function(v)
+      return hosted.rate_option(v, 'railway', 'exec_rate', { per_second = 500 / 3600, burst = 9 })
+    end },
+    kit.RETRY_OPTIONS, kit.WARM_OPTION,
+  }, 'railway', 'options with token and environment_id are required')
+  local env_id, workdir, exec, isolation = o.environment_id, o.workdir, o.exec, o.network_isolation
+  local origin, path = o.endpoint.origin, o.endpoint.path
+  -- the service's bridge by default: the API's host with backboard. made ssh., port 2226
+  local ws_url = o.ws_url or 'wss://ssh.' .. (origin:match('^https?://([^/:]+)'):gsub('^backboard%.', ''))
+    .. ':2226/ws/exec'
+  -- the token is kept out of every message
   local client = hosted.client({
-    label = 'railway', base_url = origin, api_key = token,
-    auth_header = kind == 'project' and 'Project-Access-Token' or 'Authorization',
-    retries = options.retries, retry_base_ms = options.retry_base_ms,
-    max_retry_after_ms = options.max_retry_after_ms or 20000,
+    label = 'railway', base_url = origin, api_key = o.token,
+    auth_header = o.token_kind == 'project' and 'Project-Access-Token' or 'Authorization',
+    retries = o.retries, retry_base_ms = o.retry_base_ms, max_retry_after_ms = o.max_retry_after_ms or 20000,
   })
   client.railway_path = path
+  -- the GraphQL API's documented rate (the Hobby plan's 1,000 requests an hour and 10 a second):
+  -- sandboxExec calls of the provider's sandboxes share a bucket of half the hour (9 at once, then
+  -- 500 an hour); the exec bridge documents none
+  local graphql_rate = exec == 'graphql' and o.exec_rate or nil
 
-  local provider = {
-    id = 'railway',
+  return kit.provider({
+    id = 'railway', label = 'railway', client = client, options = o, command = true,
     features = { stdin = true, ports = isolation == 'PRIVATE', desktop = false, network = { 'all' } },
-    workdir = workdir,
-    max_lifetime_ms = max_lifetime,
-  }
+    ready_interval_ms = 100, ready_backoff_max_ms = 2000,
 
-  function provider.create(_, spec)
-    local c = client
-    if spec.call_timeout_ms then
-      c = client:with({ call_timeout_ms = spec.call_timeout_ms })
-      c.railway_path = path
-    end
-    local variables = hosted.env_object(spec.env)
-    local domains
-    if spec.ports and #spec.ports > 0 then
-      if #spec.ports > M.MAX_DOMAINS then
-        errors.raise('INVALID_INPUT', 'railway: a sandbox has at most ' .. M.MAX_DOMAINS .. ' public domains', nil, 2)
+    create = function(ctx)
+      local spec = ctx.spec
+      local domains
+      if spec.ports and #spec.ports > 0 then
+        if #spec.ports > M.MAX_DOMAINS then
+          errors.raise('INVALID_INPUT', 'railway: a sandbox has at most ' .. M.MAX_DOMAINS .. ' public domains',
+            nil, 0)
+        end
+        domains = setmetatable({}, json.array_mt)
+        for i, port in ipairs(spec.ports) do domains[i] = { port = port } end
       end
-      domains = setmetatable({}, json.array_mt)
-      for i, port in ipairs(spec.ports) do domains[i] = { port = port } end
-    end
-    local input = {
-      environmentId = env_id,
-      idleTimeoutMinutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min', max = M.MAX_IDLE_MINUTES }),
-      networkIsolation = isolation, region = region, variables = variables, publicDomains = domains,
-    }
-    local data = graphql(c, 'sandboxCreate', Q_CREATE, { input = input })
-    local s = check_sandbox(c, data.sandboxCreate, 'sandboxCreate')
-    return hosted.command_backend('railway', s.id, workdir, function() destroy(c, env_id, s.id) end, function()
-      s = wait_running(c, env_id, s)
-      return setmetatable({
-        client = c, environment_id = env_id, sandbox_id = s.id, stdin = exec == 'websocket',
-        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, ws_url = ws_url, domains = domains_of(s),
-        wait_ms = hosted.wait_ms(c.call_timeout_ms, (EXEC_TIMEOUT_S - 10) * 1000),
-      }, exec == 'websocket' and WsTransport or Transport)
-    end)
-  end
+      local input = {
+        environmentId = env_id,
+        idleTimeoutMinutes = hosted.lifetime(spec.lifetime_ms, { unit = 'min', max = M.MAX_IDLE_MINUTES }),
+        networkIsolation = isolation, region = o.region, variables = hosted.env_object(spec.env),
+        publicDomains = domains,
+      }
+      return graphql(ctx.client, 'sandboxCreate', Q_CREATE, { input = input }).sandboxCreate
+    end,
 
-  return provider
+    accept = function(ctx, answer)
+      local s = check_sandbox(ctx.client, answer, 'sandboxCreate')
+      return { id = s.id, s = s }
+    end,
+
+    -- a sandbox still CREATING is read again until it runs
+    ready = function(ctx, h)
+      if h.s.status == 'CREATING' then
+        local data = graphql(ctx.client, 'sandbox', Q_GET, { environmentId = env_id, id = h.id },
+          { gone = true, idempotent = true })
+        if data.sandbox == nil or data.sandbox == json.null then
+          error(errors.sandbox('gone', 'railway: the sandbox vanished while it started'), 0)
+        end
+        h.s = check_sandbox(ctx.client, data.sandbox, 'sandbox')
+        if h.s.status == 'CREATING' then return false end
+      end
+      if h.s.status ~= 'RUNNING' then
+        error(errors.sandbox('failed', 'railway: the sandbox did not start (it is '
+          .. (ctx.client:_safe_code(h.s.status) or 'in an unknown state') .. ')'), 0)
+      end
+      return true
+    end,
+
+    backend = function(ctx, h)
+      local c = ctx.client
+      local transport = setmetatable({
+        client = c, environment_id = env_id, sandbox_id = h.id, stdin = exec == 'websocket',
+        max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, make_workdir = true, ws_url = ws_url,
+        domains = domains_of(h.s), wait_ms = hosted.wait_ms(c.call_timeout_ms, (EXEC_TIMEOUT_S - 10) * 1000),
+        rate = graphql_rate,
+      }, exec == 'websocket' and WsTransport or Transport)
+      return sandbox.command_sandbox_backend(h.id, transport, function() destroy(c, env_id, h.id) end)
+    end,
+
+    destroy = function(ctx, h) destroy(ctx.client, env_id, h.id) end,
+  })
 end
 
 -- }======================================================

@@ -1,7 +1,8 @@
--- The egress proxy's rules on their own (mayura.sandbox._egress): host names, the allow-list's
+-- The egress proxy's rules on their own (mayura.sandbox._egress, mayura.sandbox._egress_names): host names, the allow-list's
 -- matching, which resolved addresses a wildcard name may reach, and the server name of a TLS
 -- ClientHello. The proxy at work is spec/security/allowlist_spec.lua.
 local egress = require('mayura.sandbox._egress')
+local names = require('mayura.sandbox._egress_names')   -- its rules' own file: the ClientHello reader's step count
 
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
 
@@ -87,26 +88,26 @@ describe('the egress proxy', function()
   it('reads a ClientHello as it comes, a step per piece, and refuses one of too many records', function()
     local h = hello(u16(21) .. u16(3000) .. string.rep('\0', 3000) .. sni('tls.example.com'))
     -- fed a byte at a time: once at the end, the name
-    local feed, steps = egress.hello_reader(), egress.hello_steps
+    local feed, steps = egress.hello_reader(), names.hello_steps
     local name, why
     for i = 1, #h do
       name, why = feed(h:sub(i, i))
       if i < #h then assert.are.same({ nil, 'more' }, { name, why }) end
     end
     assert.are.equal('tls.example.com', name)
-    assert.is_true(egress.hello_steps - steps <= #h)
+    assert.is_true(names.hello_steps - steps <= #h)
     -- the handshake in records of a byte each: refused at the record past the cap, having looked
     -- at no more than those records
     local hs, records = h:sub(6), {}
     for i = 1, #hs do records[i] = '\22\3\1\0\1' .. hs:sub(i, i) end
     local trickled = table.concat(records)
-    feed, steps = egress.hello_reader(), egress.hello_steps
+    feed, steps = egress.hello_reader(), names.hello_steps
     for i = 1, #trickled, 600 do
       name, why = feed(trickled:sub(i, i + 599))
       if why == 'bad' then break end
     end
     assert.are.same({ nil, 'bad' }, { name, why })
-    assert.is_true(egress.hello_steps - steps <= 2 * (egress.MAX_HELLO_RECORDS + 1))
+    assert.is_true(names.hello_steps - steps <= 2 * (egress.MAX_HELLO_RECORDS + 1))
     -- and under the cap, records of a few bytes still make a name
     local few = {}
     for i = 1, #hs, 100 do few[#few + 1] = '\22\3\1' .. u16(#hs:sub(i, i + 99)) .. hs:sub(i, i + 99) end
