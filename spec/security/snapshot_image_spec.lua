@@ -49,30 +49,39 @@ for _, prov in ipairs(providers.list()) do
         local r = math.random(1, 1e9)
         local name = 'mayura-spec-foreign:' .. r
         local ours = 'mayura-snapshot:' .. ('%08x'):format(r)
-        local function build(tag, extra)
-          local _, ok = host('printf "FROM ' .. providers.BUSYBOX .. '\\nLABEL mayura.snapshot.owner=1-1 '
-            .. extra .. '\\n" | docker build -q -t ' .. tag .. ' -')
+        local function build(tag, extra, owner)
+          local _, ok = host('printf "FROM ' .. providers.BUSYBOX .. '\\nLABEL mayura.snapshot.owner=' .. (owner or '1-1')
+            .. ' ' .. extra .. '\\n" | docker build -q -t ' .. tag .. ' -')
           assert.truthy(ok)
         end
         build(name, 'foreign=' .. r)
         build(ours, 'ours=' .. r)
         -- and one of a host in another pid namespace (a container of its own on the same daemon), whose
-        -- marks name processes this host cannot see
+        -- mark names a process this host cannot see (a live one here, so that no other host of this
+        -- machine sweeps it while the spec looks)
         local theirs = 'mayura-snapshot:' .. ('%08x'):format(r + 1)
-        build(theirs, 'mayura.snapshot.pidns=1 theirs=' .. r)
-        prov.make_provider({})   -- its sweep runs in the background
+        build(theirs, 'mayura.snapshot.pidns=1 theirs=' .. r, require('mayura.sandbox._host').process_mark())
+        local function id_of(ref)
+          return (host('docker image inspect --format "{{.Id}}" ' .. ref)):match('sha256:%x+')
+        end
+        local ids = { name = id_of(name), ours = id_of(ours), theirs = id_of(theirs) }
+        -- what the sweep looks at (asked at once: other hosts of the machine sweep the same daemon)
+        local p = prov.make_provider({})   -- its sweep runs in the background
+        local listed = {}
+        for _, im in ipairs(p.engine:list_snapshot_images()) do listed[im.ref] = im end
+        assert.is_nil(listed[ids.name])
+        assert.truthy(listed[ids.theirs])
+        assert.are.equal('1', listed[ids.theirs].pidns)
+        assert.are_not.equal('1', require('mayura.sandbox._host').pid_namespace())
+        -- and ours is taken
         local gone
         for _ = 1, 100 do
           gone = not select(2, host('docker image inspect ' .. ours))
           if gone then break end
           task.sleep(100)
         end
-        assert.truthy(gone)
-        local _, kept = host('docker image inspect ' .. name)
-        local _, kept_theirs = host('docker image inspect ' .. theirs)
         host('docker image rm ' .. name .. ' ' .. theirs)
-        assert.truthy(kept)
-        assert.truthy(kept_theirs)
+        assert.truthy(gone)
       end)
     end)
   end
