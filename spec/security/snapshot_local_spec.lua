@@ -36,6 +36,59 @@ for _, prov in ipairs(providers.list()) do
         assert.are.same({ 0, 0 }, { pool:snapshots() })
         sb:release()
       end)
+
+      it('snapshots made at once hold at most max_snapshot_bytes of the host memory together', function()
+        if pool.provider.features.snapshots ~= 'native' then
+          pending('local snapshots are native only as root on Linux 6.3 or later')
+          return
+        end
+        local uv = require('luv')
+        local task = require('mayura._task')
+        local mark = require('mayura.sandbox._host').process_mark() .. '-'
+        -- what this process's snapshots hold in the host's memory now (their tmpfs, each its own)
+        local function held()
+          local sum, dir = 0, uv.fs_scandir('/run/mayura-snap')
+          while dir do
+            local n = uv.fs_scandir_next(dir)
+            if not n then break end
+            if n:sub(1, #mark) == mark then
+              local st = uv.fs_statfs('/run/mayura-snap/' .. n)
+              if st then sum = sum + (st.blocks - st.bfree) * st.bsize end
+            end
+          end
+          return sum
+        end
+        local sbs = {}
+        for i = 1, 2 do
+          sbs[i] = pool:create({ lifetime_ms = 120000 })
+          sh(sbs[i], 'head -c 6000000 /dev/urandom > data')
+        end
+        -- each fits the cap (8 MiB) alone; both do not
+        local peak, running = 0, 2
+        local results = {}
+        for i = 1, 2 do
+          task.spawn(function()
+            results[i] = { pcall(sbs[i].snapshot, sbs[i]) }
+            running = running - 1
+          end)
+        end
+        while running > 0 do
+          peak = math.max(peak, held())
+          task.sleep(2)
+        end
+        local made = 0
+        for i = 1, 2 do
+          if results[i][1] then
+            made = made + 1
+            results[i][2]:release()
+          else
+            assert.are.equal('LIMIT_EXCEEDED', results[i][2].code)
+          end
+        end
+        assert.are.equal(1, made)
+        assert.is_true(peak > 5 * MIB and peak <= 8 * MIB, 'the snapshots being made held ' .. peak .. ' bytes at once')
+        for i = 1, 2 do sbs[i]:release() end
+      end)
     end)
   end
 end
