@@ -1,31 +1,31 @@
--- Files moved in parts between the host and the agent (mayura.sandbox._agent_backend's read_file and
+-- Files moved in parts between the host and the agent (mayura.sandbox._agent_files' read_file and
 -- write_file over the agent's ranged read and upload): through a local sandbox, with the part size
 -- made small so that a few bytes take several parts.
 local sandbox = require('mayura.sandbox')
 local local_provider = require('mayura.sandbox.local')
-local agent_backend = require('mayura.sandbox._agent_backend')
+local agent_files = require('mayura.sandbox._agent_files')
 
 local provider = local_provider.local_sandboxes({ memory_mib = 256, pids = 64, tmp_mib = 2, workspace_mib = 16 })
 
 describe('files in parts through the agent', function()
   local pool, sb
-  local part = agent_backend.FILE_PART_BYTES
+  local part = agent_files.FILE_PART_BYTES
   setup(function()
     pool = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000, max_file_bytes = 4194304 })
     sb = pool:create({ lifetime_ms = 600000 })
   end)
   teardown(function()
-    agent_backend.FILE_PART_BYTES = part
+    agent_files.FILE_PART_BYTES = part
     pool:close()
   end)
-  after_each(function() agent_backend.FILE_PART_BYTES = part end)
+  after_each(function() agent_files.FILE_PART_BYTES = part end)
 
   local function names(dir)
     return sb:exec({ 'sh', '-c', 'ls -A ' .. dir }).stdout
   end
 
   it('moves a file of several parts whole, at part boundaries too, leaving no temporary file', function()
-    agent_backend.FILE_PART_BYTES = 5
+    agent_files.FILE_PART_BYTES = 5
     for _, data in ipairs({ '', 'abc', 'abcde', string.rep('0123456789', 2), string.rep('xyz', 7) .. '\0\255' }) do
       sb:write_file('parts/f', data)
       assert.are.equal(data, sb:read_file('parts/f'))
@@ -41,12 +41,12 @@ describe('files in parts through the agent', function()
     for i = 1, 300 do bytes[i] = string.char(i % 256) end
     local data = table.concat(bytes)
     sb:write_file('parts/many', data)
-    agent_backend.FILE_PART_BYTES = 1
+    agent_files.FILE_PART_BYTES = 1
     assert.are.equal(data, sb:read_file('parts/many'))
   end)
 
   it('reads again from the start when the file is replaced between parts', function()
-    agent_backend.FILE_PART_BYTES = 4
+    agent_files.FILE_PART_BYTES = 4
     sb:write_file('parts/g', 'old content here')
     local backend = sb._backend
     local call, replaced = backend.call, false
@@ -76,7 +76,7 @@ describe('files in parts through the agent', function()
     assert.are.equal(1048576 + 10, #sb:read_file('/tmp/h'))
   end)
   it('takes a size the agent lies about (huge, infinite, fractional) as a size, not as a hint it chokes on', function()
-    agent_backend.FILE_PART_BYTES = 4
+    agent_files.FILE_PART_BYTES = 4
     sb:write_file('parts/lie', 'twelve bytes')
     local backend = sb._backend
     local call = backend.call

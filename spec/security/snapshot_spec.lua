@@ -60,8 +60,12 @@ for _, prov in ipairs(providers.list()) do
       sh(a, 'ln -s /proc/1/environ env && ln -s /proc/1/root root && ln -s /proc/self/cwd cwd && ' ..
         'ln -s /proc/1/fd fds')
       local snap = a:snapshot()
-      assert.falsy(snap._held.archive:find(secret, 1, true))
-      assert.falsy(snap._held.archive:find('MAYURA', 1, true))
+      -- what the snapshot holds, as an archive: the generic one, or the one a native snapshot gives back
+      local held = snap._held
+      local archive = held.archive or held.native:archive()
+      assert.are.equal('string', type(archive))
+      assert.falsy(archive:find(secret, 1, true))
+      assert.falsy(archive:find('MAYURA', 1, true))
       a:release()
       local fork = pool:create({ lifetime_ms = 120000, snapshot = snap })
       assert.are.equal('/proc/1/environ\n/proc/1/root\n/proc/self/cwd\n/proc/1/fd\n',

@@ -253,7 +253,7 @@ local function bad_listing()
 end
 
 -- What an error name of the in-sandbox agent means (core/wire.h's tokens): the one table, for a
--- script's 'E <name>' line and for the agent's replies (mayura.sandbox._agent_backend's
+-- script's 'E <name>' line and for the agent's replies (mayura.sandbox._agent_files'
 -- reply_error), so a provider answers the same either way.
 local ERROR_NAMES = {
   too_large = { 'LIMIT_EXCEEDED', ' is larger than max_bytes' },

@@ -44,15 +44,15 @@
 -- so that a reaper, run at every construction of a provider and at creates
 -- (at most every 30 s), removes our containers (label mayura.provider) whose
 -- time is over, and their socket directories: what a host killed with
--- SIGKILL left. Containers are created with auto-remove too. Release returns
--- once the container is gone.
+-- SIGKILL left (mayura.sandbox._docker_reap). Containers are created with
+-- auto-remove too. Release returns once the container is gone.
 --
 -- Snapshots are 'native': the sandbox's files (its tmpfs, which `docker commit` misses) archived
 -- in it as its user, then put into an image the daemon commits from the sandbox's image
 -- (`mayura-snapshot:<hex>`, never pushed, labelled with this host process's mark); a sandbox made
 -- from one runs that image and unpacks the archive from its layer before it is handed out. The
 -- image goes when the snapshot is released and no sandbox of it runs; a provider made sweeps
--- those of a host process that is gone.
+-- those of a host process that is gone (mayura.sandbox._docker_snap).
 --
 -- `runtime` names one of the daemon's runtimes (checked against `docker info`:
 -- INVALID_CONFIG otherwise); 'runsc' (gVisor, registered by
@@ -77,6 +77,8 @@
 -- local daemons: a tcp:// or ssh:// host is refused, because the agent and its
 -- socket directory are bind-mounted from this machine. The agent's socket is
 -- made in a per-sandbox host directory of ours (mayura.sandbox._docker_dirs).
+-- The options are checked, and the provider's table made from them, by
+-- mayura.sandbox._docker_options.
 --
 -- Warm sandboxes (`warm = N`, mayura.sandbox._agent_backend's add_warm): N
 -- containers of the provider's shape (network none, its image and limits, no
@@ -92,19 +94,18 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
-local check = require('mayura._check')
 local agent_backend = require('mayura.sandbox._agent_backend')
 local warm_set = require('mayura.sandbox._warm')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
-local fw = require('mayura.sandbox._firewall')
 local engines = require('mayura.sandbox._docker_engine')
 local dirs = require('mayura.sandbox._docker_dirs')
 local uids = require('mayura.sandbox._docker_uid')
 local docker_net = require('mayura.sandbox._docker_net')
+local docker_options = require('mayura.sandbox._docker_options')
+local reaper = require('mayura.sandbox._docker_reap')
+local docker_snap = require('mayura.sandbox._docker_snap')
 local host_util = require('mayura.sandbox._host')
-local snapshots = require('mayura.sandbox._snapshot')
-local tar = require('mayura.sandbox._tar')
 
 local M = {}
 
@@ -117,65 +118,17 @@ local SOCKET = 'agent.sock'
 local IMAGE_CACHE_MS = 30000               -- how long an image found stays known
 local START_WAIT_MS = 30000                -- from a started container to its agent's socket
 local NETWORK_CHECK_MS = 30000             -- how long a checked network stays known
-local LIFETIME_GRACE_MS = 2000             -- the host removes a container this long after its lifetime
-local REAP_EVERY_MS = 30000                -- creates look for expired containers at most this often
+local LIFETIME_GRACE_MS = reaper.LIFETIME_GRACE_MS   -- the host removes a container this long after its lifetime
 local OOM_SCORE_ADJ = -500                 -- the agent's (PID 1's); its commands reset theirs to 0
 local INODE_BYTES = 8192                   -- a tmpfs gets one inode per this many bytes of its size
 local MIN_INODES = 1024
 local GVISOR_BASE_TASKS = 128              -- host tasks of an idle gVisor sandbox (about 40), with room
 local GVISOR_TASKS_PER_PID = 12            -- host tasks per process in a gVisor sandbox (9 to 11 measured)
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engines.ID_LABEL, engines.PROVIDER_LABEL, engines.EXPIRES_LABEL
-local exists, read_plain = host_util.exists, host_util.read_plain
-local absolute, find_in_path, find_agent, random_hex, my_uid =
-  host_util.absolute, host_util.find_in_path, host_util.find_agent, host_util.random_hex, host_util.uid
+local exists, read_plain, random_hex = host_util.exists, host_util.read_plain, host_util.random_hex
 local uv_fs, remove_dir = dirs.uv_fs, dirs.remove_dir
 
-local function plain_path(s)
-  return type(s) == 'string' and not s:find('[%z\n\r]')
-end
-
--- {======================================================
--- The reaper of expired containers, and what is shared between providers of this process
--- =======================================================
-
-local reaped_at = {}        -- daemon host -> when a reap last started (hrtime ms)
 local oom_refused = {}      -- daemon host -> true once its runtime refused a negative OOM score
-
--- Removes our containers whose lifetime (label mayura.expires) is over, and their socket directories
--- under `base`: what a host killed with SIGKILL, or an agent that never ended its container, left.
--- Runs as a task of its own; failures are left to the next reap.
-local function reap(engine, host, base, owner, force)
-  local now = core.hrtime_ms()
-  if not force and reaped_at[host] and now - reaped_at[host] < REAP_EVERY_MS then return nil end
-  reaped_at[host] = now
-  return task.spawn(function()
-    pcall(function()
-      local now_ms = core.now_ms()
-      local gone = {}
-      for _, c in ipairs(engine:list_ours()) do
-        if c.expires_ms and c.expires_ms + LIFETIME_GRACE_MS < now_ms and pcall(engine.remove, engine, c.id)
-          and type(c.sandbox) == 'string' then
-          gone[c.sandbox] = true
-        end
-      end
-      -- only in a base directory that is ours and that no other user can swap
-      if next(gone) and pcall(dirs.prepare_base, base, owner) then dirs.remove_dirs_of(base, gone) end
-    end)
-    -- the snapshots' images of host processes that are gone (this machine's: the daemon is local)
-    if force then
-      pcall(function()
-        for _, im in ipairs(engine:list_snapshot_images()) do
-          -- a mark of another pid namespace names a process this host cannot see
-          if (im.pidns == nil or im.pidns == host_util.pid_namespace()) and not host_util.mark_alive(im.owner) then
-            pcall(engine.remove_image, engine, im.ref)
-          end
-        end
-      end)
-    end
-  end)
-end
-
--- }======================================================
 
 -- {======================================================
 -- A sandbox backend
@@ -222,12 +175,7 @@ function Backend:release()
   end
   pcall(remove_dir, self.dir)
   if self.own_uid then uids.free(self.uid) end
-  local from = self.from_snapshot
-  if from then
-    self.from_snapshot = nil
-    from.users = from.users - 1
-    from:_maybe_remove()
-  end
+  docker_snap.let_go(self)
   local waiters = self.waiters
   self.waiters = nil
   for _, done in ipairs(waiters) do done() end
@@ -248,67 +196,8 @@ function Backend:arm(ms)
   timer:unref()
 end
 
-
--- {======================================================
--- Native snapshots: images of the daemon's own
--- =======================================================
-
--- Where a snapshot's image holds its files: the prepared archive and the script of its directories'
--- modes and times (mayura.sandbox._snapshot's prepared), root's and read-only, beside the agent's
--- mount point.
-local SNAP_DIR = '.mayura-snapshot'
-
-local Snap = {}
-Snap.__index = Snap
-
--- The image goes once the snapshot is released and no sandbox made from it runs (an image in use
--- would only lose its name, and stay).
-function Snap:_maybe_remove()
-  if self.released and self.users == 0 and not self.removed then
-    self.removed = true
-    pcall(self.engine.remove_image, self.engine, self.image)
-  end
-end
-
-function Snap:release()
-  if self.released then return end
-  self.released = true
-  self.archive_text = nil
-  self:_maybe_remove()
-end
-
---- The snapshot's archive, for `sandbox:restore` (unpacked the generic way).
-function Snap:archive()
-  if self.released then error(errors.sandbox('gone', 'the snapshot was released'), 0) end
-  return self.archive_text
-end
-
---- A native snapshot: the sandbox's files archived in it (the generic way, mayura.sandbox._snapshot:
--- its working directory and /tmp are tmpfs, which `docker commit` does not see), then put into an
--- image the daemon makes from the sandbox's image (`mayura-snapshot:<hex>`, labelled with this host
--- process's mark, never pushed), which the sandboxes made from it start from, by its id (a tag
--- another user of the daemon moved is never used): each unpacks the archive from its own image's
--- layer, and nothing moves through the host again.
-function Backend:snapshot(o)
-  if self.released or self.closed then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
-  local p = self.provider
-  local archive = snapshots.capture(function(name, ...) return self[name](self, ...) end,
-    { paths = snapshots.paths(p, p.workdir), max_bytes = o.max_bytes, timeout_ms = o.timeout_ms, binary = true })
-  local prep = snapshots.prepared(archive)
-  local files = { { name = SNAP_DIR .. '/archive.tar', data = prep.tar, mode = tonumber('444', 8) } }
-  if prep.script ~= '' then
-    files[2] = { name = SNAP_DIR .. '/fix.sh', data = prep.script, mode = tonumber('444', 8) }
-  end
-  local tag = random_hex(8)
-  local ref = self.engine:snapshot_image(self.base_image, tar.tar(files, 0), tag,
-    { [engines.SNAPSHOT_LABEL] = host_util.process_mark(), [engines.SNAPSHOT_NS_LABEL] = host_util.pid_namespace() },
-    math.floor(core.now_ms()) + 600000)
-  return setmetatable({ size_bytes = #archive, image = ref, base_image = self.base_image, engine = self.engine,
-    script = prep.script ~= '',
-    archive_text = archive, users = 0, released = false }, Snap)
-end
-
--- }======================================================
+-- A native snapshot (mayura.sandbox._docker_snap).
+Backend.snapshot = docker_snap.take
 
 local function cgroup_oom_file(id)
   local candidates = {
@@ -350,59 +239,6 @@ end
 -- The provider
 -- =======================================================
 
-local option_keys = {
-  image = true, engine = true, docker = true, host = true, user = true, workdir = true, workspace_mib = true,
-  tmp_mib = true, cpus = true, memory_mib = true, pids = true, read_only_root = true, max_lifetime_ms = true,
-  agent = true, run_dir = true, desktop = true, warm = true, proxy_resolve = true, runtime = true,
-}
-
--- Checks `runtime` (the name of a runtime the daemon lists) and sets it on the provider `p`; raises
--- INVALID_CONFIG for one the daemon does not have. Under gVisor (runsc) sandboxes get network 'none'
--- alone: the runtime is registered with gVisor's own network stack off (scripts/docker-setup.sh).
--- Only checking (a policy's check: nothing is run), the name alone is checked.
-local function check_runtime(p, runtime, checking)
-  if type(runtime) ~= 'string' or #runtime > 64 or not runtime:match('^%w[%w._-]*$') then
-    errors.raise('INVALID_CONFIG', 'runtime must be the name of one of the Docker daemon\'s runtimes', nil, 0)
-  end
-  if checking then
-    p.runtime, p.gvisor = runtime, runtime == 'runsc'
-    if p.gvisor then p.features.network = { 'none' } end
-    return
-  end
-  local known = p.engine:runtimes()
-  local info = known[runtime]
-  if type(info) ~= 'table' then
-    local names = {}
-    for name in pairs(known) do
-      if type(name) == 'string' and name:match('^%w[%w._-]*$') then names[#names + 1] = name end
-    end
-    table.sort(names)
-    errors.raise('INVALID_CONFIG', 'the Docker daemon has no runtime named ' .. runtime .. ' (it has: ' ..
-      table.concat(names, ', ') .. ')', nil, 0)
-  end
-  p.runtime = runtime
-  local path = type(info.path) == 'string' and info.path or ''
-  p.gvisor = runtime == 'runsc' or path:match('runsc$') ~= nil
-  if p.gvisor then p.features.network = { 'none' } end
-end
-
--- The local daemon's socket path from a host string; raises INVALID_CONFIG for anything else.
-
-local RESERVED_DIRS = { ['/'] = true, ['/tmp'] = true, ['/proc'] = true, ['/sys'] = true, ['/dev'] = true,
-  ['/etc'] = true, ['/.mayura'] = true }
-
-local function check_workdir(w)
-  if type(w) ~= 'string' or not w:match('^/[%w%._%-/]*$') or #w > 512 or w:find('//', 1, true)
-    or w:find('/%.%.?/') or w:find('/%.%.?$') or (w ~= '/' and w:sub(-1) == '/') then
-    errors.raise('INVALID_CONFIG', 'workdir must be an absolute path of letters, digits, . _ - and /', nil, 0)
-  end
-  if RESERVED_DIRS[w] or w:sub(1, 8) == '/.mayura' or w:sub(1, 5) == '/tmp/' or w:sub(1, 6) == '/proc/'
-    or w:sub(1, 5) == '/sys/' or w:sub(1, 5) == '/dev/' then
-    errors.raise('INVALID_CONFIG', 'workdir cannot be ' .. w, nil, 0)
-  end
-  return w
-end
-
 --- A provider of Docker sandboxes. Options (and defaults): `image` (required),
 -- `engine` ('cli' | 'api'), `docker` (the CLI; 'docker' on the PATH), `host`
 -- (DOCKER_HOST or unix:///var/run/docker.sock; local sockets only), `user`
@@ -420,107 +256,10 @@ end
 -- With `how = { check = true }` the options are only checked: nothing is run, made or started (a
 -- policy's check; the reaper of expired containers waits for a provider made to be used).
 function M.docker_sandboxes(options, how)
-  local C = 'INVALID_CONFIG'
-  local checking = type(how) == 'table' and how.check == true
-  if type(options) ~= 'table' then errors.raise(C, 'docker_sandboxes needs options with an image', nil, 2) end
-  check.keys(options, option_keys, 'docker_sandboxes options', C, 3)
-  local image = options.image
-  if type(image) ~= 'string' or image == '' or #image > 1024 or image:find('[%s%z]') or image:sub(1, 1) == '-' then
-    errors.raise(C, 'image is required: the name of an image on this machine', nil, 2)
-  end
-  local engine = options.engine or 'cli'
-  if engine ~= 'cli' and engine ~= 'api' then errors.raise(C, "engine must be 'cli' or 'api'", nil, 2) end
-  local ok, socket = pcall(engines.socket_of, options.host or engines.default_host())
-  if not ok then error(socket, 2) end
-  local user, uid, gid = options.user, nil, nil
-  if user ~= nil then
-    if type(user) == 'string' then uid, gid = user:match('^(%d+):(%d+)$') end
-    if not uid or #uid > 10 or #gid > 10 then errors.raise(C, "user must be a numeric 'uid:gid'", nil, 2) end
-    if tonumber(uid) == 0 then errors.raise(C, 'user must not be root (uid 0)', nil, 2) end
-  end
-  local wok, workdir = pcall(check_workdir, options.workdir or '/workspace')
-  if not wok then error(workdir, 2) end
-  local cpus = options.cpus or 1
-  if type(cpus) ~= 'number' or cpus ~= cpus or cpus < 0.01 or cpus > 1024 then
-    errors.raise(C, 'cpus must be a number from 0.01', nil, 2)
-  end
-  if options.read_only_root ~= nil and type(options.read_only_root) ~= 'boolean' then
-    errors.raise(C, 'read_only_root must be a boolean', nil, 2)
-  end
-  local settings = desktop.settings(options.desktop, nil, 2)
-  local p = {
-    id = 'docker',
-    features = { stdin = true, ports = true, desktop = settings ~= nil, network = { 'none', 'all' },
-      snapshots = 'native' },
-    proxy_resolve = egress.check_resolve(options.proxy_resolve, 2),
-    desktop = settings,
-    workdir = workdir,
-    image = image,
-    engine_name = engine,
-    host = 'unix://' .. socket,
-    user = uid and (uid .. ':' .. gid) or nil,   -- nil: a uid and gid of its own per sandbox
-    uid = tonumber(uid),
-    gid = tonumber(gid),
-    cpus = cpus,
-    workspace_mib = check.int(options.workspace_mib, 'workspace_mib', 1, 1048576, C, 3, 1024),
-    tmp_mib = check.int(options.tmp_mib, 'tmp_mib', 1, 1048576, C, 3, 256),
-    memory_mib = check.int(options.memory_mib, 'memory_mib', 6, 16 * 1048576, C, 3, 1024),
-    pids = check.int(options.pids, 'pids', 8, 4194304, C, 3, 256),
-    read_only_root = options.read_only_root ~= false,
-    max_lifetime_ms = check.int(options.max_lifetime_ms, 'max_lifetime_ms', 1, 366 * 86400000, C, 3, 86400000),
-    warm = check.int(options.warm, 'warm', 0, 10000, C, 3, 0),
-  }
-  if engine == 'cli' then
-    if options.docker ~= nil and (type(options.docker) ~= 'string' or options.docker == '') then
-      errors.raise(C, 'docker must be the path of the docker CLI', nil, 2)
-    end
-    local cli = find_in_path(options.docker or 'docker')
-    if not cli then errors.raise(C, 'the docker CLI is not installed (or not on the PATH)', nil, 2) end
-    p.engine = engines.new('cli', cli, p.host)
-  else
-    p.engine = engines.new('api', nil, nil, socket)
-  end
-  if options.runtime ~= nil then
-    local rok, rerr = pcall(check_runtime, p, options.runtime, checking)
-    if not rok then error(rerr, 2) end
-  end
-  p.agent = options.agent and absolute(options.agent) or find_agent()
-  if not p.agent or not exists(p.agent) then errors.raise(C, 'the sandbox agent is not built (make)', nil, 2) end
-  if not plain_path(p.agent) then errors.raise(C, 'the agent path is not usable', nil, 2) end
-  local me = my_uid()
-  -- an agent that knows --peer-uid serves its socket to this process's uid only (any uid can connect);
-  -- an older one makes it 0600 for the sandbox's user, which only root or that same uid can open
-  p.peer_uid = uids.agent_takes_peer_uid(p.agent) and me or nil
-  if me ~= 0 and me ~= p.uid and not p.peer_uid then
-    errors.raise(C, 'run as root, or with user set to this process\'s own uid (' .. tostring(me) .. '): ' ..
-      'this sandbox agent cannot serve another uid (rebuild it with make)', nil, 2)
-  end
-  if p.gvisor and not (read_plain(p.agent) or ''):find('--no-spawner', 1, true) then
-    errors.raise(C, 'this sandbox agent cannot run under gVisor (rebuild it with make)', nil, 2)
-  end
-  p.my_uid = me
-  -- an allow-list's proxy listens in the container's namespace, which takes root on the daemon's machine
-  -- (under gVisor, commands reach no network of the host's: its own stack has a loopback alone)
-  p.allowlist = me == 0 and not p.gvisor
-  if p.allowlist then p.features.network[#p.features.network + 1] = 'allowlist' end
-  -- the host's rules around the bridge of 'all' take root; as root without the programs there is no
-  -- 'all'; as another user (the docker group) 'all' is the bridge alone: enforced.network is false
-  p.firewall = me == 0 and fw.docker_tools() or nil
-  if me == 0 and not p.firewall then table.remove(p.features.network, 2) end
-  -- under gVisor (network 'none' alone) its tmpfs has no inode cap and its sandbox takes no OOM score
-  -- (a runtime that refuses one clears oom_protected at the first create); `kernel` is the kernel
-  -- that the sandbox's system calls meet
-  p.enforced = {
-    memory = true, pids = true, cpus = true, workspace_mib = true, tmp_mib = true, lifetime = true,
-    network = p.gvisor or p.firewall ~= nil, inodes = not p.gvisor,
-    oom_protected = not p.gvisor and not oom_refused[p.host], kernel = p.gvisor and 'gvisor' or 'host',
-  }
-  p.run_base = options.run_dir and absolute(options.run_dir) or dirs.run_base(me)
-  p.own_fs = me == 0 and not options.run_dir
-  if not plain_path(p.run_base) or #p.run_base > 60 then
-    errors.raise(C, 'run_dir must be a path of at most 60 bytes', nil, 2)
-  end
-  if not checking then reap(p.engine, p.host, p.run_base, me, true) end
+  local p, checking = docker_options.provider(options, how)
+  -- a runtime that refused a negative OOM score for an earlier provider of this daemon refuses it still
+  if oom_refused[p.host] then p.enforced.oom_protected = false end
+  if not checking then reaper.reap(p.engine, p.host, p.run_base, p.my_uid, true) end
   local images = {}          -- image -> { env, until_ms }
   local prepared = false
   local network_checked      -- until when the network of 'all' sandboxes is known to be right (hrtime ms)
@@ -575,13 +314,7 @@ function M.docker_sandboxes(options, how)
     local snap = spec.snapshot
     if snap then
       -- the snapshot's image is the one it was taken in, with its files
-      if getmetatable(snap) ~= Snap or snap.released then
-        errors.raise('INVALID_INPUT', 'the snapshot is not one of this provider\'s', nil, 0)
-      end
-      if spec.image ~= nil and spec.image ~= snap.base_image then
-        errors.raise('INVALID_INPUT', 'a sandbox made from a snapshot has the image the snapshot was taken in', nil, 0)
-      end
-      image_name = snap.image
+      image_name = docker_snap.image_of(snap, spec)
     end
     if image_name:find('[%s%z]') or image_name:sub(1, 1) == '-' then
       errors.raise('INVALID_CONFIG', 'image is not a usable image name', nil, 0)
@@ -597,7 +330,7 @@ function M.docker_sandboxes(options, how)
       self.agent_in_base = dirs.stage_agent(self.run_base, self.agent)
       prepared = true
     end
-    reap(self.engine, self.host, self.run_base, self.my_uid, false)
+    reaper.reap(self.engine, self.host, self.run_base, self.my_uid, false)
     if network == 'all' and not (network_checked and network_checked > core.hrtime_ms()) then
       docker_net.ensure(self.engine, self.firewall)
       network_checked = core.hrtime_ms() + NETWORK_CHECK_MS
@@ -726,8 +459,7 @@ function M.docker_sandboxes(options, how)
     end)
     if snap then
       -- held until this sandbox is gone (its release lets the image go)
-      snap.users = snap.users + 1
-      backend.from_snapshot = snap
+      docker_snap.hold(backend, snap)
     end
     if not sok then agent_backend.start_failed(backend, serr) end
     backend.image_name = image_name
@@ -756,17 +488,7 @@ function M.docker_sandboxes(options, how)
       local snap = spec.snapshot
       if snap then
         -- the snapshot's files, from the image's layer into the sandbox's own places
-        local dir = '/' .. SNAP_DIR .. '/'
-        local uok, uerr = pcall(snapshots.unpack_file, function(name, ...) return backend[name](backend, ...) end,
-          dir .. 'archive.tar', snap.script and (dir .. 'fix.sh') or nil,
-          { timeout_ms = spec.call_timeout_ms or 300000 })
-        if not uok then
-          if errors.is(uerr, 'SANDBOX_ERROR') and (uerr.reason == 'gone' or uerr.reason == 'unavailable') then
-            uerr = errors.sandbox('failed', 'the new sandbox ended while the snapshot was unpacked in it (do its '
-              .. 'files fit its memory?)')
-          end
-          error(uerr, 0)
-        end
+        docker_snap.unpack(backend, snap, spec)
       end
     end)
     if not fok then agent_backend.start_failed(backend, err) end
