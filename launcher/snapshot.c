@@ -117,38 +117,55 @@ static void copy_times(int dst, const char *name, const struct stat *st, int fla
 }
 
 /* The files with more than one name copied so far: their first copy's path in the snapshot, so
-** that a later name is linked to it (a hard link stays one). */
+** that a later name is linked to it (a hard link stays one). A table hashed by inode (a sandbox
+** can have a hundred thousand of them: no list scanned for each), whose paths are counted against
+** the cap like the snapshot's own memory. */
 struct snap_link { dev_t dev; ino_t ino; char *path; };
-static struct snap_link *snap_links;
+static struct snap_link *snap_links;   /* snap_caplinks slots (a power of 2), path NULL when free */
 static size_t snap_nlinks, snap_caplinks;
 static int snap_top = -1;          /* the snapshot's directory */
 static char snap_path[8192];       /* where the copy is, relative to snap_top */
 
+/* The slot of (dev, ino) in the table: its own, or the free one where it would go. */
+static size_t link_slot(struct snap_link *t, size_t cap, dev_t dev, ino_t ino) {
+    size_t i = (size_t)((((unsigned long long)ino ^ ((unsigned long long)dev << 32)) * 0x9E3779B97F4A7C15ULL) >> 32)
+        & (cap - 1);
+    while (t[i].path != NULL && !(t[i].dev == dev && t[i].ino == ino)) i = (i + 1) & (cap - 1);
+    return i;
+}
+
 /* Links NAME in `dst` to an earlier copy of the same file; whether it did. */
 static int copy_link(int dst, const char *name, const struct stat *st) {
     size_t i;
-    for (i = 0; i < snap_nlinks; i++)
-        if (snap_links[i].dev == st->st_dev && snap_links[i].ino == st->st_ino)
-            return linkat(snap_top, snap_links[i].path, dst, name, 0) == 0;
-    return 0;
+    if (snap_caplinks == 0) return 0;
+    i = link_slot(snap_links, snap_caplinks, st->st_dev, st->st_ino);
+    return snap_links[i].path != NULL && linkat(snap_top, snap_links[i].path, dst, name, 0) == 0;
 }
 
 static void note_link(const char *name, const struct stat *st) {
-    size_t n = strlen(snap_path) + strlen(name) + 2;
+    size_t n = strlen(snap_path) + strlen(name) + 2, i;
     char *path;
-    if (snap_nlinks == snap_caplinks) {
-        size_t cap = snap_caplinks ? 2 * snap_caplinks : 64;
-        struct snap_link *more = realloc(snap_links, cap * sizeof *more);
+    snap_count(n + 2 * sizeof *snap_links);
+    if (2 * (snap_nlinks + 1) > snap_caplinks) {
+        size_t cap = snap_caplinks ? 2 * snap_caplinks : 64, j;
+        struct snap_link *more = calloc(cap, sizeof *more);
         if (more == NULL) return;   /* the next name is copied, not linked */
+        for (j = 0; j < snap_caplinks; j++)
+            if (snap_links[j].path != NULL)
+                more[link_slot(more, cap, snap_links[j].dev, snap_links[j].ino)] = snap_links[j];
+        free(snap_links);
         snap_links = more;
         snap_caplinks = cap;
     }
+    i = link_slot(snap_links, snap_caplinks, st->st_dev, st->st_ino);
+    if (snap_links[i].path != NULL) return;
     path = malloc(n);
     if (path == NULL) return;
     snprintf(path, n, "%s/%s", snap_path, name);
-    snap_links[snap_nlinks].dev = st->st_dev;
-    snap_links[snap_nlinks].ino = st->st_ino;
-    snap_links[snap_nlinks++].path = path;
+    snap_links[i].dev = st->st_dev;
+    snap_links[i].ino = st->st_ino;
+    snap_links[i].path = path;
+    snap_nlinks++;
 }
 
 /* Copies the regular file NAME of `src` (looked at as `st`) into `dst`. */

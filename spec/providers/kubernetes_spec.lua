@@ -505,6 +505,42 @@ describe('the attach and port-forward streams', function()
       echo:close()
     end)
   end)
+
+  it('drops a port-forward whose client leaves what the Pod sends unread, so host memory stays bounded', function()
+    task.run(function()
+      -- the Pod's port floods whoever connects, as fast as it is taken, up to 256 MiB
+      local LIMIT, sent, closed = 256 * 1048576, 0, false
+      local flood = uv.new_tcp()
+      flood:bind('127.0.0.1', 0)
+      local chunk = string.rep('x', 65536)
+      flood:listen(8, function()
+        local c = uv.new_tcp()
+        flood:accept(c)
+        c:read_start(function(err, data)
+          if err or not data then closed = true; c:close() end
+        end)
+        local function more()
+          if closed or sent >= LIMIT then return end
+          sent = sent + #chunk
+          c:write(chunk, function(err)
+            if err then closed = true; if not c:is_closing() then c:close() end; return end
+            more()
+          end)
+        end
+        more()
+      end)
+      local fwd = attach.forward(conn(), '/api/v1/namespaces/ns/pods/p4', flood:getsockname().port)
+      -- a client that connects and never reads
+      local client = uv.new_tcp()
+      client:connect('127.0.0.1', tonumber(fwd.url:match(':(%d+)$')), function() end)
+      util.eventually(function() return closed or sent >= LIMIT end, 60000)
+      assert.is_true(closed, 'the forward held ' .. sent .. ' bytes for a client that reads nothing')
+      assert.is_true(sent < LIMIT)
+      client:close()
+      fwd.close()
+      flood:close()
+    end)
+  end)
 end)
 
 -- {======================================================

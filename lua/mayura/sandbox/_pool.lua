@@ -81,6 +81,7 @@ function M.create_sandboxes(provider, options)
     _snapshots = {},
     _snap_count = 0,   -- held, and being made
     _snap_bytes = 0,   -- the sizes of those held
+    _snap_busy = false, _snap_turns = {},   -- a snapshot is being made; those waiting their turn
     workdir = type(provider.workdir) == 'string' and provider.workdir or '/workspace',
     _alive = {},
     _count = 0,

@@ -8,6 +8,7 @@
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
+local task = require('mayura._task')
 local snapshots = require('mayura.sandbox._snapshot')
 local checks = require('mayura.sandbox._checks')
 
@@ -46,10 +47,16 @@ function M.snapshot(self, options)
   if pool._snap_count >= pool.max_snapshots then
     errors.raise('LIMIT_EXCEEDED', 'max_snapshots (' .. pool.max_snapshots .. ') are held', nil, 2)
   end
-  local room = pool.max_snapshot_bytes - pool._snap_bytes
   -- the slot is taken while the snapshot is made, so that snapshots made at once keep to the limit
   pool._snap_count = pool._snap_count + 1
+  -- and the pool makes one at a time, each up to the room the others left: those being made hold at
+  -- most max_snapshot_bytes of the host's memory together (not that much each)
+  if pool._snap_busy then task.await(function(done) pool._snap_turns[#pool._snap_turns + 1] = done end) end
+  pool._snap_busy = true
+  local room = pool.max_snapshot_bytes - pool._snap_bytes
   local ok, held, size = pcall(function()
+    alive(self)
+    if pool._closed then error(errors.sandbox('closed', 'the pool was closed'), 0) end
     local timeout = pool.call_timeout_ms
     -- one held with its sandbox is for going back in it (restore): an archive, whatever the provider
     if kind == 'native' and not options.until_release and type(self._backend.snapshot) == 'function' then
@@ -78,10 +85,19 @@ function M.snapshot(self, options)
     return { archive = archive }, #archive
   end)
   pool._snap_count = pool._snap_count - 1
+  -- the next one's turn, once this one is counted or gone
+  local function next_turn()
+    local turn = table.remove(pool._snap_turns, 1)
+    if turn then turn() else pool._snap_busy = false end
+  end
   local function drop()
     if ok and held.native then pcall(held.native.release, held.native) end
+    next_turn()
   end
-  if not ok then error(held, 0) end
+  if not ok then
+    next_turn()
+    error(held, 0)
+  end
   if pool._closed then
     drop()
     error(errors.sandbox('closed', 'the pool was closed'), 2)
@@ -100,6 +116,7 @@ function M.snapshot(self, options)
   pool._snapshots[snap] = true
   pool._snap_count = pool._snap_count + 1
   pool._snap_bytes = pool._snap_bytes + size
+  next_turn()
   if options.until_release then
     if self._released then
       pool:_release_snapshot(snap)

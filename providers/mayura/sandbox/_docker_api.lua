@@ -14,6 +14,7 @@ local M = {}
 local MIB = 1048576
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engine.ID_LABEL, engine.PROVIDER_LABEL, engine.EXPIRES_LABEL
 local SNAPSHOT_LABEL, SNAPSHOT_REPO, NO_ENTRYPOINT = engine.SNAPSHOT_LABEL, engine.SNAPSHOT_REPO, engine.NO_ENTRYPOINT
+local SNAPSHOT_NS_LABEL = engine.SNAPSHOT_NS_LABEL
 local ENGINE_TIMEOUT_MS, START_PAUSE_MS = engine.ENGINE_TIMEOUT_MS, engine.START_PAUSE_MS
 local runc_lost_child, may_retry = engine.runc_lost_child, engine.may_retry
 
@@ -247,7 +248,7 @@ function Api:snapshot_image(image, tar, tag, labels, expires_ms)
   local all = { [PROVIDER_LABEL] = 'docker', [EXPIRES_LABEL] = ('%d'):format(expires_ms) }
   for k, v in pairs(labels) do all[k] = v end
   local ref = SNAPSHOT_REPO .. ':' .. tag
-  local id
+  local id, made
   local ok, err = pcall(function()
     local status, body = self:request('POST', '/containers/create?name=mayura-snap-' .. tag, {
       Image = image, Entrypoint = { NO_ENTRYPOINT }, Labels = all, HostConfig = { NetworkMode = 'none' } },
@@ -258,16 +259,19 @@ function Api:snapshot_image(image, tar, tag, labels, expires_ms)
     id = body.Id
     status = self:request('PUT', '/containers/' .. id .. '/archive?path=/', tar, 'put the snapshot into its image')
     if status ~= 200 then error(api_failure(status, 'put the snapshot into its image'), 0) end
-    status = self:request('POST', '/commit?container=' .. id .. '&repo=' .. SNAPSHOT_REPO .. '&tag=' .. tag
+    status, body = self:request('POST', '/commit?container=' .. id .. '&repo=' .. SNAPSHOT_REPO .. '&tag=' .. tag
       .. '&pause=false', nil, 'make a snapshot\'s image')
     if status ~= 201 then error(api_failure(status, 'make a snapshot\'s image'), 0) end
+    -- the image by its id: the tag is another user's to move
+    made = type(body) == 'table' and type(body.Id) == 'string' and body.Id:match('^sha256:%x+$') and body.Id
+    if not made then error(engine.error('failed', 'make a snapshot\'s image'), 0) end
   end)
   if id then pcall(self.remove, self, id) end
   if not ok then
-    pcall(self.remove_image, self, ref)
+    pcall(self.remove_image, self, made or ref)
     error(err, 0)
   end
-  return ref
+  return made
 end
 
 function Api:remove_image(ref)
@@ -277,14 +281,15 @@ function Api:remove_image(ref)
 end
 
 function Api:list_snapshot_images()
-  local filters = core.json.encode({ label = { SNAPSHOT_LABEL } })
-  local status, body = self:request('GET', '/images/json?all=1&filters=' .. url_escape(filters), nil, 'list images')
+  local filters = core.json.encode({ label = { SNAPSHOT_LABEL }, reference = { SNAPSHOT_REPO } })
+  local status, body = self:request('GET', '/images/json?filters=' .. url_escape(filters), nil, 'list images')
   if status ~= 200 or type(body) ~= 'table' then error(api_failure(status, 'list images'), 0) end
   local out = {}
   for _, im in ipairs(body) do
     local labels = type(im) == 'table' and type(im.Labels) == 'table' and im.Labels or {}
     if type(im.Id) == 'string' and type(labels[SNAPSHOT_LABEL]) == 'string' then
-      out[#out + 1] = { ref = im.Id, owner = labels[SNAPSHOT_LABEL] }
+      local ns = labels[SNAPSHOT_NS_LABEL]
+      out[#out + 1] = { ref = im.Id, owner = labels[SNAPSHOT_LABEL], pidns = type(ns) == 'string' and ns or nil }
     end
   end
   return out

@@ -12,6 +12,7 @@ local M = {}
 
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engine.ID_LABEL, engine.PROVIDER_LABEL, engine.EXPIRES_LABEL
 local SNAPSHOT_LABEL, SNAPSHOT_REPO, NO_ENTRYPOINT = engine.SNAPSHOT_LABEL, engine.SNAPSHOT_REPO, engine.NO_ENTRYPOINT
+local SNAPSHOT_NS_LABEL = engine.SNAPSHOT_NS_LABEL
 local ENGINE_TIMEOUT_MS, START_PAUSE_MS = engine.ENGINE_TIMEOUT_MS, engine.START_PAUSE_MS
 local runc_lost_child, may_retry = engine.runc_lost_child, engine.may_retry
 
@@ -201,7 +202,8 @@ end
 
 --- Makes the image `mayura-snapshot:TAG` from `image` with `tar` (a tar archive) unpacked at its /,
 -- labelled `labels` (with the label of our containers and an end `expires_ms`, so that the reaper
--- removes the container it is made from should this host die meanwhile); returns its reference.
+-- removes the container it is made from should this host die meanwhile); returns its id (never the
+-- tag, which another user of the daemon could move).
 function Cli:snapshot_image(image, tar, tag, labels, expires_ms)
   local name = 'mayura-snap-' .. tag
   local a = { 'create', '--pull', 'never', '--name', name, '--network', 'none', '--entrypoint', NO_ENTRYPOINT,
@@ -210,20 +212,23 @@ function Cli:snapshot_image(image, tar, tag, labels, expires_ms)
   a[#a + 1] = '--'
   a[#a + 1] = image
   local ref = SNAPSHOT_REPO .. ':' .. tag
+  local id
   local ok, err = pcall(function()
     self:run(a, 'make a snapshot\'s container')
     local argv = { self.docker, '-H', self.host, 'cp', '-', name .. ':/' }
     local rok, res = pcall(process.run, argv, { stdin = tar, timeout_ms = ENGINE_TIMEOUT_MS, max_output_bytes = 65536 })
     if not rok or res.exit_code ~= 0 then error(engine.error(rok and cli_reason(res.stderr) or 'unavailable',
       'put the snapshot into its image'), 0) end
-    self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+    local made = self:run({ 'commit', '--pause=false', name, ref }, 'make a snapshot\'s image')
+    id = made.stdout:match('^%s*(sha256:%x+)%s*$')
+    if not id then error(engine.error('failed', 'make a snapshot\'s image'), 0) end
   end)
   pcall(self.remove, self, name)
   if not ok then
-    pcall(self.remove_image, self, ref)
+    pcall(self.remove_image, self, id or ref)
     error(err, 0)
   end
-  return ref
+  return id
 end
 
 --- Removes an image (also one that containers still use: it goes once they do); none is fine.
@@ -231,15 +236,18 @@ function Cli:remove_image(ref)
   self:run({ 'image', 'rm', '--force', '--', ref }, 'remove an image', { not_found = true, no_image = true })
 end
 
---- The snapshots' images: `{ ref, owner }` each (ref: the image's id).
+--- The snapshots' images named in our repository: `{ ref, owner, pidns }` each (ref: the image's id;
+-- pidns nil when unlabelled).
 function Cli:list_snapshot_images()
-  local res = self:run({ 'image', 'ls', '--all', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL },
-    'list images')
+  local res = self:run({ 'image', 'ls', '--no-trunc', '--quiet', '--filter', 'label=' .. SNAPSHOT_LABEL,
+    '--filter', 'reference=' .. SNAPSHOT_REPO }, 'list images')
   local out = {}
   for id in res.stdout:gmatch('(sha256:%x+)') do
-    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}}',
-      '--', id }, 'inspect an image', { not_found = true, no_image = true })
-    if r then out[#out + 1] = { ref = id, owner = (r.stdout:gsub('%s+$', '')) } end
+    local r = self:run({ 'image', 'inspect', '--format', '{{index .Config.Labels "' .. SNAPSHOT_LABEL .. '"}} '
+      .. '{{index .Config.Labels "' .. SNAPSHOT_NS_LABEL .. '"}}', '--', id }, 'inspect an image',
+      { not_found = true, no_image = true })
+    local owner, ns = (r and r.stdout or ''):match('^(%S*) (%S*)')
+    if owner then out[#out + 1] = { ref = id, owner = owner, pidns = ns:match('^%d+$') } end
   end
   return out
 end

@@ -14,7 +14,9 @@
 -- calls: image_env, run_container, runtimes, inspect, remove, list_ours, network and
 -- create_network; and for snapshots kept as images (never pushed): snapshot_image (a container
 -- made, not started, a tar put into its file system, committed as an image with the labels below,
--- the container removed), remove_image and list_snapshot_images. The daemon's own words never
+-- the container removed; it returns the image's id, so that nothing uses a tag another user of the
+-- daemon could move), remove_image and list_snapshot_images (only the images named in our
+-- repository: one built on a snapshot's image inherits its label, and is not ours). The daemon's own words never
 -- reach a caller's message: a failure is mapped to a reason (`docker could not <what> (<reason>)`),
 -- its text kept as `cause` at most. Private to the Docker provider.
 --
@@ -32,8 +34,10 @@ M.ENGINE_TIMEOUT_MS = 60000            -- one docker CLI call or Engine API requ
 -- the epoch).
 M.ID_LABEL, M.PROVIDER_LABEL, M.EXPIRES_LABEL = 'mayura.sandbox', 'mayura.provider', 'mayura.expires'
 --- The label of a snapshot's image: the host process that made it (`PID-START`, its start time in
--- /proc/PID/stat), so that a provider can tell the images a killed host left. Their repository.
-M.SNAPSHOT_LABEL, M.SNAPSHOT_REPO = 'mayura.snapshot.owner', 'mayura-snapshot'
+-- /proc/PID/stat), so that a provider can tell the images a killed host left; the pid namespace that
+-- PID is of (a host in a container of its own, on the same daemon, has its own). Their repository.
+M.SNAPSHOT_LABEL, M.SNAPSHOT_NS_LABEL, M.SNAPSHOT_REPO = 'mayura.snapshot.owner', 'mayura.snapshot.pidns',
+  'mayura-snapshot'
 -- the entrypoint of the container an image is committed from (never started)
 M.NO_ENTRYPOINT = '/.mayura-none'
 

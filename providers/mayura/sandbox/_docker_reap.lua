@@ -43,7 +43,10 @@ function M.reap(engine, host, base, owner, force)
     if force then
       pcall(function()
         for _, im in ipairs(engine:list_snapshot_images()) do
-          if not host_util.mark_alive(im.owner) then pcall(engine.remove_image, engine, im.ref) end
+          -- a mark of another pid namespace names a process this host cannot see
+          if (im.pidns == nil or im.pidns == host_util.pid_namespace()) and not host_util.mark_alive(im.owner) then
+            pcall(engine.remove_image, engine, im.ref)
+          end
         end
       end)
     end

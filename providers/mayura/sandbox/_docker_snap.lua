@@ -49,9 +49,10 @@ end
 --- A native snapshot of the sandbox `backend` (its `snapshot(o)` method): the sandbox's files
 -- archived in it (the generic way, mayura.sandbox._snapshot: its working directory and /tmp are
 -- tmpfs, which `docker commit` does not see), then put into an image the daemon makes from the
--- sandbox's image (`mayura-snapshot:<hex>`, labelled with this host process's mark, never pushed),
--- which the sandboxes made from it start from: each unpacks the archive from its own image's layer,
--- and nothing moves through the host again.
+-- sandbox's image (`mayura-snapshot:<hex>`, labelled with this host process's mark and its pid
+-- namespace, never pushed), which the sandboxes made from it start from by its id (a tag another
+-- user of the daemon moved is never used): each unpacks the archive from its own image's layer, and
+-- nothing moves through the host again.
 function M.take(self, o)
   if self.released or self.closed then error(errors.sandbox('gone', 'the sandbox has ended'), 0) end
   local p = self.provider
@@ -64,7 +65,8 @@ function M.take(self, o)
   end
   local tag = host_util.random_hex(8)
   local ref = self.engine:snapshot_image(self.base_image, tar.tar(files, 0), tag,
-    { [engines.SNAPSHOT_LABEL] = host_util.process_mark() }, math.floor(core.now_ms()) + 600000)
+    { [engines.SNAPSHOT_LABEL] = host_util.process_mark(), [engines.SNAPSHOT_NS_LABEL] = host_util.pid_namespace() },
+    math.floor(core.now_ms()) + 600000)
   return setmetatable({ size_bytes = #archive, image = ref, base_image = self.base_image, engine = self.engine,
     script = prep.script ~= '',
     archive_text = archive, users = 0, released = false }, Snap)

@@ -107,6 +107,13 @@ function M.process_mark()
   return own_mark
 end
 
+--- This process's pid namespace (the number of /proc/self/ns/pid), or nil: a process mark names a
+-- process of that namespace alone.
+function M.pid_namespace()
+  local ok, link = pcall(require('luv').fs_readlink, '/proc/self/ns/pid')
+  return ok and type(link) == 'string' and link:match('^pid:%[(%d+)%]$') or nil
+end
+
 --- The start time of process `pid` (/proc/PID/stat's 22nd field, a string), or nil.
 function M.start_time(pid)
   local stat = M.read_plain('/proc/' .. pid .. '/stat')

@@ -19,6 +19,8 @@
 -- `forward` serves a listener on 127.0.0.1 whose every connection is its own port-forward
 -- (`.../portforward?ports=P`, subprotocol `v4.channel.k8s.io`): channel 0 carries its data,
 -- channel 1 its errors, and the first message of each from the server is the port (2 bytes).
+-- Neither stream can slow the server down: a port's client that leaves 8 MiB unread loses its
+-- connection, and an agent's output that its channel leaves unread past that ends the attach.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
@@ -29,6 +31,10 @@ local M = {}
 
 local STDIN, STDOUT, ERROR, CLOSE = 0, 1, 3, 255
 local MAX_MESSAGE = 16 * 1048576
+-- What may wait, unwritten, for the side that does not read (a port's client, the agent's channel):
+-- the stream carries no flow control back to the server, so past it the connection is dropped
+-- rather than held in the host's memory.
+local MAX_PENDING = 8 * 1048576
 
 -- A WebSocket to the server (`c`: ws_base, headers(), status_error(status, path) and the TLS
 -- files): CONNECT_FAILED with a status is that status's SANDBOX_ERROR.
@@ -86,6 +92,7 @@ function M.agent(c, path, on_close)
       local which = msg:byte(1)
       if which == STDOUT and #msg > 1 then
         pipe:write(msg:sub(2))
+        if pipe:get_write_queue_size() > MAX_PENDING + MAX_MESSAGE then break end
       elseif which == ERROR or which == CLOSE then
         -- the status of the attach's end (the container ended), or the server closing a stream
         if which == ERROR then break end
@@ -129,6 +136,7 @@ local function forward_one(c, path, port, client)
       end
       if which == 0 and #body > 0 then
         client:write(body)
+        if client:get_write_queue_size() > MAX_PENDING then break end   -- a client that does not read
       elseif which == 1 and #body > 0 then
         break   -- the server could not reach the port
       end
