@@ -170,15 +170,18 @@ demo: setup
 
 # The specs against an AddressSanitizer+UBSan build of the core: under Lua 5.4 the specs that
 # drive the core hardest (ASAN_SPECS: every piece of the core on its own, the Lua layer, the abuse
-# suite's hostile agents and proxies, the MCP server's JSON, a host's loop, the local provider,
+# suite's floods of output, names, files, snapshots and proxied connections through the core and its
+# HTTP server (its other specs try the kernel's, the launcher's and the agent's defences, none
+# of which runs in the core), the MCP server's JSON, a host's loop, the local provider,
 # WebSocket, SigV4, event-stream and gRPC through three hosted providers, the agent's and HTTP's faults),
 # then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
-# compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec` for the whole suite.
+# compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec ASAN_PROVIDERS=` for the whole suite.
 # The cross-provider specs run there on the local provider and Docker's Engine API
 # (ASAN_PROVIDERS; empty for every one): Docker through its CLI runs the same C as the local
 # provider (processes and pipes, the agent's socket), gVisor the same as the Engine API (only the
 # create's runtime differs); `make test` runs them on every provider.
-ASAN_SPECS ?= spec/core spec/lua spec/security spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
+ASAN_SPECS ?= spec/core spec/lua $(addprefix spec/security/,$(addsuffix _spec.lua,allowlist files listing output policy serve snapshot)) \
+    spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
     spec/providers/local_spec.lua spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua \
     spec/providers/modal_spec.lua spec/faults/agent_spec.lua spec/faults/http_spec.lua
 ASAN_LUAJIT_SPECS ?= spec/core spec/lua
