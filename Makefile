@@ -172,14 +172,22 @@ demo: setup
 
 # The specs against an AddressSanitizer+UBSan build of the core: under Lua 5.4 the specs that
 # drive the core hardest (ASAN_SPECS: every piece of the core on its own, the Lua layer, the abuse
-# suite's hostile agents and proxies, the MCP server's JSON, a host's loop, the local provider,
+# suite's floods of output, names, files, snapshots and proxied connections through the core and its
+# HTTP server (its other specs try the kernel's, the launcher's and the agent's defences, none
+# of which runs in the core), the MCP server's JSON, a host's loop, the local provider,
 # WebSocket, SigV4, event-stream and gRPC through three hosted providers, the agent's and HTTP's faults),
 # then the specs of the core and the Lua layer (ASAN_LUAJIT_SPECS) under LuaJIT, where the
-# compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec` for the whole suite.
-ASAN_SPECS ?= spec/core spec/lua spec/security spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
+# compat.h shims are what differs. `make asan-pass ASAN_SPECS=spec ASAN_PROVIDERS=` for the whole suite.
+# The cross-provider specs run there on the local provider and Docker's Engine API
+# (ASAN_PROVIDERS; empty for every one): Docker through its CLI runs the same C as the local
+# provider (processes and pipes, the agent's socket), gVisor the same as the Engine API (only the
+# create's runtime differs); `make test` runs them on every provider.
+ASAN_SPECS ?= spec/core spec/lua $(addprefix spec/security/,$(addsuffix _spec.lua,allowlist files listing output policy serve snapshot)) \
+    spec/mcp spec/embed/step_spec.lua spec/embed/frame_budget_spec.lua \
     spec/providers/local_spec.lua spec/providers/railway_spec.lua spec/providers/agentcore_spec.lua \
     spec/providers/modal_spec.lua spec/faults/agent_spec.lua spec/faults/http_spec.lua
 ASAN_LUAJIT_SPECS ?= spec/core spec/lua
+ASAN_PROVIDERS ?= local,docker-api
 asan: setup
 	@rc=0; $(MAKE) --no-print-directory asan-pass LUA=lua5.4 ASAN_SPECS="$(ASAN_SPECS)" || rc=1; \
 	$(MAKE) --no-print-directory asan-pass LUA=luajit ASAN_SPECS="$(ASAN_LUAJIT_SPECS)" || rc=1; exit $$rc
@@ -187,7 +195,7 @@ asan: setup
 asan-pass: all $(ASAN_SO)
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-	MAYURA_BUILD=$(BUILD) MAYURA_CPATH="$(BUILD)/asan/lib/?.so" $(BUSTED) $(ASAN_SPECS)
+	MAYURA_SPEC_PROVIDERS="$(ASAN_PROVIDERS)" MAYURA_BUILD=$(BUILD) MAYURA_CPATH="$(BUILD)/asan/lib/?.so" $(BUSTED) $(ASAN_SPECS)
 
 # The core specs under valgrind: no errors, no definite leaks (Lua 5.4: LuaJIT's own allocator
 # needs a build of LuaJIT made for valgrind).

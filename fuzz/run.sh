@@ -6,6 +6,9 @@
 #   sh fuzz/run.sh                      every target, 60 s each (make fuzz)
 #   FUZZ_SECONDS=10 sh fuzz/run.sh      what CI runs
 #   FUZZ_TARGETS="json wire" sh fuzz/run.sh
+#   FUZZ_JOBS=1 sh fuzz/run.sh          one build and one run at a time
+#                                       (default: one per CPU; each target
+#                                       still gets its FUZZ_SECONDS)
 #
 # Prints one line per target (runs, coverage, result) and exits non-zero
 # when a target does not build, or any run ends in a crash, a leak, a
@@ -22,6 +25,7 @@ LUA_PC=${LUA_PC:-lua5.4}
 OUT=build/fuzz
 ALL_TARGETS="json json_encode b64 wire chan agent http list tree connect ndjson sse eventstream listing msgpack proto"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
+FUZZ_JOBS=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 
 # The largest input each format needs: JSON up to the 1000-deep nesting limit,
 # agent streams of several frames, the rest a few kilobytes.
@@ -83,28 +87,33 @@ DEPS_LIBS="$($PKG_CONFIG --libs "$LUA_PC") $($PKG_CONFIG --libs libuv libcurl li
 CFLAGS="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 -fno-sanitize-recover=all -Wall -Wextra -Wno-unused-function $DEPS_CFLAGS -DMAYURA_FUZZ_ROOT=\"$ROOT\""
 
+# Each target is one translation unit (most include the whole core): FUZZ_JOBS compile at once.
 failed=0
 for t in $TARGETS; do
     if [ ! -f "fuzz/${t}_fuzz.c" ]; then
         echo "fuzz: no target '$t' (have: $ALL_TARGETS)" >&2
         failed=1
-        continue
-    fi
-    # shellcheck disable=SC2086
-    if ! $CC $CFLAGS -o "$OUT/bin/$t" "fuzz/${t}_fuzz.c" $DEPS_LIBS; then
-        echo "fuzz: $t does not build" >&2
-        failed=1
     fi
 done
+[ "$failed" -eq 0 ] || exit 1
+# shellcheck disable=SC2090
+export CC CFLAGS DEPS_LIBS OUT
+# shellcheck disable=SC2016,SC2086
+printf '%s\n' $TARGETS | xargs -P "$FUZZ_JOBS" -I{} sh -c \
+    '$CC $CFLAGS -o "$OUT/bin/$1" "fuzz/$1_fuzz.c" $DEPS_LIBS || { echo "fuzz: $1 does not build" >&2; exit 1; }' _ {} ||
+    failed=1
 [ "$failed" -eq 0 ] || exit 1
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-printf '%-12s %12s %8s %8s  %s\n' target runs exec/s cov result
-for t in $TARGETS; do
+# One run of a target; its verdict line goes to $OUT/logs/<target>.line, and the file
+# $OUT/logs/<target>.failed says it failed.
+fuzz_one() {
+    t=$1
     corpus="$OUT/corpus/$t"
     log="$OUT/logs/$t.log"
+    rm -f "$OUT/logs/$t.line" "$OUT/logs/$t.failed"
     mkdir -p "$corpus"
     if [ -d "fuzz/corpus/$t" ]; then cp -R "fuzz/corpus/$t/." "$corpus/"; fi
     dict=""
@@ -123,8 +132,23 @@ for t in $TARGETS; do
         artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
         why=$(grep -m1 -oE 'ERROR: [A-Za-z]+: [a-z-]+|runtime error: .*|fuzz invariant broken: .*' "$log" | cut -c1-80)
         result="FAILED ($why) ${artifact:-see $log}"
-        failed=1
+        : >"$OUT/logs/$t.failed"
     fi
-    printf '%-12s %12s %8s %8s  %s\n' "$t" "${runs:-?}" "${speed:-?}" "${cov:-?}" "$result"
+    printf '%-12s %12s %8s %8s  %s\n' "$t" "${runs:-?}" "${speed:-?}" "${cov:-?}" "$result" >"$OUT/logs/$t.line"
+}
+
+# FUZZ_JOBS targets at a time (libFuzzer runs one thread), each for its FUZZ_SECONDS; the lines
+# are printed in the targets' order.
+printf '%-12s %12s %8s %8s  %s\n' target runs exec/s cov result
+running=0
+for t in $TARGETS; do
+    fuzz_one "$t" &
+    running=$((running + 1))
+    if [ "$running" -ge "$FUZZ_JOBS" ]; then wait; running=0; fi
+done
+wait
+for t in $TARGETS; do
+    cat "$OUT/logs/$t.line" 2>/dev/null || { echo "$t: no result" ; failed=1; }
+    [ ! -f "$OUT/logs/$t.failed" ] || failed=1
 done
 exit "$failed"

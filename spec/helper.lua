@@ -51,3 +51,6 @@ luassert:register('assertion', 'raises_code', function(_, args)
   return not ok and type(err) == 'table' and err.code == code, { err }
 end, 'assertion.raises_code.positive', 'assertion.raises_code.negative')
 
+
+-- The slowest spec files of a long run, printed before busted's summary (spec/support/timing.lua).
+require('support.timing').install(require('busted'))
