@@ -20,7 +20,8 @@
 -- certificate made: 'mayura'). With TLS, `state.client_cert_file` and `state.client_key_file`
 -- (PEM, signed by the CA of state.ca_file) authenticate as well as the token does. Scripted at run time:
 -- `state.unschedulable = true` (no node fits: pods stay Pending, PodScheduled False),
--- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), svc:fault(...).
+-- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), `state:cut_attach(ns,
+-- name)` (the pod's attach streams dropped without a status, the pod running on), svc:fault(...).
 --
 -- Transport: HTTPS with a CA and a server certificate (127.0.0.1, localhost) made with openssl
 -- in a temporary directory, served by spec/npm/kube_front.mjs (node:https and the `ws`
@@ -492,7 +493,7 @@ M.unknown_fields = unknown_fields
 -- `token`, `objects` (plural -> ns -> name -> object), `containers` (uid -> kube_pods
 -- container), `pull_failures` (image -> true), `images` (image -> true), `events` (every
 -- WatchEvent sent, in order: { type, plural, object }), and :pod(ns, name), :evict(ns, name),
--- :close().
+-- :cut_attach(ns, name), :close().
 function M.install(svc, _, opts)
   opts = opts or {}
   assert(type(opts.token) == 'string' and #opts.token > 0, 'kube_service.install: a token')
@@ -1326,6 +1327,18 @@ function M.install(svc, _, opts)
     pod_ended(pod, 'Failed', 'Evicted', 'The node was low on resource: memory.')
     put('pods', pod)
     return true
+  end
+
+  --- Drops every attach stream to a pod as a restarting API server or a proxy does, without a
+  -- status; the pod runs on. Returns how many were cut.
+  function state.cut_attach(_, ns, name)
+    local pod = get('pods', ns, name)
+    local n = 0
+    for a in pairs(pod and state.attached[pod.metadata.uid] or {}) do
+      a.cut()
+      n = n + 1
+    end
+    return n
   end
 
   -- The host pids of the processes directly under a pod's first process.
@@ -2393,7 +2406,8 @@ function M.install(svc, _, opts)
         end
         proc = p
       else
-        attachment = { output = output, ended = finish }
+        -- cut: the server drops the stream (a restart, a proxy's idle timeout) with no status
+        attachment = { output = output, ended = finish, cut = b.close }
         state.attached[pod.metadata.uid] = state.attached[pod.metadata.uid] or {}
         state.attached[pod.metadata.uid][attachment] = true
       end
