@@ -12,6 +12,8 @@
 --     with the ratio mayura / client. Not like for like, on purpose: mayura's exec is a frame to
 --     the agent over the Pod's one attach stream, the client's a new exec stream (a WebSocket
 --     handshake through the API server, a process started in the Pod) each time;
+--   * the same two figures beside local sandboxes used directly (mayura.sandbox.local: the same
+--     agent over a socket pair, no API server between);
 --   * scale: SCALE_LARGE (200) sandboxes alive at once against SCALE_SMALL (20), each made by a
 --     mayura process of its own (this script again, as `scale-client`, so that its memory and
 --     descriptors are mayura's alone, not the stand-in's), creates 10 at a time, then `true` in
@@ -151,6 +153,13 @@ first_command.against_sdk({
     env = { STAND_IN_SERVER = state.server, STAND_IN_CA = state.ca_file, STAND_IN_TOKEN = TOKEN,
       STAND_IN_NAMESPACE = NS },
 })
+
+print('\nthe same, beside local sandboxes (the agent without an API server between)')
+local local_pool = sandbox.create_sandboxes(require('mayura.sandbox.local').local_sandboxes({ memory_mib = 256 }),
+  { max_sandboxes = 2, max_lifetime_ms = 600000 })
+first_command.run({ label = 'kubernetes', pool = pool, create = { lifetime_ms = 600000 } },
+  { label = 'local', pool = local_pool, create = { lifetime_ms = 600000 } }, N_FIRST)
+local_pool:close()
 pool:close()
 
 -- The requests the stand-in got from `from` to `to` (ms, the monotonic clock both processes share),

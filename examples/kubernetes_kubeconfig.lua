@@ -21,8 +21,15 @@ local core = require('mayura.core')
 
 local M = {}
 
-local function b64_file(dir, name, data)
+-- The private directory of the files written (made at the first one), and its files.
+local dir
+local function b64_file(name, data)
   local bytes = core.base64.decode(data)
+  if not dir then
+    local mk = assert(io.popen('umask 077 && mktemp -d'))
+    dir = mk:read('l')
+    mk:close()
+  end
   local path = dir .. '/' .. name
   local f = assert(io.open(path, 'wb'))
   f:write(bytes)
@@ -49,10 +56,9 @@ function M.options(extra)
   if user.exec or user['auth-provider'] then
     error('this kubeconfig user gets its credentials from a plugin: pass its token as `token`', 0)
   end
-  local dir = assert(io.popen('umask 077 && mktemp -d')):read('l')
   local o = { server = cluster.server, namespace = context.namespace }
   if cluster['certificate-authority-data'] then
-    o.ca_file = b64_file(dir, 'ca.pem', cluster['certificate-authority-data'])
+    o.ca_file = b64_file('ca.pem', cluster['certificate-authority-data'])
   else
     o.ca_file = cluster['certificate-authority']
   end
@@ -64,15 +70,17 @@ function M.options(extra)
     f:close()
   end
   if user['client-certificate-data'] then
-    o.client_cert = b64_file(dir, 'client.pem', user['client-certificate-data'])
-    o.client_key = b64_file(dir, 'client-key.pem', user['client-key-data'])
+    o.client_cert = b64_file('client.pem', user['client-certificate-data'])
+    o.client_key = b64_file('client-key.pem', user['client-key-data'])
   elseif user['client-certificate'] then
     o.client_cert, o.client_key = user['client-certificate'], user['client-key']
   end
   for k, v in pairs(extra or {}) do o[k] = v end
   local function cleanup()
+    if not dir then return end
     for _, name in ipairs({ 'ca.pem', 'client.pem', 'client-key.pem' }) do os.remove(dir .. '/' .. name) end
     os.remove(dir)
+    dir = nil
   end
   return o, cleanup
 end

@@ -10,6 +10,7 @@ local sh = common.sh
 
 -- Removes the sandbox from under the pool, the way an operator or a crash would.
 local function remove_behind(prov, sb)
+  if prov.remove_behind then return prov.remove_behind(sb) end   -- an entry's own way (Kubernetes: the Pod deleted)
   if prov.kind == 'docker' then
     local _, ok = providers.host('docker rm -f ' .. sb._backend.container)
     return ok

@@ -20,9 +20,10 @@ import { WebSocketServer } from 'ws';
 
 const [portfile, agent, workdir] = process.argv.slice(2);
 const pods = new Map();   // name -> child process
+// a Pod whose name begins with v4- is served as by an API server older than v5 (1.29 and before)
 const wss = new WebSocketServer({ noServer: true,
-  handleProtocols: (protocols) => ['v5.channel.k8s.io', 'v4.channel.k8s.io', 'portforward.k8s.io']
-    .find((p) => protocols.has(p)) ?? false });
+  handleProtocols: (protocols, req) => (req.url.includes('/pods/v4-') ? [] : ['v5.channel.k8s.io'])
+    .concat(['v4.channel.k8s.io', 'portforward.k8s.io']).find((p) => protocols.has(p)) ?? false });
 const frame = (channel, data) => Buffer.concat([Buffer.from([channel]), data]);
 
 const server = http.createServer((req, res) => {

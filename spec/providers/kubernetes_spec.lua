@@ -41,7 +41,8 @@ describe('kubernetes_sandboxes options', function()
     -- the agent comes from an image of its own or from the sandbox's image
     assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, { server = 'https://k:6443', token = 'x' })
     for _, bad in ipairs({
-      { server = 'ftp://x' }, { server = 'https://x/path' }, { namespace = 'Not_A_Name' },
+      { server = 'ftp://x' }, { server = 'https://x/path' }, { server = 'http://10.1.2.3:8080' },
+      { server = 'http://127.0.0.1.evil.example:80' }, { namespace = 'Not_A_Name' },
       { namespace = string.rep('a', 64) },
       { agent_in_image = true }, { image = 'bad image' }, { agent_path = 'relative' },
       { agent_path = '/a/../b' }, { pull_policy = 'Always' }, { runtime_class = 'Bad_Class' },
@@ -449,6 +450,17 @@ describe('the attach and port-forward streams', function()
     end)
   end)
 
+  it('falls back to v4.channel.k8s.io where the server has no v5', function()
+    task.run(function()
+      local b = setmetatable({ closed = false }, Backend)
+      b.ch, b.session = attach.agent(conn(), '/api/v1/namespaces/ns/pods/v4-p', function() b.closed = true end)
+      agent_backend.handshake(b, nil, dir)
+      assert.are.equal('v4\n', b:exec({ 'echo', 'v4' }, { timeout_ms = 5000 }).stdout)
+      b.session.close()
+      assert.is_true(b.closed)
+    end)
+  end)
+
   it('maps a refused handshake to its coded error', function()
     task.run(function()
       local ok, err = pcall(attach.agent, conn('bad'), '/api/v1/namespaces/ns/pods/p2')
@@ -630,6 +642,114 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     end, 10000))
     assert.are.equal('served\n', body)
     s:release()
+  end)
+
+  it('deletes what a host that died left: Pods and policies past their expiry, and Pods that ended', function()
+    local http = require('mayura.http')
+    local function post(path, body)
+      local r = http.request({ url = state.server .. path, method = 'POST', ca_file = state.ca_file, timeout_ms = 20000,
+        headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' },
+        body = core.json.encode(body) })
+      assert(r.status == 201, r.body)
+    end
+    local past = tostring(math.floor(core.now_ms() / 1000) - 60)
+    local future = tostring(math.floor(core.now_ms() / 1000) + 3600)
+    local function left(name, expires, command)
+      local labels = { ['mayura.io/sandbox'] = name, ['mayura.io/pool'] = 'dead01', ['mayura.io/expires'] = expires }
+      post('/api/v1/namespaces/' .. NS .. '/pods', { apiVersion = 'v1', kind = 'Pod',
+        metadata = { name = name, labels = labels },
+        spec = { restartPolicy = 'Never', containers = { { name = 'sandbox', image = 'busybox:1', command = command } } } })
+      post('/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies', { apiVersion = 'networking.k8s.io/v1',
+        kind = 'NetworkPolicy', metadata = { name = name, labels = labels },
+        spec = { podSelector = { matchLabels = { ['mayura.io/sandbox'] = name } }, policyTypes = { 'Ingress' } } })
+    end
+    left('mayura-expired', past, { 'sleep', '600' })
+    left('mayura-ended', future, { 'true' })
+    left('mayura-alive', future, { 'sleep', '600' })
+    assert.is_true(util.eventually(function()
+      local _, p = api('GET', pod_path('mayura-ended'))
+      return p and p.status and p.status.phase == 'Succeeded'
+    end, 10000))
+    -- a provider made after the host's death sweeps at its first create
+    local later = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options()), { max_sandboxes = 1,
+      max_lifetime_ms = 600000 })
+    later:create({ lifetime_ms = 60000 }):release()
+    local policies = '/apis/networking.k8s.io/v1/namespaces/' .. NS .. '/networkpolicies/'
+    assert.is_true(util.eventually(function()
+      return (api('GET', pod_path('mayura-expired'))) == 404 and (api('GET', pod_path('mayura-ended'))) == 404
+        and (api('GET', policies .. 'mayura-expired')) == 404
+    end, 10000))
+    -- what is not past its time stays: another host's live sandbox
+    assert.are.equal(200, (api('GET', pod_path('mayura-alive'))))
+    assert.are.equal(200, (api('GET', policies .. 'mayura-alive')))
+    later:close()
+    api('DELETE', pod_path('mayura-alive') .. '?gracePeriodSeconds=0')
+    api('DELETE', policies .. 'mayura-alive')
+    api('DELETE', policies .. 'mayura-ended')
+  end)
+
+  it("runs through the Agent Sandbox controller: a Sandbox of its Pod, or a claim of a template", function()
+    local http = require('mayura.http')
+    local ax = '/apis/extensions.agents.x-k8s.io/v1alpha1/namespaces/' .. NS
+    local as = '/apis/agents.x-k8s.io/v1beta1/namespaces/' .. NS
+    -- a template an operator made: the provider's own Pod, with the agent --stdio
+    local tpl_pod = pod.manifest(kubernetes.kubernetes_sandboxes(options()), 'tpl', { lifetime_ms = 600000 },
+      { lifetime_ms = 600000, expires_s = 1 })
+    local r = http.request({ url = state.server .. ax .. '/sandboxtemplates', method = 'POST', ca_file = state.ca_file,
+      headers = { Authorization = 'Bearer ' .. TOKEN, ['Content-Type'] = 'application/json' }, timeout_ms = 20000,
+      body = core.json.encode({ apiVersion = 'extensions.agents.x-k8s.io/v1alpha1', kind = 'SandboxTemplate',
+        metadata = { name = 'coder' }, spec = { podTemplate = { spec = tpl_pod.spec } } }) })
+    assert.are.equal(201, r.status, r.body)
+    for _, o in ipairs({ { mode = 'agent-sandbox' }, { mode = 'agent-sandbox', template = 'coder' } }) do
+      local apool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options(o)), { max_sandboxes = 1,
+        max_lifetime_ms = 600000 })
+      local s = apool:create({ lifetime_ms = 60000, labels = { via = 'agent-sandbox' } })
+      assert.are.equal('via the controller\n', s:exec({ 'echo', 'via the controller' }).stdout)
+      local name = s._backend.id
+      local resource = o.template and (ax .. '/sandboxclaims/' .. name) or (as .. '/sandboxes/' .. name)
+      local status, obj = api('GET', resource)
+      assert.are.equal(200, status, resource)
+      assert.truthy(obj.spec.shutdownTime or obj.spec.lifecycle.shutdownTime)
+      -- its Pod carries our labels: the policy selects it
+      local _, p = api('GET', s._backend.path:gsub('^/api/v1/namespaces/[^/]+/pods/', '/api/v1/namespaces/' .. NS
+        .. '/pods/'))
+      assert.are.equal(name, p.metadata.labels['mayura.io/sandbox'])
+      assert.are.equal('agent-sandbox', p.metadata.labels.via)
+      local pod_api = s._backend.path
+      s:release()
+      assert.are.equal(404, (api('GET', resource)))
+      assert.is_true(util.eventually(function() return (api('GET', pod_api)) == 404 end, 10000))
+      apool:close()
+    end
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ template = 'coder' }))
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ mode = 'vm' }))
+  end)
+
+  it("maps RBAC's refusals and a 429 to coded errors, leaving nothing made", function()
+    local function count(plural)
+      local n = 0
+      for _ in pairs((state.objects[plural] or {})[NS] or {}) do n = n + 1 end
+      return n
+    end
+    local before_pods, before_policies = count('pods'), count('networkpolicies')
+    for _, rule in ipairs({ 'create pods/attach', 'create pods', 'create networkpolicies' }) do
+      state.forbidden[rule] = true
+      local ok, err = pcall(pool.create, pool, { lifetime_ms = 60000 })
+      state.forbidden[rule] = nil
+      assert.is_false(ok, rule)
+      assert.are.equal('authentication', err.reason, rule .. ': ' .. tostring(err.message))
+      assert.are.equal(403, err.status, rule)
+      assert.is_falsy(tostring(err.message):find('forbidden', 1, true), rule)
+      assert.is_true(util.eventually(function()
+        return count('pods') == before_pods and count('networkpolicies') == before_policies
+      end, 10000), rule .. ': something was left')
+    end
+    svc:fault('POST', '/api/v1/namespaces/{ns}/pods', kube.too_many_requests(90), 1)
+    local ok, err = pcall(pool.create, pool, { lifetime_ms = 60000 })
+    assert.is_false(ok)
+    assert.are.equal('rate_limited', err.reason)
+    assert.are.equal(90000, err.retry_after_ms)
+    assert.is_true(util.eventually(function() return count('networkpolicies') == before_policies end, 10000))
   end)
 
   it('authenticates with a client certificate instead of a token', function()

@@ -166,6 +166,7 @@ describe('the Kubernetes API server stand-in', function()
           spec = { volumes = { { name = 'work', emptyDir = { sizeLimit = '8Mi' } } } } }))
       assert.are.equal(201, r.status, r.body)
       assert.are.equal('Pending', r.json.status.phase)
+      assert.are.equal('Burstable', r.json.status.qosClass)
       assert.is_nil(r.json.status.conditions)
       assert.is_truthy(tonumber(r.json.metadata.resourceVersion))
       assert.are.equal('IfNotPresent', r.json.spec.containers[1].imagePullPolicy)
@@ -282,8 +283,10 @@ describe('the Kubernetes API server stand-in', function()
     assert.is_truthy(pod.status.conditions[1].message:find('Insufficient cpu', 1, true))
     assert.is_nil(pod.spec.nodeName)
     -- as root with runAsNonRoot and a uid, it runs; its group is the image's (0) unless runAsGroup says
-    call('POST', pod_path(), pod_body('nonroot', { 'sh', '-c', 'id -u; id -g; exec sleep 30' }, { container = {
-      securityContext = { runAsNonRoot = true, runAsUser = 4321 } } }))
+    local nr = call('POST', pod_path(), pod_body('nonroot', { 'sh', '-c', 'id -u; id -g; exec sleep 30' }, {
+      container = { securityContext = { runAsNonRoot = true, runAsUser = 4321 },
+        resources = { limits = { cpu = '500m', memory = '64Mi' } } } }))
+    assert.are.equal('Guaranteed', nr.json.status.qosClass)
     wait_pod('nonroot', function(p) return p.status.phase == 'Running' end)
     local log
     assert.is_true(util.eventually(function()
@@ -412,6 +415,16 @@ describe('the Kubernetes API server stand-in', function()
     assert.are.equal('TooManyRequests', r.json.reason)
     assert.are.equal(3, r.json.details.retryAfterSeconds)
     assert.are.equal(200, call('GET', pod_path()).status)
+    -- RBAC's refusal, scripted: 403 with a Status naming the verb and resource, not the token
+    state.forbidden['create pods'] = true
+    local f = call('POST', pod_path(), pod_body('forbidden', { 'true' }))
+    state.forbidden['create pods'] = nil
+    assert.are.equal(403, f.status)
+    assert.are.equal('Forbidden', f.json.reason)
+    assert.is_truthy(f.json.message:find('cannot create resource "pods" in API group "" in the namespace "' .. NS .. '"',
+      1, true), f.json.message)
+    assert.is_nil(f.body:find(TOKEN, 1, true))
+    assert.are.equal(404, call('GET', pod_path('forbidden')).status)
   end)
 
   it('stores and returns NetworkPolicies (not enforced), checking them as admission does', function()
@@ -446,7 +459,25 @@ describe('the Kubernetes API server stand-in', function()
         sb = call('GET', AS .. '/sb-one').json
         return cond(sb, 'Ready') == 'True'
       end, 10000), json.encode(sb))
-      assert.are.equal('Running', call('GET', pod_path('sb-one')).json.status.phase)
+      local first_uid = call('GET', pod_path('sb-one')).json.metadata.uid
+      -- its pod deleted behind it is made again; suspended, it has none; running again, one more
+      assert.are.equal(200, call('DELETE', pod_path('sb-one') .. '?gracePeriodSeconds=0').status)
+      assert.is_true(util.eventually(function()
+        local p = call('GET', pod_path('sb-one')).json
+        return p.metadata and p.metadata.uid ~= first_uid and p.status.phase == 'Running'
+      end, 10000))
+      local r2 = call('PATCH', AS .. '/sb-one', { spec = { operatingMode = 'Suspended' } },
+        { content_type = 'application/merge-patch+json' })
+      assert.are.equal(200, r2.status, r2.body)
+      assert.is_true(util.eventually(function()
+        return call('GET', pod_path('sb-one')).status == 404 and cond(call('GET', AS .. '/sb-one').json, 'Suspended') == 'True'
+      end, 5000))
+      call('PATCH', AS .. '/sb-one', { spec = { operatingMode = 'Running' } },
+        { content_type = 'application/merge-patch+json' })
+      assert.is_true(util.eventually(function()
+        return cond(call('GET', AS .. '/sb-one').json, 'Ready') == 'True'
+      end, 10000))
+      assert.are.equal('False', cond(call('GET', AS .. '/sb-one').json, 'Suspended'))
       assert.are.equal(200, call('DELETE', AS .. '/sb-one').status)
       assert.is_true(util.eventually(function() return call('GET', pod_path('sb-one')).status == 404 end, 5000))
       -- v1alpha1: a claim names its template
@@ -457,7 +488,7 @@ describe('the Kubernetes API server stand-in', function()
       local past = os.date('!%Y-%m-%dT%H:%M:%SZ', math.floor(core.now_ms() / 1000) + 3)
       assert.are.equal(201, call('POST', AX .. '/sandboxclaims', { apiVersion = 'extensions.agents.x-k8s.io/v1alpha1',
         kind = 'SandboxClaim', metadata = { name = 'claim' }, spec = { sandboxTemplateRef = { name = 'tpl' },
-        lifecycle = { shutdownTime = past, shutdownPolicy = 'Delete' } } }).status)
+        lifecycle = { shutdownTime = past, shutdownPolicy = 'Retain' } } }).status)
       local claim
       assert.is_true(util.eventually(function()
         claim = call('GET', AX .. '/sandboxclaims/claim').json
@@ -480,7 +511,10 @@ describe('the Kubernetes API server stand-in', function()
     if not suite.npm_installed('@kubernetes/client-node', 'the Kubernetes client') then return end
     local r = suite.node('spec/npm/kubernetes_sdk.mjs', { STAND_IN_SERVER = state.server, STAND_IN_CA = state.ca_file,
       STAND_IN_TOKEN = TOKEN, STAND_IN_NAMESPACE = NS })
-    assert.are.equal(0, r.exit_code, r.stdout .. r.stderr .. tostring(r.signal))
+    if r.exit_code ~= 0 then
+      error(('the client exited %s (signal %s, timed out %s): %s %s'):format(tostring(r.exit_code),
+        tostring(r.signal), tostring(r.timed_out), r.stdout, r.stderr), 0)
+    end
     local res = json.decode(r.stdout:match('RESULT (%b{})'))
     assert.is_nil(res.error)
     assert.are.equal('Pending', res.created_phase)
@@ -623,7 +657,13 @@ describe('the Kubernetes API server stand-in', function()
       big:send('\0' .. string.rep('x', 1048576), true)
       assert.are.equal('\1' .. '1048576\n', big:receive({ timeout_ms = 10000 }))
       assert.are.equal('Success', json.decode(big:receive({ timeout_ms = 10000 }):sub(2)).status)
-      -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404
+      -- a refused upgrade is the API server's answer: no token, 401; no such pod, 404; RBAC, 403
+      plain.forbidden['create pods/attach'] = true
+      local fok, ferr = pcall(ws.connect, { url = base .. '/attach?stdin=true&stdout=true', protocols = 'v4.channel.k8s.io',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, timeout_ms = 5000 })
+      plain.forbidden['create pods/attach'] = nil
+      assert.is_false(fok)
+      assert.are.equal(403, ferr.status)
       local ok, err = pcall(ws.connect, { url = base .. '/attach?stdin=true', protocols = 'v4.channel.k8s.io',
         timeout_ms = 5000 })
       assert.is_false(ok)

@@ -253,6 +253,24 @@ function Container:wait_pid(ms)
   return self.pid
 end
 
+--- The host pids of the container's command: the processes right under its first process
+-- (bubblewrap's, pid 1 of its namespace); empty before the command is there and after it ended.
+function Container:command_pids()
+  if not self.pid or not self.running then return {} end
+  local text = host.read_plain(('/proc/%d/task/%d/children'):format(self.pid, self.pid)) or ''
+  local out = {}
+  for n in text:gmatch('%d+') do out[#out + 1] = tonumber(n) end
+  return out
+end
+
+--- Waits (`ms` at most) for the container's command to be there; whether it is (false once it ended).
+function Container:wait_command(ms)
+  local deadline = core.hrtime_ms() + (ms or 5000)
+  self:wait_pid(ms)
+  while self.running and #self:command_pids() == 0 and core.hrtime_ms() < deadline do task.sleep(10) end
+  return self.running and #self:command_pids() > 0
+end
+
 function Container:write(bytes) return self.stdin.write(bytes) end
 function Container:close_stdin() self.stdin.shutdown() end
 

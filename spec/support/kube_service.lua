@@ -20,6 +20,9 @@
 -- certificate made: 'mayura'). With TLS, `state.client_cert_file` and `state.client_key_file`
 -- (PEM, signed by the CA of state.ca_file) authenticate as well as the token does. Scripted at run time:
 -- `state.unschedulable = true` (no node fits: pods stay Pending, PodScheduled False),
+-- `state.forbidden['<verb> <resource>'] = true` (RBAC refuses it: 403 Forbidden; verbs get,
+-- list, watch, create, update, patch, delete, deletecollection; resources such as pods,
+-- pods/exec, pods/attach, pods/portforward, networkpolicies, sandboxclaims),
 -- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), `state:cut_attach(ns,
 -- name)` (the pod's attach streams dropped without a status, the pod running on), svc:fault(...).
 --
@@ -113,10 +116,12 @@
 -- the Agent Sandbox controller's work is done by the stand-in (a Sandbox makes its Pod of the
 -- same name; a SandboxClaim a Sandbox from its template (v1alpha1's sandboxTemplateRef) or its
 -- warm pool's (v1beta1's warmPoolRef), taking a warm one when there is one; a SandboxWarmPool
--- keeps `replicas` Sandboxes; shutdownTime ends a claim's or a Sandbox's) without services or
--- PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
+-- keeps `replicas` Sandboxes; a Sandbox's pod deleted behind it is made again, operatingMode
+-- Suspended deletes it; shutdownTime ends a claim's sandbox or a Sandbox's pod, and
+-- shutdownPolicy Retain (the default) keeps the object expired, Delete deletes it) without
+-- services or PVCs; no server-side apply; a strategic merge patch is taken as a merge patch (lists are
 -- replaced, not merged by key); no authorization (the token and the client certificate may
--- do everything); TTY is refused.
+-- do everything state.forbidden does not refuse); TTY is refused.
 local core = require('mayura.core')
 local task = require('mayura._task')
 local host = require('mayura.sandbox._host')
@@ -499,7 +504,8 @@ function M.install(svc, _, opts)
   assert(type(opts.token) == 'string' and #opts.token > 0, 'kube_service.install: a token')
   local state = {
     token = opts.token, rv = 1000, objects = {}, containers = {}, watchers = {}, history = {},
-    pull_failures = {}, images = {}, agent_images = {}, events = {}, logs = {}, attached = {}, ip_seq = 0,
+    pull_failures = {}, images = {}, agent_images = {}, forbidden = {}, events = {}, logs = {}, attached = {},
+    ip_seq = 0,
     namespaces = { default = true, ['kube-system'] = true, ['kube-public'] = true },
     start_ms = opts.start_ms or 30, closed = false,
     node = { cpu = M.quantity(opts.node_cpu or '4'), memory = M.quantity(opts.node_memory or '8Gi') },
@@ -981,6 +987,25 @@ function M.install(svc, _, opts)
   -- Pods on the node
   -- -------------------------------------------------------
 
+  -- Guaranteed: every container has cpu and memory limits, its requests equal to them; BestEffort:
+  -- none asks for anything; else Burstable.
+  local function qos_class(pod)
+    local any, all = false, true
+    for _, list in ipairs({ pod.spec.initContainers or {}, pod.spec.containers }) do
+      for _, c in ipairs(list) do
+        local lim = c.resources and c.resources.limits or {}
+        local req = c.resources and c.resources.requests or {}
+        if next(lim) or next(req) then any = true end
+        for _, k in ipairs({ 'cpu', 'memory' }) do
+          local l, r = M.quantity(lim[k]), M.quantity(req[k] or lim[k])
+          if not l or l ~= r then all = false end
+        end
+      end
+    end
+    if not any then return 'BestEffort' end
+    return all and 'Guaranteed' or 'Burstable'
+  end
+
   local function condition(pod, ctype, status, reason, message)
     local conds = pod.status.conditions
     if not conds then conds = array(); pod.status.conditions = conds end
@@ -1293,7 +1318,8 @@ function M.install(svc, _, opts)
       put('pods', pod)
       return
     end
-    ct:wait_pid(5000)
+    -- Running once its command is there (not merely its namespaces)
+    ct:wait_command(5000)
     if not alive(pod) or pod.status.phase ~= 'Pending' then return end
     st.containerID = 'standin://' .. ct.id
     if ct.running then
@@ -1341,15 +1367,6 @@ function M.install(svc, _, opts)
     return n
   end
 
-  -- The host pids of the processes directly under a pod's first process.
-  local function main_pids(ct)
-    if not ct.pid then return {} end
-    local text = host.read_plain(('/proc/%d/task/%d/children'):format(ct.pid, ct.pid)) or ''
-    local out = {}
-    for n in text:gmatch('%d+') do out[#out + 1] = tonumber(n) end
-    return out
-  end
-
   local function finish_delete(plural, obj)
     if plural == 'pods' then
       local ct = state.containers[obj.metadata.uid]
@@ -1377,8 +1394,14 @@ function M.install(svc, _, opts)
     put('pods', pod)
     task.spawn(function()
       local uv = require('luv')
-      for _, p in ipairs(main_pids(ct)) do pcall(uv.kill, p, 'sigterm') end
       local deadline = core.hrtime_ms() + grace * 1000
+      -- SIGTERM to the command (once it is there), then the grace
+      local pids = ct:command_pids()
+      while #pids == 0 and ct.running and core.hrtime_ms() < deadline do
+        task.sleep(10)
+        pids = ct:command_pids()
+      end
+      for _, p in ipairs(pids) do pcall(uv.kill, p, 'sigterm') end
       while ct.running and core.hrtime_ms() < deadline do task.sleep(20) end
       if alive(pod) then finish_delete('pods', pod) end
     end)
@@ -1571,10 +1594,15 @@ function M.install(svc, _, opts)
           -- the claim's shutdown time
           local shut = parse_time(cl.spec.lifecycle and cl.spec.lifecycle.shutdownTime)
           if shut and core.now_ms() >= shut and not cl._expired then
+            -- its sandbox goes; the claim stays, expired (Retain, the default), or goes too
             cl._expired = true
-            set_cond(cl, 'Ready', 'False', 'ClaimExpired')
-            put('sandboxclaims', cl)
             if sb then delete_sandbox(sb) end
+            if (cl.spec.lifecycle.shutdownPolicy or 'Retain') == 'Retain' then
+              set_cond(cl, 'Ready', 'False', 'ClaimExpired')
+              put('sandboxclaims', cl)
+            else
+              finish_delete('sandboxclaims', cl)
+            end
           end
         end
       end
@@ -1583,10 +1611,32 @@ function M.install(svc, _, opts)
         for _, sb in pairs(sbs) do
           local pod = get('pods', ns, sb.metadata.name)
           local shut = parse_time(sb.spec.shutdownTime)
+          local mode = sb.spec.operatingMode or 'Running'
           if shut and core.now_ms() >= shut then
-            delete_sandbox(sb)
-          elseif not pod and not sb._pod_made and (sb.spec.operatingMode or 'Running') == 'Running' then
-            sb._pod_made = true
+            -- its pod goes; the Sandbox stays, expired (Retain, the default), or goes too
+            if not sb._expired then
+              sb._expired = true
+              if pod then delete_pod(pod, 0) end
+              if sb.spec.shutdownPolicy == 'Delete' then
+                delete_sandbox(sb)
+              else
+                sb.status = object({ conditions = sb.status and sb.status.conditions })
+                set_cond(sb, 'Ready', 'False', 'SandboxExpired', 'the sandbox expired')
+                put('sandboxes', sb)
+              end
+            end
+          elseif mode == 'Suspended' then
+            -- suspended: no pod
+            if pod then delete_pod(pod, 0) end
+            if not sb._suspended then
+              sb._suspended, sb._was_suspended = true, true
+              set_cond(sb, 'Suspended', 'True', 'PodTerminated', 'the pod was deleted')
+              set_cond(sb, 'Ready', 'False', 'SandboxSuspended', 'the sandbox is suspended')
+              put('sandboxes', sb)
+            end
+          elseif not pod and not sb._finished then
+            -- a pod of the Sandbox's, made again when it was deleted behind its back
+            sb._suspended = false
             local p = sandbox_pod_spec(sb)
             local e = admit_pod(p, ns)
             if e then
@@ -1594,7 +1644,7 @@ function M.install(svc, _, opts)
               put('sandboxes', sb)
             else
               create_object('pods', p, ns)
-              p.status = object({ phase = 'Pending', qosClass = 'BestEffort' })
+              p.status = object({ phase = 'Pending', qosClass = qos_class(p) })
               task.spawn(run_pod, p)
               sb.metadata.annotations = sb.metadata.annotations or object()
               sb.metadata.annotations['agents.x-k8s.io/pod-name'] = p.metadata.name
@@ -1604,6 +1654,7 @@ function M.install(svc, _, opts)
               sb.status.service = sb.metadata.name
               sb.status.serviceFQDN = ('%s.%s.svc.cluster.local'):format(sb.metadata.name, ns)
               set_cond(sb, 'Ready', 'False', 'DependenciesNotReady', 'Pod is not ready')
+              if sb._was_suspended then set_cond(sb, 'Suspended', 'False', 'NotSuspended') end
               put('sandboxes', sb)
             end
           elseif pod then
@@ -1710,10 +1761,25 @@ function M.install(svc, _, opts)
     return object({ name = name, versions = versions, preferredVersion = versions[1] })
   end
 
-  local function route(method, pattern, fn)
+  -- `verb` (a function of the request, or a word) and `resource` (`plural[/sub]`) for
+  -- state.forbidden: RBAC's refusal, 403, as a scripted fault ({ ['create pods'] = true, ... }).
+  local function route(method, pattern, fn, verb, resource)
     svc:route(method, pattern, function(req)
       local no = refuse(req)
       if no then return no end
+      if resource then
+        local v = type(verb) == 'function' and verb(req) or verb
+        if state.forbidden[v .. ' ' .. resource] then
+          local plural, sub = resource:match('^([^/]+)/?(.*)$')
+          local group = KINDS[plural] and KINDS[plural].group or ''
+          local user = req.headers.authorization and ('system:serviceaccount:%s:mayura'):format(opts.namespace or
+            'default') or tostring(state.client_user)
+          local where = req.params.ns and (' in the namespace "' .. req.params.ns .. '"') or ' at the cluster scope'
+          return fail(403, 'Forbidden', ('%s%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s"%s')
+            :format(plural, req.params.name and (' "' .. req.params.name .. '"') or '', user, v, resource, group, where),
+            object({ name = req.params.name, group = group, kind = plural .. (sub ~= '' and ('/' .. sub) or '') }))
+        end
+      end
       return fn(req)
     end)
   end
@@ -2063,11 +2129,7 @@ function M.install(svc, _, opts)
     obj.metadata.generation = 1
     obj.metadata.managedFields = nil
     if plural == 'pods' then
-      -- qosClass from the main containers' resources
-      local qos = 'BestEffort'
-      for _, c in ipairs(obj.spec.containers) do
-        if next(c.resources.limits or {}) or next(c.resources.requests or {}) then qos = 'Burstable' end
-      end
+      local qos = qos_class(obj)
       obj.status = object({ phase = 'Pending', qosClass = qos })
     elseif plural ~= 'networkpolicies' then
       obj.status = nil
@@ -2183,33 +2245,24 @@ function M.install(svc, _, opts)
   end
 
   local function resource_routes(prefix, plural, version)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural, function(req)
+    local coll, one = prefix .. '/namespaces/{ns}/' .. plural, prefix .. '/namespaces/{ns}/' .. plural .. '/{name}'
+    local function list_verb(req) return (req.query.watch == 'true' or req.query.watch == '1') and 'watch' or 'list' end
+    route('GET', coll, function(req)
       local e = check_ns(req.params.ns)
       if e then return e end
       return list_answer(plural, req.params.ns, req, version)
-    end)
-    route('GET', prefix .. '/' .. plural, function(req) return list_answer(plural, nil, req, version) end)
-    route('POST', prefix .. '/namespaces/{ns}/' .. plural, function(req)
-      return create(plural, req, req.params.ns, version)
-    end)
-    route('DELETE', prefix .. '/namespaces/{ns}/' .. plural, function(req)
-      return delete_collection(plural, req, req.params.ns, version)
-    end)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return read(plural, req, req.params.ns, version)
-    end)
-    route('GET', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}/status', function(req)
-      return read(plural, req, req.params.ns, version)
-    end)
-    route('DELETE', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return delete(plural, req, req.params.ns, version)
-    end)
-    route('PUT', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return replace(plural, req, req.params.ns, version, false)
-    end)
-    route('PATCH', prefix .. '/namespaces/{ns}/' .. plural .. '/{name}', function(req)
-      return replace(plural, req, req.params.ns, version, true)
-    end)
+    end, list_verb, plural)
+    route('GET', prefix .. '/' .. plural, function(req) return list_answer(plural, nil, req, version) end,
+      list_verb, plural)
+    route('POST', coll, function(req) return create(plural, req, req.params.ns, version) end, 'create', plural)
+    route('DELETE', coll, function(req) return delete_collection(plural, req, req.params.ns, version) end,
+      'deletecollection', plural)
+    route('GET', one, function(req) return read(plural, req, req.params.ns, version) end, 'get', plural)
+    route('GET', one .. '/status', function(req) return read(plural, req, req.params.ns, version) end, 'get',
+      plural .. '/status')
+    route('DELETE', one, function(req) return delete(plural, req, req.params.ns, version) end, 'delete', plural)
+    route('PUT', one, function(req) return replace(plural, req, req.params.ns, version, false) end, 'update', plural)
+    route('PATCH', one, function(req) return replace(plural, req, req.params.ns, version, true) end, 'patch', plural)
   end
 
   resource_routes('/api/v1', 'pods', 'v1')
@@ -2415,8 +2468,11 @@ function M.install(svc, _, opts)
   end
 
   for _, m in ipairs({ 'GET', 'POST' }) do
-    route(m, '/api/v1/namespaces/{ns}/pods/{name}/attach', function(req) return stream_session(req, 'attach') end)
-    route(m, '/api/v1/namespaces/{ns}/pods/{name}/exec', function(req) return stream_session(req, 'exec') end)
+    -- RBAC: a WebSocket's GET needs `create` as the POST does (the API server's check since 1.30)
+    route(m, '/api/v1/namespaces/{ns}/pods/{name}/attach', function(req) return stream_session(req, 'attach') end,
+      'create', 'pods/attach')
+    route(m, '/api/v1/namespaces/{ns}/pods/{name}/exec', function(req) return stream_session(req, 'exec') end,
+      'create', 'pods/exec')
     route(m, '/api/v1/namespaces/{ns}/pods/{name}/portforward', function(req)
       local pod, ct, proto = upgrade_target(req, PF_PROTOCOLS)
       if not pod then return ct end
@@ -2464,7 +2520,7 @@ function M.install(svc, _, opts)
           end
         end
       end }
-    end)
+    end, 'create', 'pods/portforward')
   end
 
   -- }------------------------------------------------------

@@ -25,6 +25,13 @@
 --
 -- MAYURA_SPEC_PROVIDERS (names separated by commas, e.g. 'docker-runsc') keeps only those entries.
 --
+-- 'kubernetes' (mayura.sandbox.kubernetes against the API server stand-in, support/kube_service.lua,
+-- one for the process, made at the first make_pool) is there only when MAYURA_SPEC_PROVIDERS names
+-- it, and where the stand-in's pods can run (root, bubblewrap, nsenter, setpriv, mayura-launch): the
+-- stand-in stores NetworkPolicies without enforcing them, so the network specs do not hold there.
+-- Its `leftovers` are its Pod, its NetworkPolicy and its container still running; `remove_behind(sb)`
+-- deletes its Pod through the API.
+--
 -- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
 -- answers `docker info` and the test image (scripts/docker-setup.sh) is on the machine.
 local sandbox = require('mayura.sandbox')
@@ -227,6 +234,9 @@ function M.list()
     end
   end
   local only = os.getenv('MAYURA_SPEC_PROVIDERS')
+  if only and (',' .. only .. ','):find(',kubernetes,', 1, true) and require('support.kube_pods').available() then
+    cached[#cached + 1] = M.kubernetes_entry()
+  end
   if only and only ~= '' then
     local kept = {}
     for _, e in ipairs(cached) do
@@ -238,6 +248,62 @@ function M.list()
 end
 
 --- The names of the entries, for a message.
+-- The API server stand-in the 'kubernetes' entry's pools share (made once, on first use).
+local kube
+local KUBE_TOKEN, KUBE_NS = 'providers-spec-token-0123456789', 'sandboxes'
+local function kube_stand_in()
+  if not kube then
+    local stand_in = require('support.stand_in')
+    local svc = stand_in.new()
+    kube = { svc = svc, state = require('support.kube_service').install(svc, nil, { token = KUBE_TOKEN,
+      namespace = KUBE_NS, images = { 'busybox:1', 'mayura/agent:1' } }) }
+  end
+  return kube
+end
+
+--- The entry of mayura.sandbox.kubernetes on the stand-in.
+function M.kubernetes_entry()
+  local entry = { name = 'kubernetes', kind = 'kubernetes' }
+  function entry.make_provider(opts)
+    local prov = split(opts)
+    local k = kube_stand_in()
+    prov.pids = nil   -- Kubernetes has no process cap per Pod
+    prov.server, prov.ca_file, prov.token, prov.namespace = k.state.server, k.state.ca_file, KUBE_TOKEN, KUBE_NS
+    prov.image = prov.image or 'busybox:1'
+    prov.agent_image = 'mayura/agent:1'
+    prov.memory_mib = math.max(16, prov.memory_mib or 128)
+    return require('mayura.sandbox.kubernetes').kubernetes_sandboxes(prov)
+  end
+  function entry.make_pool(opts)
+    local _, pool = split(opts)
+    local p = entry.make_provider(opts)
+    return sandbox.create_sandboxes(p, pool), p
+  end
+  -- deletes the sandbox's Pod through the API, at once, as an operator would
+  function entry.remove_behind(sb)
+    local k = kube_stand_in()
+    local r = require('mayura.http').request({ method = 'DELETE', ca_file = k.state.ca_file, timeout_ms = 20000,
+      url = k.state.server .. '/api/v1/namespaces/' .. KUBE_NS .. '/pods/' .. sb._backend.id .. '?gracePeriodSeconds=0',
+      headers = { Authorization = 'Bearer ' .. KUBE_TOKEN } })
+    return r.status == 200
+  end
+  function entry.leftovers(sb)
+    local out, k = {}, kube_stand_in()
+    local name = sb._backend and sb._backend.id or sb.id
+    local objects = k.state.objects or {}
+    for _, plural in ipairs({ 'pods', 'networkpolicies' }) do
+      local obj = ((objects[plural] or {})[KUBE_NS] or {})[name]
+      if obj then
+        out[#out + 1] = plural .. ' ' .. name
+        local ct = plural == 'pods' and obj.metadata and (k.state.containers or {})[obj.metadata.uid]
+        if ct and ct.running then out[#out + 1] = 'container ' .. tostring(ct.id) end
+      end
+    end
+    return out
+  end
+  return entry
+end
+
 function M.names()
   local names = {}
   for i, e in ipairs(M.list()) do names[i] = e.name end

@@ -8,6 +8,7 @@
 --   local manifest = pod.manifest(p, name, spec, { lifetime_ms, expires_s })
 --   local policy = pod.network_policy(p, name, 'none' | 'all', expires_s)
 --   local state, why = pod.status(body)      -- 'running' | 'waiting' | 'failed' | 'ended', and why
+--   pod.sandbox_resource(p, name, spec, t), pod.claim_resource(p, name, spec, t)   -- Agent Sandbox
 --
 -- The Pod is locked down as a Docker sandbox is: a uid of no account, no capabilities, no privilege
 -- escalation, RuntimeDefault seccomp, a read-only root with tmpfs (emptyDir of medium Memory) for
@@ -181,6 +182,39 @@ function M.manifest(p, name, spec, t)
       initContainers = init,
       containers = array({ container }),
       volumes = volumes,
+    }),
+  })
+end
+
+local function rfc3339(unix_s)
+  return os.date('!%Y-%m-%dT%H:%M:%SZ', unix_s)
+end
+
+--- The Agent Sandbox resource (agents.x-k8s.io/v1beta1 Sandbox) of sandbox `name`: its Pod
+-- template is the Pod of `manifest`, and the controller deletes it at its shutdownTime.
+function M.sandbox_resource(p, name, spec, t)
+  local m = M.manifest(p, name, spec, t)
+  return object({
+    apiVersion = 'agents.x-k8s.io/v1beta1', kind = 'Sandbox',
+    metadata = object({ name = name, namespace = p.namespace, labels = m.metadata.labels }),
+    spec = object({
+      podTemplate = object({ metadata = object({ labels = m.metadata.labels }), spec = m.spec }),
+      shutdownTime = rfc3339(t.expires_s), shutdownPolicy = 'Delete',
+    }),
+  })
+end
+
+--- A claim (extensions.agents.x-k8s.io/v1alpha1 SandboxClaim) of a Sandbox of the template
+-- `p.template`, whose Pod gets our labels (its NetworkPolicy selects it by them).
+function M.claim_resource(p, name, spec, t)
+  local labels = our_labels(p, name, spec.labels, t.expires_s)
+  return object({
+    apiVersion = 'extensions.agents.x-k8s.io/v1alpha1', kind = 'SandboxClaim',
+    metadata = object({ name = name, namespace = p.namespace, labels = labels }),
+    spec = object({
+      sandboxTemplateRef = object({ name = p.template }),
+      additionalPodMetadata = object({ labels = labels }),
+      lifecycle = object({ shutdownTime = rfc3339(t.expires_s), shutdownPolicy = 'Delete' }),
     }),
   })
 end

@@ -22,8 +22,13 @@
 -- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10,
 -- 169.254.0.0/16 with the cloud metadata address, fc00::/7, fe80::/10), `network_policy_enforced`
 -- (false), `warm` (0), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
--- The library reads no environment variable and no file it was not named: a kubeconfig is the
--- caller's to read (examples/kubernetes_kubeconfig.lua).
+-- `mode = 'agent-sandbox'` makes each sandbox through the Agent Sandbox controller
+-- (kubernetes-sigs/agent-sandbox), where the cluster runs it: a Sandbox (agents.x-k8s.io/v1beta1)
+-- whose Pod template is the Pod below, or, with `template`, a SandboxClaim
+-- (extensions.agents.x-k8s.io/v1alpha1) of that SandboxTemplate, whose Pod must run the agent
+-- `--stdio` with `stdin: true` itself (and gets our labels); the Pod is then the Sandbox's, and a
+-- release deletes the resource and the Pod. The library reads no environment variable and no file
+-- it was not named: a kubeconfig is the caller's to read (examples/kubernetes_kubeconfig.lua).
 --
 -- A create makes the sandbox's NetworkPolicy, then its Pod (mayura.sandbox._kube_pod: locked
 -- down, `activeDeadlineSeconds` its lifetime, the agent `--stdio` its first process), waits for
@@ -83,6 +88,7 @@ local option_keys = {
   runtime_class = true, uid = true, cpus = true, memory_mib = true, workspace_mib = true, tmp_mib = true,
   workdir = true, max_lifetime_ms = true, start_timeout_ms = true, cluster_cidrs = true,
   network_policy_enforced = true, warm = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
+  mode = true, template = true,
 }
 
 local function fail(msg)
@@ -113,6 +119,12 @@ local function read_options(options)
   local server = options.server
   if type(server) ~= 'string' or not server:match('^https?://[%w%.%-%[%]:]+/?$') then
     fail('server must be the API server\'s https:// URL (scheme, host and port)')
+  end
+  -- the token or the certificate's session would cross the network in the clear
+  local plain_host = server:match('^http://([^/]+)')
+  if plain_host and not (plain_host:match('^127%.0%.0%.1:?%d*$') or plain_host:match('^localhost:?%d*$')
+      or plain_host:match('^%[::1%]:?%d*$')) then
+    fail('server may be http:// only on this machine (a local proxy such as kubectl proxy): use https://')
   end
   if options.token ~= nil and options.client_cert ~= nil then fail('give token or client_cert, not both') end
   for _, name in ipairs({ 'ca_file', 'client_cert', 'client_key' }) do
@@ -149,7 +161,14 @@ local function read_options(options)
       fail(name .. ' is not an image name')
     end
   end
-  if o.agent_in_image == (o.agent_image ~= nil) then
+  o.mode = options.mode or 'pod'
+  if o.mode ~= 'pod' and o.mode ~= 'agent-sandbox' then fail("mode must be 'pod' or 'agent-sandbox'") end
+  o.template = options.template
+  if o.template ~= nil and (o.mode ~= 'agent-sandbox' or not pod.dns_label(o.template, 253)) then
+    fail('template names a SandboxTemplate, with mode agent-sandbox')
+  end
+  -- a template's Pod is the template's: it must run the agent itself
+  if o.template == nil and o.agent_in_image == (o.agent_image ~= nil) then
     fail('give agent_image (an image holding the agent) or agent_in_image = true, one of them')
   end
   if type(o.agent_path) ~= 'string' or not o.agent_path:match('^/[%w%._/%-]+$') or o.agent_path:find('%.%.') then
@@ -205,8 +224,14 @@ function Backend:release()
     self.timer = nil
   end
   for _, f in pairs(self.forwards) do pcall(f.close) end
-  local ok, err = pcall(self.api.json, self.api, 'DELETE', self.path, nil,
+  -- an Agent Sandbox resource first (its controller would make the Pod again), then the Pod at once
+  local ok, err = true, nil
+  if self.workload then
+    ok, err = pcall(self.api.json, self.api, 'DELETE', self.workload, nil, { allow = { 404 } })
+  end
+  local pok, perr = pcall(self.api.json, self.api, 'DELETE', self.path, nil,
     { query = { gracePeriodSeconds = 0 }, allow = { 404 } })
+  if ok and not pok then ok, err = pok, perr end
   pcall(self.api.json, self.api, 'DELETE', self.policy_path, nil, { allow = { 404 } })
   if not self.closed then
     self.closed = true
@@ -217,6 +242,33 @@ function Backend:release()
   self.waiters = nil
   for _, done in ipairs(waiters) do done() end
   if not ok then error(err, 0) end
+end
+
+-- The container's count of processes killed for memory, from its cgroup as the agent sees it
+-- (cgroup v2's memory.events, v1's memory.oom_control): nil where neither can be read.
+local OOM_FILES = { '/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control' }
+local function oom_count(self)
+  for _, path in ipairs(OOM_FILES) do
+    local ok, text = pcall(self.read_file, self, path, { max_bytes = 65536 })
+    local n = ok and type(text) == 'string' and tonumber(text:match('oom_kill (%d+)'))
+    if n then return n end
+  end
+  return nil
+end
+
+-- An exec killed by SIGKILL (or a shell's 137) is `oom_killed` when the container's count of OOM
+-- kills grew since it was last read: read once at the start, then only after such a kill.
+local shared_exec = Backend.exec
+function Backend:exec(argv, o)
+  local res = shared_exec(self, argv, o)
+  if (res.signal == 9 or res.exit_code == 137) and self.oom_seen then
+    local n = oom_count(self)
+    if n and n > self.oom_seen then
+      self.oom_seen = n
+      res.oom_killed = true
+    end
+  end
+  return res
 end
 
 -- The host's own end of the lifetime (as the cluster's deadline, and the agent's own).
@@ -264,12 +316,13 @@ local function sweep(p)
   end)
 end
 
--- Waits until the sandbox container of the Pod at `path` runs.
-local function wait_running(p, c, path, deadline)
-  local delay = 100
+-- Waits until the sandbox container of the Pod at `path` runs. A Pod an Agent Sandbox controller
+-- makes (`later`) may not be there yet: a 404 is then waited out.
+local function wait_running(p, c, path, deadline, later)
+  local delay = 25   -- doubling to 1 s: a Pod that starts at once is seen at once
   local why
   while true do
-    local body = c:json('GET', path, nil, { gone = true })
+    local body = c:json('GET', path, nil, later and { allow = { 404 } } or { gone = true })
     local state, reason = pod.status(body)
     if state == 'running' then return end
     if state == 'failed' then error(errors.sandbox('failed', 'kubernetes: ' .. reason), 0) end
@@ -279,6 +332,24 @@ local function wait_running(p, c, path, deadline)
     if left <= 0 then
       error(errors.sandbox('unavailable', 'kubernetes: the sandbox container did not start within '
         .. p.start_timeout_ms .. ' ms' .. (why and (' (' .. why .. ')') or '')), 0)
+    end
+    task.await(function(done) task.after(math.ceil(math.min(delay, left)), done, true) end)
+    delay = math.min(delay * 2, 1000)
+  end
+end
+
+-- Waits until the claim at `path` names its Sandbox (whose Pod has its name); returns the name.
+local function wait_claim(p, c, path, deadline)
+  local delay = 25   -- doubling to 1 s: a Pod that starts at once is seen at once
+  while true do
+    local body = c:json('GET', path, nil, { gone = true })
+    local sb = type(body) == 'table' and type(body.status) == 'table' and body.status.sandbox
+    local name = type(sb) == 'table' and sb.name
+    if type(name) == 'string' and pod.dns_label(name, 253) then return name end
+    local left = deadline - core.hrtime_ms()
+    if left <= 0 then
+      error(errors.sandbox('unavailable', 'kubernetes: the claim got no sandbox within '
+        .. p.start_timeout_ms .. ' ms (is the template ' .. p.template .. ' there?)'), 0)
     end
     task.await(function(done) task.after(math.ceil(math.min(delay, left)), done, true) end)
     delay = math.min(delay * 2, 1000)
@@ -320,6 +391,8 @@ function M.kubernetes_sandboxes(options)
     api = api,
     pods = '/api/v1' .. ns .. '/pods',
     policies = '/apis/networking.k8s.io/v1' .. ns .. '/networkpolicies',
+    sandboxes = '/apis/agents.x-k8s.io/v1beta1' .. ns .. '/sandboxes',
+    claims = '/apis/extensions.agents.x-k8s.io/v1alpha1' .. ns .. '/sandboxclaims',
     pool_id = host_util.random_hex(6),
   }
   for k, v in pairs(o) do p[k] = v end
@@ -355,24 +428,40 @@ function M.kubernetes_sandboxes(options)
     -- the policy first: the Pod never runs without it
     c:json('POST', self.policies, pod.network_policy(self, name, network, expires_s))
     local remaining = math.max(1, spec.lifetime_ms - math.floor(core.hrtime_ms() - started))
-    local made, merr = pcall(c.json, c, 'POST', self.pods, pod.manifest(self, name, spec,
-      { lifetime_ms = remaining, expires_s = expires_s }))
+    -- the Pod itself, or the Agent Sandbox resource its controller makes it from (`workload`)
+    local t = { lifetime_ms = remaining, expires_s = expires_s }
+    local collection, body, workload
+    if self.mode == 'pod' then
+      collection, body = self.pods, pod.manifest(self, name, spec, t)
+    elseif self.template then
+      collection, body = self.claims, pod.claim_resource(self, name, spec, t)
+    else
+      collection, body = self.sandboxes, pod.sandbox_resource(self, name, spec, t)
+    end
+    if collection ~= self.pods then workload = collection .. '/' .. name end
+    local made, merr = pcall(c.json, c, 'POST', collection, body)
     if not made then
       pcall(api.json, api, 'DELETE', policy_path, nil, { allow = { 404 } })
       -- a create whose answer was lost may have made it
       if errors.is(merr, 'SANDBOX_ERROR') and merr.status == nil then
-        pcall(api.json, api, 'DELETE', path, nil, { query = { gracePeriodSeconds = 0 }, allow = { 404 } })
+        pcall(api.json, api, 'DELETE', workload or path, nil, { query = { gracePeriodSeconds = 0 }, allow = { 404 } })
       end
       error(merr, 0)
     end
     local backend = setmetatable({
-      id = name, api = api, conn = conn, path = path, policy_path = policy_path, network = network,
-      forwards = {}, closed = false, released = false,
+      id = name, api = api, conn = conn, path = path, policy_path = policy_path, workload = workload,
+      network = network, forwards = {}, closed = false, released = false,
     }, Backend)
     local ok, err = pcall(function()
-      wait_running(self, c, path, started + math.min(self.start_timeout_ms, c.call_timeout_ms))
+      local deadline = started + math.min(self.start_timeout_ms, c.call_timeout_ms)
+      if self.template then
+        path = self.pods .. '/' .. wait_claim(self, c, workload, deadline)
+        backend.path = path
+      end
+      wait_running(self, c, path, deadline, workload ~= nil)
       backend.ch, backend.session = attach.agent(conn, path, function() backend.closed = true end)
       agent_backend.hello(backend)
+      backend.oom_seen = oom_count(backend)
     end)
     if not ok then agent_backend.start_failed(backend, err) end
     backend.image_name = image or self.image
