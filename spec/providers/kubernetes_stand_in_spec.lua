@@ -617,18 +617,25 @@ describe('the Kubernetes API server stand-in', function()
       return r.status, json.decode(r.body)
     end
 
+    -- Creates a pod and waits for it to run; the ws:// base of its path and its body.
+    local function running(body)
+      local status = pcall_json('POST', pod_path(), body)
+      assert.are.equal(201, status)
+      local pod
+      assert.is_true(util.eventually(function()
+        local _, p = pcall_json('GET', pod_path(body.metadata.name))
+        pod = p
+        return p.status.phase == 'Running'
+      end, 10000))
+      return plain.server:gsub('^http', 'ws') .. pod_path(body.metadata.name), pod
+    end
+
     it('attaches with v4.channel.k8s.io to the first process, and execs with the Status on channel 3', function()
       local ws = require('mayura.ws')
       assert.is_nil(plain.ca_file)
       assert.is_truthy(plain.server:match('^http://127%.0%.0%.1:%d+$'))
-      local status = pcall_json('POST', pod_path(), pod_body('ws-pod', { 'sh', '-c',
-        'while read l; do echo "echo:$l"; done' }, { container = { stdin = true } }))
-      assert.are.equal(201, status)
-      assert.is_true(util.eventually(function()
-        local _, p = pcall_json('GET', pod_path('ws-pod'))
-        return p.status.phase == 'Running'
-      end, 10000))
-      local base = plain.server:gsub('^http', 'ws') .. pod_path('ws-pod')
+      local base = running(pod_body('ws-pod', { 'sh', '-c', 'while read l; do echo "echo:$l"; done' },
+        { container = { stdin = true } }))
       local conn = ws.connect({ url = base .. '/attach?container=sandbox&stdin=true&stdout=true&stderr=true',
         headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
       assert.are.equal('v4.channel.k8s.io', conn.protocol)
@@ -674,5 +681,59 @@ describe('the Kubernetes API server stand-in', function()
       assert.are.equal(404, err.status)
       pcall_json('DELETE', pod_path('ws-pod') .. '?gracePeriodSeconds=0')
     end)
+
+    it('runs exec with the host\'s own programs, whatever PATH the pod\'s env names', function()
+      local ws = require('mayura.ws')
+      local dir = util.tmpdir()
+      for _, name in ipairs({ 'sh', 'nsenter', 'setpriv' }) do
+        local f = io.open(dir .. '/' .. name, 'w')
+        f:write('#!/bin/sh\ntouch ' .. dir .. '/ran-' .. name .. '\nexit 0\n')
+        f:close()
+        os.execute('chmod 755 ' .. dir .. '/' .. name)
+      end
+      local base = running(pod_body('path-pod', { '/usr/bin/sleep', '30' }, { container = {
+        env = { { name = 'PATH', value = dir } } } }))
+      local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/printenv&command=PATH&stdout=true',
+        headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+      -- the command gets the pod's env; the host ran none of the directory's programs
+      assert.are.equal('\1' .. dir .. '\n', ex:receive({ timeout_ms = 5000 }))
+      for _, name in ipairs({ 'sh', 'nsenter', 'setpriv' }) do
+        assert.is_nil(io.open(dir .. '/ran-' .. name), name)
+      end
+      pcall_json('DELETE', pod_path('path-pod') .. '?gracePeriodSeconds=0')
+      util.rmdir(dir)
+    end)
+
+    it('gives the loader\'s variables and its own names of a pod\'s env to the pod alone, not to host programs',
+      function()
+        local ws = require('mayura.ws')
+        local dir = util.tmpdir()
+        local env = { { name = 'LD_DEBUG', value = 'libs' }, { name = 'LD_DEBUG_OUTPUT', value = dir .. '/dbg' },
+          { name = 'MAYURA_UID', value = '1000' }, { name = 'MAYURA_CG', value = dir },
+          { name = 'KPOD_CG', value = dir }, { name = 'PLAIN', value = 'kept' } }
+        local base, p = running(pod_body('env-pod', { '/usr/bin/sleep', '30' }, { container = { env = env } }))
+        local ct = plain.containers[p.metadata.uid]
+        -- the launcher took its own uid, not the pod's MAYURA_UID
+        local status = io.open('/proc/' .. ct.pid .. '/status'):read('a')
+        assert.is_nil(status:match('\nUid:%s+1000%s'), status:match('\nUid:[^\n]*'))
+        local ex = ws.connect({ url = base .. '/exec?command=/usr/bin/env&stdout=true',
+          headers = { Authorization = 'Bearer ' .. TOKEN }, protocols = 'v4.channel.k8s.io', timeout_ms = 10000 })
+        local out = {}
+        while true do
+          local m = ex:receive({ timeout_ms = 5000 })
+          if not m then break end
+          if m:byte(1) == 1 then out[#out + 1] = m:sub(2) end
+          if m:byte(1) == 3 then assert.are.equal('Success', json.decode(m:sub(2)).status) end
+        end
+        local text = table.concat(out)
+        -- inside, the pod's env is whole, and nothing of the host's carrying shows
+        for _, e in ipairs(env) do assert.is_truthy(text:find('\n' .. e.name .. '=' .. e.value .. '\n', 1, true), e.name) end
+        assert.is_nil(text:find('KPOD_X_', 1, true))
+        -- no host program wrote the loader's debug output
+        local listing = io.popen('ls -A ' .. dir):read('a')
+        assert.are.equal('', listing)
+        pcall_json('DELETE', pod_path('env-pod') .. '?gracePeriodSeconds=0')
+        util.rmdir(dir)
+      end)
   end)
 end)

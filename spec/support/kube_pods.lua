@@ -9,8 +9,8 @@
 --   * each emptyDir volume mount is a tmpfs of its own (`size` from its sizeLimit, 64 MiB by
 --     default; read-only when the mount says so), the agent copied into `agent_dir`'s (the init
 --     container's copy) at `agent_dir`/agent (mode 0555);
---   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, picked at
---     random), with no capabilities, no_new_privs and no user namespaces of its own to make
+--   * the process runs as `uid`/`gid` inside (mapped to a host uid of no account, its own
+--     among this process's pods), with no capabilities, no_new_privs and no user namespaces of its own to make
 --     (bubblewrap's --cap-drop ALL and --disable-userns); no seccomp filter;
 --   * run as root, memory, cpus and pids are cgroups the launcher makes, joins, kills and removes
 --     (mayura.sandbox._local_cgroup), as for a local sandbox;
@@ -33,7 +33,7 @@ local M = {}
 
 local MIB = 1048576
 local HOST_UID_BASE = 1400000   -- host uids for pods: [base, base + 65536)
-local seq = 0
+local seq, uid_start = 0, nil
 
 local function bin(name)
   local build = os.getenv('MAYURA_BUILD') or 'build'
@@ -42,10 +42,19 @@ local function bin(name)
   return p
 end
 
---- Whether pods can run here: root, bubblewrap, nsenter, setpriv and the launcher.
+-- The host's programs, by absolute path: never looked up on a PATH a pod's env gives. setpriv
+-- runs inside a pod too, where only /usr is the host's.
+local programs
+local function prog(name)
+  programs = programs or {}
+  if programs[name] == nil then programs[name] = host.find_in_path(name) or false end
+  return programs[name] or nil
+end
+
+--- Whether pods can run here: root, bubblewrap, nsenter, setpriv (under /usr), bash and the launcher.
 function M.available()
-  return host.uid() == 0 and host.find_in_path('bwrap') ~= nil and host.find_in_path('nsenter') ~= nil
-    and host.find_in_path('setpriv') ~= nil and host.exists(bin('mayura-launch'))
+  return host.uid() == 0 and prog('bwrap') ~= nil and prog('nsenter') ~= nil and prog('bash') ~= nil
+    and (prog('setpriv') or ''):match('^/usr/') ~= nil and prog('sh') ~= nil and host.exists(bin('mayura-launch'))
 end
 
 -- A byte stream over one end of a socket pair (a luv pipe), with on_data(bytes) / on_end().
@@ -108,6 +117,39 @@ end
 -- Inside the container: its streams onto 0, 1 and 2, the others closed, then its command.
 local WRAP = 'exec "$@" <&3 >&6 2>&7 3<&- 4>&- 5>&- 6>&- 7>&- 8<&- 9<&-'
 
+-- Variables the dynamic loader or the C library act on (glibc's list for setuid programs, and any
+-- LD_*), and the names of the launcher's and this file's own (MAYURA_*, KPOD_*): a pod's env
+-- never gives them to a program of the host (the launcher, bubblewrap, nsenter, sh run as root),
+-- but they travel as KPOD_X_<name> and are set again inside, just before its command.
+local LOADER_VARS = {}
+for _, n in ipairs({ 'GCONV_PATH', 'GETCONF_DIR', 'HOSTALIASES', 'LOCALDOMAIN', 'LOCPATH', 'MALLOC_TRACE',
+  'NIS_PATH', 'NLSPATH', 'RESOLV_HOST_CONF', 'RES_OPTIONS', 'TMPDIR', 'TZDIR', 'GLIBC_TUNABLES' }) do
+  LOADER_VARS[n] = true
+end
+
+-- The pod's env as host programs may carry it (into `out`), and the shell text that sets the
+-- loader's variables again inside.
+local function carry_env(env, out)
+  local names = {}
+  for k, v in pairs(env or {}) do
+    if LOADER_VARS[k] or k:match('^LD_') or k:match('^MAYURA_') or k:match('^KPOD_') then
+      out['KPOD_X_' .. k] = v
+      names[#names + 1] = k
+    else
+      out[k] = v
+    end
+  end
+  table.sort(names)
+  local set = {}
+  for _, k in ipairs(names) do
+    -- a name of the pod's env is [-._a-zA-Z][-._a-zA-Z0-9]* (admission); only plain ones reach here
+    if k:match('^[%a_][%w_]*$') then
+      set[#set + 1] = ('export %s="$KPOD_X_%s"; unset KPOD_X_%s; '):format(k, k, k)
+    end
+  end
+  return table.concat(set)
+end
+
 --- Starts a container: `c` = { name (the hostname), argv, env (name -> value), workdir, uid,
 -- gid, mounts ({ path, mib, read_only } emptyDirs), agent_dir (a mount that gets the agent), read_only_root,
 -- memory_mib, cpus, pids, lifetime_ms, stdin, stdin_once, on_output(stream, bytes) (stream 1
@@ -118,8 +160,10 @@ function M.start(c)
   seq = seq + 1
   local id = ('kpod-%d-%s'):format(seq, host.random_hex(4))
   local uid, gid = c.uid or 0, c.gid or c.uid or 0
-  local host_uid = HOST_UID_BASE + (tonumber(host.random_hex(2), 16) or seq) % 65536
-  local a = { bin('mayura-launch'), host.find_in_path('bwrap'),
+  -- a host uid of its own: a random start per process, then one more per pod
+  uid_start = uid_start or tonumber(host.random_hex(2), 16) or 0
+  local host_uid = HOST_UID_BASE + (uid_start + seq) % 65536
+  local a = { bin('mayura-launch'), prog('bwrap'),
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-net', '--unshare-cgroup-try',
     '--uid', tostring(uid), '--gid', tostring(gid), '--hostname', c.name or 'pod',
     '--new-session', '--die-with-parent', '--disable-userns', '--cap-drop', 'ALL', '--info-fd', '4',
@@ -132,7 +176,7 @@ function M.start(c)
   if host.exists('/etc/ld.so.cache') then add('--ro-bind', '/etc/ld.so.cache', '/etc/ld.so.cache') end
   add('--proc', '/proc', '--dev', '/dev')
   for _, m in ipairs(c.mounts or {}) do
-    add('--size', tostring((m.mib or 64) * MIB), '--perms', '1777', '--tmpfs', m.path)
+    add('--size', ('%d'):format(math.floor((m.mib or 64) * MIB)), '--perms', '1777', '--tmpfs', m.path)
   end
   if c.agent_dir then add('--perms', '0555', '--file', '0', c.agent_dir .. '/agent') end
   for _, m in ipairs(c.mounts or {}) do
@@ -142,14 +186,20 @@ function M.start(c)
   -- the launcher's variables are not the container's
   for _, v in ipairs({ 'MAYURA_LIFE', 'MAYURA_CG', 'MAYURA_CG_SET', 'MAYURA_FREEZER', 'MAYURA_CGKILL',
     'MAYURA_UID', 'MAYURA_INFO' }) do add('--unsetenv', v) end
-  add('--chdir', c.workdir or '/', '--', '/bin/sh', '-c', WRAP, 'sh')
+  add('--chdir', c.workdir or '/', '--', '/usr/bin/sh', '-c', '@WRAP@', 'sh')
   for _, x in ipairs(c.argv) do add(x) end
 
   local life = (c.lifetime_ms or 86400000) + 1000
-  local env = { PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME = '/',
-    HOSTNAME = c.name or 'pod', MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000),
-    MAYURA_UID = tostring(host_uid), MAYURA_INFO = '1' }
-  for k, v in pairs(c.env or {}) do env[k] = v end
+  local env = {}
+  local reset = carry_env(c.env, env)
+  env.PATH = env.PATH or '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  env.HOME, env.HOSTNAME = env.HOME or '/', env.HOSTNAME or c.name or 'pod'
+  -- the launcher's own, after the pod's (none of whose names are these)
+  env.MAYURA_LIFE = ('%d.%03d'):format(math.floor(life / 1000), life % 1000)
+  env.MAYURA_UID, env.MAYURA_INFO = tostring(host_uid), '1'
+  for i, x in ipairs(a) do
+    if x == '@WRAP@' then a[i] = reset .. WRAP; break end
+  end
   local parts = host.uid() == 0 and cgroups()
   local cg_dirs = {}
   if parts then
@@ -289,18 +339,20 @@ function Container:exec(argv, o)
   if not pid or not self.running then error('the container is not running', 0) end
   -- nsenter takes the uid inside (with the capabilities joining the user namespace gave); the
   -- program after it has none unless it is uid 0 there, whose are dropped by setpriv
-  local a = { 'sh', '-c', ENTER, 'enter', 'nsenter', '-t', tostring(pid), '-U', '-m', '-p', '-n', '-i', '-u',
-    '-S', tostring(self.uid), '-G', tostring(self.gid), '--', 'setpriv', '--no-new-privs' }
+  local a = { prog('sh'), '-c', ENTER, 'enter', prog('nsenter'), '-t', tostring(pid), '-U', '-m', '-p', '-n', '-i',
+    '-u', '-S', tostring(self.uid), '-G', tostring(self.gid), '--', prog('setpriv'), '--no-new-privs' }
   if self.uid == 0 then
     for _, x in ipairs({ '--bounding-set', '-all', '--inh-caps', '-all' }) do a[#a + 1] = x end
   end
-  for _, x in ipairs({ '--', '/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. WRAP, self.workdir }) do
+  local env = {}
+  local reset = carry_env(self.env, env)
+  env.PATH = env.PATH or '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+  env.HOME = env.HOME or '/'
+  env.KPOD_CG = table.concat(self.cg_dirs, ' ')
+  for _, x in ipairs({ '--', '/usr/bin/sh', '-c', 'cd "$0" 2>/dev/null || cd /; ' .. reset .. WRAP, self.workdir }) do
     a[#a + 1] = x
   end
   for _, x in ipairs(argv) do a[#a + 1] = x end
-  local env = { PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME = '/',
-    KPOD_CG = table.concat(self.cg_dirs, ' ') }
-  for k, v in pairs(self.env) do env[k] = v end
   local x = { running = true }
   local in_host, in_child = pair()
   local out_host, out_child = pair()
@@ -353,8 +405,8 @@ local CONNECT = 'exec 4<>/dev/tcp/127.0.0.1/"$0" || exit 1; cat <&4 >&3 & cat <&
 function Container:connect(port, o)
   local pid = self:wait_pid(5000)
   if not pid or not self.running then error('the container is not running', 0) end
-  local a = { 'nsenter', '-t', tostring(pid), '-n', '--', 'setpriv', '--reuid', '65534', '--regid', '65534',
-    '--clear-groups', '--no-new-privs', '--', 'bash', '-c', CONNECT, tostring(port) }
+  local a = { prog('nsenter'), '-t', tostring(pid), '-n', '--', prog('setpriv'), '--reuid', '65534', '--regid',
+    '65534', '--clear-groups', '--no-new-privs', '--', prog('bash'), '-c', CONNECT, tostring(port) }
   local s_host, s_child = pair()
   local c = {}
   local proc, err = core.spawn({ argv = a, env = { PATH = '/usr/sbin:/usr/bin:/sbin:/bin' }, max_output_bytes = 4096,

@@ -495,9 +495,10 @@ M.unknown_fields = unknown_fields
 -- }======================================================
 
 --- Installs the API server on `svc` (see the header). Returns the state: `server`, `ca_file`,
--- `token`, `objects` (plural -> ns -> name -> object), `containers` (uid -> kube_pods
--- container), `pull_failures` (image -> true), `images` (image -> true), `events` (every
--- WatchEvent sent, in order: { type, plural, object }), and :pod(ns, name), :evict(ns, name),
+-- `token`, `client_cert_file`, `client_key_file`, `objects` (plural -> ns -> name -> object),
+-- `containers` (uid -> kube_pods container), `pull_failures` (image -> true), `images` (image ->
+-- true), `forbidden`, `unschedulable`, `events` (the WatchEvents of the last 10000 to 20000
+-- changes, in order: { type, plural, object, rv }), and :pod(ns, name), :evict(ns, name),
 -- :cut_attach(ns, name), :close().
 function M.install(svc, _, opts)
   opts = opts or {}
@@ -541,6 +542,11 @@ function M.install(svc, _, opts)
     state.history[#state.history + 1] = ev
     if #state.history > 2000 then table.remove(state.history, 1) end
     state.events[#state.events + 1] = ev
+    if #state.events > 20000 then
+      local keep = {}
+      for i = 10001, #state.events do keep[#keep + 1] = state.events[i] end
+      state.events = keep
+    end
     for w in pairs(state.watchers) do
       if w.plural == plural then w.push(ev) end
     end
