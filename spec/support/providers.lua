@@ -263,7 +263,7 @@ end
 
 --- The entry of mayura.sandbox.kubernetes on the stand-in.
 function M.kubernetes_entry()
-  local entry = { name = 'kubernetes', kind = 'kubernetes' }
+  local entry = { name = 'kubernetes', kind = 'kubernetes', token = KUBE_TOKEN }
   function entry.make_provider(opts)
     local prov = split(opts)
     local k = kube_stand_in()
