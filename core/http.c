@@ -17,7 +17,8 @@
 ** transfer (NETWORK_ERROR). Without it libcurl's default holds: HTTP/1.1 in the clear, HTTP/2
 ** when TLS agrees. Trailers (HTTP/2's, or a chunked HTTP/1.1 body's) come in the result's
 ** `trailers`, named as headers are; gRPC puts its status there. `ca_file` names a PEM file of the
-** authorities to trust in place of the system's (a server with a test authority); `client_cert`
+** authorities to trust in place of the system's (a server with a test authority), `ca_pem` gives
+** them as PEM text instead; `client_cert`
 ** and `client_key` name PEM files of a client certificate and its key (TLS client authentication).
 **
 ** Lua never runs inside a curl callback: those only fill C buffers and put
@@ -802,7 +803,7 @@ static mc_http_multi *mc_http_get_multi(lua_State *L) {
 static const char *const mc_http_keys[] = {
     "url", "method", "headers", "body", "timeout_ms", "connect_timeout_ms",
     "unix_socket", "on_data", "max_body_bytes", "on_headers", "aws_sigv4", "aws_key_id", "aws_secret",
-    "http_version", "ca_file", "client_cert", "client_key", NULL
+    "http_version", "ca_file", "ca_pem", "client_cert", "client_key", NULL
 };
 
 /* An option naming a file: 1 when given (a string without NUL, of a path's length), 0 when nil. */
@@ -921,7 +922,7 @@ typedef struct mc_http_opts {
     const char *url, *method, *body, *sock;
     size_t url_len, method_len, body_len, sock_len;
     lua_Integer timeout, ctimeout, max_body;
-    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, has_ca, has_cert, has_key;
+    int has_headers, has_ctype, has_on_data, has_on_headers, has_sigv4, has_ca, has_ca_pem, has_cert, has_key;
     long version; /* CURLOPT_HTTP_VERSION, or 0 for libcurl's default */
 } mc_http_opts;
 
@@ -1026,6 +1027,16 @@ static void mc_http_read_opts(lua_State *L, mc_http_opts *o) {
     /* the authorities to trust instead of the system's (a server with a test authority), a client
     ** certificate and its key */
     o->has_ca = mc_http_path_opt(L, "ca_file");
+    lua_getfield(L, 1, "ca_pem");
+    if (!lua_isnil(L, -1)) {
+        size_t n;
+        if (lua_type(L, -1) != LUA_TSTRING) mc_raise(L, "INVALID_INPUT", "option 'ca_pem' must be a string");
+        lua_tolstring(L, -1, &n);
+        if (n == 0 || n > ((size_t)1 << 20)) mc_raise(L, "INVALID_INPUT", "option 'ca_pem' is empty or too long");
+        if (o->has_ca) mc_raise(L, "INVALID_INPUT", "options 'ca_file' and 'ca_pem' do not go together");
+        o->has_ca_pem = 1;
+    }
+    lua_pop(L, 1);
     o->has_cert = mc_http_path_opt(L, "client_cert");
     o->has_key = mc_http_path_opt(L, "client_key");
     if (o->has_cert != o->has_key) mc_raise(L, "INVALID_INPUT", "options 'client_cert' and 'client_key' go together");
@@ -1110,6 +1121,16 @@ static void mc_http_setup_easy(lua_State *L, mc_http_req *r, const mc_http_opts 
     if (o->has_ca) {
         lua_getfield(L, 1, "ca_file");   /* copied by libcurl too */
         MC_HTTP_SETOPT(r, CURLOPT_CAINFO, lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    if (o->has_ca_pem) {
+        struct curl_blob blob;
+        size_t n;
+        lua_getfield(L, 1, "ca_pem");
+        blob.data = (void *)lua_tolstring(L, -1, &n);
+        blob.len = n;
+        blob.flags = CURL_BLOB_COPY;   /* libcurl keeps its own copy */
+        MC_HTTP_SETOPT(r, CURLOPT_CAINFO_BLOB, &blob);
         lua_pop(L, 1);
     }
     if (o->has_cert) {

@@ -8,7 +8,8 @@
 **   local conn = core.ws_connect({ url = 'wss://host/path', headers = { Authorization = 'Bearer x' },
 **     protocols = 'a, b', max_message_bytes = 16777216 }, function(kind, a, b) ... end)
 **   conn:send(bytes, binary)     -- queued; sent when the socket can take it
-** `ca_file` (a PEM file of the authorities to trust instead of the system's), and `client_cert`
+** `ca_file` (a PEM file of the authorities to trust instead of the system's) or `ca_pem` (that PEM
+** text itself), and `client_cert`
 ** with `client_key` (PEM files: TLS client authentication) apply to a wss:// URL: each set of them
 ** gets a vhost of its own (its client TLS context), kept with the context, MC_WS_MAX_VHOSTS at most.
 **   conn:close(code)             -- the close handshake (1000 by default), then 'close'
@@ -431,7 +432,7 @@ static mc_ws_state *mc_ws_get_state(lua_State *L) {
 }
 
 static const char *const mc_ws_keys[] = {"url", "headers", "protocols", "max_message_bytes", "ca_file",
-                                         "client_cert", "client_key", NULL};
+                                         "ca_pem", "client_cert", "client_key", NULL};
 
 /* A file option: NULL when nil, else a string without NUL shorter than PATH_MAX. */
 static const char *mc_ws_path_opt(lua_State *L, const char *name) {
@@ -442,19 +443,20 @@ static const char *mc_ws_path_opt(lua_State *L, const char *name) {
     return v;
 }
 
-/* The vhost whose client TLS trusts `ca` and presents `cert` and `key` (any may be NULL): made once
-** per set (its own client TLS context) and kept; NULL when it cannot be made (files unreadable). */
+/* The vhost whose client TLS trusts `ca` (or the PEM text `pem`) and presents `cert` and `key` (any
+** may be NULL): made once per set (its own client TLS context) and kept; NULL when it cannot be
+** made (files unreadable, a PEM that does not parse). */
 static struct lws_vhost *mc_ws_vhost(lua_State *L, mc_ws_state *st, const char *ca, const char *cert,
-                                     const char *key) {
+                                     const char *key, const char *pem, size_t pem_len) {
     struct lws_context_creation_info info;
     struct lws_vhost *vh;
     char name[32], *k;
-    size_t n = strlen(ca ? ca : "") + strlen(cert ? cert : "") + strlen(key ? key : "") + 3;
+    size_t n = strlen(ca ? ca : "") + strlen(cert ? cert : "") + strlen(key ? key : "") + pem_len + 4;
     int i;
     mc_ws_walk w;
     k = (char *)malloc(n);
     if (k == NULL) mc_raise_oom(L);
-    snprintf(k, n, "%s\n%s\n%s", ca ? ca : "", cert ? cert : "", key ? key : "");
+    snprintf(k, n, "%s\n%s\n%s\n%s", ca ? ca : "", cert ? cert : "", key ? key : "", pem ? pem : "");
     for (i = 0; i < st->nvhosts; i++)
         if (strcmp(st->vhosts[i].key, k) == 0) {
             free(k);
@@ -471,6 +473,10 @@ static struct lws_vhost *mc_ws_vhost(lua_State *L, mc_ws_state *st, const char *
     info.protocols = mc_ws_protocols;
     info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
     info.client_ssl_ca_filepath = ca;
+    if (pem != NULL) {
+        info.client_ssl_ca_mem = pem;
+        info.client_ssl_ca_mem_len = (unsigned int)pem_len;
+    }
     info.client_ssl_cert_filepath = cert;
     info.client_ssl_private_key_filepath = key;
     /* as for the context: what handles it makes on the loop are not ours to keep it alive */
@@ -519,8 +525,8 @@ static int l_ws_connect(lua_State *L) {
     mc_ws_state *st;
     mc_ws_conn *c;
     mc_ws_handle *h;
-    size_t ulen, plen = 0, hlen = 1;
-    const char *url, *protocols, *scheme, *host, *path, *ca, *cert, *key;
+    size_t ulen, plen = 0, hlen = 1, pem_len = 0;
+    const char *url, *protocols, *scheme, *host, *path, *ca, *cert, *key, *pem;
     struct lws_vhost *vh = NULL;
     char *ubuf, *pathbuf;
     int port, tls;
@@ -537,6 +543,9 @@ static int l_ws_connect(lua_State *L) {
     ca = mc_ws_path_opt(L, "ca_file");
     cert = mc_ws_path_opt(L, "client_cert");
     key = mc_ws_path_opt(L, "client_key");
+    pem = mc_opt_lstr(L, 1, "ca_pem", &pem_len);
+    if (pem != NULL && (pem_len == 0 || pem_len > ((size_t)1 << 20) || strlen(pem) != pem_len || ca != NULL))
+        return mc_raise(L, "INVALID_INPUT", "ca_pem must be PEM text (and not with ca_file)");
     if ((cert == NULL) != (key == NULL)) return mc_raise(L, "INVALID_INPUT", "client_cert and client_key go together");
     /* headers, checked before anything is made */
     lua_getfield(L, 1, "headers");
@@ -571,8 +580,8 @@ static int l_ws_connect(lua_State *L) {
     strcpy(pathbuf + 1, path);
 
     st = mc_ws_get_state(L);
-    if (tls && (ca != NULL || cert != NULL)) {
-        vh = mc_ws_vhost(L, st, ca, cert, key);
+    if (tls && (ca != NULL || cert != NULL || pem != NULL)) {
+        vh = mc_ws_vhost(L, st, ca, cert, key, pem, pem_len);
         if (vh == NULL) return mc_raise(L, "INVALID_INPUT", "the TLS files (ca_file, client_cert, client_key) cannot be used");
     }
     h = (mc_ws_handle *)mc_handle_new(L, &mc_ws_class);   /* made first, empty */

@@ -58,7 +58,7 @@ function M.options(extra)
   end
   local o = { server = cluster.server, namespace = context.namespace }
   if cluster['certificate-authority-data'] then
-    o.ca_file = b64_file('ca.pem', cluster['certificate-authority-data'])
+    o.ca_data = core.base64.decode(cluster['certificate-authority-data'])   -- PEM text: no file needed
   else
     o.ca_file = cluster['certificate-authority']
   end
@@ -78,7 +78,7 @@ function M.options(extra)
   for k, v in pairs(extra or {}) do o[k] = v end
   local function cleanup()
     if not dir then return end
-    for _, name in ipairs({ 'ca.pem', 'client.pem', 'client-key.pem' }) do os.remove(dir .. '/' .. name) end
+    for _, name in ipairs({ 'client.pem', 'client-key.pem' }) do os.remove(dir .. '/' .. name) end
     os.remove(dir)
     dir = nil
   end
@@ -90,6 +90,7 @@ if arg and arg[0] and arg[0]:match('kubernetes_kubeconfig%.lua$') then
   for _, k in ipairs({ 'server', 'namespace', 'ca_file', 'client_cert' }) do
     print(('%-12s %s'):format(k, tostring(o[k])))
   end
+  print(('%-12s %s'):format('ca_data', o.ca_data and '(set)' or 'nil'))
   print(('%-12s %s'):format('token', o.token and '(set)' or 'nil'))
   cleanup()
 end

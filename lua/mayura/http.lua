@@ -18,7 +18,8 @@ local task = require('mayura._task')
 local M = {}
 
 --- Makes a request: `{ url, method, headers, body, timeout_ms, connect_timeout_ms,
--- unix_socket, on_data, on_headers, max_body_bytes, http_version ('1.1' or '2'), ca_file, signal }`.
+-- unix_socket, on_data, on_headers, max_body_bytes, http_version ('1.1' or '2'), ca_file (or ca_pem,
+-- the PEM text), client_cert, client_key, signal }`.
 function M.request(opts)
   if type(opts) ~= 'table' then errors.raise('INVALID_INPUT', 'request expects an options table') end
   local token = opts.signal

@@ -8,8 +8,8 @@
 --   local msg, binary = conn:receive({ timeout_ms = 5000, signal = token })
 --   conn:close()                              -- the close handshake; does not wait
 --
--- A wss:// connection trusts the system's authorities, or those of `ca_file` (a PEM file), and
--- presents `client_cert` with `client_key` (PEM files) when given.
+-- A wss:// connection trusts the system's authorities, or those of `ca_file` (a PEM file) or
+-- `ca_pem` (PEM text), and presents `client_cert` with `client_key` (PEM files) when given.
 --
 -- `connect` raises CONNECT_FAILED (with `status`, the HTTP status of a refused
 -- handshake, when there was one), TIMEOUT, CANCELLED or INVALID_INPUT; its
@@ -79,7 +79,7 @@ end
 
 local connect_keys = {
   url = true, headers = true, protocols = true, max_message_bytes = true, timeout_ms = true, signal = true,
-  ca_file = true, client_cert = true, client_key = true,
+  ca_file = true, ca_pem = true, client_cert = true, client_key = true,
 }
 
 function M.connect(opts)
@@ -103,8 +103,8 @@ function M.connect(opts)
     self:_wake()
   end
   self._handle = core.ws_connect({ url = opts.url, headers = opts.headers, protocols = opts.protocols,
-    max_message_bytes = opts.max_message_bytes, ca_file = opts.ca_file, client_cert = opts.client_cert,
-    client_key = opts.client_key }, on_event)
+    max_message_bytes = opts.max_message_bytes, ca_file = opts.ca_file, ca_pem = opts.ca_pem,
+    client_cert = opts.client_cert, client_key = opts.client_key }, on_event)
   local deadline = core.hrtime_ms() + timeout
   local timed_out, cancelled = false, false
   while not self.opened and not self.closed do

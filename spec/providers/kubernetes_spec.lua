@@ -49,6 +49,7 @@ describe('kubernetes_sandboxes options', function()
       { uid = 0 }, { cpus = 0 }, { memory_mib = 8 }, { workdir = 'rel' }, { cluster_cidrs = { '10.0.0.0/33' } },
       { cluster_cidrs = { 'nope' } }, { ca_file = 'rel.pem' }, { client_cert = '/c.pem' }, { unknown = 1 },
       { network_policy_enforced = 'yes' }, { client_cert = '/c', client_key = '/k' },
+      { ca_data = 'not pem' }, { ca_data = '-----BEGIN CERTIFICATE-----', ca_file = '/ca.pem' },
     }) do
       local ok, e = pcall(kubernetes.kubernetes_sandboxes, base(bad))
       assert.is_false(ok, core.json.encode(bad))
@@ -725,6 +726,29 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ mode = 'vm' }))
   end)
 
+  it('keeps an idle attach busy with the agent\'s ping, and stops at the release', function()
+    local kpool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(options({ keepalive_ms = 1000 })),
+      { max_sandboxes = 1, max_lifetime_ms = 600000 })
+    local s = kpool:create({ lifetime_ms = 60000 })
+    local b = s._backend
+    -- count the agent's answers: each ping is a request and its reply through the attach
+    local calls, real = 0, b.ch
+    b.ch = {
+      call = function(_, req, ...)
+        if req.op == 'ping' then calls = calls + 1 end
+        return real:call(req, ...)
+      end,
+      close = function() return real:close() end,
+    }
+    task.await(function(done) task.after(2600, done, true) end)
+    assert.is_true(calls >= 2, calls .. ' pings')
+    assert.are.equal('idle\n', s:exec({ 'echo', 'idle' }).stdout)
+    s:release()
+    assert.is_nil(b.pinger)
+    kpool:close()
+    assert.raises_code('INVALID_CONFIG', kubernetes.kubernetes_sandboxes, options({ keepalive_ms = 10 }))
+  end)
+
   it("maps RBAC's refusals and a 429 to coded errors, leaving nothing made", function()
     local function count(plural)
       local n = 0
@@ -752,13 +776,16 @@ describe('kubernetes sandboxes on the API server stand-in', function()
     assert.is_true(util.eventually(function() return count('networkpolicies') == before_policies end, 10000))
   end)
 
-  it('authenticates with a client certificate instead of a token', function()
+  it('authenticates with a client certificate instead of a token, trusting the authority given as text', function()
     if not state.client_cert_file then
       pending('the stand-in made no client certificate')
       return
     end
-    local o = options({ client_cert = state.client_cert_file, client_key = state.client_key_file })
-    o.token = nil
+    -- and the authority as PEM text (a kubeconfig's certificate-authority-data), no file
+    local f = assert(io.open(state.ca_file))
+    local o = options({ client_cert = state.client_cert_file, client_key = state.client_key_file, ca_data = f:read('a') })
+    f:close()
+    o.token, o.ca_file = nil, nil
     local cpool = sandbox.create_sandboxes(kubernetes.kubernetes_sandboxes(o), { max_sandboxes = 1,
       max_lifetime_ms = 600000 })
     local s = cpool:create({ lifetime_ms = 60000 })

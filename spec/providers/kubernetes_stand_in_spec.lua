@@ -159,11 +159,11 @@ describe('the Kubernetes API server stand-in', function()
     function()
       local r = call('POST', pod_path(), pod_body('iso', { 'sh', '-c',
         'id -u; ls -A / | tr "\\n" " "; echo; grep CapEff /proc/self/status; ' ..
-        'touch /x 2>/dev/null && echo rootrw || echo rootro; echo data > /work/f && cat /work/f; ' ..
+        'touch /x 2>/dev/null && echo rootrw || echo rootro; echo data > /data/f && cat /data/f; ' ..
         'ls /root /home /var 2>&1 | head -1; exec sleep 60' },
         { container = { securityContext = { runAsUser = 1234, readOnlyRootFilesystem = true },
-          resources = { limits = { memory = '96Mi' } }, volumeMounts = { { name = 'work', mountPath = '/work' } } },
-          spec = { volumes = { { name = 'work', emptyDir = { sizeLimit = '8Mi' } } } } }))
+          resources = { limits = { memory = '96Mi' } }, volumeMounts = { { name = 'data', mountPath = '/data' } } },
+          spec = { volumes = { { name = 'data', emptyDir = { sizeLimit = '8Mi' } } } } }))
       assert.are.equal(201, r.status, r.body)
       assert.are.equal('Pending', r.json.status.phase)
       assert.are.equal('Burstable', r.json.status.qosClass)

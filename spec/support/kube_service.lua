@@ -105,7 +105,8 @@
 -- with `stdinOnce` the first attach's end closes it). Portforward: per port two channels (2i
 -- data, 2i+1 error), whose first message from the server carries the port (2 bytes,
 -- little-endian), the data a connection to 127.0.0.1:<port> in the pod's network namespace. A
--- refused upgrade is a Status (401, 404, 400 for a pod not running or a completed one).
+-- refused upgrade is a Status (401, 403, 404, 400 for a pod not running or a completed one).
+-- kubectl's exec and attach (v5) work; its port-forward (SPDY tunnelled in a WebSocket) does not.
 --
 -- Where it differs from a real API server: one node; images are names (every container runs
 -- on the host's /usr, whatever its image); init containers are not run (marked Completed, see

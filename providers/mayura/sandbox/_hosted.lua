@@ -22,7 +22,7 @@
 -- `http_version = '2'` makes every request of the client HTTP/2 (with prior
 -- knowledge to an http:// base URL, by ALPN over TLS), for a service that
 -- speaks nothing else; '1.1' keeps it to HTTP/1.1. `ca_file` (a PEM file of the
--- authorities to trust instead of the system's) and `client_cert` with
+-- authorities to trust instead of the system's) or `ca_pem` (that PEM text), and `client_cert` with
 -- `client_key` (PEM files: TLS client authentication) are absolute paths.
 --   local body, res = client:json('POST', '/sandboxes', { templateID = 'base' })
 --   client:json('GET', '/sandboxes/' .. hosted.escape(id), nil, { gone = true })
@@ -236,7 +236,7 @@ local client_keys = {
   label = true, base_url = true, api_key = true, auth_header = true, auth_prefix = true, headers = true,
   call_timeout_ms = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
   max_response_bytes = true, max_message_bytes = true, secrets = true, aws_sigv4 = true, aws_credentials = true,
-  http_version = true, ca_file = true, client_cert = true, client_key = true,
+  http_version = true, ca_file = true, ca_pem = true, client_cert = true, client_key = true,
 }
 
 local function check_headers(h, what, level)
@@ -331,9 +331,15 @@ function M.client(options)
   if (options.client_cert == nil) ~= (options.client_key == nil) then
     errors.raise(C, label .. ': client_cert and client_key go together', nil, 2)
   end
+  local pem = options.ca_pem
+  if pem ~= nil and (type(pem) ~= 'string' or not pem:find('-----BEGIN', 1, true) or #pem > 1048576
+      or pem:find('%z') or options.ca_file ~= nil) then
+    errors.raise(C, label .. ': ca_pem must be PEM text (and not with ca_file)', nil, 2)
+  end
   -- the files' paths go to libcurl with each request
   self._tls = function(req)
-    req.ca_file, req.client_cert, req.client_key = options.ca_file, options.client_cert, options.client_key
+    req.ca_file, req.ca_pem = options.ca_file, pem
+    req.client_cert, req.client_key = options.client_cert, options.client_key
     return req
   end
   if self.http_version ~= nil and self.http_version ~= '1.1' and self.http_version ~= '2' then

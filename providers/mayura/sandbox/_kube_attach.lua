@@ -34,7 +34,7 @@ local MAX_MESSAGE = 16 * 1048576
 -- files): CONNECT_FAILED with a status is that status's SANDBOX_ERROR.
 local function open(c, path, protocols, timeout_ms)
   local ok, conn = pcall(ws.connect, { url = c.ws_base .. path, headers = c.headers(), protocols = protocols,
-    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000, ca_file = c.ca_file,
+    max_message_bytes = MAX_MESSAGE, timeout_ms = timeout_ms or 30000, ca_file = c.ca_file, ca_pem = c.ca_pem,
     client_cert = c.client_cert, client_key = c.client_key })
   if ok then return conn end
   if errors.is(conn, 'CONNECT_FAILED') and conn.status then
@@ -82,7 +82,7 @@ function M.agent(c, path, on_close)
   task.spawn(function()
     while not ended do
       local ok, msg = pcall(conn.receive, conn)
-      if not ok or msg == nil or #msg == 0 then break end
+      if ended or not ok or msg == nil or #msg == 0 then break end
       local which = msg:byte(1)
       if which == STDOUT and #msg > 1 then
         pipe:write(msg:sub(2))
@@ -119,7 +119,7 @@ local function forward_one(c, path, port, client)
     local seen = {}
     while not done do
       local rok, msg = pcall(conn.receive, conn)
-      if not rok or msg == nil or #msg == 0 then break end
+      if done or not rok or msg == nil or #msg == 0 then break end
       local which = msg:byte(1)
       local body = msg:sub(2)
       -- the first message of each channel is its port

@@ -8,8 +8,9 @@
 --   })
 --   local sandboxes = sandbox.create_sandboxes(provider, { max_sandboxes = 4 })
 --
--- Options: `server` (required: the API server's https:// URL; http:// for a local proxy such as
--- `kubectl proxy`), `ca_file` (a PEM file of the cluster's authority), `token` (a bearer token) or
+-- Options: `server` (required: the API server's https:// URL; http:// only on this machine, for a
+-- local proxy such as `kubectl proxy`), `ca_file` (a PEM file of the cluster's authority) or
+-- `ca_data` (its PEM text, a kubeconfig's certificate-authority-data decoded), `token` (a bearer token) or
 -- `client_cert` with `client_key` (PEM files), `namespace` ('default'), `image` (the sandboxes'
 -- image: sh and coreutils or BusyBox; a create's `image` names another), `agent_image` (an image
 -- holding the static agent, build/mayura-agent, at `agent_path` ('/mayura-agent') and `cp`: an
@@ -19,9 +20,11 @@
 -- `uid` (the sandboxes' uid and gid, of no account: 1300000), `cpus` (1), `memory_mib` (1024),
 -- `workspace_mib` (512) and `tmp_mib` (128) (tmpfs, within memory_mib), `workdir` (/workspace),
 -- `max_lifetime_ms` (24 h), `start_timeout_ms` (120000: how long a Pod may stay Pending),
--- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10,
+-- `cluster_cidrs` (what network 'all' keeps a sandbox from: RFC 1918, 100.64.0.0/10, 127.0.0.0/8,
 -- 169.254.0.0/16 with the cloud metadata address, fc00::/7, fe80::/10), `network_policy_enforced`
--- (false), `warm` (0), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
+-- (false), `warm` (0), `keepalive_ms` (30000: an idle attach carries the agent's ping this often,
+-- so that no proxy or load balancer before the API server, nor the kubelet's idle timeout, ends
+-- it), `retries`, `retry_base_ms`, `max_retry_after_ms` (the hosted kit's).
 -- `mode = 'agent-sandbox'` makes each sandbox through the Agent Sandbox controller
 -- (kubernetes-sigs/agent-sandbox), where the cluster runs it: a Sandbox (agents.x-k8s.io/v1beta1)
 -- whose Pod template is the Pod below, or, with `template`, a SandboxClaim
@@ -57,7 +60,8 @@
 --
 -- `features`: stdin, ports (port-forward), network { 'none', 'all' }, no desktop. `enforced`:
 -- memory, cpus, lifetime and the tmpfs sizes by the cluster; no process cap (Kubernetes has none
--- per Pod); network as said.
+-- per Pod); network as said. An exec killed by SIGKILL is `oom_killed` when the container's cgroup
+-- (read through the agent) counts a new OOM kill.
 local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
@@ -83,12 +87,12 @@ local IMAGE_PATTERN = '^[%w][%w%._/:@%-]*$'
 local C = 'INVALID_CONFIG'
 
 local option_keys = {
-  server = true, ca_file = true, token = true, client_cert = true, client_key = true, namespace = true,
+  server = true, ca_file = true, ca_data = true, token = true, client_cert = true, client_key = true, namespace = true,
   image = true, agent_image = true, agent_in_image = true, agent_path = true, pull = true, pull_policy = true,
   runtime_class = true, uid = true, cpus = true, memory_mib = true, workspace_mib = true, tmp_mib = true,
   workdir = true, max_lifetime_ms = true, start_timeout_ms = true, cluster_cidrs = true,
   network_policy_enforced = true, warm = true, retries = true, retry_base_ms = true, max_retry_after_ms = true,
-  mode = true, template = true,
+  mode = true, template = true, keepalive_ms = true,
 }
 
 local function fail(msg)
@@ -127,6 +131,11 @@ local function read_options(options)
     fail('server may be http:// only on this machine (a local proxy such as kubectl proxy): use https://')
   end
   if options.token ~= nil and options.client_cert ~= nil then fail('give token or client_cert, not both') end
+  local ca_data = options.ca_data
+  if ca_data ~= nil and (type(ca_data) ~= 'string' or not ca_data:find('-----BEGIN CERTIFICATE-----', 1, true)
+      or #ca_data > 1048576 or ca_data:find('%z') or options.ca_file ~= nil) then
+    fail('ca_data must be the cluster authority\'s PEM text (and not with ca_file)')
+  end
   for _, name in ipairs({ 'ca_file', 'client_cert', 'client_key' }) do
     local v = options[name]
     if v ~= nil and (type(v) ~= 'string' or v:sub(1, 1) ~= '/' or v:find('%z')) then
@@ -152,6 +161,7 @@ local function read_options(options)
     start_timeout_ms = check.int(options.start_timeout_ms, 'start_timeout_ms', 1000, 3600000, C, 4, 120000),
     enforced_network = bool_option(options.network_policy_enforced, 'network_policy_enforced'),
     warm = check.int(options.warm, 'warm', 0, 1000, C, 4, 0),
+    keepalive_ms = check.int(options.keepalive_ms, 'keepalive_ms', 1000, 3600000, C, 4, 30000),
     cluster_cidrs = options.cluster_cidrs or CLUSTER_CIDRS,
   }
   if not pod.dns_label(o.namespace) then fail('namespace is not a Kubernetes namespace name') end
@@ -223,6 +233,7 @@ function Backend:release()
     if not self.timer:is_closing() then self.timer:close() end
     self.timer = nil
   end
+  self:stop_keepalive()
   for _, f in pairs(self.forwards) do pcall(f.close) end
   -- an Agent Sandbox resource first (its controller would make the Pod again), then the Pod at once
   local ok, err = true, nil
@@ -269,6 +280,25 @@ function Backend:exec(argv, o)
     end
   end
   return res
+end
+
+-- Pings the agent every `ms` while the attach is open: an idle stream is not one a proxy, a load
+-- balancer or the kubelet ends. The timer keeps no script running.
+function Backend:keepalive(ms)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  self.pinger = timer
+  timer:start(ms, ms, function()
+    if self.closed then return self:stop_keepalive() end
+    pcall(self.ch.call, self.ch, { op = 'ping' }, function() end)
+  end)
+  timer:unref()
+end
+
+function Backend:stop_keepalive()
+  local timer = self.pinger
+  self.pinger = nil
+  if timer and not timer:is_closing() then timer:close() end
 end
 
 -- The host's own end of the lifetime (as the cluster's deadline, and the agent's own).
@@ -361,6 +391,7 @@ function M.kubernetes_sandboxes(options)
   local o = read_options(options)
   local api = hosted.client({
     label = 'kubernetes', base_url = o.server, api_key = options.token, ca_file = options.ca_file,
+    ca_pem = options.ca_data,
     client_cert = options.client_cert, client_key = options.client_key,
     retries = options.retries, retry_base_ms = options.retry_base_ms, max_retry_after_ms = options.max_retry_after_ms,
     max_response_bytes = 16 * MIB,
@@ -368,7 +399,8 @@ function M.kubernetes_sandboxes(options)
   local token = options.token
   local conn = {
     ws_base = o.server:gsub('^http', 'ws'),
-    ca_file = options.ca_file, client_cert = options.client_cert, client_key = options.client_key,
+    ca_file = options.ca_file, ca_pem = options.ca_data, client_cert = options.client_cert,
+    client_key = options.client_key,
     headers = function()
       local h = { ['User-Agent'] = hosted.USER_AGENT }
       if token then h.Authorization = 'Bearer ' .. token end
@@ -459,9 +491,13 @@ function M.kubernetes_sandboxes(options)
         backend.path = path
       end
       wait_running(self, c, path, deadline, workload ~= nil)
-      backend.ch, backend.session = attach.agent(conn, path, function() backend.closed = true end)
+      backend.ch, backend.session = attach.agent(conn, path, function()
+        backend.closed = true
+        backend:stop_keepalive()
+      end)
       agent_backend.hello(backend)
       backend.oom_seen = oom_count(backend)
+      backend:keepalive(self.keepalive_ms)
     end)
     if not ok then agent_backend.start_failed(backend, err) end
     backend.image_name = image or self.image
