@@ -340,32 +340,7 @@ MAYURA_API int mayura_backend_timeout(lua_State *L) {
     return uv_backend_timeout(loop);
 }
 
-#include <luv/lhandle.h>
-
-struct embed_walk {
-    lua_State *L;
-    luv_ctx_t *ctx;
-    int closed;     /* how many this walk closed */
-};
-
-/*
-** Closes a luv handle (a timer a task still waits on, say) through luv's own close while the
-** state is alive: luv's close callback uses the state, so it must run before lua_close.
-** The core's handles are closed by their own finalizers in lua_close.
-*/
-static void embed_close_luv(uv_handle_t *h, void *arg) {
-    struct embed_walk *w = (struct embed_walk *)arg;
-    luv_handle_t *d = (luv_handle_t *)h->data;
-    if (d == NULL || uv_is_closing(h) || d->ctx != w->ctx) return;
-    lua_rawgeti(w->L, LUA_REGISTRYINDEX, d->ref);
-    lua_getfield(w->L, -1, "close");
-    lua_insert(w->L, -2);
-    if (lua_pcall(w->L, 1, 0, 0) != LUA_OK) lua_pop(w->L, 1);
-    w->closed++;
-}
-
 MAYURA_API void mayura_close(lua_State *L) {
-    struct embed_walk w;
     uv_loop_t *loop;
     void *ud = NULL;
     embed_alloc *alloc = lua_getallocf(L, &ud) == embed_alloc_fn ? (embed_alloc *)ud : NULL;
@@ -373,24 +348,8 @@ MAYURA_API void mayura_close(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, MC_LOOP_KEY);
     loop = (uv_loop_t *)lua_touserdata(L, -1);
     lua_pop(L, 1);
-    if (loop != NULL && mc_run_depth == 0) {
-        w.L = L;
-        lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
-        w.ctx = (luv_ctx_t *)lua_touserdata(L, -1);
-        lua_pop(L, 1);
-        /*
-        ** The pass that finishes those closes also runs what is due (a reply that resumes a task,
-        ** which may start a timer): walk again until a walk finds nothing of luv's open.
-        */
-        for (i = 0; w.ctx != NULL && i < 100; i++) {
-            w.closed = 0;
-            uv_walk(loop, embed_close_luv, &w);
-            mc_run_depth++;
-            uv_run(loop, UV_RUN_NOWAIT);
-            mc_run_depth--;
-            if (w.closed == 0) break;
-        }
-    }
+    /* luv's handles close while the state lives (not from within a run of the loop) */
+    if (loop != NULL && mc_run_depth == 0) mc_close_luv_handles(L, loop);
     lua_close(L);
     if (alloc != NULL) embed_alloc_free(alloc);
     if (loop == NULL) return;

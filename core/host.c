@@ -212,6 +212,8 @@ int main(int argc, char **argv) {
 done:
     fflush(stdout);
     if (status != 0) _exit(status);
+    /* luv's handles the script left open close while the state lives: their callbacks use it */
+    mc_close_luv_handles(L, &loop);
     lua_close(L);
     uv_run(&loop, UV_RUN_NOWAIT);
     if (uv_loop_close(&loop) != 0) uv_run(&loop, UV_RUN_DEFAULT);

@@ -14,6 +14,7 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <luv/luv.h>
+#include <luv/lhandle.h>
 #pragma GCC diagnostic pop
 
 #include <sys/mman.h>
@@ -236,6 +237,48 @@ static int mc_loop_busy(lua_State *L) {
     ctx = (luv_ctx_t *)lua_touserdata(L, -1);
     lua_pop(L, 1);
     return ctx != NULL && ctx->mode != -1;
+}
+
+struct mc_luv_walk {
+    lua_State *L;
+    luv_ctx_t *ctx;
+    int closed;     /* how many this walk closed */
+};
+
+/* Closes a luv handle (a timer a task still waits on, say) through luv's own close. */
+static void mc_close_one_luv(uv_handle_t *h, void *arg) {
+    struct mc_luv_walk *w = (struct mc_luv_walk *)arg;
+    luv_handle_t *d = (luv_handle_t *)h->data;
+    if (d == NULL || uv_is_closing(h) || d->ctx != w->ctx) return;
+    lua_rawgeti(w->L, LUA_REGISTRYINDEX, d->ref);
+    lua_getfield(w->L, -1, "close");
+    lua_insert(w->L, -2);
+    if (lua_pcall(w->L, 1, 0, 0) != LUA_OK) lua_pop(w->L, 1);
+    w->closed++;
+}
+
+/*
+** Closes every luv handle of `L` still open on `loop` while the state is alive (for a host that is
+** about to lua_close it): luv's close callback uses the state, so it must run before lua_close.
+** The core's handles are closed by their own finalizers in lua_close. The pass that finishes those
+** closes also runs what is due (a reply that resumes a task, which may start a timer): walk again
+** until a walk finds nothing of luv's open. Inline: only the programs that end a state use it.
+*/
+static inline void mc_close_luv_handles(lua_State *L, uv_loop_t *loop) {
+    struct mc_luv_walk w;
+    int i;
+    w.L = L;
+    lua_getfield(L, LUA_REGISTRYINDEX, "luv_context");
+    w.ctx = (luv_ctx_t *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    for (i = 0; w.ctx != NULL && i < 100; i++) {
+        w.closed = 0;
+        uv_walk(loop, mc_close_one_luv, &w);
+        mc_run_depth++;
+        uv_run(loop, UV_RUN_NOWAIT);
+        mc_run_depth--;
+        if (w.closed == 0) break;
+    }
 }
 
 /* Refuses to run the loop from top-level code when a host runs it. */

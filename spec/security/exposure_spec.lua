@@ -210,6 +210,10 @@ for _, prov in ipairs(providers.list()) do
     end)
 
     it('cannot ptrace, read or signal away the agent (PID 1)', function()
+      if prov.kind == 'kubernetes' then
+        -- a container runtime makes the agent PID 1 of its Pod; the stand-in's pods have bubblewrap's init there
+        return pending('the Kubernetes stand-in: PID 1 of its pods is bubblewrap\'s init, not the agent')
+      end
       local ok_abuse, r = pcall(common.abuse, sb, { 'ptrace', '1' })
       if prov.gvisor and not ok_abuse then
         -- gVisor does not shield its PID 1 from its own namespace: the program's SIGKILL ends the agent,

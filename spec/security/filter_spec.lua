@@ -118,6 +118,11 @@ for _, prov in ipairs(providers.list()) do
         -- `kill -KILL -1` of the sandbox's user end its PID 1: the sandbox is then gone, nothing else
         return pending('gVisor: commands are forked by the agent, each filtered; PID 1 is not shielded')
       end
+      if prov.kind == 'kubernetes' then
+        -- the agent is PID 2 under bubblewrap's init in the stand-in's pods (a runtime makes it PID 1,
+        -- shielded from its namespace): `kill -KILL -1` ends it there
+        return pending('the Kubernetes stand-in: the agent is not PID 1 of its pods')
+      end
       -- the agent starts commands through a filtered helper of its own, which the sandbox's code can
       -- signal: stopped, it is resumed; killed, the agent forks commands itself, each filtered
       local other = pool:create({ lifetime_ms = 120000 })

@@ -596,6 +596,14 @@ end
 
 for _, prov in ipairs(providers.list()) do
   describe("a sandbox with 'all' (" .. prov.name .. ')', function()
+    if prov.kind == 'kubernetes' then
+      -- its NetworkPolicy is the cluster's network plugin's to enforce (enforced.network says whether
+      -- the caller knows it is); the stand-in stores policies and gives each pod a loopback alone
+      it("cannot run here: the stand-in does not enforce NetworkPolicies", function()
+        pending("Kubernetes: 'all' is a NetworkPolicy, which the API server stand-in stores without enforcing")
+      end)
+      return
+    end
     if not offers_all(prov) then
       it("cannot run here: network 'all' is not offered", function()
         pending("network 'all' of " .. prov.name .. ' is not offered here (it takes root)')

@@ -4,8 +4,9 @@
 --
 --   * new user, pid, mount, net, ipc and uts namespaces; the root is bubblewrap's own tmpfs
 --     with the host's /usr read-only (and its root links), a synthesized /etc (passwd, group,
---     hosts) and the host's ld.so.cache, /proc and a minimal /dev; read-only with
---     `read_only_root`; nothing else of the host's files;
+--     hosts) and the host's ld.so.cache, /proc and a minimal /dev (read-only but for its devices
+--     and a 64 MiB /dev/shm, as a container runtime's); read-only with `read_only_root`; nothing
+--     else of the host's files;
 --   * each emptyDir volume mount is a tmpfs of its own (`size` from its sizeLimit, 64 MiB by
 --     default; read-only when the mount says so), the agent copied into `agent_dir`'s (the init
 --     container's copy) at `agent_dir`/agent (mode 0555);
@@ -174,7 +175,8 @@ function M.start(c)
   end
   add('--dir', '/etc', '--file', '8', '/etc/passwd', '--file', '9', '/etc/group')
   if host.exists('/etc/ld.so.cache') then add('--ro-bind', '/etc/ld.so.cache', '/etc/ld.so.cache') end
-  add('--proc', '/proc', '--dev', '/dev')
+  -- /dev as a container runtime gives it: its devices, a 64 MiB /dev/shm, nothing else writable
+  add('--proc', '/proc', '--dev', '/dev', '--size', ('%d'):format(64 * MIB), '--perms', '1777', '--tmpfs', '/dev/shm')
   for _, m in ipairs(c.mounts or {}) do
     add('--size', ('%d'):format(math.floor((m.mib or 64) * MIB)), '--perms', '1777', '--tmpfs', m.path)
   end
@@ -182,6 +184,7 @@ function M.start(c)
   for _, m in ipairs(c.mounts or {}) do
     if m.read_only then add('--remount-ro', m.path) end
   end
+  add('--remount-ro', '/dev')
   if c.read_only_root then add('--remount-ro', '/') end
   -- the launcher's variables are not the container's
   for _, v in ipairs({ 'MAYURA_LIFE', 'MAYURA_CG', 'MAYURA_CG_SET', 'MAYURA_FREEZER', 'MAYURA_CGKILL',

@@ -23,7 +23,8 @@
 -- `state.forbidden['<verb> <resource>'] = true` (RBAC refuses it: 403 Forbidden; verbs get,
 -- list, watch, create, update, patch, delete, deletecollection; resources such as pods,
 -- pods/exec, pods/attach, pods/portforward, networkpolicies, sandboxclaims),
--- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), svc:fault(...).
+-- `state:evict(ns, name)` (the kubelet's eviction: Failed, reason Evicted), `state:cut_attach(ns,
+-- name)` (the pod's attach streams dropped without a status, the pod running on), svc:fault(...).
 --
 -- Transport: HTTPS with a CA and a server certificate (127.0.0.1, localhost) made with openssl
 -- in a temporary directory, served by spec/npm/kube_front.mjs (node:https and the `ws`
@@ -499,7 +500,7 @@ M.unknown_fields = unknown_fields
 -- `containers` (uid -> kube_pods container), `pull_failures` (image -> true), `images` (image ->
 -- true), `forbidden`, `unschedulable`, `events` (the WatchEvents of the last 10000 to 20000
 -- changes, in order: { type, plural, object, rv }), and :pod(ns, name), :evict(ns, name),
--- :close().
+-- :cut_attach(ns, name), :close().
 function M.install(svc, _, opts)
   opts = opts or {}
   assert(type(opts.token) == 'string' and #opts.token > 0, 'kube_service.install: a token')
@@ -1359,6 +1360,18 @@ function M.install(svc, _, opts)
     pod_ended(pod, 'Failed', 'Evicted', 'The node was low on resource: memory.')
     put('pods', pod)
     return true
+  end
+
+  --- Drops every attach stream to a pod as a restarting API server or a proxy does, without a
+  -- status; the pod runs on. Returns how many were cut.
+  function state.cut_attach(_, ns, name)
+    local pod = get('pods', ns, name)
+    local n = 0
+    for a in pairs(pod and state.attached[pod.metadata.uid] or {}) do
+      a.cut()
+      n = n + 1
+    end
+    return n
   end
 
   local function finish_delete(plural, obj)
@@ -2453,7 +2466,8 @@ function M.install(svc, _, opts)
         end
         proc = p
       else
-        attachment = { output = output, ended = finish }
+        -- cut: the server drops the stream (a restart, a proxy's idle timeout) with no status
+        attachment = { output = output, ended = finish, cut = b.close }
         state.attached[pod.metadata.uid] = state.attached[pod.metadata.uid] or {}
         state.attached[pod.metadata.uid][attachment] = true
       end

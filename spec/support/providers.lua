@@ -30,7 +30,8 @@
 -- it, and where the stand-in's pods can run (root, bubblewrap, nsenter, setpriv, mayura-launch): the
 -- stand-in stores NetworkPolicies without enforcing them, so the network specs do not hold there.
 -- Its `leftovers` are its Pod, its NetworkPolicy and its container still running; `remove_behind(sb)`
--- deletes its Pod through the API.
+-- deletes its Pod through the API; `token` is the bearer token its providers use (which no sandbox
+-- may see).
 --
 -- The local provider is there when bubblewrap and the agent are; the Docker ones when a daemon
 -- answers `docker info` and the test image (scripts/docker-setup.sh) is on the machine.
@@ -263,7 +264,7 @@ end
 
 --- The entry of mayura.sandbox.kubernetes on the stand-in.
 function M.kubernetes_entry()
-  local entry = { name = 'kubernetes', kind = 'kubernetes' }
+  local entry = { name = 'kubernetes', kind = 'kubernetes', token = KUBE_TOKEN }
   function entry.make_provider(opts)
     local prov = split(opts)
     local k = kube_stand_in()
