@@ -98,6 +98,21 @@ local function stream_frames(self, o, st)
   end
 end
 
+-- The host's own end of the lifetime: whatever the agent does (code in the sandbox runs as its uid
+-- and may stop it), the sandbox is released a little after its lifetime, through the provider's
+-- `release`. The timer keeps no script running.
+function Methods:arm(ms)
+  local uv = require('luv')
+  local timer = uv.new_timer()
+  self.timer = timer
+  timer:start(ms, 0, function()
+    if not timer:is_closing() then timer:close() end
+    self.timer = nil
+    if not self.released then task.spawn(function() pcall(self.release, self) end) end
+  end)
+  timer:unref()
+end
+
 function Methods:exec(argv, o)
   local kills_before = self.oom_kills and self:oom_kills() or 0
   local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }

@@ -182,20 +182,6 @@ function Backend:release()
   if not ok then error(err, 0) end
 end
 
--- The host's own end of the lifetime: whatever the agent does (code in the sandbox runs as its uid and
--- may stop it), the container is removed a little after its lifetime. The timer keeps no script running.
-function Backend:arm(ms)
-  local uv = require('luv')
-  local timer = uv.new_timer()
-  self.timer = timer
-  timer:start(ms, 0, function()
-    if not timer:is_closing() then timer:close() end
-    self.timer = nil
-    if not self.released then task.spawn(function() pcall(self.release, self) end) end
-  end)
-  timer:unref()
-end
-
 -- A native snapshot (mayura.sandbox._docker_snap).
 Backend.snapshot = docker_snap.take
 

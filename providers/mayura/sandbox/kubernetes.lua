@@ -66,6 +66,7 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
+local warm_set = require('mayura.sandbox._warm')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
 local agent_backend = require('mayura.sandbox._agent_backend')
@@ -301,19 +302,6 @@ function Backend:stop_keepalive()
   if timer and not timer:is_closing() then timer:close() end
 end
 
--- The host's own end of the lifetime (as the cluster's deadline, and the agent's own).
-function Backend:arm(ms)
-  local uv = require('luv')
-  local timer = uv.new_timer()
-  self.timer = timer
-  timer:start(ms, 0, function()
-    if not timer:is_closing() then timer:close() end
-    self.timer = nil
-    if not self.released then task.spawn(function() pcall(self.release, self) end) end
-  end)
-  timer:unref()
-end
-
 -- }======================================================
 
 -- Deletes, in the background, the Pods and policies of the namespace past their expiry, and Pods
@@ -514,11 +502,6 @@ function M.kubernetes_sandboxes(options)
 
   -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports) with
   -- the pool's labels (a create asking for labels of its own gets a cold one)
-  local function same_labels(a, b)
-    for k, v in pairs(a or {}) do if b[k] ~= v then return false end end
-    for k, v in pairs(b or {}) do if (a or {})[k] ~= v then return false end end
-    return true
-  end
   agent_backend.add_warm(p, p.warm, {
     make = function(self, lifetime_ms, labels)
       return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
@@ -528,7 +511,7 @@ function M.kubernetes_sandboxes(options)
         and (spec.image == nil or spec.image == self.image)
         and (spec.cpus == nil or spec.cpus >= self.cpus)
         and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
-        and same_labels(spec.labels, labels)
+        and warm_set.same_labels(spec.labels, labels)
     end,
     hand_out = function(_, backend, spec)
       agent_backend.setup(backend, spec.env, p.workdir, spec.lifetime_ms)
