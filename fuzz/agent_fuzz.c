@@ -330,7 +330,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
 
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) return 0;
-    c = conn_new(sv[0]);
+    c = conn_new(sv[0], sv[0]);
     if (c == NULL) { close(sv[1]); return 0; }
     while (wrote < size && !c->dead) {
         ssize_t n = write(sv[1], data + wrote, size - wrote);

@@ -8,8 +8,9 @@
 ** through wire_parse and chan_decode (core/chan.c), then through the real
 ** Lua code: Methods:list_files of mayura.sandbox._agent_backend (its
 ** channel call stood in for by the reply) under Sandbox:list_files of
-** mayura.sandbox (the pool's checks; the class is found through the
-** upvalues of Pool.create, the sandbox object made here by hand).
+** mayura.sandbox (the pool's checks; the sandbox object made here by hand
+** with mayura.sandbox._sandbox's new).
+** The Lua's line steps count as features too (fz_cover_lua).
 **
 ** The result must be nil, or entries the pool promises (name a non-empty
 ** string without '/' or NUL, a known type, integer size >= 0, integer
@@ -23,23 +24,16 @@ static const char harness_lua[] =
     "local agent_backend = require('mayura.sandbox._agent_backend')\n"
     "local sandbox = require('mayura.sandbox')\n"
     "local errors = require('mayura.errors')\n"
+    "local sandbox_object = require('mayura.sandbox._sandbox')\n"
     "local pool = sandbox.create_sandboxes({ create = function() end },\n"
     "  { max_sandboxes = 1, max_lifetime_ms = 1000 })\n"
-    "local Sandbox\n"
-    "local create = getmetatable(pool).create\n"
-    "for i = 1, 255 do\n"
-    "  local name, value = debug.getupvalue(create, i)\n"
-    "  if name == nil then break end\n"
-    "  if name == 'Sandbox' then Sandbox = value end\n"
-    "end\n"
-    "assert(type(Sandbox) == 'table' and Sandbox.list_files, 'the Sandbox class is not an upvalue of Pool.create')\n"
     "local Backend = agent_backend.class()\n"
     "local reply\n"
     "function Backend.call() return reply end\n"
     "local backend = setmetatable({ closed = false }, Backend)\n"
-    "local sb = setmetatable({ _pool = pool, _backend = backend, _workdir = '/workspace',\n"
+    "local sb = sandbox_object.new({ _pool = pool, _backend = backend, _workdir = '/workspace',\n"
     "  _expires_at = math.huge, _released = false,\n"
-    "  _call = function(_, _, name, ...) return backend[name](backend, ...) end }, Sandbox)\n"
+    "  _call = function(_, _, name, ...) return backend[name](backend, ...) end })\n"
     "local TYPES = { file = true, directory = true, symlink = true, other = true }\n"
     "local function int(v) return math.type(v) == 'integer' end\n"
     "local verbose = os.getenv('FUZZ_VERBOSE')\n"
@@ -148,6 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *why;
     if (size == 0) return 0;
     setup(L);
+    fz_cover_lua(L);
     in.p = data + 1;
     in.n = size - 1;
     if (data[0] & 1) {

@@ -203,6 +203,10 @@ write('listing', 'raw_missing', '\1' .. 'N\n')
 write('listing', 'raw_error', '\1' .. 'E not_directory\n')
 write('listing', 'raw_bad_name', '\1' .. 'L\n81a4 5 1 2e2e\n81a4 1 2 612f62\nend\n')
 write('listing', 'raw_cut', '\1' .. 'L\n81a4 5 17000')
+write('listing', 'raw_modes', '\1' .. 'L\n11a4 0 1 6669666f\nc1ed 0 1 736f636b\n61b0 0 1 626c6b\n' ..
+  '21b0 0 1 636872\n81a4 0 -1.5 0a0d\nend\n')
+write('listing', 'raw_eacces', '\1' .. 'E EACCES\n')
+write('listing', 'raw_enospc', '\1' .. 'E ENOSPC\n')
 write('listing', 'built', '\0' .. '\0\5\6\3abc' .. '\129\1\2\3\2\10\255' .. '\2\0\0\1z')
 write('listing', 'built_bad', '\0' .. '\0\1\1\1/' .. '\3\1\1\2..' .. '\4\0\0\0')
 

@@ -10,7 +10,7 @@
 #                                       (default: one per CPU; each target
 #                                       still gets its FUZZ_SECONDS)
 #
-# Prints one line per target (runs, coverage, result) and exits non-zero
+# Prints one line per target (runs, coverage, features, result) and exits non-zero
 # when a target does not build, or any run ends in a crash, a leak, a
 # sanitizer report or a broken invariant; the input that did it is kept in
 # build/fuzz/artifacts/ (replay: build/fuzz/bin/<target> <file>).
@@ -127,6 +127,7 @@ fuzz_one() {
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
+    ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
     result=ok
     if [ "$rc" -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer|libFuzzer)|runtime error:|fuzz invariant broken' "$log"; then
         artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
@@ -134,12 +135,12 @@ fuzz_one() {
         result="FAILED ($why) ${artifact:-see $log}"
         : >"$OUT/logs/$t.failed"
     fi
-    printf '%-12s %12s %8s %8s  %s\n' "$t" "${runs:-?}" "${speed:-?}" "${cov:-?}" "$result" >"$OUT/logs/$t.line"
+    printf '%-12s %12s %8s %8s %8s  %s\n' "$t" "${runs:-?}" "${speed:-?}" "${cov:-?}" "${ft:-?}" "$result" >"$OUT/logs/$t.line"
 }
 
 # FUZZ_JOBS targets at a time (libFuzzer runs one thread), each for its FUZZ_SECONDS; the lines
 # are printed in the targets' order.
-printf '%-12s %12s %8s %8s  %s\n' target runs exec/s cov result
+printf '%-12s %12s %8s %8s %8s  %s\n' target runs exec/s cov ft result
 running=0
 for t in $TARGETS; do
     fuzz_one "$t" &
