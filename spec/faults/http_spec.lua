@@ -266,7 +266,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
     -- always busy: tried a bounded number of times, then the error says so
     daemon({ busy })
     err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
-    assert.are.equal(4, starts)
+    assert.are.equal(6, starts)
     assert.truthy(tostring(err.cause):find('resource temporarily unavailable', 1, true))
     assert.are.equal(0, pool:count())
     assert.is_true(util.eventually(function() return #left_dirs() == 0 end, 5000))
@@ -276,7 +276,7 @@ describe('the Docker Engine API client against a daemon that misbehaves', functi
       .. 'unable to start container process: can\'t get final child\'s PID from pipe: EOF: unknown"}' }
     daemon({ lost })
     err = assert.raises_code('SANDBOX_ERROR', pool.create, pool, { lifetime_ms = 60000 })
-    assert.are.equal(5, starts)
+    assert.are.equal(7, starts)
     assert.truthy(tostring(err.cause):find('final child', 1, true))
     assert.are.equal(0, pool:count())
     pool:close()

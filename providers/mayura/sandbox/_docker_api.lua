@@ -15,7 +15,7 @@ local MIB = 1048576
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engine.ID_LABEL, engine.PROVIDER_LABEL, engine.EXPIRES_LABEL
 local SNAPSHOT_LABEL, SNAPSHOT_REPO, NO_ENTRYPOINT = engine.SNAPSHOT_LABEL, engine.SNAPSHOT_REPO, engine.NO_ENTRYPOINT
 local SNAPSHOT_NS_LABEL = engine.SNAPSHOT_NS_LABEL
-local ENGINE_TIMEOUT_MS, START_PAUSE_MS = engine.ENGINE_TIMEOUT_MS, engine.START_PAUSE_MS
+local ENGINE_TIMEOUT_MS = engine.ENGINE_TIMEOUT_MS
 local runc_lost_child, may_retry = engine.runc_lost_child, engine.may_retry
 
 local function url_escape(s)
@@ -164,7 +164,7 @@ function Api:run_container(c)
     pcall(self.remove, self, id)
     if status == 404 then error(engine.error('unavailable', 'start a container'), 0) end
     local reason = daemon_reason(body)
-    local pause = START_PAUSE_MS * tries
+    local pause = engine.start_pause(tries)
     local low = reason:lower()
     local passing = (status == 400 or status >= 500) and (transient(reason) or runc_lost_child(c, low))
     if passing and may_retry(c, tries) then

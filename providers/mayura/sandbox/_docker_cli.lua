@@ -13,7 +13,7 @@ local M = {}
 local ID_LABEL, PROVIDER_LABEL, EXPIRES_LABEL = engine.ID_LABEL, engine.PROVIDER_LABEL, engine.EXPIRES_LABEL
 local SNAPSHOT_LABEL, SNAPSHOT_REPO, NO_ENTRYPOINT = engine.SNAPSHOT_LABEL, engine.SNAPSHOT_REPO, engine.NO_ENTRYPOINT
 local SNAPSHOT_NS_LABEL = engine.SNAPSHOT_NS_LABEL
-local ENGINE_TIMEOUT_MS, START_PAUSE_MS = engine.ENGINE_TIMEOUT_MS, engine.START_PAUSE_MS
+local ENGINE_TIMEOUT_MS = engine.ENGINE_TIMEOUT_MS
 local runc_lost_child, may_retry = engine.runc_lost_child, engine.may_retry
 
 -- A field of docker's --mount value (a CSV record): quoted when it holds a comma or a quote.
@@ -126,7 +126,7 @@ function Cli:run_container(c)
       -- runc losing its child with no score to refuse is a passing failure: again, a while
       local passing = type(res) == 'table' and res.runtime and runc_lost_child(c, tostring(res.cause or ''):lower())
       if passing and may_retry(c, tries) then
-        task.sleep(START_PAUSE_MS * tries)
+        task.sleep(engine.start_pause(tries))
       else
         error(res, 0)
       end

@@ -56,10 +56,14 @@ function M.error(reason, what)
   return errors.sandbox(reason, 'docker could not ' .. what .. ' (' .. reason .. ')')
 end
 
--- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time,
--- while the create's time allows (`c.start_by`, on the hrtime clock).
-local START_TRIES, START_PAUSE_MS = 4, 250
-M.START_PAUSE_MS = START_PAUSE_MS
+-- A start refused for a passing reason is tried again: START_TRIES in all, a longer pause each time
+-- (`M.start_pause(tries)`: 250 ms more each, at most a second), while the create's time allows
+-- (`c.start_by`, on the hrtime clock). A runtime under heavy load can lose several starts in a row.
+local START_TRIES, START_PAUSE_MS, MAX_START_PAUSE_MS = 6, 250, 1000
+
+function M.start_pause(tries)
+  return math.min(START_PAUSE_MS * tries, MAX_START_PAUSE_MS)
+end
 
 -- runc's "can't get final child's PID from pipe" is how a refused OOM score ends here, and, without
 -- a score to refuse, how a runtime under load loses its child: a passing failure then.
@@ -68,7 +72,7 @@ function M.runc_lost_child(c, low_reason)
 end
 
 function M.may_retry(c, tries)
-  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + START_PAUSE_MS * tries < c.start_by)
+  return tries < START_TRIES and (not c.start_by or core.hrtime_ms() + M.start_pause(tries) < c.start_by)
 end
 
 --- INVALID_CONFIG for an image that is not on this machine.
