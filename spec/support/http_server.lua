@@ -97,6 +97,7 @@ function Server:respond(client, status, headers, body)
 end
 
 function Server:route(client, req)
+    if type(req.target) ~= 'string' then return self:respond(client, 400, {}, 'bad request line') end
     local path, query = req.target:match('^([^?]*)%??(.*)$')
     self.requests[#self.requests + 1] = req
     if path == '/echo' then
