@@ -54,7 +54,9 @@
 #ifndef MAYURA_AGENT_H
 #define MAYURA_AGENT_H
 
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
