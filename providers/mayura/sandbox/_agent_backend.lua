@@ -230,6 +230,37 @@ function M.add_warm(p, n, hooks)
   return warm.add(p, n, h)
 end
 
+--- Warm sandboxes of the provider's own shape (local, Docker, Kubernetes): network 'none', its
+-- image, no more than its cpus and memory, no ports, no desktop, made by `start(p, spec)`. With
+-- `o.same_labels` a sandbox keeps the labels it was made with (a container's or a Pod's cannot
+-- change), so a create asking for others gets a cold one. `o.hand_out(p, backend, spec)` readies
+-- one for its create; `o.rearm_ms(spec)`, when given, is the host's new lifetime timer for it (the
+-- asked lifetime, not the warm one's).
+function M.add_own_shape_warm(p, start, o)
+  return M.add_warm(p, p.warm, {
+    make = function(self, lifetime_ms, labels)
+      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
+    end,
+    matches = function(self, spec, labels)
+      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
+        and (spec.image == nil or spec.image == self.image)
+        and (spec.cpus == nil or spec.cpus >= self.cpus)
+        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
+        and (not o.same_labels or warm.same_labels(spec.labels, labels))
+    end,
+    hand_out = function(self, backend, spec)
+      o.hand_out(self, backend, spec)
+      if o.rearm_ms then
+        if backend.timer then
+          if not backend.timer:is_closing() then backend.timer:close() end
+          backend.timer = nil
+        end
+        backend:arm(o.rearm_ms(spec))
+      end
+    end,
+  })
+end
+
 -- }======================================================
 
 return M

@@ -95,7 +95,6 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local task = require('mayura._task')
 local agent_backend = require('mayura.sandbox._agent_backend')
-local warm_set = require('mayura.sandbox._warm')
 local desktop = require('mayura.sandbox._desktop')
 local egress = require('mayura.sandbox._egress')
 local engines = require('mayura.sandbox._docker_engine')
@@ -481,29 +480,13 @@ function M.docker_sandboxes(options, how)
     return backend
   end
 
-  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
-  -- desktop) with the pool's labels (a container's labels cannot change once it is made: a create
-  -- adding labels of its own gets a cold one)
-  agent_backend.add_warm(p, p.warm, {
-    make = function(self, lifetime_ms, labels)
-      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
-    end,
-    matches = function(self, spec, labels)
-      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
-        and (spec.image == nil or spec.image == self.image)
-        and (spec.cpus == nil or spec.cpus >= self.cpus)
-        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
-        and warm_set.same_labels(spec.labels, labels)
-    end,
-    hand_out = function(self, backend, spec)
-      finish(self, backend, spec, true)
-      -- the host removes it at the lifetime asked for now, not the warm one's
-      if backend.timer then
-        if not backend.timer:is_closing() then backend.timer:close() end
-        backend.timer = nil
-      end
-      backend:arm(spec.lifetime_ms + LIFETIME_GRACE_MS)
-    end,
+  -- warm sandboxes: the provider's own shape with the pool's labels (a container's labels cannot
+  -- change once it is made: a create adding labels of its own gets a cold one); the host removes
+  -- one at the lifetime asked for when it is handed out, not the warm one's
+  agent_backend.add_own_shape_warm(p, start, {
+    same_labels = true,
+    hand_out = function(self, backend, spec) finish(self, backend, spec, true) end,
+    rearm_ms = function(spec) return spec.lifetime_ms + LIFETIME_GRACE_MS end,
   })
   return p
 end

@@ -66,7 +66,6 @@ local core = require('mayura.core')
 local errors = require('mayura.errors')
 local check = require('mayura._check')
 local task = require('mayura._task')
-local warm_set = require('mayura.sandbox._warm')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
 local agent_backend = require('mayura.sandbox._agent_backend')
@@ -500,27 +499,12 @@ function M.kubernetes_sandboxes(options)
     return backend
   end
 
-  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports) with
-  -- the pool's labels (a create asking for labels of its own gets a cold one)
-  agent_backend.add_warm(p, p.warm, {
-    make = function(self, lifetime_ms, labels)
-      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
-    end,
-    matches = function(self, spec, labels)
-      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
-        and (spec.image == nil or spec.image == self.image)
-        and (spec.cpus == nil or spec.cpus >= self.cpus)
-        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
-        and warm_set.same_labels(spec.labels, labels)
-    end,
-    hand_out = function(_, backend, spec)
-      agent_backend.setup(backend, spec.env, p.workdir, spec.lifetime_ms)
-      if backend.timer then
-        if not backend.timer:is_closing() then backend.timer:close() end
-        backend.timer = nil
-      end
-      backend:arm(spec.lifetime_ms + LIFETIME_GRACE_MS)
-    end,
+  -- warm sandboxes: the provider's own shape with the pool's labels (a create asking for labels of
+  -- its own gets a cold one), set up and given the asked lifetime when handed out
+  agent_backend.add_own_shape_warm(p, start, {
+    same_labels = true,
+    hand_out = function(_, backend, spec) agent_backend.setup(backend, spec.env, p.workdir, spec.lifetime_ms) end,
+    rearm_ms = function(spec) return spec.lifetime_ms + LIFETIME_GRACE_MS end,
   })
   return p
 end

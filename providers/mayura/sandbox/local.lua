@@ -497,18 +497,8 @@ function M.local_sandboxes(options, mode)
     return backend
   end
 
-  -- warm sandboxes: the provider's own shape (network 'none', its image and limits, no ports, no
-  -- desktop), handed out to a create that asks for no more than that
-  agent_backend.add_warm(p, p.warm, {
-    make = function(self, lifetime_ms, labels)
-      return start(self, { lifetime_ms = lifetime_ms, network = 'none', labels = labels })
-    end,
-    matches = function(self, spec)
-      return spec.network == 'none' and not (spec.ports and #spec.ports > 0) and not spec.desktop
-        and (spec.image == nil or spec.image == self.image)
-        and (spec.cpus == nil or spec.cpus >= self.cpus)
-        and (spec.memory_mib == nil or spec.memory_mib >= self.memory_mib)
-    end,
+  -- warm sandboxes: the provider's own shape, handed out to a create that asks for no more than that
+  agent_backend.add_own_shape_warm(p, start, {
     hand_out = function(self, backend, spec) finish(self, backend, spec, true) end,
   })
   return p
