@@ -113,6 +113,44 @@ function Methods:arm(ms)
   timer:unref()
 end
 
+-- Stops the host's lifetime timer (a release, or a warm sandbox given a new lifetime).
+function Methods:disarm()
+  if self.timer then
+    if not self.timer:is_closing() then self.timer:close() end
+    self.timer = nil
+  end
+end
+
+-- A provider's release begins with this: false when a release already ran, or is under way (it
+-- then returns once that one is done); else the sandbox is marked released and disarmed. The
+-- provider then ends it and calls `release_done(ok, err)`, which tells those waiting and raises
+-- `err` when not `ok`.
+function Methods:release_begin()
+  if self.released then
+    if self.waiters then task.await(function(done) table.insert(self.waiters, done) end) end
+    return false
+  end
+  self.released = true
+  self.waiters = {}
+  self:disarm()
+  return true
+end
+
+function Methods:release_done(ok, err)
+  local waiters = self.waiters
+  self.waiters = nil
+  for _, done in ipairs(waiters) do done() end
+  if not ok then error(err, 0) end
+end
+
+-- Closes the agent's channel once (its end ends the agent).
+function Methods:close_channel()
+  if not self.closed then
+    self.closed = true
+    if self.ch then pcall(self.ch.close, self.ch) end
+  end
+end
+
 function Methods:exec(argv, o)
   local kills_before = self.oom_kills and self:oom_kills() or 0
   local req = { op = 'exec', argv = argv, timeout_ms = o.timeout_ms, max_output_bytes = o.max_output_bytes }
@@ -251,10 +289,7 @@ function M.add_own_shape_warm(p, start, o)
     hand_out = function(self, backend, spec)
       o.hand_out(self, backend, spec)
       if o.rearm_ms then
-        if backend.timer then
-          if not backend.timer:is_closing() then backend.timer:close() end
-          backend.timer = nil
-        end
+        backend:disarm()
         backend:arm(o.rearm_ms(spec))
       end
     end,

@@ -152,33 +152,18 @@ function Backend:oom_kills()
 end
 
 function Backend:release()
-  if self.released then
-    -- a release under way (the host's timer's, say): return once it is done too
-    if self.waiters then task.await(function(done) table.insert(self.waiters, done) end) end
-    return
-  end
-  self.released = true
-  self.waiters = {}
-  if self.timer then
-    if not self.timer:is_closing() then self.timer:close() end
-    self.timer = nil
-  end
+  -- a release under way (the host's timer's, say): return once it is done too
+  if not self:release_begin() then return end
   -- killing PID 1 ends every process of the container; its auto-remove is raced safely by rm -f,
   -- and remove returns once the container is gone. The channel closes after: its end would end
   -- the agent, and so start the auto-remove first
   if self.proxy then self.proxy:close() end
   local ok, err = pcall(self.engine.remove, self.engine, self.container)
-  if not self.closed then
-    self.closed = true
-    if self.ch then pcall(self.ch.close, self.ch) end
-  end
+  self:close_channel()
   pcall(remove_dir, self.dir)
   if self.own_uid then uids.free(self.uid) end
   docker_snap.let_go(self)
-  local waiters = self.waiters
-  self.waiters = nil
-  for _, done in ipairs(waiters) do done() end
-  if not ok then error(err, 0) end
+  self:release_done(ok, err)
 end
 
 -- A native snapshot (mayura.sandbox._docker_snap).

@@ -223,16 +223,7 @@ function Backend:url(port)
 end
 
 function Backend:release()
-  if self.released then
-    if self.waiters then task.await(function(done) table.insert(self.waiters, done) end) end
-    return
-  end
-  self.released = true
-  self.waiters = {}
-  if self.timer then
-    if not self.timer:is_closing() then self.timer:close() end
-    self.timer = nil
-  end
+  if not self:release_begin() then return end
   self:stop_keepalive()
   for _, f in pairs(self.forwards) do pcall(f.close) end
   -- an Agent Sandbox resource first (its controller would make the Pod again), then the Pod at once
@@ -244,15 +235,9 @@ function Backend:release()
     { query = { gracePeriodSeconds = 0 }, allow = { 404 } })
   if ok and not pok then ok, err = pok, perr end
   pcall(self.api.json, self.api, 'DELETE', self.policy_path, nil, { allow = { 404 } })
-  if not self.closed then
-    self.closed = true
-    if self.ch then pcall(self.ch.close, self.ch) end
-  end
+  self:close_channel()
   if self.session then self.session.close() end
-  local waiters = self.waiters
-  self.waiters = nil
-  for _, done in ipairs(waiters) do done() end
-  if not ok then error(err, 0) end
+  self:release_done(ok, err)
 end
 
 -- The container's count of processes killed for memory, from its cgroup as the agent sees it
