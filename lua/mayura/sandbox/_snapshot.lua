@@ -341,6 +341,25 @@ function M.capture(call, o)
     .. 'changed while it was read)'), 0)
 end
 
+-- An unpacking command's result, checked: a timeout, no room (LIMIT_EXCEEDED) or any other
+-- failure (tar's own words are only looked at, and kept as the error's cause with `keep_cause`).
+local function unpacked(res, timeout_ms, keep_cause)
+  if type(res) ~= 'table' then
+    error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
+  end
+  if res.timed_out then
+    error(errors.sandbox('timeout', 'unpacking the snapshot took longer than ' .. timeout_ms .. ' ms'), 0)
+  end
+  if res.exit_code ~= 0 then
+    local text = type(res.stderr) == 'string' and res.stderr or ''
+    if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
+      error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
+    end
+    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox',
+      keep_cause and text or nil), 0)
+  end
+end
+
 --- Unpacks `archive` in a new sandbox (see the module's comment). `o.timeout_ms` bounds it;
 -- `o.binary`: the archive goes on the exec's standard input, else through a file in /tmp;
 -- `o.wipe`: the paths to empty first (a sandbox going back to a snapshot of its own).
@@ -378,21 +397,7 @@ function M.restore(call, archive, o)
       error(room(err), 0)
     end
   end
-  local res = call('exec', argv, eo)
-  if type(res) ~= 'table' then
-    error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0)
-  end
-  if res.timed_out then
-    error(errors.sandbox('timeout', 'unpacking the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
-  end
-  if res.exit_code ~= 0 then
-    -- tar's own words are only looked at, never passed on
-    local text = type(res.stderr) == 'string' and res.stderr or ''
-    if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
-      error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
-    end
-    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox'), 0)
-  end
+  unpacked(call('exec', argv, eo), o.timeout_ms)
 end
 
 -- {======================================================
@@ -420,20 +425,9 @@ tar -xpf "$1" || exit 1
 --- Unpacks a prepared archive that is a file in the new sandbox already (`tar_path`, and
 -- `script_path` or nil: see prepared), as restore does. `o.timeout_ms` bounds it.
 function M.unpack_file(call, tar_path, script_path, o)
-  local res = call('exec', { 'sh', '-c', UNPACK, 'sh', tar_path, script_path or '' },
-    { timeout_ms = o.timeout_ms, max_output_bytes = 65536 })
-  if type(res) ~= 'table' then error(errors.sandbox('failed', 'the provider returned an invalid exec result'), 0) end
-  if res.timed_out then
-    error(errors.sandbox('timeout', 'unpacking the snapshot took longer than ' .. o.timeout_ms .. ' ms'), 0)
-  end
-  if res.exit_code ~= 0 then
-    local text = type(res.stderr) == 'string' and res.stderr or ''
-    if text:find('No space left', 1, true) or text:find('Disk quota', 1, true) then
-      error(errors.new('LIMIT_EXCEEDED', 'the new sandbox has no room for the snapshot\'s files'), 0)
-    end
-    -- tar's words are kept as the cause (for logs), never the message
-    error(errors.sandbox('failed', 'the snapshot could not be unpacked in the new sandbox', text), 0)
-  end
+  -- tar's words are kept as the cause (for logs), never the message
+  unpacked(call('exec', { 'sh', '-c', UNPACK, 'sh', tar_path, script_path or '' },
+    { timeout_ms = o.timeout_ms, max_output_bytes = 65536 }), o.timeout_ms, true)
 end
 
 -- }======================================================
