@@ -42,8 +42,9 @@ local function wait_child_script(ms)
     'kill -0 -$p 2>/dev/null&&setsid sh -c \'sleep 1;kill -9 -$1\' sh $p </dev/null >/dev/null 2>&1 &\nfi\n'
 end
 
-local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
-  local words = { q(base), q(cwd), q(stdin_file or '/dev/null') }
+--- Appends to `words` a command's environment and argv as a start script reads its arguments:
+-- the count of names, each name and value (sorted by name), then the argv, every word quoted.
+function M.env_argv_words(words, env, argv)
   local names = {}
   for k in pairs(env) do names[#names + 1] = k end
   table.sort(names)
@@ -53,6 +54,11 @@ local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
     words[#words + 1] = q(env[k])
   end
   for _, a in ipairs(argv) do words[#words + 1] = q(a) end
+  return words
+end
+
+local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
+  local words = M.env_argv_words({ q(base), q(cwd), q(stdin_file or '/dev/null') }, env, argv)
   return 'b=' .. q(base) .. '\n' ..
     'command -v setsid >/dev/null 2>&1||{ echo "E nosetsid";exit 0;}\n' ..
     (wait_ms > 0 and 'trap : CHLD\n' or ': >"$b.w"\n') ..

@@ -55,6 +55,7 @@ local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local kit = require('mayura.sandbox._kit')
 local scripts = require('mayura.sandbox.scripts')
+local command_scripts = require('mayura.sandbox._command_scripts')
 
 local M = {}
 
@@ -431,16 +432,8 @@ function Backend:_start_script(rec, cwd, env, argv, stdin_inline, stdin_file, wi
   local trash = {}
   for i, t in ipairs(self._trash) do trash[i] = q(t) .. '.*' end
   self._trash = {}
-  local words = { q(b), q(cwd), q(stdin_file or '/dev/null'), q(table.concat(trash, ' ')) }
-  local names = {}
-  for k in pairs(env) do names[#names + 1] = k end
-  table.sort(names)
-  words[#words + 1] = tostring(#names)
-  for _, k in ipairs(names) do
-    words[#words + 1] = q(k)
-    words[#words + 1] = q(env[k])
-  end
-  for _, a in ipairs(argv) do words[#words + 1] = q(a) end
+  local words = command_scripts.env_argv_words(
+    { q(b), q(cwd), q(stdin_file or '/dev/null'), q(table.concat(trash, ' ')) }, env, argv)
   local input = ''
   if stdin_inline then
     input = "printf %s '" .. b64.encode(stdin_inline) .. "'|base64 -d >|" .. q(b .. '.in') .. '\n'
