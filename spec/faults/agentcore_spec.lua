@@ -1,9 +1,11 @@
 -- mayura.sandbox.agentcore when the service misbehaves, on the AgentCore Code Interpreter stand-in
 -- (support/agentcore_service.lua) over real local sandboxes: a wrong secret (the stand-in checks
 -- every SigV4 signature) and a 401, a session that ended behind the pool's back, 429 with
--- Retry-After, exception events inside the stream, a stream that stalls, a start that never
+-- Retry-After, exception events inside the stream, a stream that stalls (a background command's
+-- start and a command the invoke waits for), a start that never
 -- answers. Each ends as a SandboxError with the right reason and none of AWS's text or any
 -- credential.
+local core = require('mayura.core')
 local agentcore = require('mayura.sandbox.agentcore')
 local stand_in = require('support.stand_in')
 local agentcore_service = require('support.agentcore_service')
@@ -74,7 +76,13 @@ faults.hosted_suite({
 
     it('an invoke stream that stalls is timeout after idle_timeout_ms, and the session goes on', function()
       local pool, sb = env.open({ idle_timeout_ms = 300 })
-      env.exec_times_out(sb, function() env.state.stall_streams = 1 end)
+      -- a command past 60 s starts in the background: its start's stream may be silent 300 ms
+      env.state.stall_streams = 1
+      local t0 = core.hrtime_ms()
+      env.check('timeout', sb.exec, sb, { 'echo', 'lost' }, { timeout_ms = 90000 })
+      assert.is_true(core.hrtime_ms() - t0 < 60000)
+      -- a shorter one is one invoke that waits for it: silent for its timeout and 300 ms more
+      env.exec_times_out(sb, function() env.state.stall_streams = 1 end, { timeout_ms = 1000 })
       sb:release()
       pool:close()
     end)

@@ -345,6 +345,9 @@ local KINDS = {
     opts = { stdin = true, max_command_bytes = 65536, pool_options = {} } },
   { name = 'without standard input, over sandboxes that give at most 1 MiB of output', conformance = true,
     opts = { stdin = false, max_command_bytes = 65536, pool_options = {} } },
+  -- short commands run by the call itself (every command without stdin within the default timeout)
+  { name = 'running short commands in the call itself (direct_ms)', conformance = true,
+    opts = { stdin = false, max_command_bytes = 65536, wait_ms = 20000, direct_ms = 60000 } },
   -- a transport that says it answers at most 16 KiB (and cuts there)
   { name = 'with answers of at most 16 KiB', opts = { stdin = true, max_output_bytes = 16384, cut_at = 16384 } },
   -- the conformance suite runs on it in spec/examples/docker_exec_spec.lua
@@ -618,6 +621,71 @@ for _, kind in ipairs(KINDS) do
   end)
 end
 
+describe('command_sandbox_backend with direct_ms', function()
+  local provider = transports.command_provider({ stdin = false, max_command_bytes = 65536, wait_ms = 20000,
+    direct_ms = 10000 })
+  local pool = sandbox.create_sandboxes(provider, { max_sandboxes = 1, max_lifetime_ms = 600000 })
+  local sb = pool:create({ lifetime_ms = 600000 })
+  teardown(function()
+    pool:close()
+    provider.pool:close()
+  end)
+  -- whether the command's parent is the call's own shell (the script that answers 'D') or a command shell
+  local PARENT = { 'sh', '-c', 'if tr "\\000" " " </proc/$PPID/cmdline | grep -q "echo [D]";then echo 1;else echo 0;fi' }
+
+  it('runs a command within direct_ms in the call\'s own shell, in one call', function()
+    local t = provider.transports[1]
+    sb:exec({ 'true' })
+    local before = t.calls
+    local r = sb:exec(PARENT, { timeout_ms = 10000, env = { K = 'v w' } })
+    assert.are.same({ 0, '1\n', 1 }, { r.exit_code, r.stdout, t.calls - before })
+    assert.are.equal('v w|' .. scripts.TAG_VAR, sb:exec({ 'sh', '-c',
+      'printf "%s|" "$K"; env | grep -o "^' .. scripts.TAG_VAR .. '"' }, { env = { K = 'v w' } }).stdout:gsub('\n', ''))
+  end)
+
+  it('starts a longer command, one with standard input or one that streams in a session of its own', function()
+    assert.are.equal('0\n', sb:exec(PARENT, { timeout_ms = 10001 }).stdout)
+    assert.are.equal('0\n', sb:exec(PARENT, { stdin = 'x' }).stdout)
+    local seen = {}
+    assert.are.equal('0\n', sb:exec(PARENT, { on_stdout = function(b) seen[#seen + 1] = b end }).stdout)
+    assert.are.equal('0\n', table.concat(seen))
+  end)
+
+  it('stops a direct command at its timeout with what it wrote, and nothing of it runs on', function()
+    local t = provider.transports[1]
+    local before = t.calls
+    local r = sb:exec({ 'sh', '-c', 'echo early; echo err >&2; sleep 91 & sleep 92' }, { timeout_ms = 400 })
+    assert.are.same({ true, nil, 'early\n', 'err\n' }, { r.timed_out, r.exit_code, r.stdout, r.stderr })
+    assert.are.equal(2, t.calls - before)   -- the command's call and the stop's
+    assert.is_true(gone_soon(sb, 'sleep 91'))
+    assert.is_true(gone_soon(sb, 'sleep 92'))
+  end)
+
+  it('makes its state directory (0700) and the workdir (default mode) with its first call, or says which failed',
+    function()
+    local inner = provider.pool:create({ lifetime_ms = 60000 })
+    local function backend(workdir, state)
+      local t = transports.local_exec(inner, { stdin = false })
+      t.workdir, t.state_dir, t.make_workdir = workdir, state, true
+      return sandbox.command_sandbox_backend('setup', t)
+    end
+    local b = backend('/tmp/made/work', '/tmp/made/state')
+    assert.are.equal('700 755\n', b:exec({ 'stat', '-c', '%a', '/tmp/made/state', '/tmp/made/work' },
+      { timeout_ms = 5000 }).stdout:gsub('\n(.)', ' %1'))
+    for _, c in ipairs({ { '/proc/no/work', '/tmp/s2', 'working directory' }, { '/tmp/w3', '/proc/no/state', 'state' } }) do
+      local bad = backend(c[1], c[2])
+      local err = assert.raises_code('SANDBOX_ERROR', bad.exec, bad, { 'true' }, {})
+      assert.truthy(err.message:find(c[3], 1, true), err.message)
+    end
+    inner:release()
+  end)
+
+  it('keeps a direct command\'s output to max_output_bytes and its bytes as they are', function()
+    local r = sb:exec({ 'sh', '-c', 'head -c 2000000 /dev/zero; printf "\\377\\000x" >&2' }, { timeout_ms = 10000 })
+    assert.are.same({ 0, MIB, true, '\255\0x' }, { r.exit_code, #r.stdout, r.truncated, r.stderr })
+  end)
+end)
+
 describe('command_sandbox_backend options', function()
   it('refuses transports it cannot use with INVALID_CONFIG', function()
     local run = function() return { exit_code = 0, stdout = 'OK\n' } end
@@ -626,6 +694,8 @@ describe('command_sandbox_backend options', function()
     assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, stdin = 'yes' })
     assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, max_command_bytes = 100 })
     assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, workdir = 'relative' })
+    assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, direct_ms = -1 })
+    assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, direct_ms = 1.5 })
     assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run, env = { ['A B'] = 'x' } })
     assert.raises_code('INVALID_CONFIG', sandbox.command_sandbox_backend, 'x', { run = run }, 'not a function')
   end)

@@ -275,12 +275,12 @@ for _, h in ipairs(HOSTED) do
       .. ' and polls a command within it where the service cannot wait', function()
       assert.are.same(h.rate, sb._backend._transport.rate)
       local b = sb._backend
-      local wait = b._wait
-      b._wait = 0   -- every poll a call of its own, backing off on the host
+      local wait, direct = b._wait, b._direct_ms
+      b._wait, b._direct_ms = 0, 0   -- every poll a call of its own, backing off on the host
       local c0, w0 = execs()
       local t0 = core.hrtime_ms()
       local ok, r = pcall(sb.exec, sb, { 'sh', '-c', 'sleep 3; echo done' }, { timeout_ms = 60000 })
-      b._wait = wait
+      b._wait, b._direct_ms = wait, direct
       assert.is_true(ok, tostring(r))
       assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
       local n, elapsed = calls - c0, core.hrtime_ms() - t0

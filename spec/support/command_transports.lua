@@ -12,7 +12,8 @@
 -- cuts silently). `opts.pool_options` are the options of the pool of local sandboxes under it
 -- (default: max_output_bytes 4 MiB; `{}` gives the pool's defaults, 1 MiB of output).
 --
--- `opts.wait_ms` and `opts.rate` are declared as given. A transport keeps `calls` (and `times`, when
+-- `opts.wait_ms`, `opts.direct_ms` and `opts.rate` are declared as given (a call given `wait_ms`
+-- may take that much longer). A transport keeps `calls` (and `times`, when
 -- each call began), `longest` (the longest command it was given) and `longest_answer`, and
 -- refuses a command longer than it declared or standard input it does not take
 -- (with a plain error, which the backend turns into SANDBOX_ERROR `failed`). Setting
@@ -31,7 +32,7 @@ function M.local_exec(sb, opts)
   local shell = opts.shell or { 'sh' }
   local t = { stdin = opts.stdin == true, max_command_bytes = opts.max_command_bytes or 65536, calls = 0,
     longest = 0, longest_answer = 0, max_output_bytes = opts.max_output_bytes, wait_ms = opts.wait_ms,
-    rate = opts.rate, times = {} }
+    direct_ms = opts.direct_ms, rate = opts.rate, times = {} }
   function t.run(self, command, o)
     self.calls = self.calls + 1
     self.times[#self.times + 1] = core.hrtime_ms()
@@ -43,7 +44,7 @@ function M.local_exec(sb, opts)
     for i, a in ipairs(shell) do argv[i] = a end
     argv[#argv + 1] = '-c'
     argv[#argv + 1] = command
-    local r = sb:exec(argv, { stdin = o.stdin, signal = o.signal, timeout_ms = 30000 })
+    local r = sb:exec(argv, { stdin = o.stdin, signal = o.signal, timeout_ms = 30000 + (o.wait_ms or 0) })
     if r.timed_out then error(errors.sandbox('timeout', 'the transport\'s command timed out')) end
     local out = r.stdout
     if opts.cut_at and #out > opts.cut_at then out = out:sub(1, opts.cut_at) end

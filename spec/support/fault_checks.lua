@@ -74,7 +74,7 @@ end
 --                                     the whole case on one route of the stand-in
 --   env.refused(extra)                a pool with a wrong credential cannot create
 --   env.goes_on(pool)                 a new sandbox of pool runs a command, and the pool closes
---   env.exec_times_out(sb, stall)     an exec stalled by stall() is timeout, and the next one runs
+--   env.exec_times_out(sb, stall, o) an exec (options o) stalled by stall() is timeout, and the next one runs
 -- After each case the stand-in's faults are cleared and s.reset(env) runs; at the end s.teardown(env)
 -- runs, the backing closes and the stand-in must have recorded no failure but those in s.expected_failures.
 function M.hosted_suite(s)
@@ -147,9 +147,9 @@ function M.hosted_suite(s)
 
     --- stall() makes the next exec stall: that exec of `sb` is timeout, and once the stand-in's
     -- faults are cleared the next one runs.
-    function env.exec_times_out(sb, stall)
+    function env.exec_times_out(sb, stall, exec_options)
       stall()
-      env.check('timeout', sb.exec, sb, { 'echo', 'lost' })
+      env.check('timeout', sb.exec, sb, { 'echo', 'lost' }, exec_options)
       env.svc:clear()
       assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
     end

@@ -101,9 +101,10 @@ local function after_setup(out)
 end
 
 -- Runs one script through the transport (raw: also after release, `bare`: without the setup);
--- returns its stdout. Until one call has run the setup (made the state directory, found the
--- tools), each call runs it first (alone first when the two would not fit in one command).
-function Backend:_raw(script, stdin, signal, bare)
+-- returns its stdout. `wait_ms`: the call runs a command itself and may take that long for it.
+-- Until one call has run the setup (made the state directory, found the tools), each call runs
+-- it first (alone first when the two would not fit in one command).
+function Backend:_raw(script, stdin, signal, bare, wait_ms)
   local t = self._transport
   local setup = not bare and self._setup
   if setup and #setup + #script > self._max then
@@ -113,7 +114,7 @@ function Backend:_raw(script, stdin, signal, bare)
   if setup then script = setup .. script end
   self:_take()
   -- the shell says it ended, whichever way it exits (a subshell does not inherit the trap)
-  local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal })
+  local ok, res = pcall(t.run, t, TRAP .. script, { stdin = stdin, signal = signal, wait_ms = wait_ms })
   if not ok then
     if errors.is(res) then
       if getmetatable(res) == nil then setmetatable(res, errors.mt) end
@@ -163,8 +164,9 @@ function Backend:_take()
   end
 end
 
--- Runs a script; one longer than max_command_bytes is written to a file in chunks, then sourced.
-function Backend:_run(script, stdin, signal)
+-- Runs a script (`wait_ms` as for _raw); one longer than max_command_bytes is written to a file in
+-- chunks, then sourced.
+function Backend:_run(script, stdin, signal, wait_ms)
   if self._closed then error(gone(), 0) end
   local trash = self._trash
   if #trash >= TRASH_BATCH then
@@ -181,7 +183,7 @@ function Backend:_run(script, stdin, signal)
     self:_put(name, 'rm -f -- ' .. q(name) .. '\n' .. script)
     script = '. ' .. q(name) .. '\n'
   end
-  local out = self:_raw(script, stdin, signal)
+  local out = self:_raw(script, stdin, signal, nil, wait_ms)
   if self._closed then error(gone(), 0) end
   return out
 end

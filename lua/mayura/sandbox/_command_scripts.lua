@@ -57,6 +57,25 @@ function M.env_argv_words(words, env, argv)
   return words
 end
 
+-- A command run in the call itself (the backend's direct path): the cwd checked as the start's
+-- command shell does, the command exec'd in a subshell with its env, its tag and its files (no
+-- session of its own, no timer: the call's shell waits for it), then 'D', its exit code and the
+-- report, as the poll that sees a command's end answers.
+local function direct_script(base, tag, cwd, env, argv, inline)
+  local names, sets, words = {}, {}, {}
+  for k in pairs(env) do names[#names + 1] = k end
+  table.sort(names)
+  for i, k in ipairs(names) do sets[i] = q(k .. '=' .. env[k]) end
+  sets[#sets + 1] = q(scripts.TAG_VAR .. '=' .. tag)
+  for i, a in ipairs(argv) do words[i] = q(a) end
+  return 'b=' .. q(base) .. ' c=' .. q(cwd) .. '\n' ..
+    'if [ ! -d "$c" ];then if [ -e "$c" ];then r="E ENOTDIR";else r="E ENOENT";fi\n' ..
+    'elif ! cd -- "$c" 2>/dev/null;then r="E EACCES"\n' ..
+    'else (export ' .. table.concat(sets, ' ') .. ';exec ' .. table.concat(words, ' ') ..
+    ') </dev/null >"$b.out" 2>"$b.err";r=$?;fi\n' ..
+    'echo D;echo "$r"\n' .. M.report(base, inline)
+end
+
 local function start_script(base, tag, cwd, stdin_file, env, argv, wait_ms)
   local words = M.env_argv_words({ q(base), q(cwd), q(stdin_file or '/dev/null') }, env, argv)
   return 'b=' .. q(base) .. '\n' ..
@@ -91,7 +110,7 @@ end
 -- The sizes of out and err, then both as base64 when small (the files are then left for a later
 -- call to remove with others: no process of its own). Only what is not empty costs a process;
 -- `head -c` bounds what is read whatever the file became.
-local function report(base, inline)
+function M.report(base, inline)
   local inl = tostring(inline)
   return 'b=' .. q(base) .. '\no=0;e=0\n' ..
     'if [ -s "$b.out" ];then o=$(stat -c %s -- "$b.out" 2>/dev/null)||o=0;fi\n' ..
@@ -102,6 +121,7 @@ local function report(base, inline)
     'if [ "$e" -gt 0 ];then head -c ' .. inl .. ' "$b.err"|base64;fi;echo .\n' ..
     'else echo .;fi\n'
 end
+local report = M.report
 
 local function poll_script(base, inline, wait)
   return 'b=' .. q(base) .. '\n' .. (wait or '') ..
@@ -165,7 +185,8 @@ local function parse_report(lines, i)
   return { out_size = o, err_size = e, out = decode(table.concat(parts[1])), err = decode(table.concat(parts[2])) }
 end
 
-M.start_script, M.wait_script, M.remove_files, M.report = start_script, wait_script, remove_files, report
+M.start_script, M.wait_script, M.remove_files = start_script, wait_script, remove_files
+M.direct_script = direct_script
 M.poll_script, M.poll_stream_script, M.parse_chunks = poll_script, poll_stream_script, parse_chunks
 M.signal_script, M.parse_report = signal_script, parse_report
 

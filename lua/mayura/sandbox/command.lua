@@ -6,12 +6,14 @@
 -- session, `docker exec`, a hosted service's exec endpoint). The transport is a
 -- table:
 --
---   transport:run(command, { stdin = text or nil, signal = token or nil })
+--   transport:run(command, { stdin = text or nil, signal = token or nil, wait_ms = ms or nil })
 --       runs `command`, a POSIX sh script, as `sh -c command` in the sandbox and
 --       returns `{ exit_code = n, stdout = text }`; it may raise coded errors
 --       (SANDBOX_ERROR `gone`, `timeout`, `unavailable`, ... or CANCELLED when
 --       `signal` is cancelled), anything else becomes SANDBOX_ERROR `failed`.
---       A method (called with `:`), like every other backend call.
+--       A method (called with `:`), like every other backend call. `wait_ms`, given only
+--       to a transport with `direct_ms`: the call runs a command itself and may take that
+--       much longer than a call that does not.
 --   transport.stdin              whether `run` takes standard input (default false)
 --   transport.max_command_bytes  the longest command `run` takes (default 65536, at least 1024)
 --   transport.max_output_bytes   the most standard output `run` gives back (default 1 MiB, at
@@ -25,6 +27,14 @@
 --   transport.wait_ms            the longest one call may wait in the sandbox for a command
 --                                (default 1000; 0: never, the host polls with a backoff): a
 --                                command that ends within it costs one call, its start
+--   transport.direct_ms          the longest timeout of a command the call itself may run (default 0:
+--                                none): a command without standard input, streaming or on_start
+--                                whose timeout is at most this is run by the call's own shell as the
+--                                service's exec would (no session of its own, no timer process), its
+--                                outputs still to files and its cwd, env and tag as any other's;
+--                                at its timeout it is stopped by its tag in a call of its own. For a
+--                                transport whose calls can wait that long; a direct command does not
+--                                outlive a call that breaks
 --   transport.rate               optional `{ per_second = n, burst = n }`: the service's rate,
 --                                which every call the backend makes keeps (a token bucket per
 --                                table: sandboxes given the same table share it)
@@ -96,6 +106,7 @@ local INLINE = 48 * KIB           -- outputs up to this come back with the poll 
 local DEFAULT_OUTPUT_BYTES, MIN_OUTPUT_BYTES = MIB, 8192
 local POLL_FIRST_MS, POLL_MAX_MS = 2, 250
 local DEFAULT_WAIT_MS = 1000      -- the longest one call waits in the sandbox, unless the transport says
+local GIVE_UP_MS = 5000          -- after a direct command's kill at its timeout, the longest its call may take
 local POLL_STREAM_MS = 20         -- while a streaming command writes: the longest wait between polls
 local DEFAULT_COMMAND_BYTES = 65536
 local MIN_COMMAND_BYTES = 1024
@@ -104,6 +115,7 @@ local HEAD_ROOM, READY, TRAP, TOOLS = run.HEAD_ROOM, run.READY, run.TRAP, run.TO
 local q = scripts.quote
 local gone, nonsense, int_of, nap = run.gone, run.nonsense, run.int_of, run.nap
 local start_script, wait_script, remove_files, report = cs.start_script, cs.wait_script, cs.remove_files, cs.report
+local direct_script = cs.direct_script
 local poll_script, poll_stream_script, parse_chunks = cs.poll_script, cs.poll_stream_script, cs.parse_chunks
 local signal_script, parse_report = cs.signal_script, cs.parse_report
 
@@ -163,6 +175,31 @@ function Backend:_outputs(base, rep, cap)
   return res
 end
 
+-- Runs a direct command's script (transport.direct_ms): the call's shell waits for the command.
+-- At the deadline its processes are stopped by the tag, in a call of their own, which ends it; a
+-- call that does not come back within GIVE_UP_MS after that is given up.
+function Backend:_direct(rec, script, deadline, token)
+  local call = task.cancel_token()
+  local remove = token and token:on_cancel(function() call:cancel() end)
+  local give_up
+  local watch = task.after(math.max(1, math.ceil(deadline - core.hrtime_ms())), function()
+    rec.expired = true
+    give_up = task.after(GIVE_UP_MS, function() call:cancel() end, true)
+    task.spawn(function() pcall(self._raw, self, scripts.kill(rec.tag)) end)
+  end)
+  local ok, out = pcall(self._run, self, script, nil, call, math.max(0, math.ceil(deadline - core.hrtime_ms())))
+  watch.cancel()
+  if give_up then give_up.cancel() end
+  if remove then remove() end
+  if not ok then
+    if rec.expired and call.cancelled and not (token and token.cancelled) then
+      error(errors.sandbox('timeout', 'the command did not end when it was stopped at its timeout'), 0)
+    end
+    error(out, 0)
+  end
+  return lines_of(out)
+end
+
 -- Kills the command's processes and removes its files (best effort: used on the way out).
 function Backend:_stop(rec)
   pcall(self._raw, self, scripts.kill(rec.tag) .. remove_files(rec.base))
@@ -211,19 +248,27 @@ function Backend:exec(argv, o)
     -- the start, then the command's state in the same call: a short command ends in it. A streaming
     -- one does not wait there for its end (its output would come at once, out of order): the
     -- poll's own wait ends as soon as either output grows
-    local first = streaming and 0 or math.min(self._wait, deadline - core.hrtime_ms())
-    local lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
-      first) .. poll(), nil, token))
-    local code = (lines[1] or ''):match('^E ([%w_]+)$')
-    if code then error(scripts.script_error(code, 'the command'), 0) end
-    if lines[1] ~= 'OK' then error(nonsense(), 0) end
-    table.remove(lines, 1)
-    if o.on_start then
-      o.on_start({ kill = function(sig)
-        if not rec.over and not self._closed then
-          task.spawn(function() pcall(self._raw, self, signal_script(rec, sig)) end)
-        end
-      end })
+    local lines, code
+    if not streaming and not o.on_start and not stdin_file and deadline - core.hrtime_ms() <= self._direct_ms then
+      -- short enough for the call itself to wait for it
+      lines = self:_direct(rec, direct_script(rec.base, rec.tag, o.cwd or self._workdir, env, argv, self._inline),
+        deadline, token)
+      if lines[1] ~= 'D' then error(nonsense(), 0) end
+    else
+      local first = streaming and 0 or math.min(self._wait, deadline - core.hrtime_ms())
+      lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
+        first) .. poll(), nil, token))
+      code = (lines[1] or ''):match('^E ([%w_]+)$')
+      if code then error(scripts.script_error(code, 'the command'), 0) end
+      if lines[1] ~= 'OK' then error(nonsense(), 0) end
+      table.remove(lines, 1)
+      if o.on_start then
+        o.on_start({ kill = function(sig)
+          if not rec.over and not self._closed then
+            task.spawn(function() pcall(self._raw, self, signal_script(rec, sig)) end)
+          end
+        end })
+      end
     end
     -- without waits in the sandbox, polls back off on the host (2 ms doubling to 250 ms)
     local delay = POLL_FIRST_MS
@@ -243,7 +288,8 @@ function Backend:exec(argv, o)
         local exit_code = int_of(rc)
         if not exit_code then error(nonsense(), 0) end
         local r = self:_outputs(rec.base, parse_report(lines, 3), cap)
-        r.exit_code, r.timed_out = exit_code, false
+        -- a direct command stopped at its timeout ended in the call
+        if rec.expired then r.timed_out = true else r.exit_code, r.timed_out = exit_code, false end
         pass_on('stdout', r.stdout:sub(offsets.stdout + 1))
         pass_on('stderr', r.stderr:sub(offsets.stderr + 1))
         return r
@@ -317,6 +363,7 @@ function M.command_sandbox_backend(id, transport, release)
   local out_max = check.int(transport.max_output_bytes, 'transport.max_output_bytes', MIN_OUTPUT_BYTES, nil, C, 2,
     DEFAULT_OUTPUT_BYTES)
   local wait = check.int(transport.wait_ms, 'transport.wait_ms', 0, 3600000, C, 2, DEFAULT_WAIT_MS)
+  local direct = check.int(transport.direct_ms, 'transport.direct_ms', 0, 3600000, C, 2, 0)
   local rate = transport.rate
   local ps = type(rate) == 'table' and rate.per_second
   if rate ~= nil and (type(ps) ~= 'number' or ps ~= ps or ps <= 0 or ps == math.huge
@@ -339,7 +386,7 @@ function M.command_sandbox_backend(id, transport, release)
     _read_chunk = fits(out_max - HEAD_ROOM, 4096),
     _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
-    _env = {}, _wait = wait, _rate = rate, _trash = {},
+    _env = {}, _wait = wait, _direct_ms = direct, _rate = rate, _trash = {},
   }, Backend)
   if transport.env ~= nil then
     if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
@@ -352,10 +399,12 @@ function M.command_sandbox_backend(id, transport, release)
   end
   local words = {}
   for i, t in ipairs(TOOLS) do words[i] = t end
-  local mk = transport.make_workdir and 'mkdir -p -- ' .. q(workdir) .. ' 2>/dev/null||{ echo "E workdir";exit 0;}\n'
-    or ''
-  -- the setup goes with the backend's first call (it ends the call early when it fails)
-  self._setup = mk .. 'mkdir -p -m 700 -- ' .. q(state) .. ' 2>/dev/null||{ echo "E state";exit 0;}\n' ..
+  -- the setup goes with the backend's first call (it ends the call early when it fails). One mkdir
+  -- makes both directories: the mode applies to the state directory, not to the workdir (made as
+  -- the parent of its `.`, with the default mode; one that exists is left as it is)
+  local mk = 'mkdir -p -m 700 -- ' .. q(state) .. (transport.make_workdir and ' ' .. q(workdir .. '/.') or '') ..
+    ' 2>/dev/null||{ if [ -d ' .. q(state) .. ' ];then echo "E workdir";else echo "E state";fi;exit 0;}\n'
+  self._setup = mk ..
     'm=;for t in ' .. table.concat(words, ' ') .. ';do command -v "$t" >/dev/null 2>&1||{ echo "M $t";m=1;};done\n' ..
     '[ -z "$m" ]||exit 0\necho ' .. READY .. '\n'
   return self

@@ -30,13 +30,16 @@
 -- lifetime, rounded up; AgentCore ends the session then) and a `clientToken` of its own, so that
 -- a start retried after a cut makes one session; the pool also stops it at its lifetime (PUT
 -- .../sessions/stop). Everything else is one POST .../tools/invoke of `executeCommand` at a time,
--- with the script as `sh -c '<script>'`; the answer is an AWS event stream
+-- the script as its shell string; the answer is an AWS event stream
 -- (core.stream_parser('eventstream'): CRCs checked, as bytes arrive) whose `result` event holds
--- the exit code and stdout. command_sandbox_backend starts commands in the background, polls
--- them, moves files as base64 inside the scripts (executeCommand has no standard input) and
--- kills a command's every process by a tag at its timeout or a cancel. A short command is one
--- invoke (the call waits for it in the session); the invokes of the provider's sandboxes keep
--- half of AWS's documented 30 a second per account (`transport.rate`).
+-- the exit code and stdout. On command_sandbox_backend: a command whose timeout is at most 60 s
+-- (the pool's default) and that takes no standard input is one invoke that waits for it, run
+-- by the invoke's own shell as executeCommand runs the SDK's (`direct_ms`; the stream may be
+-- silent that long); others start in the background and are polled, each invoke waiting up
+-- to half the idle limit for their end. Files move as base64 inside the scripts (executeCommand
+-- has no standard input), outputs go through files (binary kept, cut at the pool's cap), and a
+-- command's every process is stopped by a tag at its timeout or a cancel. The invokes of the
+-- provider's sandboxes keep half of AWS's documented 30 a second per account (`transport.rate`).
 --
 -- Failures: AWS's JSON errors become SANDBOX_ERROR through the kit (403 authentication, 404 a
 -- session that ended: gone, 429 rate_limited with `retry_after_ms`, 5xx unavailable), as do the
@@ -52,13 +55,13 @@ local check = require('mayura._check')
 local sandbox = require('mayura.sandbox')
 local hosted = require('mayura.sandbox._hosted')
 local kit = require('mayura.sandbox._kit')
-local scripts = require('mayura.sandbox.scripts')
 
 local M = {}
 
 local MAX_LIFETIME_MS = 28800 * 1000
 local MAX_COMMAND = 64 * 1024
 local IDLE_MS = 60000
+local DIRECT_MS = 60000   -- a command with a timeout up to this is one executeCommand that waits for it
 local DEFAULT_INTERPRETER = 'aws.codeinterpreter.v1'
 local EXCEPTIONS = {
   resourceNotFoundException = 'gone', throttlingException = 'rate_limited', accessDeniedException = 'authentication',
@@ -69,12 +72,13 @@ local EXCEPTIONS = {
 local function transport(api, base, session, workdir, env, idle, rate)
   -- a call waits in the sandbox within the stream's idle limit (the stream is silent meanwhile)
   local t = { stdin = false, max_command_bytes = MAX_COMMAND, workdir = workdir, env = env, rate = rate,
-    wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)) }
+    wait_ms = hosted.wait_ms(api.call_timeout_ms, math.floor(idle / 2)), direct_ms = DIRECT_MS }
   function t.run(_, command, o)
     local result, failure
     local ok, err = pcall(api.stream, api, 'POST', base .. '/tools/invoke',
-      { name = 'executeCommand', arguments = { command = 'sh -c ' .. scripts.quote(command) } }, {
-        format = 'eventstream', gone = true, signal = o.signal, idle_timeout_ms = idle, idempotent = false,
+      { name = 'executeCommand', arguments = { command = command } }, {
+        format = 'eventstream', gone = true, signal = o.signal, idle_timeout_ms = idle + (o.wait_ms or 0),
+        idempotent = false,
         headers = { ['x-amzn-code-interpreter-session-id'] = session },
         on_event = function(ev)
           if ev.message_type == 'exception' or ev.message_type == 'error' then

@@ -45,7 +45,6 @@ local check = require('mayura._check')
 local task = require('mayura._task')
 local hosted = require('mayura.sandbox._hosted')
 local kit = require('mayura.sandbox._kit')
-local scripts = require('mayura.sandbox.scripts')
 local command = require('mayura.sandbox.command')
 local ws = require('mayura.ws')
 
@@ -61,6 +60,7 @@ M.MAX_COMMAND_BYTES = 32768
 M.PROTOCOL_VERSION = '0.367.10'
 M.TIERS = { Pico = true, Nano = true, Micro = true, Small = true, Medium = true, Large = true, XLarge = true }
 local MAX_MESSAGE_BYTES = 64 * 1048576
+local DIRECT_MS = 60000   -- a command with a timeout up to this is one shell that waits for it
 local BEGIN, END = '@@MAYURA-OUT:', ':MAYURA-OUT@@'
 
 -- {======================================================
@@ -228,9 +228,9 @@ end
 function Transport:run(script, o)
   local c = self.client
   -- the script's stdout and then its exit code (after a last newline) go through base64 between
-  -- markers, past the terminal's rewriting; no file, no process but sh and base64
-  local wrapped = "printf '\\n%s' '" .. BEGIN .. "';{ sh -c " .. scripts.quote(script)
-    .. " </dev/null 2>/dev/null;printf '\\n%s' \"$?\";}|base64;printf '%s\\n' '" .. END .. "'"
+  -- markers, past the terminal's rewriting; no file, no process but a subshell and base64
+  local wrapped = "printf '\\n%s' '" .. BEGIN .. "';{ (\n" .. script
+    .. "\n) </dev/null 2>/dev/null;printf '\\n%s' \"$?\";}|base64;printf '%s\\n' '" .. END .. "'"
   local ok, p = pcall(self._pitcher, self, o.signal)
   if not ok then return self:_why(p) end
   local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
@@ -240,7 +240,7 @@ function Transport:run(script, o)
     error(c:bad_answer('a shell without an id'), 0)
   end
   local s = p:_shell(r.shellId)
-  local deadline = core.hrtime_ms() + c.call_timeout_ms
+  local deadline = core.hrtime_ms() + c.call_timeout_ms + (o.wait_ms or 0)
   while s.exit == nil and not s.terminated and not p.dead do
     local remaining = math.ceil(deadline - core.hrtime_ms())
     local timed_out, cancelled = remaining <= 0, o.signal and o.signal.cancelled
@@ -248,7 +248,7 @@ function Transport:run(script, o)
       p.shells[r.shellId] = nil
       pcall(p.request, p, 'shell/terminate', { shellId = r.shellId }, 5000)
       if cancelled then error(errors.new('CANCELLED', 'codesandbox: the command was cancelled'), 0) end
-      error(errors.sandbox('timeout', 'codesandbox: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+      error(errors.sandbox('timeout', 'codesandbox: a command did not end within its call\'s time'), 0)
     end
     local timer, remove
     task.await(function(done)
@@ -362,7 +362,7 @@ function M.codesandbox_sandboxes(options)
       end
       h.transport = setmetatable({ client = c, sandbox_id = id, vm = start_vm(), start_vm = start_vm, stdin = false,
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, env = ctx.spec.env,
-        wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), make_workdir = true }, Transport)
+        wait_ms = hosted.wait_ms(c.call_timeout_ms, 60000), direct_ms = DIRECT_MS, make_workdir = true }, Transport)
       -- no `rate`: the pitcher documents none (the service's hourly limits are its API's, per plan,
       -- and a command sends none of those requests)
       h.transport:_pitcher()
