@@ -81,6 +81,7 @@ M.MAX_LIFETIME_MS = 24 * 3600000
 M.MAX_IDLE_MINUTES = 120
 M.MAX_COMMAND_BYTES = 32768
 M.MAX_DOMAINS = 10                  -- the service's limit on a sandbox's public domains
+local DIRECT_MS = 60000
 local EXEC_TIMEOUT_S = 60           -- the service's limit on one backend command (they are short)
 local POLL_FIRST_MS, POLL_MAX_MS = 100, 2000
 
@@ -283,20 +284,19 @@ function WsTransport:run(script, o)
   local conn = self:_connect(o.signal)
   local out, exit_code = {}, nil
   local ok, err = pcall(function()
-    conn:send(json.encode({ type = 'init_exec', data = { command = 'sh -c ' .. scripts.quote(script) } }))
+    -- the bridge runs the command string with sh -c
+    conn:send(json.encode({ type = 'init_exec', data = { command = script } }))
     local stdin = o.stdin or ''
     for i = 1, #stdin, STDIN_FRAME do conn:send('\2' .. stdin:sub(i, i + STDIN_FRAME - 1), true) end
     conn:send('{"type":"stdin_close"}')
-    local deadline = core.hrtime_ms() + c.call_timeout_ms
+    local deadline = core.hrtime_ms() + c.call_timeout_ms + (o.wait_ms or 0)
     while true do
       local remaining = math.ceil(deadline - core.hrtime_ms())
-      if remaining <= 0 then
-        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
-      end
+      if remaining <= 0 then error(errors.sandbox('timeout', 'railway: no exit within the call\'s time'), 0) end
       local rok, msg, binary = pcall(conn.receive, conn, { timeout_ms = remaining, signal = o.signal })
       if not rok then
         if errors.is(msg, 'CANCELLED') then error(errors.new('CANCELLED', 'railway: the command was cancelled'), 0) end
-        error(errors.sandbox('timeout', 'railway: no exit within ' .. c.call_timeout_ms .. ' ms'), 0)
+        error(errors.sandbox('timeout', 'railway: no exit within the call\'s time'), 0)
       end
       if msg == nil then break end
       if binary then
@@ -437,6 +437,9 @@ function M.railway_sandboxes(options)
         max_command_bytes = M.MAX_COMMAND_BYTES, workdir = workdir, make_workdir = true, ws_url = ws_url,
         domains = domains_of(h.s), wait_ms = hosted.wait_ms(c.call_timeout_ms, (EXEC_TIMEOUT_S - 10) * 1000),
         rate = graphql_rate,
+        -- a short command is one exec that waits for it: the bridge has no limit of its own, sandboxExec
+        -- the HTTP proxy's minute
+        direct_ms = exec == 'websocket' and DIRECT_MS or (EXEC_TIMEOUT_S - 10) * 1000,
       }, exec == 'websocket' and WsTransport or Transport)
       return sandbox.command_sandbox_backend(h.id, transport, function() destroy(c, env_id, h.id) end)
     end,
