@@ -4,7 +4,8 @@
 -- the service can wait (a 2 s one too); a 5 s command over a transport waiting 2 s a few, never
 -- past `burst` + `per_second` a second. Each hosted transport declares its service's documented
 -- rate (none where the service documents none), and a command polled call by call (as where a
--- service cannot wait) keeps it on the wire.
+-- service cannot wait) keeps it on the wire. Where the service's exec waits for its command
+-- (direct_ms), a short one runs in the call's own shell and is stopped there at its timeout.
 local sandbox = require('mayura.sandbox')
 local core = require('mayura.core')
 local transports = require('support.command_transports')
@@ -130,7 +131,7 @@ local HOSTED = {
     end,
   },
   {
-    name = 'AgentCore', rate = { per_second = 15, burst = 15 },
+    name = 'AgentCore', rate = { per_second = 15, burst = 15 }, direct = true,
     route = { 'POST', '/code-interpreters/{ci}/tools/invoke' },
     install = function(s, b)
       return require('support.agentcore_service').install(s, b, { access_key_id = 'AKIAMAYURASPEC0KEYID',
@@ -155,7 +156,7 @@ local HOSTED = {
     teardown = function(e) e.state.close_all() end,
   },
   {
-    name = 'Railway',
+    name = 'Railway', direct = true,
     install = function(s, b)
       return require('support.railway_service').install_with_front(s, b, { token = 'rw_0123456789abcdefTOKEN',
         environment_id = 'env-mayura-1' })
@@ -168,7 +169,7 @@ local HOSTED = {
     teardown = function(e) e.state.close_all() end,
   },
   {
-    name = 'Railway (GraphQL sandboxExec)', rate = RAILWAY_GRAPHQL_RATE,
+    name = 'Railway (GraphQL sandboxExec)', rate = RAILWAY_GRAPHQL_RATE, direct = true,
     wire = function(e)
       local times = {}
       for _, o in ipairs(e.state:calls('sandboxExec')) do times[#times + 1] = o.req.at end
@@ -186,7 +187,7 @@ local HOSTED = {
     teardown = function(e) e.state.close_all() end,
   },
   {
-    name = 'CodeSandbox',
+    name = 'CodeSandbox', direct = true,
     install = function(s, b)
       local state = require('support.codesandbox_service').install(s, b, { token = 'csb_0123456789abcdefTOKEN' })
       state.dir = util.tmpdir()
@@ -259,6 +260,22 @@ for _, h in ipairs(HOSTED) do
         assert.are.same({ 0, 'hi\n' }, { r.exit_code, r.stdout })
         one_more(c0, w0)
       end
+    end)
+
+    -- `direct`: the transport declares direct_ms (its service's exec waits for the command)
+    it((h.direct and 'runs a short command in the call\'s own shell and stops it there at its timeout'
+      or 'starts every command in a session of its own'), function()
+      local r = sb:exec({ 'sh', '-c', 'if tr "\\000" " " </proc/$PPID/cmdline | grep -q "echo [D]";then echo 1;' ..
+        'else echo 0;fi' }, { timeout_ms = 10000 })
+      assert.are.equal(h.direct and '1\n' or '0\n', r.stdout)
+      local c0 = execs()
+      r = sb:exec({ 'sh', '-c', 'echo early; sleep 93' }, { timeout_ms = 500 })
+      assert.are.same({ true, 'early\n' }, { r.timed_out, r.stdout })
+      if h.direct then assert.are.equal(2, calls - c0) end   -- the command's call and the stop's
+      assert.is_truthy(util.eventually(function()
+        return not sb:exec({ 'sh', '-c', 'for p in /proc/[0-9]*; do tr "\\000" " " <$p/cmdline; echo; done' })
+          .stdout:find('sleep 93', 1, true)
+      end, 5000))
     end)
 
     -- 2 s: ten polls or more of a client that does not wait, one call of one that does
