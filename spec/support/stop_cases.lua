@@ -161,6 +161,14 @@ function M.describe(sandbox_of, title_prefix)
     end
   end)
 
+  it(p .. 'a command given the tag\'s variable in its env is stopped at its timeout all the same', function()
+    local sb = sandbox_of()
+    local mark = tostring(math.random(100000, 999999))
+    local r = sh(sb, 'sleep ' .. mark, { timeout_ms = 300, env = { MAYURA_EXEC = 'not.its.tag' } })
+    assert.is_true(r.timed_out)
+    assert.is_true(gone_soon(sb, 'sleep ' .. mark), 'the command outlived its timeout')
+  end)
+
   it(p .. 'a tree that forks while it is stopped is stopped whole, across a power of ten', function()
     local pool, sb = fresh(sandbox_of())
     local ok, err = pcall(function()

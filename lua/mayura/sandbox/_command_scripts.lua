@@ -44,9 +44,12 @@ end
 
 --- Appends to `words` a command's environment and argv as a start script reads its arguments:
 -- the count of names, each name and value (sorted by name), then the argv, every word quoted.
+-- The tag's variable is never taken from `env`: the command's own tag is what stops it.
 function M.env_argv_words(words, env, argv)
   local names = {}
-  for k in pairs(env) do names[#names + 1] = k end
+  for k in pairs(env) do
+    if k ~= scripts.TAG_VAR then names[#names + 1] = k end
+  end
   table.sort(names)
   words[#words + 1] = tostring(#names)
   for _, k in ipairs(names) do
@@ -63,7 +66,9 @@ end
 -- report, as the poll that sees a command's end answers.
 local function direct_script(base, tag, cwd, env, argv, inline)
   local names, sets, words = {}, {}, {}
-  for k in pairs(env) do names[#names + 1] = k end
+  for k in pairs(env) do
+    if k ~= scripts.TAG_VAR then names[#names + 1] = k end
+  end
   table.sort(names)
   for i, k in ipairs(names) do sets[i] = q(k .. '=' .. env[k]) end
   sets[#sets + 1] = q(scripts.TAG_VAR .. '=' .. tag)
