@@ -81,9 +81,10 @@ describe('the CodeSandbox stand-in, over real local sandboxes', function()
     assert.are.equal(0, r.exit_code, r.stdout .. r.stderr .. table.concat(seen, ', '))
     local v = core.json.decode(r.stdout:match('RESULT (%b{})'))
     assert.are.same({
-      id = v.id, bootup = 'CLEAN', echo = 'hello from the sdk\n/workspace\n',
+      -- a command's output as a terminal gives it
+      id = v.id, bootup = 'CLEAN', echo = 'hello from the sdk\r\n/workspace\r\n',
       failed = { message = 'Command failed with exit code 3', exitCode = 3 },
-      note = 'a note\n', raw = '000102ff0a', listing = { 'file:note.txt', 'file:raw.bin' }, cat = 'a note\n',
+      note = 'a note\n', raw = '000102ff0a', listing = { 'file:note.txt', 'file:raw.bin' }, cat = 'a note\r\n',
       kept = { 'hibernate:RESUME:a note\n', 'shutdown:CLEAN:a note\n' },
       title = 'sdk check', gone = 'Failed to get sandbox ' .. v.id .. ': Sandbox not found',
       wrong = 'Failed to fork sandbox pcz35m: Unauthorized: the token was not accepted',

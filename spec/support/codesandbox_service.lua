@@ -38,7 +38,8 @@
 -- with data.errno). Faults: `state.stall_shells` (the next that many commands never end),
 -- `state:vanish(id)` (deleted behind the client's back: its connections close).
 -- Where it differs: the workspace is the local sandbox's /workspace; commands run without a
--- terminal (no \r\n, no colours); no network (the local sandbox's 'none'); no sessions, hosts or
+-- terminal, their output made a terminal's only by a carriage return before each newline (no
+-- colours, no line discipline otherwise); no network (the local sandbox's 'none'); no sessions, hosts or
 -- previews.
 local core = require('mayura.core')
 local task = require('mayura._task')
@@ -222,7 +223,8 @@ function M.install(svc, backing, opts)
     -- in the same read as the answer and go unheard.
     local deadline = core.hrtime_ms() + 1000
     while c.sdk and not shell.renamed and not c.closed and core.hrtime_ms() < deadline do task.sleep(2) end
-    local out = r.stdout .. r.stderr
+    -- as a terminal gives it: a carriage return before every newline
+    local out = (r.stdout .. r.stderr):gsub('\n', '\r\n')
     if out ~= '' then push(c, { method = 'shell/out', params = { shellId = shell.id, out = out } }) end
     push(c, { method = 'shell/exit', params = { shellId = shell.id, shellType = 'TERMINAL',
       exitCode = r.exit_code or 137 } })

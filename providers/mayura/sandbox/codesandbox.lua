@@ -48,7 +48,7 @@ local kit = require('mayura.sandbox._kit')
 local command = require('mayura.sandbox.command')
 local ws = require('mayura.ws')
 
-local json, mp, b64 = core.json, core.msgpack, core.base64
+local json, mp = core.json, core.msgpack
 
 local M = {}
 
@@ -227,10 +227,12 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  -- the script's stdout and then its exit code (after a last newline) go through base64 between
-  -- markers, past the terminal's rewriting; no file, no process but a subshell and base64
-  local wrapped = "printf '\\n%s' '" .. BEGIN .. "';{ (\n" .. script
-    .. "\n) </dev/null 2>/dev/null;printf '\\n%s' \"$?\";}|base64;printf '%s\\n' '" .. END .. "'"
+  -- the script's stdout and then its exit code (after a last newline) between markers, on the
+  -- terminal as they are: the backend's scripts answer in printable ASCII lines (file bytes as
+  -- base64), which a terminal passes on but for a carriage return before each newline (an answer
+  -- with any other byte is refused); no file, no process but a subshell
+  local wrapped = "printf '\\n%s\\n' '" .. BEGIN .. "';(\n" .. script
+    .. "\n) </dev/null 2>/dev/null;printf '\\n%s%s\\n' \"$?\" '" .. END .. "'"
   local ok, p = pcall(self._pitcher, self, o.signal)
   if not ok then return self:_why(p) end
   local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
@@ -266,8 +268,8 @@ function Transport:run(script, o)
     return self:_why(pitcher_error('shell/create'))
   end
   local text = table.concat(s.out)
-  local body = text:match(BEGIN:gsub('%p', '%%%0') .. '([%w+/=%s]*)' .. END:gsub('%p', '%%%0'))
-  local all = body and b64.decode((body:gsub('%s', '')))
+  local body = text:gsub('\r\n', '\n'):match(BEGIN:gsub('%p', '%%%0') .. '\n(.*)' .. END:gsub('%p', '%%%0'))
+  local all = body and not body:find('[^\n\32-\126]') and body
   local out, code = (all or ''):match('^(.*)\n(%d+)$')
   if not out then error(c:bad_answer('a command\'s output without its markers'), 0) end
   return { exit_code = math.tointeger and math.tointeger(tonumber(code)) or tonumber(code), stdout = out }
