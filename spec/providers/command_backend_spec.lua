@@ -680,6 +680,26 @@ describe('command_sandbox_backend with direct_ms', function()
     inner:release()
   end)
 
+  it('gives up a direct call that does not come back once its command was stopped, as timeout', function()
+    local inner = provider.pool:create({ lifetime_ms = 60000 })
+    local t = transports.local_exec(inner, { stdin = false, wait_ms = 20000, direct_ms = 10000 })
+    local run, direct_calls = t.run, 0
+    t.run = function(self, command, o)
+      if not command:find('echo D;echo "$r"', 1, true) then return run(self, command, o) end
+      -- the direct call: its command runs, its answer never comes
+      direct_calls = direct_calls + 1
+      task.spawn(function() pcall(run, self, command, {}) end)
+      while not o.signal.cancelled do task.sleep(20) end
+      error(errors.new('CANCELLED', 'the call was cancelled'), 0)
+    end
+    local b = sandbox.command_sandbox_backend('give-up', t)
+    b._give_up_ms = 300
+    local err = assert.raises_code('SANDBOX_ERROR', b.exec, b, { 'sleep', '94' }, { timeout_ms = 300 })
+    assert.are.same({ 'timeout', 1 }, { err.reason, direct_calls })
+    assert.is_true(gone_soon(inner, 'sleep 94'))
+    inner:release()
+  end)
+
   it('keeps a direct command\'s output to max_output_bytes and its bytes as they are', function()
     local r = sb:exec({ 'sh', '-c', 'head -c 2000000 /dev/zero; printf "\\377\\000x" >&2' }, { timeout_ms = 10000 })
     assert.are.same({ 0, MIB, true, '\255\0x' }, { r.exit_code, #r.stdout, r.truncated, r.stderr })

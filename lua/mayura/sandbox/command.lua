@@ -184,7 +184,7 @@ function Backend:_direct(rec, script, deadline, token)
   local give_up
   local watch = task.after(math.max(1, math.ceil(deadline - core.hrtime_ms())), function()
     rec.expired = true
-    give_up = task.after(GIVE_UP_MS, function() call:cancel() end, true)
+    give_up = task.after(self._give_up_ms, function() call:cancel() end, true)
     task.spawn(function() pcall(self._raw, self, scripts.kill(rec.tag)) end)
   end)
   local ok, out = pcall(self._run, self, script, nil, call, math.max(0, math.ceil(deadline - core.hrtime_ms())))
@@ -386,7 +386,7 @@ function M.command_sandbox_backend(id, transport, release)
     _read_chunk = fits(out_max - HEAD_ROOM, 4096),
     _inline = math.min(INLINE, fits(math.floor((out_max - HEAD_ROOM) / 2), 3)),
     _workdir = workdir, _state = state, _prefix = prefix, _seq = 0, _running = {}, _closed = false,
-    _env = {}, _wait = wait, _direct_ms = direct, _rate = rate, _trash = {},
+    _env = {}, _wait = wait, _direct_ms = direct, _give_up_ms = GIVE_UP_MS, _rate = rate, _trash = {},
   }, Backend)
   if transport.env ~= nil then
     if type(transport.env) ~= 'table' then errors.raise(C, 'transport.env must be a table of strings', nil, 2) end
