@@ -334,11 +334,6 @@ void op_list(conn *c, const wire_msg *m) {
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
         name_bytes += strlen(de->d_name);
         if (n == LIST_MAX_ENTRIES || name_bytes > LIST_MAX_NAME_BYTES) { over = 1; break; }
-        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-            if (errno == ENOENT) continue;   /* removed since readdir */
-            e = errno;
-            break;
-        }
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 64;
             entry *ne = (entry *)realloc(ents, nc * sizeof *ne);
@@ -347,10 +342,25 @@ void op_list(conn *c, const wire_msg *m) {
             cap = nc;
         }
         if ((ents[n].name = strdup(de->d_name)) == NULL) { e = ENOMEM; break; }
-        ents[n].type = files_type_name(st.st_mode);
-        ents[n].size = (int64_t)st.st_size;
-        ents[n].mtime = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
         n++;
+    }
+    /* each entry's stat once its names are known to be within the caps: a directory over them costs
+    ** a read of its names, never a stat of each of its 100,000 first */
+    if (!over && e == 0) {
+        size_t kept = 0;
+        for (i = 0; i < n; i++) {
+            if (e == 0 && fstatat(dirfd(d), ents[i].name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+                ents[kept].name = ents[i].name;
+                ents[kept].type = files_type_name(st.st_mode);
+                ents[kept].size = (int64_t)st.st_size;
+                ents[kept].mtime = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+                kept++;
+                continue;
+            }
+            if (e == 0 && errno != ENOENT) e = errno;   /* ENOENT: removed since readdir */
+            free(ents[i].name);
+        }
+        n = kept;
     }
     closedir(d);
     if (over) {

@@ -596,7 +596,7 @@ for _, kind in ipairs(KINDS) do
         shell = kind.opts.shell, cut_at = 200000 })
       local p2 = sandbox.create_sandboxes(cutting, { max_sandboxes = 1, max_lifetime_ms = 600000, max_output_bytes = 2 * MIB })
       local s2 = p2:create({ lifetime_ms = 600000 })
-      s2:write_file('big.bin', bytes(MIB, 5))
+      s2:write_file('big.bin', bytes(256 * 1024, 5))
       local err = assert.raises_code('SANDBOX_ERROR', s2.read_file, s2, 'big.bin')
       assert.are.same({ 'truncated', false }, { err.reason, err.message:find('nonsense', 1, true) ~= nil })
       err = assert.raises_code('SANDBOX_ERROR', s2.exec, s2, { 'sh', '-c', 'head -c 1000000 /dev/zero' })

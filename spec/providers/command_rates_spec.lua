@@ -1,11 +1,12 @@
 -- How many calls a command costs on command_sandbox_backend, and that they keep the rate a
 -- transport declares: through a local transport (dash and BusyBox sh) and through the hosted
 -- providers on the backend, counted on their stand-ins' wire. A short command is one call where
--- the service can wait (a 2 s one too); a 5 s command over a transport waiting 2 s a few, never
--- past `burst` + `per_second` a second. Each hosted transport declares its service's documented
--- rate (none where the service documents none), and a command polled call by call (as where a
--- service cannot wait) keeps it on the wire. Where the service's exec waits for its command
--- (direct_ms), a short one runs in the call's own shell and is stopped there at its timeout.
+-- the service can wait (a 1 s one too); a 1.25 s command over a transport waiting 500 ms a few,
+-- never past `burst` + `per_second` a second. Each hosted transport declares its service's
+-- documented rate (none where the service documents none), and a command polled call by call (as
+-- where a service cannot wait) keeps it on the wire. The local transports declare faster rates
+-- than the services' (the same bucket, in less wall time). Where the service's exec waits for its
+-- command (direct_ms), a short one runs in the call's own shell and is stopped there at its timeout.
 local sandbox = require('mayura.sandbox')
 local core = require('mayura.core')
 local transports = require('support.command_transports')
@@ -71,25 +72,25 @@ suite.describe('command_sandbox_backend: calls per command', function()
         b:release()
       end)
 
-      it('keeps a 5 s command within 1 call a second (bursts of 3), in a few calls', function()
-        local rate = { per_second = 1, burst = 3 }
-        local b, t = backend({ wait_ms = 2000, rate = rate })
+      it('keeps a 1.25 s command within 4 calls a second (bursts of 3), in a few calls', function()
+        local rate = { per_second = 4, burst = 3 }
+        local b, t = backend({ wait_ms = 500, rate = rate })
         local before = t.calls
         local t0 = core.hrtime_ms()
-        local r = b:exec({ 'sh', '-c', 'sleep 5; echo done' }, {})
+        local r = b:exec({ 'sh', '-c', 'sleep 1.25; echo done' }, {})
         assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
-        assert.is_true(core.hrtime_ms() - t0 < 8000)
-        -- one call, then one every wait (2 s): 3 or 4
+        assert.is_true(core.hrtime_ms() - t0 < 4000)
+        -- one call, then one every wait (500 ms): 3 or 4
         assert.is_true(t.calls - before <= 4, (t.calls - before) .. ' calls')
         assert_within(t.times, rate)
         b:release()
       end)
 
       it('spaces calls by the rate where the transport cannot wait, streaming too', function()
-        local rate = { per_second = 2, burst = 3 }
+        local rate = { per_second = 8, burst = 3 }
         local b, t = backend({ wait_ms = 0, rate = rate })
         local seen = {}
-        local r = b:exec({ 'sh', '-c', 'for i in 1 2 3; do echo $i; sleep 1; done' }, {
+        local r = b:exec({ 'sh', '-c', 'for i in 1 2 3; do echo $i; sleep 0.25; done' }, {
           on_output = function(_, bytes) seen[#seen + 1] = bytes end })
         assert.are.same({ 0, '1\n2\n3\n' }, { r.exit_code, r.stdout })
         assert.are.equal('1\n2\n3\n', table.concat(seen))
@@ -278,10 +279,10 @@ for _, h in ipairs(HOSTED) do
       end, 5000))
     end)
 
-    -- 2 s: ten polls or more of a client that does not wait, one call of one that does
-    it('runs a 2 s command in one call' .. (h.rate and ', within the service\'s rate' or ''), function()
+    -- 1 s: ten polls or more of a client that does not wait, one call of one that does
+    it('runs a 1 s command in one call' .. (h.rate and ', within the service\'s rate' or ''), function()
       local c0, w0 = execs()
-      local r = sb:exec({ 'sh', '-c', 'sleep 2; echo done' }, { timeout_ms = 30000 })
+      local r = sb:exec({ 'sh', '-c', 'sleep 1; echo done' }, { timeout_ms = 30000 })
       assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
       one_more(c0, w0)
       if h.rate and h.wire then assert_within(h.wire(env), h.rate) end
@@ -296,7 +297,7 @@ for _, h in ipairs(HOSTED) do
       b._wait, b._direct_ms = 0, 0   -- every poll a call of its own, backing off on the host
       local c0, w0 = execs()
       local t0 = core.hrtime_ms()
-      local ok, r = pcall(sb.exec, sb, { 'sh', '-c', 'sleep 3; echo done' }, { timeout_ms = 60000 })
+      local ok, r = pcall(sb.exec, sb, { 'sh', '-c', 'sleep 1; echo done' }, { timeout_ms = 60000 })
       b._wait, b._direct_ms = wait, direct
       assert.is_true(ok, tostring(r))
       assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
@@ -307,7 +308,8 @@ for _, h in ipairs(HOSTED) do
         assert_within(mine, h.rate)
         if h.wire then assert_within(h.wire(env), h.rate) end
       end
-      -- polls back off to one every 250 ms at most: a few more than 3 s / 250 ms
+      -- polls back off from 2 ms to one every 250 ms: about ten in 1 s (fewer where the rate paces
+      -- them, as Fly's 1 a second once its burst of 3 is spent), a few more than elapsed / 250 ms
       assert.is_true(n >= 2 and n <= 10 + elapsed / 250, n .. ' calls in ' .. math.floor(elapsed) .. ' ms')
       if h.wire then assert.are.equal(n, #h.wire(env) - w0) end
     end)

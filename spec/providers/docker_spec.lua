@@ -187,6 +187,8 @@ for _, engine in ipairs({ 'cli', 'api' }) do
       assert.are.equal(128, hc.PidsLimit)
       assert.is_false(hc.Init)
       assert.is_true(hc.AutoRemove)
+      -- stopped at once (the agent has no SIGTERM handler: a daemon shutting down would wait 10 s)
+      assert.are.equal('SIGKILL', cfg.StopSignal)
       -- tmpfs sizes and inodes capped, /dev/shm too (with /tmp's cap, not Docker's 64 MiB)
       assert.matches('size=1073741824,nr_inodes=131072,', hc.Tmpfs['/workspace'])
       assert.matches('size=268435456,nr_inodes=32768,', hc.Tmpfs['/tmp'])

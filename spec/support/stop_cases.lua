@@ -138,7 +138,7 @@ function M.describe(sandbox_of, title_prefix)
   -- The timeout is short, and longer only when the tree was not in place by its end (a slow
   -- machine): then the case runs again on a fresh sandbox, its checks made on the run that had it.
   it(p .. 'a timeout stops every process before any dies, whatever order its pids fall in', function()
-    local timeouts = { 1500, 4000, 10000 }
+    local timeouts = { 500, 1500, 4000, 10000 }
     for i, timeout_ms in ipairs(timeouts) do
       local pool, sb = fresh(sandbox_of())
       local in_place = false

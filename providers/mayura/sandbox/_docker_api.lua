@@ -103,6 +103,7 @@ local function api_config(c)
     Entrypoint = c.entrypoint,
     Cmd = c.cmd,
     Labels = c.labels,
+    StopSignal = 'SIGKILL',
     HostConfig = host,
   }
   if #c.ports > 0 then

@@ -88,6 +88,7 @@ local function run_args(c)
   local a = { 'run', '--detach', '--pull', 'never', '--rm', '--name', c.name, '--hostname', 'sandbox',
     '--user', c.user, '--workdir', c.workdir, '--network', c.network,
     '--cap-drop', 'ALL', '--security-opt', 'no-new-privileges', '--init=false',
+    '--stop-signal', 'SIGKILL',
     '--memory', tostring(c.memory_bytes), '--memory-swap', tostring(c.memory_bytes),
     '--cpus', cpus_text(c.cpus), '--pids-limit', tostring(c.pids), '--log-driver', 'none',
   }

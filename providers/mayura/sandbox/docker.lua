@@ -25,6 +25,9 @@
 --     that cannot lower a score (no CAP_SYS_RESOURCE, as in some nested
 --     setups) fails the start, and the provider then starts its containers
 --     without it and says so once on stderr;
+--   * SIGKILL as the container's stop signal: the agent, PID 1, has no
+--     handler for SIGTERM, so a daemon shutting down (or a `docker stop`)
+--     would wait 10 s a container for nothing before killing it anyway;
 --   * commands and files go through the agent (a fork+exec and a socket round
 --     trip, not a `docker exec`); the environment reaches commands through
 --     the agent's `setup` request, never the container's configuration or a
