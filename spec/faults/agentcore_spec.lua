@@ -35,6 +35,8 @@ faults.hosted_suite({
   cases = function(env)
     local check, CREATE = env.check, env.CREATE
 
+    it('a command its invoke waits for may take longer than call_timeout_ms', env.direct_outlasts_call_timeout)
+
     it('a wrong secret (403 from the signature check) and a 401 are authentication; no credential shows', function()
       local pool = env.make_pool({ credentials = { access_key_id = KEY_ID, secret_access_key = 'WRONG' .. SECRET,
         session_token = TOKEN } })

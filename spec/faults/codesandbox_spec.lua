@@ -54,6 +54,14 @@ describe('the CodeSandbox provider when the service misbehaves', function()
     state.stall_shells = 0
   end)
 
+
+  it('a command its shell waits for may take longer than call_timeout_ms', function()
+    local pool = make_pool(nil, { call_timeout_ms = 1000 })
+    local sb = pool:create({ lifetime_ms = 600000, network = 'all' })
+    local r = sb:exec({ 'sh', '-c', 'sleep 2; echo done' }, { timeout_ms = 10000 })
+    assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
+    pool:close()
+  end)
   it('401: a wrong token is authentication, from the API and from the pitcher, and no token shows', function()
     local pool = make_pool({ token = 'csb_WRONG_token_0123456789' })
     check('authentication', pool.create, pool, { lifetime_ms = 60000, network = 'all' })

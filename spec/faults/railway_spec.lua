@@ -38,6 +38,8 @@ faults.hosted_suite({
     local check, CREATE = env.check, env.CREATE
     local make_pool = env.make_pool
 
+    it('a command sandboxExec waits for may take longer than call_timeout_ms', env.direct_outlasts_call_timeout)
+
     it('401: a wrong token is authentication (a GraphQL error or HTTP 401), and neither token shows', function()
       env.refused({ token = 'rw_WRONG_token_0123456789' })
       -- a project token goes in its own header

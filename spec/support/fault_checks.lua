@@ -75,6 +75,7 @@ end
 --   env.refused(extra)                a pool with a wrong credential cannot create
 --   env.goes_on(pool)                 a new sandbox of pool runs a command, and the pool closes
 --   env.exec_times_out(sb, stall, o) an exec (options o) stalled by stall() is timeout, and the next one runs
+--   env.direct_outlasts_call_timeout() a command its call waits for outlasts call_timeout_ms
 -- After each case the stand-in's faults are cleared and s.reset(env) runs; at the end s.teardown(env)
 -- runs, the backing closes and the stand-in must have recorded no failure but those in s.expected_failures.
 function M.hosted_suite(s)
@@ -152,6 +153,16 @@ function M.hosted_suite(s)
       env.check('timeout', sb.exec, sb, { 'echo', 'lost' }, exec_options)
       env.svc:clear()
       assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+    end
+
+    --- A command the call itself waits for (the transport's direct_ms) may take longer than the
+    -- pool's call_timeout_ms: its call is given the command's time as well.
+    function env.direct_outlasts_call_timeout()
+      local pool, sb = env.open(nil, { call_timeout_ms = 1000 })
+      local r = sb:exec({ 'sh', '-c', 'sleep 2; echo done' }, { timeout_ms = 10000 })
+      assert.are.same({ 0, 'done\n' }, { r.exit_code, r.stdout })
+      sb:release()
+      pool:close()
     end
 
     --- After a fault, `pool` goes on: a new sandbox of it runs a command; then the pool closes.

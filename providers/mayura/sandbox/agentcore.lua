@@ -78,7 +78,7 @@ local function transport(api, base, session, workdir, env, idle, rate)
     local ok, err = pcall(api.stream, api, 'POST', base .. '/tools/invoke',
       { name = 'executeCommand', arguments = { command = command } }, {
         format = 'eventstream', gone = true, signal = o.signal, idle_timeout_ms = idle + (o.wait_ms or 0),
-        idempotent = false,
+        timeout_ms = api.call_timeout_ms + (o.wait_ms or 0), idempotent = false,
         headers = { ['x-amzn-code-interpreter-session-id'] = session },
         on_event = function(ev)
           if ev.message_type == 'exception' or ev.message_type == 'error' then

@@ -208,7 +208,7 @@ function Transport:run(script, o)
   local data = graphql(c, 'sandboxExec', Q_EXEC, {
     command = 'sh -c ' .. scripts.quote(script), environmentId = self.environment_id, id = self.sandbox_id,
     timeoutSec = EXEC_TIMEOUT_S,
-  }, { gone = true, signal = o.signal })
+  }, { gone = true, signal = o.signal, timeout_ms = c.call_timeout_ms + (o.wait_ms or 0) })
   local r = data.sandboxExec
   if r == nil or r == json.null then
     error(errors.sandbox('gone', 'railway: the sandbox is gone (sandboxExec)'), 0)
