@@ -27,9 +27,10 @@
 --     of MessagePack (core.msgpack) — `client/join` once, then for each backend command
 --     `shell/create` with the command, whose output comes as `shell/out` notifications and its end
 --     as `shell/exit`. The pitcher runs commands in a terminal, which merges stdout and stderr
---     and may rewrite line ends, so each command's stdout and then its exit code come back
---     through base64 between markers (nothing else runs around the command); its standard error
---     is dropped, and its standard input is /dev/null (the
+--     and ends each line with a carriage return, so each backend command runs in the terminal's
+--     own shell and its answer comes after a marker as the terminal gives it (printable ASCII,
+--     the carriage returns dropped), its exit code the shell's (no process runs around the
+--     command); its standard error is dropped, and its standard input is /dev/null (the
 --     backend passes input through files). A timeout or a cancel sends `shell/terminate` and
 --     the backend kills the command's processes by their tag;
 --   * network: 'all' only (the service has no egress policy); no ports (preview URLs need the
@@ -61,7 +62,7 @@ M.PROTOCOL_VERSION = '0.367.10'
 M.TIERS = { Pico = true, Nano = true, Micro = true, Small = true, Medium = true, Large = true, XLarge = true }
 local MAX_MESSAGE_BYTES = 64 * 1048576
 local DIRECT_MS = 60000   -- a command with a timeout up to this is one shell that waits for it
-local BEGIN, END = '@@MAYURA-OUT:', ':MAYURA-OUT@@'
+local BEGIN = '@@MAYURA-OUT:'
 
 -- {======================================================
 -- The pitcher connection
@@ -227,12 +228,12 @@ end
 
 function Transport:run(script, o)
   local c = self.client
-  -- the script's stdout and then its exit code (after a last newline) between markers, on the
-  -- terminal as they are: the backend's scripts answer in printable ASCII lines (file bytes as
-  -- base64), which a terminal passes on but for a carriage return before each newline (an answer
-  -- with any other byte is refused); no file, no process but a subshell
-  local wrapped = "printf '\\n%s\\n' '" .. BEGIN .. "';(\n" .. script
-    .. "\n) </dev/null 2>/dev/null;printf '\\n%s%s\\n' \"$?\" '" .. END .. "'"
+  -- the script's stdout after a marker, on the terminal as it is: the backend's scripts answer in
+  -- printable ASCII lines (file bytes as base64), which a terminal passes on but for a carriage
+  -- return before each newline (an answer with any other byte is refused), and end with the
+  -- backend's end line; the exit code is the shell's. The script runs in the terminal's own
+  -- shell, its standard input and error away from the terminal: no file, no process of its own
+  local wrapped = "printf '\\n%s\\n' '" .. BEGIN .. "';exec </dev/null 2>/dev/null\n" .. script
   local ok, p = pcall(self._pitcher, self, o.signal)
   if not ok then return self:_why(p) end
   local rok, r = pcall(p.request, p, 'shell/create', { command = wrapped, cwd = self.workdir,
@@ -268,11 +269,11 @@ function Transport:run(script, o)
     return self:_why(pitcher_error('shell/create'))
   end
   local text = table.concat(s.out)
-  local body = text:gsub('\r\n', '\n'):match(BEGIN:gsub('%p', '%%%0') .. '\n(.*)' .. END:gsub('%p', '%%%0'))
-  local all = body and not body:find('[^\n\32-\126]') and body
-  local out, code = (all or ''):match('^(.*)\n(%d+)$')
-  if not out then error(c:bad_answer('a command\'s output without its markers'), 0) end
-  return { exit_code = math.tointeger and math.tointeger(tonumber(code)) or tonumber(code), stdout = out }
+  local body = text:gsub('\r\n', '\n'):match(BEGIN:gsub('%p', '%%%0') .. '\n(.*)$')
+  if not body or body:find('[^\n\32-\126]') or not check.is_int(s.exit) then
+    error(c:bad_answer('a command\'s output without its marker'), 0)
+  end
+  return { exit_code = s.exit, stdout = body }
 end
 
 -- }======================================================
