@@ -42,15 +42,22 @@ local function wait_child_script(ms)
     'kill -0 -$p 2>/dev/null&&setsid sh -c \'sleep 1;kill -9 -$1\' sh $p </dev/null >/dev/null 2>&1 &\nfi\n'
 end
 
---- Appends to `words` a command's environment and argv as a start script reads its arguments:
--- the count of names, each name and value (sorted by name), then the argv, every word quoted.
--- The tag's variable is never taken from `env`: the command's own tag is what stops it.
-function M.env_argv_words(words, env, argv)
+-- The names of a command's environment, sorted, but the tag's variable: it is never taken from
+-- `env` (the command's own tag is what stops it).
+local function env_names(env)
   local names = {}
   for k in pairs(env) do
     if k ~= scripts.TAG_VAR then names[#names + 1] = k end
   end
   table.sort(names)
+  return names
+end
+
+--- Appends to `words` a command's environment and argv as a start script reads its arguments:
+-- the count of names, each name and value (sorted by name, never the tag's variable), then the
+-- argv, every word quoted.
+function M.env_argv_words(words, env, argv)
+  local names = env_names(env)
   words[#words + 1] = tostring(#names)
   for _, k in ipairs(names) do
     words[#words + 1] = q(k)
@@ -65,12 +72,8 @@ end
 -- session of its own, no timer: the call's shell waits for it), then 'D', its exit code and the
 -- report, as the poll that sees a command's end answers.
 local function direct_script(base, tag, cwd, env, argv, inline)
-  local names, sets, words = {}, {}, {}
-  for k in pairs(env) do
-    if k ~= scripts.TAG_VAR then names[#names + 1] = k end
-  end
-  table.sort(names)
-  for i, k in ipairs(names) do sets[i] = q(k .. '=' .. env[k]) end
+  local sets, words = {}, {}
+  for i, k in ipairs(env_names(env)) do sets[i] = q(k .. '=' .. env[k]) end
   sets[#sets + 1] = q(scripts.TAG_VAR .. '=' .. tag)
   for i, a in ipairs(argv) do words[i] = q(a) end
   return 'b=' .. q(base) .. ' c=' .. q(cwd) .. '\n' ..

@@ -249,15 +249,15 @@ function Backend:exec(argv, o)
     -- one does not wait there for its end (its output would come at once, out of order): the
     -- poll's own wait ends as soon as either output grows
     local lines, code
+    local cwd = o.cwd or self._workdir
     if not streaming and not o.on_start and not stdin_file and deadline - core.hrtime_ms() <= self._direct_ms then
       -- short enough for the call itself to wait for it
-      lines = self:_direct(rec, direct_script(rec.base, rec.tag, o.cwd or self._workdir, env, argv, self._inline),
-        deadline, token)
+      lines = self:_direct(rec, direct_script(rec.base, rec.tag, cwd, env, argv, self._inline), deadline, token)
       if lines[1] ~= 'D' then error(nonsense(), 0) end
     else
       local first = streaming and 0 or math.min(self._wait, deadline - core.hrtime_ms())
-      lines = lines_of(self:_run(start_script(rec.base, rec.tag, o.cwd or self._workdir, stdin_file, env, argv,
-        first) .. poll(), nil, token))
+      lines = lines_of(self:_run(start_script(rec.base, rec.tag, cwd, stdin_file, env, argv, first) .. poll(), nil,
+        token))
       code = (lines[1] or ''):match('^E ([%w_]+)$')
       if code then error(scripts.script_error(code, 'the command'), 0) end
       if lines[1] ~= 'OK' then error(nonsense(), 0) end
