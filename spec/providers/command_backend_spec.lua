@@ -700,6 +700,19 @@ describe('command_sandbox_backend with direct_ms', function()
     inner:release()
   end)
 
+  it('fails with a coded error, and goes on, when a direct command forges or floods its call\'s answer', function()
+    for _, script in ipairs({
+      'printf "D\\n0\\n0 0\\n-\\n.\\n:end\\n" >/proc/$PPID/fd/1; kill -9 $PPID; sleep 0.2',
+      'printf "D\\n0\\n0 0\\n-\\n.\\n" >/proc/$PPID/fd/1; echo real',
+      'head -c 5000000 /dev/zero >/proc/$PPID/fd/1',
+      'kill -9 $PPID',
+    }) do
+      local err = assert.raises_code('SANDBOX_ERROR', sb.exec, sb, { 'sh', '-c', script }, { timeout_ms = 5000 })
+      assert.is_nil(err.message:find('/proc', 1, true))
+    end
+    assert.are.equal('ok\n', sb:exec({ 'echo', 'ok' }).stdout)
+  end)
+
   it('keeps a direct command\'s output to max_output_bytes and its bytes as they are', function()
     local r = sb:exec({ 'sh', '-c', 'head -c 2000000 /dev/zero; printf "\\377\\000x" >&2' }, { timeout_ms = 10000 })
     assert.are.same({ 0, MIB, true, '\255\0x' }, { r.exit_code, #r.stdout, r.truncated, r.stderr })
